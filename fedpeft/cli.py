@@ -1,0 +1,137 @@
+"""The ``fedpeft`` command line: run, list, report."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+
+from fedpeft.errors import UserError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters."
+)
+console = Console()
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not verbose:
+        for name in ("transformers", "datasets", "flwr", "peft", "ray"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        import datasets
+
+        datasets.disable_progress_bars()
+
+
+@app.command()
+def run(
+    config: Annotated[str, typer.Argument(help="A preset name (see `fedpeft list presets`) or a YAML file.")],
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="Override a key: --set data.seed=3")
+    ] = None,  # noqa: UP045
+    out: Annotated[Optional[Path], typer.Option(help="Output directory (default runs/<name>).")] = None,  # noqa: UP045
+    engine: Annotated[Optional[str], typer.Option(help="local or flower (overrides engine.name).")] = None,  # noqa: UP045
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from where it stopped.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every stage and round.")] = False,
+) -> None:
+    """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters)."""
+    _setup_logging(verbose)
+    from fedpeft.config import load_config
+    from fedpeft.progress import Progress
+    from fedpeft.runner import Experiment
+
+    overrides = list(set_ or [])
+    if engine is not None:
+        if engine not in ("local", "flower"):
+            raise UserError(f"Unknown engine {engine!r}; choose local or flower.")
+        overrides.append(f"engine.name={engine}")
+    cfg = load_config(config, overrides)
+    target = out or Path("runs") / cfg.name
+    with Progress(enabled=sys.stderr.isatty() or verbose) as progress:
+        experiment = Experiment(cfg, target, progress=progress)
+        experiment.run(resume=resume)
+    console.print(Markdown((target / "summary.md").read_text()))
+    console.print(f"\nOutputs written to [bold]{target}[/bold]")
+
+
+@app.command("list")
+def list_(
+    what: Annotated[str, typer.Argument(help="methods, datasets, models or presets")],
+) -> None:
+    """Print what is registered."""
+    from fedpeft.config import preset_names
+    from fedpeft.registry import DATASETS, METHODS, MODELS
+
+    if what == "presets":
+        names = preset_names()
+    else:
+        import fedpeft.data.catalog  # noqa: F401
+        import fedpeft.methods  # noqa: F401
+        import fedpeft.models.zoo  # noqa: F401
+
+        registries = {"methods": METHODS, "datasets": DATASETS, "models": MODELS}
+        if what not in registries:
+            raise UserError(f"Cannot list {what!r}; choose methods, datasets, models or presets.")
+        registry = registries[what]
+        names = [
+            name + (f" (alias: {', '.join(registry.aliases_of(name))})" if registry.aliases_of(name) else "")
+            for name in registry.names()
+        ]
+    for name in names:
+        console.print(name)
+
+
+@app.command()
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories to merge into one summary.")],
+    out: Annotated[Path, typer.Option(help="Where to write the merged summary.md and plots.")] = Path(
+        "report"
+    ),
+) -> None:
+    """Merge the results of several runs into one summary."""
+    from fedpeft import report as reporting
+
+    for run_dir in runs:
+        if not (run_dir / "results.jsonl").is_file():
+            raise UserError(f"{run_dir} holds no results.jsonl; pass directories written by `fedpeft run`.")
+    out.mkdir(parents=True, exist_ok=True)
+    text = reporting.write_summary(runs, out / "summary.md")
+    reporting.write_plots(runs, out / "plots")
+    console.print(Markdown(text))
+
+
+def main() -> None:
+    """Console entry point: user errors become one sentence and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except UserError as err:
+        Console(stderr=True).print(f"[red]error:[/red] {err}", highlight=False)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as err:  # click usage errors carry their own exit codes
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(2)
+        if isinstance(err, click.exceptions.Exit):
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

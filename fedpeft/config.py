@@ -1,0 +1,193 @@
+"""Typed experiment configuration: YAML files, packaged presets and ``--set key=value`` overrides.
+
+Parse once at the boundary: everything past :func:`load_config` receives typed objects.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fedpeft.errors import UserError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(_Strict):
+    """Which federated dataset to build and how to split it.
+
+    Synthetic benchmarks use the size fields; real loaders read ``path`` (a local directory or file) or
+    ``hub_id`` (a Hugging Face dataset id, read from the local cache when offline).
+    """
+
+    name: str = "synthetic-xnli"
+    path: str | None = None
+    hub_id: str | None = None
+    seed: int = 0
+    groups: list[str] | None = None
+    clients_per_group: int = 20
+    train_per_group: int = 2000
+    test_per_group: int = 500
+    partition: Literal["dirichlet", "iid", "natural"] = "dirichlet"
+    dirichlet_alpha: float = 0.5
+    unseen_pool: bool = True
+    base_samples: int | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelConfig(_Strict):
+    """Which base model to load: a registry name (``tiny-bert``), a hub id or a local path."""
+
+    name: str = "tiny-bert"
+    revision: str | None = None
+    max_length: int = 64
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    vocab_size: int = 2000
+
+
+class BaseStageConfig(_Strict):
+    """How the model that personalization starts from is obtained.
+
+    ``kind``: ``pretrained`` (use the loaded weights as they are), ``centralized`` (train on the benchmark's
+    base corpus, standing in for pretraining) or ``federated`` (run ``method`` on the seen pool and keep its
+    global model; e.g. ``fedavg_full`` is the papers' "Standard FL" base model).
+    """
+
+    kind: Literal["pretrained", "centralized", "federated"] = "pretrained"
+    epochs: float = 1.0
+    lr: float = 1e-3
+    batch_size: int = 32
+    method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg_full"})
+
+
+class EngineConfig(_Strict):
+    """Where clients run: ``local`` (in-process) or ``flower`` (Flower simulation engine)."""
+
+    name: Literal["local", "flower"] = "local"
+    state: Literal["memory", "disk"] = "memory"
+    num_supernodes: int = 2
+
+
+class EvalConfig(_Strict):
+    batch_size: int = 64
+    max_new_tokens: int = 32
+
+
+class OutputConfig(_Strict):
+    save_adapters: bool = True
+    plots: bool = True
+
+
+class ExperimentConfig(_Strict):
+    """A whole experiment: data, model, base stage, the methods to compare and their budgets."""
+
+    name: str = "experiment"
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    base: BaseStageConfig = Field(default_factory=BaseStageConfig)
+    budgets: list[int] = Field(default_factory=lambda: [2, 8])
+    methods: list[dict[str, Any]] = Field(default_factory=lambda: [{"name": "lora"}])
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    device: str = "cpu"
+
+
+def preset_names() -> list[str]:
+    """Names of the packaged presets."""
+    root = resources.files("fedpeft") / "presets"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{source} is not valid YAML{where}; fix its syntax.") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{source} must hold a mapping of config keys, not a {type(raw).__name__}.")
+    return raw
+
+
+def parse_value(text: str) -> Any:
+    """Parse the right-hand side of ``--set key=value`` as YAML (numbers, lists, booleans, strings)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override in place; list items are addressed by index."""
+    if "=" not in assignment:
+        raise UserError(f"Override {assignment!r} must look like key=value, e.g. data.seed=3.")
+    key, value = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise UserError(f"Override {key!r}: {part!r} is not an index of a list of {len(node)} items.")
+            if last:
+                node[int(part)] = parse_value(value)
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = parse_value(value)
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise UserError(f"Override {key!r}: {'.'.join(parts[:i])!r} is not a mapping or a list.")
+
+
+def load_raw(source: str) -> dict[str, Any]:
+    """The raw mapping of a preset name or a YAML file path."""
+    path = Path(source)
+    if source.endswith((".yaml", ".yml")) or path.exists():
+        if not path.is_file():
+            raise UserError(
+                f"Config file {source} does not exist; give a preset name or an existing YAML path."
+            )
+        return _read_yaml(path.read_text(), str(path))
+    if source not in preset_names():
+        raise UserError(
+            f"Unknown preset {source!r}; choose one of: {', '.join(preset_names())}, or a YAML path."
+        )
+    text = (resources.files("fedpeft") / "presets" / f"{source}.yaml").read_text()
+    return _read_yaml(text, f"preset {source}")
+
+
+def validate(raw: dict[str, Any]) -> ExperimentConfig:
+    """Validate a raw mapping into an :class:`ExperimentConfig`, with one-sentence errors."""
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise UserError(f"Invalid config at {where}: {first['msg']}.") from None
+
+
+def load_config(source: str, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a preset or YAML file, apply ``key=value`` overrides and validate."""
+    raw = load_raw(source)
+    for assignment in overrides or []:
+        apply_override(raw, assignment)
+    return validate(raw)
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """The fully resolved configuration as YAML."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

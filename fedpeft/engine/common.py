@@ -1,0 +1,63 @@
+"""What both engines share: client sampling, seeds, cost bookkeeping."""
+
+from __future__ import annotations
+
+import math
+import random
+import resource
+import sys
+from dataclasses import dataclass, field
+
+from fedpeft.types import derive_seed
+
+
+def sample_clients(
+    client_ids: list[str], fraction: float, min_clients: int, seed: int, round_: int
+) -> list[str]:
+    """The clients of one round: ``max(min_clients, round(fraction * n))`` drawn without replacement, sorted."""
+    ordered = sorted(client_ids)
+    k = min(len(ordered), max(min_clients, math.ceil(fraction * len(ordered) - 1e-9)))
+    chosen = random.Random(derive_seed(seed, "sample", round_)).sample(ordered, k)
+    return sorted(chosen)
+
+
+def client_seed(seed: int, method: str, phase: str, round_: int | None, client_id: str) -> int:
+    """The seed of one client's work in one round (or in personalization)."""
+    return derive_seed(seed, method, phase, round_, client_id)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+@dataclass
+class CostMeter:
+    """Accumulates communication and time of one phase."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    client_rounds: int = 0
+    clients: int = 0
+    client_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    def rows(self, method: str, seed: int, phase: str) -> list[dict]:
+        """Records for ``costs.jsonl``."""
+        values: dict[str, float] = {"wall_s": self.wall_seconds, "peak_rss_mb": peak_rss_mb()}
+        if self.client_rounds:
+            values.update(
+                bytes_up_per_client_round=self.bytes_up / self.client_rounds,
+                bytes_down_per_client_round=self.bytes_down / self.client_rounds,
+                bytes_up_total=float(self.bytes_up),
+                bytes_down_total=float(self.bytes_down),
+                wall_s_per_client_round=self.client_seconds / self.client_rounds,
+            )
+        if self.clients:
+            values["wall_s_per_client"] = self.client_seconds / self.clients
+        return [
+            {"method": method, "seed": seed, "phase": phase, "metric": k, "value": float(v)}
+            for k, v in values.items()
+        ]

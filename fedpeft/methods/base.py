@@ -1,0 +1,139 @@
+"""The method contract: pure client and server functions on named tensors.
+
+A method is a class registered in ``fedpeft.registry.METHODS`` with a pydantic ``Config``. Engines call:
+
+- ``init_server(runtime, seed) -> ServerState``
+- ``payload(state, client_id) -> Payload``                 (may differ per client)
+- ``client_update(runtime, client, payload, client_state, seed) -> (ClientUpdate, client_state)``
+- ``aggregate(state, updates) -> (ServerState, Metrics)``   (``updates`` is an iterator: aggregate as it streams)
+- ``personalize(runtime, client, state, client_state, budget, seed) -> ClientModel``
+
+Methods never choose how clients are executed (sequentially, in Flower, in parallel); the engine does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from fedpeft.data.types import ClientData
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
+
+
+class MethodConfig(BaseModel):
+    """Fields every method accepts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    label: str | None = None
+
+
+class FederatedConfig(MethodConfig):
+    """The usual knobs of a federated phase: rounds, client sampling, local training."""
+
+    rounds: int = 10
+    fraction: float = 0.1
+    min_clients: int = 1
+    local_steps: int | None = 10
+    local_epochs: float | None = None
+    batch_size: int = 16
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+
+
+class LoraConfigMixin(BaseModel):
+    """LoRA shape knobs (rank, scaling, dropout)."""
+
+    rank: int = 8
+    alpha: float | None = None
+    dropout: float = 0.0
+
+
+class Method:
+    """Base class of registered methods; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+    federated: ClassVar[bool] = True
+    uses_budget: ClassVar[bool] = False
+    # Tensor-name fragments that never leave the client (checked by the method matrix tests).
+    private_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: MethodConfig) -> None:
+        self.cfg = cfg
+
+    @property
+    def label(self) -> str:
+        return self.cfg.label or self.cfg.name
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        return ServerState()
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        return Payload(tensors=state.tensors)
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        raise NotImplementedError(f"{self.name} has no federated phase")
+
+    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+        tensors, metrics = weighted_mean(updates)
+        if not tensors:
+            return state, metrics
+        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        raise NotImplementedError
+
+
+def weighted_mean(updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
+    """Streaming weighted mean of the clients' tensors; also averages their numeric metrics.
+
+    Runs in float64 and returns the tensors in their original dtype, so the result does not depend on how many
+    clients were folded in before a given one beyond float64 rounding.
+    """
+    sums: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    metric_sums: dict[str, float] = {}
+    total = 0.0
+    count = 0
+    for update in updates:
+        w = float(update.weight)
+        total += w
+        count += 1
+        for key, tensor in update.tensors.items():
+            dtypes.setdefault(key, tensor.dtype)
+            contribution = tensor.detach().to(torch.float64) * w
+            sums[key] = sums[key] + contribution if key in sums else contribution
+        for key, value in update.metrics.items():
+            metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+    if count == 0 or total <= 0:
+        return {}, {"clients": float(count)}
+    mean = {k: (v / total).to(dtypes[k]) for k, v in sums.items()}
+    metrics = {f"train_{k}": v / count for k, v in metric_sums.items()}
+    metrics["clients"] = float(count)
+    return mean, metrics
+
+
+def lora_spec(runtime: ModelRuntime, rank: int, alpha: float | None = None, dropout: float = 0.0) -> LoraSpec:
+    """A LoRA of ``rank`` on all linear layers of the runtime's model (alpha defaults to 2 * rank)."""
+    return LoraSpec(
+        rank=rank,
+        alpha=float(alpha if alpha is not None else 2 * rank),
+        targets=tuple(runtime.loaded.lora_targets),
+        dropout=dropout,
+    )

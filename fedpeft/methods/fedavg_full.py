@@ -1,0 +1,62 @@
+"""FedAvg with full fine-tuning ("Standard FL" in the personalization papers).
+
+H. B. McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data",
+AISTATS 2017, https://arxiv.org/abs/1602.05629. Every client fine-tunes all weights of the model from the global
+ones; the server averages them weighted by data size. Every client keeps the global model. Used as a compared
+method and as the federated base-model stage that personalization methods start from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedpeft.data.types import ClientData
+from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Payload, ServerState
+
+
+class FedAvgFullConfig(FederatedConfig):
+    lr: float = 5e-5
+
+
+@METHODS.register("fedavg_full")
+class FedAvgFull(Method):
+    """FedAvg of all model weights."""
+
+    name = "fedavg_full"
+    Config = FedAvgFullConfig
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        runtime.load_base(None)
+        return ServerState(tensors=runtime.base_state())
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        runtime.install(ClientModel(base=payload.tensors))
+        metrics = runtime.train(
+            client.train,
+            "all",
+            lr=self.cfg.lr,
+            batch_size=self.cfg.batch_size,
+            seed=seed,
+            epochs=self.cfg.local_epochs,
+            steps=self.cfg.local_steps if self.cfg.local_epochs is None else None,
+            weight_decay=self.cfg.weight_decay,
+        )
+        return ClientUpdate(
+            client.client_id, runtime.base_state(), float(len(client.train)), metrics
+        ), client_state
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        return ClientModel(base=state.tensors)

@@ -1,0 +1,359 @@
+"""The worker's model runtime: one base model, adapters swapped in place.
+
+A :class:`ModelRuntime` owns the base model of one worker (process). Methods never build models: they ask the
+runtime to install weights (a base state, a LoRA adapter of some shape), to train a set of parameters with the one
+training loop, and to evaluate. Adapters of every shape in use (one per rank structure) live side by side as named
+PEFT adapters on the same base model; switching clients means loading tensors, never rebuilding modules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+
+from fedpeft.data.types import Example
+from fedpeft.errors import UserError
+from fedpeft.training import LossHook, StepHook, train_loop
+from fedpeft.types import Metrics, StateDict
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """The shape of a LoRA adapter: rank, scaling and where it sits.
+
+    ``rank_pattern`` / ``alpha_pattern`` give per-module ranks (pruned rank structures); ``targets`` are module-name
+    suffixes as PEFT's ``target_modules`` reads them.
+    """
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    dropout: float = 0.0
+    rank_pattern: tuple[tuple[str, int], ...] = ()
+    alpha_pattern: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def key(self) -> str:
+        """A short name usable as a PEFT adapter name."""
+        digest = hashlib.blake2b(repr(self).encode(), digest_size=6).hexdigest()
+        return f"r{self.rank}_{digest}"
+
+    def to_peft(self, head_modules: list[str]) -> LoraConfig:
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            target_modules=list(self.targets),
+            lora_dropout=self.dropout,
+            rank_pattern=dict(self.rank_pattern),
+            alpha_pattern=dict(self.alpha_pattern),
+            modules_to_save=list(head_modules) or None,
+        )
+
+
+@dataclass
+class ClientModel:
+    """The model a client keeps: optional full-weight base overrides plus an optional adapter."""
+
+    lora: LoraSpec | None = None
+    adapter: StateDict = field(default_factory=dict)
+    base: StateDict | None = None
+
+
+class ModelRuntime:
+    """One base model per worker with named LoRA adapters installed in place.
+
+    Args:
+        loaded: the loaded model (``fedpeft.models.zoo.LoadedModel``).
+        max_length: truncation length of tokenized inputs.
+        device: torch device string.
+        eval_batch_size: batch size of evaluation.
+        max_new_tokens: generation length for generation tasks.
+    """
+
+    def __init__(
+        self,
+        loaded: Any,
+        *,
+        max_length: int = 64,
+        device: str = "cpu",
+        eval_batch_size: int = 64,
+        max_new_tokens: int = 32,
+    ) -> None:
+        self.loaded = loaded
+        self.task: str = loaded.task
+        self.tokenizer = loaded.tokenizer
+        self.device = torch.device(device)
+        self.max_length = max_length
+        self.eval_batch_size = eval_batch_size
+        self.max_new_tokens = max_new_tokens
+        self.base_model = loaded.model.to(self.device)
+        # Parameter objects survive PEFT's injection (they move under base_layer / original_module), so these
+        # references keep addressing the base weights under their canonical names.
+        self.base_params: dict[str, torch.nn.Parameter] = dict(self.base_model.named_parameters())
+        self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
+        self.peft: PeftModel | None = None
+        self.active: LoraSpec | None = None
+
+    # ------------------------------------------------------------------ weights
+    def base_state(self) -> StateDict:
+        """A copy of the current base weights, by canonical parameter name."""
+        return {k: v.detach().clone() for k, v in self.base_params.items()}
+
+    def load_base(self, state: StateDict | None) -> None:
+        """Overwrite base weights in place (``None`` restores the weights the model was loaded with)."""
+        source = self._initial_base if state is None else state
+        with torch.no_grad():
+            for name, tensor in source.items():
+                self.base_params[name].copy_(tensor)
+
+    def set_initial_base(self, state: StateDict) -> None:
+        """Make ``state`` the weights that ``load_base(None)`` restores (the output of the base stage)."""
+        self._initial_base = {k: v.detach().clone() for k, v in state.items()}
+        self.load_base(None)
+
+    def activate(self, spec: LoraSpec | None) -> torch.nn.Module:
+        """Make the adapter of shape ``spec`` the active one (creating it once) and return the model to call.
+
+        ``None`` deactivates adapters: the returned model computes with the base weights only.
+        """
+        if spec is None:
+            self.active = None
+            return self.base_model if self.peft is None else self.peft
+        name = spec.key
+        config = spec.to_peft(self.loaded.head_modules)
+        if self.peft is None:
+            self.peft = get_peft_model(self.base_model, config, adapter_name=name)
+        elif name not in self.peft.peft_config:
+            self.peft.add_adapter(name, config)
+        self.peft.set_adapter(name)
+        self.active = spec
+        return self.peft
+
+    def _model(self) -> torch.nn.Module:
+        if self.active is None:
+            return self.base_model if self.peft is None else self.peft
+        return self.peft  # type: ignore[return-value]
+
+    def _adapter_context(self):  # noqa: ANN202
+        """Context in which the model computes without any adapter."""
+        if self.active is None and self.peft is not None:
+            return self.peft.disable_adapter()
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def adapter_state(self) -> StateDict:
+        """A copy of the active adapter's tensors (LoRA weights and head), PEFT names without adapter name."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        state = get_peft_model_state_dict(self.peft, adapter_name=self.active.key)
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def load_adapter(self, state: StateDict) -> None:
+        """Load tensors (as returned by :meth:`adapter_state`, possibly partial) into the active adapter."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        result = set_peft_model_state_dict(self.peft, state, adapter_name=self.active.key)
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unexpected:
+            raise KeyError(f"adapter tensors not in the model: {unexpected[:3]}")
+
+    def reset_adapter(self, seed: int) -> None:
+        """Fresh LoRA weights (A random from ``seed``, B = 0) and the head copied from the base model."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        name = self.active.key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for module in self.peft.modules():
+                if isinstance(module, LoraLayer) and name in module.lora_A:
+                    module.reset_lora_parameters(name, True)
+        with torch.no_grad():
+            for module in self.peft.modules():
+                to_save = getattr(module, "modules_to_save", None)
+                if isinstance(to_save, torch.nn.ModuleDict) and name in to_save:
+                    to_save[name].load_state_dict(module.original_module.state_dict())
+
+    def install(self, client_model: ClientModel, *, seed: int = 0) -> torch.nn.Module:
+        """Install a client's model (base overrides and adapter) and return the model to call."""
+        self.load_base(client_model.base)
+        model = self.activate(client_model.lora)
+        if client_model.lora is not None:
+            self.reset_adapter(seed)
+            if client_model.adapter:
+                self.load_adapter(client_model.adapter)
+        return model
+
+    def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """Trainable parameters of the active adapter (LoRA weights and head copy), by PEFT name."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        name = self.active.key
+        return {k: p for k, p in self.peft.named_parameters() if f".{name}." in k or k.endswith(f".{name}")}
+
+    # ------------------------------------------------------------------ data
+    def encode(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """Tokenize examples into padded tensors (labels included)."""
+        tok = self.tokenizer
+        if self.task == "classification":
+            pairs = [ex.get("text_pair") for ex in examples]
+            has_pair = any(p is not None for p in pairs)
+            batch = tok(
+                [ex["text"] for ex in examples],
+                [p or "" for p in pairs] if has_pair else None,
+                truncation=True,
+                max_length=self.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
+            batch["labels"] = torch.tensor([int(ex["label"]) for ex in examples])
+            return dict(batch)
+        return self._encode_generation(examples)
+
+    def _encode_generation(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        tok = self.tokenizer
+        ids, labels = [], []
+        for ex in examples:
+            prompt = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
+            response = tok(ex["response"], add_special_tokens=False)["input_ids"]
+            bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+            eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+            prompt = (bos + prompt)[: self.max_length // 2]
+            full = (prompt + response + eos)[: self.max_length]
+            ids.append(full)
+            # Loss on the response tokens only.
+            labels.append([-100] * len(prompt) + full[len(prompt) :])
+        width = max(len(x) for x in ids)
+        pad = tok.pad_token_id
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
+        attention = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+        label_t = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
+        return {"input_ids": input_ids, "attention_mask": attention, "labels": label_t}
+
+    def batches(
+        self, examples: list[Example], batch_size: int, seed: int
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """An endless stream of shuffled minibatches; each pass over the data is a new permutation."""
+        generator = torch.Generator().manual_seed(seed)
+        while True:
+            order = torch.randperm(len(examples), generator=generator).tolist()
+            for start in range(0, len(order), batch_size):
+                chunk = [examples[i] for i in order[start : start + batch_size]]
+                yield {k: v.to(self.device) for k, v in self.encode(chunk).items()}
+
+    # ------------------------------------------------------------------ training
+    def steps_for(self, n_examples: int, batch_size: int, epochs: float | None, steps: int | None) -> int:
+        """Number of optimizer steps for ``steps`` or ``epochs`` passes over ``n_examples``."""
+        if steps is not None:
+            return steps
+        return max(1, math.ceil(float(epochs or 1.0) * math.ceil(n_examples / batch_size)))
+
+    def train(
+        self,
+        examples: list[Example],
+        params: dict[str, torch.nn.Parameter] | str = "adapter",
+        *,
+        lr: float,
+        batch_size: int,
+        seed: int,
+        epochs: float | None = None,
+        steps: int | None = None,
+        weight_decay: float = 0.0,
+        extra_loss: LossHook | None = None,
+        after_backward: StepHook | None = None,
+        optimizer_groups: list[dict[str, Any]] | None = None,
+    ) -> Metrics:
+        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``."""
+        if not examples:
+            raise ValueError("no training examples")
+        if params == "adapter":
+            params = self.adapter_parameters()
+        elif params == "all":
+            params = self.base_params
+        assert isinstance(params, dict)
+        total = self.steps_for(len(examples), batch_size, epochs, steps)
+        model = self._model()
+        with self._adapter_context():
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return train_loop(
+                    model,
+                    self.batches(examples, batch_size, seed),
+                    params,
+                    steps=total,
+                    lr=lr,
+                    weight_decay=weight_decay,
+                    extra_loss=extra_loss,
+                    after_backward=after_backward,
+                    optimizer_groups=optimizer_groups,
+                )
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def predict(self, examples: list[Example]) -> list[Any]:
+        """Predicted labels (classification) or generated responses (generation)."""
+        model = self._model()
+        was_training = model.training
+        model.eval()
+        outputs: list[Any] = []
+        try:
+            with self._adapter_context():
+                for start in range(0, len(examples), self.eval_batch_size):
+                    chunk = examples[start : start + self.eval_batch_size]
+                    if self.task == "classification":
+                        batch = {k: v.to(self.device) for k, v in self.encode(chunk).items()}
+                        batch.pop("labels")
+                        logits = model(**batch).logits
+                        outputs.extend(logits.argmax(-1).tolist())
+                    else:
+                        outputs.extend(self._generate(model, chunk))
+        finally:
+            model.train(was_training)
+        return outputs
+
+    def _generate(self, model: torch.nn.Module, examples: list[Example]) -> list[str]:
+        tok = self.tokenizer
+        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+        prompts = [
+            (bos + tok(ex["prompt"], add_special_tokens=False)["input_ids"])[: self.max_length // 2]
+            for ex in examples
+        ]
+        width = max(len(p) for p in prompts)
+        pad = tok.pad_token_id
+        # Left padding so that every prompt ends at the same position.
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        generated = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=self.max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=tok.eos_token_id,
+        )
+        return [tok.decode(row[width:], skip_special_tokens=True).strip() for row in generated]
+
+    def evaluate(self, examples: list[Example]) -> Metrics:
+        """Task metrics on ``examples`` (accuracy, or METEOR / ROUGE-1 / ROUGE-L)."""
+        from fedpeft import evaluation
+
+        predictions = self.predict(examples)
+        if self.task == "classification":
+            return {"accuracy": evaluation.accuracy(predictions, [int(ex["label"]) for ex in examples])}
+        return evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])
+
+    def check_budget(self, rank: int) -> None:
+        """Refuse a LoRA rank larger than the smallest targeted layer allows."""
+        from fedpeft.models.zoo import max_rank
+
+        limit = max_rank(self.base_model, self.loaded.lora_targets)
+        if rank > limit:
+            raise UserError(
+                f"Budget r={rank} exceeds the largest rank this model allows ({limit}); use r <= {limit}."
+            )
+
+
+HookFactory = Callable[[ModelRuntime], Any]

@@ -1,0 +1,60 @@
+"""Small shared types of the method contract."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+StateDict = dict[str, torch.Tensor]
+Metrics = dict[str, float]
+ClientId = str
+
+
+@dataclass
+class Payload:
+    """What the server sends one client in one round (may differ per client)."""
+
+    tensors: StateDict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientUpdate:
+    """What one client uploads after a round.
+
+    Attributes:
+        client_id: who sent it.
+        tensors: named tensors to aggregate (adapter weights, model weights, PSG weights, ...).
+        weight: the client's aggregation weight (its number of training samples by default).
+        metrics: training metrics (loss, steps, ...).
+        extras: uploads besides tensors to average (activation counts, gradient sketches, ...).
+    """
+
+    client_id: ClientId
+    tensors: StateDict
+    weight: float
+    metrics: Metrics = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ServerState:
+    """The server's state between rounds: named tensors plus anything else checkpointable."""
+
+    tensors: StateDict = field(default_factory=dict)
+    round: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def derive_seed(seed: int, *keys: Any) -> int:
+    """A 31-bit seed derived from ``seed`` and ``keys`` (round, client id, purpose), stable across processes."""
+    text = "|".join([str(seed), *map(str, keys)])
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % (2**31 - 1)
+
+
+def num_bytes(tensors: StateDict) -> int:
+    """Bytes of a set of named tensors as they travel (element size times count)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())

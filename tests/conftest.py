@@ -1,0 +1,73 @@
+"""Shared fixtures: a toy classification runtime (tiny BERT, word-level tokenizer) and toy clients."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
+
+
+@dataclass
+class ToyLoaded:
+    model: torch.nn.Module
+    tokenizer: object
+    task: str = "classification"
+    name: str = "toy-bert"
+    family: str = "bert"
+    lora_targets: list[str] = field(default_factory=lambda: ["query", "value"])
+    head_modules: list[str] = field(default_factory=lambda: ["classifier"])
+
+
+def toy_example(rng: random.Random) -> dict:
+    text = " ".join(rng.choice(WORDS) for _ in range(6))
+    return {"text": text, "text_pair": None, "label": int("a" in text.split()), "group": "g"}
+
+
+def toy_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+
+
+@pytest.fixture
+def toy_runtime():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from fedpeft.models.runtime import ModelRuntime
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(
+            BertConfig(vocab_size=20, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64, num_labels=2)
+        )
+    return ModelRuntime(ToyLoaded(model, toy_tokenizer()), eval_batch_size=32)
+
+
+@pytest.fixture
+def toy_clients():
+    from fedpeft.data.types import ClientData
+
+    rng = random.Random(0)
+    return [
+        ClientData(f"c{i}", "g", "seen", [toy_example(rng) for _ in range(48)], [toy_example(rng) for _ in range(24)])
+        for i in range(4)
+    ]

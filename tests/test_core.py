@@ -1,0 +1,111 @@
+"""Golden numbers and invariants of the core: seeds, aggregation, sampling, stores, config, registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedpeft.config import apply_override, load_config, validate
+from fedpeft.engine.common import sample_clients
+from fedpeft.engine.state import DiskStore, MemoryStore
+from fedpeft.errors import UserError
+from fedpeft.methods.base import weighted_mean
+from fedpeft.registry import Registry
+from fedpeft.types import ClientUpdate, derive_seed, num_bytes
+
+
+def test_derive_seed_is_stable_and_distinct():
+    assert derive_seed(0, "fedit", 3, "c1") == derive_seed(0, "fedit", 3, "c1")
+    assert derive_seed(0, "fedit", 3, "c1") != derive_seed(0, "fedit", 3, "c2")
+    assert derive_seed(0, "fedit", 3, "c1") != derive_seed(1, "fedit", 3, "c1")
+    assert 0 <= derive_seed(7, "x") < 2**31 - 1
+
+
+def test_weighted_mean_golden():
+    updates = [
+        ClientUpdate("a", {"w": torch.tensor([1.0, 2.0])}, 1.0, {"loss": 1.0}),
+        ClientUpdate("b", {"w": torch.tensor([3.0, 4.0])}, 3.0, {"loss": 3.0}),
+    ]
+    mean, metrics = weighted_mean(iter(updates))
+    torch.testing.assert_close(mean["w"], torch.tensor([2.5, 3.5]))
+    assert mean["w"].dtype == torch.float32
+    assert metrics == {"train_loss": 2.0, "clients": 2.0}
+
+
+def test_weighted_mean_of_identical_updates_is_identity():
+    tensor = torch.randn(5, 3)
+    updates = [ClientUpdate(str(i), {"w": tensor.clone()}, float(i + 1)) for i in range(4)]
+    mean, _ = weighted_mean(updates)
+    torch.testing.assert_close(mean["w"], tensor)
+
+
+def test_weighted_mean_of_nothing_is_empty():
+    mean, metrics = weighted_mean([])
+    assert mean == {} and metrics["clients"] == 0
+
+
+def test_num_bytes():
+    assert num_bytes({"a": torch.zeros(10), "b": torch.zeros(2, 2, dtype=torch.float16)}) == 48
+
+
+def test_sample_clients_fraction_and_determinism():
+    ids = [f"c{i:02d}" for i in range(30)]
+    first = sample_clients(ids, 0.1, 1, seed=0, round_=0)
+    assert len(first) == 3 and first == sorted(first)
+    assert first == sample_clients(list(reversed(ids)), 0.1, 1, seed=0, round_=0)
+    rounds = {tuple(sample_clients(ids, 0.1, 1, seed=0, round_=r)) for r in range(10)}
+    assert len(rounds) > 1
+    assert len(sample_clients(ids, 0.0, 2, seed=0, round_=0)) == 2
+    assert len(sample_clients(ids, 1.0, 1, seed=0, round_=0)) == 30
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_store_rollback(kind, tmp_path):
+    store = MemoryStore() if kind == "memory" else DiskStore(tmp_path)
+    assert store.get("c1") is None
+    store.put("c1", {"v": 1}, 0)
+    store.put("c1", {"v": 2}, 3)
+    store.put("c2", {"v": 9}, 4)
+    assert store.get("c1") == {"v": 2}
+    store.rollback(2)
+    assert store.get("c1") == {"v": 1}
+    assert store.get("c2") is None
+
+
+def test_overrides_nested_and_list_items():
+    raw = {"data": {"seed": 0}, "methods": [{"name": "lora"}, {"name": "fedit", "rounds": 3}]}
+    apply_override(raw, "data.seed=5")
+    apply_override(raw, "methods.1.rounds=7")
+    apply_override(raw, "budgets=[2, 4]")
+    apply_override(raw, "model.overrides.hidden_size=32")
+    assert raw["data"]["seed"] == 5 and raw["methods"][1]["rounds"] == 7 and raw["budgets"] == [2, 4]
+    assert raw["model"]["overrides"] == {"hidden_size": 32}
+    with pytest.raises(UserError, match="key=value"):
+        apply_override(raw, "data.seed")
+    with pytest.raises(UserError, match="index"):
+        apply_override(raw, "methods.5.rounds=1")
+
+
+def test_config_errors_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="Unknown preset"):
+        load_config("no-such-preset")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(str(bad))
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(UserError, match="Invalid config at data.clients_per_group"):
+        validate({"data": {"clients_per_group": "many"}})
+    with pytest.raises(UserError, match="Invalid config at unknown_key"):
+        validate({"unknown_key": 1})
+
+
+def test_registry_is_loud():
+    registry: Registry = Registry("thing")
+    registry.add("one", 1, aliases=("uno",))
+    assert registry.get("uno") == 1 and registry.canonical("uno") == "one"
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add("uno", 2)
+    with pytest.raises(UserError, match="Unknown thing 'two'; choose one of: one"):
+        registry.get("two")

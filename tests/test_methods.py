@@ -1,0 +1,145 @@
+"""Invariants every registered method must keep (the method matrix), and golden checks per method."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fedpeft.methods  # noqa: F401
+from fedpeft.engine.common import CostMeter
+from fedpeft.engine.local import LocalEngine
+from fedpeft.engine.state import MemoryStore
+from fedpeft.models.runtime import ClientModel
+from fedpeft.registry import METHODS
+from fedpeft.runner import build_method
+from fedpeft.types import ClientUpdate
+
+FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "lr": 1e-2}
+FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
+ALL = METHODS.names()
+
+
+def make(name: str, **extra):
+    cls = METHODS.get(name)
+    fields = {k: v for k, v in {**FAST, **extra}.items() if k in cls.Config.model_fields}
+    return build_method({"name": name, **fields})
+
+
+@pytest.mark.parametrize("name", FEDERATED)
+def test_aggregating_identical_updates_is_identity(name, toy_runtime, toy_clients):
+    method = make(name)
+    state = method.init_server(toy_runtime, seed=0)
+    update, _ = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
+    copies = [ClientUpdate(str(i), {k: v.clone() for k, v in update.tensors.items()}, 10.0 + i) for i in range(3)]
+    new_state, _ = method.aggregate(state, iter(copies))
+    for key, tensor in update.tensors.items():
+        torch.testing.assert_close(new_state.tensors[key], tensor, msg=key)
+
+
+@pytest.mark.parametrize("name", FEDERATED)
+def test_federated_round_runs_and_keeps_private_keys_home(name, toy_runtime, toy_clients):
+    method = make(name)
+    state = method.init_server(toy_runtime, seed=0)
+    uploads: list[ClientUpdate] = []
+    original = method.aggregate
+
+    def spy(state, updates):
+        def recorded():
+            for u in updates:
+                uploads.append(u)
+                yield u
+
+        return original(state, recorded())
+
+    method.aggregate = spy  # type: ignore[method-assign]
+    meter = CostMeter()
+    state = LocalEngine(toy_runtime).run_rounds(
+        method, state, toy_clients, seed=0, store=MemoryStore(), meter=meter
+    )
+    assert state.round == 2 and len(uploads) == 4 and meter.client_rounds == 4
+    assert meter.bytes_up > 0 and meter.bytes_down > 0
+    for update in uploads:
+        assert not any(p in key for key in update.tensors for p in method.private_keys)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_personalize_gives_an_evaluable_model(name, toy_runtime, toy_clients):
+    method = make(name)
+    state = method.init_server(toy_runtime, seed=0)
+    budget = 2 if method.uses_budget else None
+    model = method.personalize(toy_runtime, toy_clients[1], state, None, budget, seed=4)
+    assert isinstance(model, ClientModel)
+    toy_runtime.install(model, seed=4)
+    metrics = toy_runtime.evaluate(toy_clients[1].test)
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if not METHODS.get(n).federated])
+def test_personalization_is_deterministic(name, toy_runtime, toy_clients):
+    method = make(name)
+    budget = 2 if method.uses_budget else None
+    first = method.personalize(toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5)
+    second = method.personalize(toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5)
+    for key in first.adapter:
+        torch.testing.assert_close(first.adapter[key], second.adapter[key])
+
+
+def test_lora_rank_follows_budget(toy_runtime, toy_clients):
+    method = make("lora")
+    model = method.personalize(toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, 3, 0)
+    assert model.lora is not None and model.lora.rank == 3 and model.lora.alpha == 6.0
+    a = next(v for k, v in model.adapter.items() if "lora_A" in k)
+    assert a.shape[0] == 3
+
+
+def test_fedprox_with_zero_mu_equals_fedit(toy_runtime, toy_clients):
+    fedit, fedprox = make("fedit"), make("fedprox", mu=0.0)
+    state = fedit.init_server(toy_runtime, seed=0)
+    a, _ = fedit.client_update(toy_runtime, toy_clients[0], fedit.payload(state, "c0"), None, seed=1)
+    b, _ = fedprox.client_update(toy_runtime, toy_clients[0], fedprox.payload(state, "c0"), None, seed=1)
+    for key in a.tensors:
+        torch.testing.assert_close(a.tensors[key], b.tensors[key])
+
+
+def test_fedprox_pulls_toward_global(toy_runtime, toy_clients):
+    fedit, fedprox = make("fedit", lr=5e-2, local_steps=10), make("fedprox", mu=50.0, lr=5e-2, local_steps=10)
+    state = fedit.init_server(toy_runtime, seed=0)
+
+    def distance(update):
+        return sum(float((update.tensors[k] - state.tensors[k]).norm()) for k in state.tensors)
+
+    a, _ = fedit.client_update(toy_runtime, toy_clients[0], fedit.payload(state, "c0"), None, seed=1)
+    b, _ = fedprox.client_update(toy_runtime, toy_clients[0], fedprox.payload(state, "c0"), None, seed=1)
+    assert distance(b) < distance(a)
+
+
+def test_fedavg_full_uploads_every_weight(toy_runtime, toy_clients):
+    method = make("fedavg_full")
+    state = method.init_server(toy_runtime, seed=0)
+    update, _ = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
+    assert set(update.tensors) == set(toy_runtime.base_params)
+
+
+def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients):
+    method = make("fedit", fraction=1.0)
+    original = method.client_update
+
+    def flaky(runtime, client, payload, client_state, seed):
+        if client.client_id == "c2":
+            raise RuntimeError("device lost")
+        return original(runtime, client, payload, client_state, seed)
+
+    method.client_update = flaky  # type: ignore[method-assign]
+    meter = CostMeter()
+    rounds_metrics = []
+    LocalEngine(toy_runtime).run_rounds(
+        method,
+        method.init_server(toy_runtime, 0),
+        toy_clients,
+        seed=0,
+        store=MemoryStore(),
+        meter=meter,
+        on_round_end=lambda s, r, m: rounds_metrics.append(m),
+    )
+    assert [m["clients"] for m in rounds_metrics] == [3.0, 3.0]
+    assert len(meter.failures) == 2 and "c2" in meter.failures[0]
