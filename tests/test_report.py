@@ -1,0 +1,277 @@
+"""Report tables, Wins, gain over base, costs, merging of runs and plots, on hand-made records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedpeft.errors import UserError
+from fedpeft.report import (
+    budget_order,
+    combined_wins,
+    cost_cells,
+    gain_over_base,
+    group_table,
+    read_records,
+    render_cost_tables,
+    render_group_table,
+    write_plots,
+    write_summary,
+)
+
+CLIENTS = {"en-0": "en", "en-1": "en", "fr-0": "fr", "fr-1": "fr"}
+# method -> budget -> seed -> client -> accuracy. Per-group means by seed:
+#   lora     en .70 / .80, fr .50 / .50   -> en 75.00 ± 7.07, fr 50.00 ± 0.00, Mean 62.50 ± 3.54
+#   fedp2eft en .70 / .80, fr .70 / .50   -> en 75.00 ± 7.07, fr 60.00 ± 14.14, Mean 67.50 ± 3.54
+# so en is a tie (both win) and fr goes to fedp2eft.
+ACCURACY = {
+    "lora": {
+        2: {
+            0: {"en-0": 0.6, "en-1": 0.8, "fr-0": 0.4, "fr-1": 0.6},
+            1: {"en-0": 0.8, "en-1": 0.8, "fr-0": 0.5, "fr-1": 0.5},
+        },
+        4: {0: {"en-0": 0.9, "en-1": 0.9, "fr-0": 0.9, "fr-1": 0.9}},
+    },
+    "base": {None: {seed: dict.fromkeys(CLIENTS, 0.5) for seed in (0, 1)}},
+    "fedp2eft": {
+        2: {
+            0: {"en-0": 0.7, "en-1": 0.7, "fr-0": 0.7, "fr-1": 0.7},
+            1: {"en-0": 0.8, "en-1": 0.8, "fr-0": 0.5, "fr-1": 0.5},
+        }
+    },
+}
+
+
+def result(method, budget, client, seed, value, *, metric="accuracy", pool="seen", group=None, round_=10):
+    return {
+        "method": method,
+        "budget": budget,
+        "pool": pool,
+        "client": client,
+        "group": group or CLIENTS[client],
+        "seed": seed,
+        "round": None if method == "base" else round_,
+        "split": "test",
+        "metric": metric,
+        "value": value,
+    }
+
+
+def classification_records(pool: str = "seen") -> list[dict]:
+    return [
+        result(method, budget, client, seed, value, pool=pool)
+        for method, budgets in ACCURACY.items()
+        for budget, seeds in budgets.items()
+        for seed, clients in seeds.items()
+        for client, value in clients.items()
+    ]
+
+
+def write_run(run_dir: Path, results: list[dict], costs: list[dict] | None = None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    if costs is not None:
+        (run_dir / "costs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in costs))
+    return run_dir
+
+
+def cost(method, seed, phase, metric, value):
+    return {"method": method, "seed": seed, "phase": phase, "metric": metric, "value": value}
+
+
+COSTS = [
+    cost("lora", 0, "federated", "wall_s_per_client_round", 1.5),
+    cost("lora", 1, "federated", "wall_s_per_client_round", 2.5),
+    cost("lora", 0, "federated", "bytes_up_per_client_round", 2048),
+    cost("lora", 1, "federated", "bytes_up_per_client_round", 2048),
+    cost("lora", 0, "personalization", "wall_s_per_client", 0.25),
+    cost("lora", 0, "federated", "bytes_up_total", 3 * 1024 * 1024),
+    cost("base", 0, "base", "wall_s", 12.0),
+]
+
+
+def test_group_table_means_sds_wins_and_ties():
+    table = group_table(classification_records(), pool="seen", metric="accuracy", budget=2)
+    assert table.methods == ["base", "lora", "fedp2eft"]
+    assert table.groups == ["en", "fr"]
+    assert table.row_budgets == {"base": None, "lora": 2, "fedp2eft": 2}
+    expected = {
+        ("lora", "en"): (0.75, 0.0707107),
+        ("lora", "fr"): (0.50, 0.0),
+        ("lora", "Mean"): (0.625, 0.0353553),
+        ("fedp2eft", "en"): (0.75, 0.0707107),
+        ("fedp2eft", "fr"): (0.60, 0.1414214),
+        ("fedp2eft", "Mean"): (0.675, 0.0353553),
+        ("base", "Mean"): (0.5, 0.0),
+    }
+    for key, (mean, sd) in expected.items():
+        assert table.cells[key].mean == pytest.approx(mean)
+        assert table.cells[key].sd == pytest.approx(sd, abs=1e-6)
+        assert table.cells[key].seeds == 2
+    assert table.best == {"en": {"lora", "fedp2eft"}, "fr": {"fedp2eft"}, "Mean": {"fedp2eft"}}
+    assert table.wins == {"lora": 1, "fedp2eft": 2}
+
+
+def test_rendered_table_bold_best_and_base_without_wins():
+    text = render_group_table(group_table(classification_records(), pool="seen", metric="accuracy", budget=2))
+    lines = text.splitlines()
+    assert lines[0] == "| Method | en | fr | Mean | Wins |"
+    assert lines[2] == "| base | 50.00 ± 0.00 | 50.00 ± 0.00 | 50.00 ± 0.00 | — |"
+    assert lines[3] == "| lora | **75.00 ± 7.07** | 50.00 ± 0.00 | 62.50 ± 3.54 | 1 |"
+    assert lines[4] == "| fedp2eft | **75.00 ± 7.07** | **60.00 ± 14.14** | **67.50 ± 3.54** | 2 |"
+
+
+def test_single_seed_has_no_sd_and_base_never_competes():
+    # At r = 4 only lora (one seed) competes with base.
+    table = group_table(classification_records(), pool="seen", metric="accuracy", budget=4)
+    assert table.methods == ["base", "lora"]
+    assert table.cells["lora", "en"].sd is None
+    lines = render_group_table(table).splitlines()
+    assert lines[3] == "| lora | **90.00** | **90.00** | **90.00** | 2 |"
+    # base (0.5) beats lora (0.1) everywhere, yet the best and the Wins go to lora: base is the reference.
+    records = [r for r in classification_records() if r["method"] in ("base", "lora")]
+    records = [{**r, "value": 0.1} if r["method"] == "lora" else r for r in records]
+    table = group_table(records, pool="seen", metric="accuracy", budget=2)
+    assert table.best["en"] == {"lora"} and table.wins == {"lora": 2}
+
+
+def test_generation_wins_need_two_of_three_metrics_with_ties():
+    # group -> metric -> {method: value}: g1 A best twice; g2 each best once (no winner); g3 A and B tie on
+    # METEOR, so A (METEOR, ROUGE-L) and B (METEOR, ROUGE-1) are both best twice.
+    values = {
+        "g1": {"meteor": (0.9, 0.1, 0.1), "rouge1": (0.9, 0.1, 0.1), "rougeL": (0.1, 0.9, 0.1)},
+        "g2": {"meteor": (0.9, 0.1, 0.1), "rouge1": (0.1, 0.9, 0.1), "rougeL": (0.1, 0.1, 0.9)},
+        "g3": {"meteor": (0.5, 0.5, 0.1), "rouge1": (0.1, 0.9, 0.1), "rougeL": (0.9, 0.1, 0.1)},
+    }
+    records = [
+        result(method, 8, f"{group}-0", 0, triple[i], metric=metric, group=group)
+        for group, metrics in values.items()
+        for metric, triple in metrics.items()
+        for i, method in enumerate("ABC")
+    ]
+    tables = [group_table(records, pool="seen", metric=m, budget=8) for m in ("meteor", "rouge1", "rougeL")]
+    assert tables[0].wins == {"A": 3, "B": 1, "C": 0}
+    assert combined_wins(tables) == {"A": 2, "B": 1, "C": 0}
+
+
+def test_gain_over_base_pairs_client_and_seed():
+    gains = gain_over_base(classification_records(), pool="seen", metric="accuracy")
+    assert set(gains) == {("lora", 2), ("lora", 4), ("fedp2eft", 2)}
+    assert gains["lora", 2].mean == pytest.approx(0.125)
+    assert gains["lora", 2].sd == pytest.approx(0.0353553, abs=1e-6)
+    assert gains["fedp2eft", 2].mean == pytest.approx(0.175)
+    assert gains["lora", 4].mean == pytest.approx(0.4) and gains["lora", 4].sd is None
+
+
+def test_budget_order_ranks_then_tiers():
+    records = [{"budget": b} for b in (4, "small", None, 2, "large", 4)]
+    assert budget_order(records) == [2, 4, "small", "large"]
+
+
+def test_read_records_merges_later_dir_wins(tmp_path):
+    first = write_run(tmp_path / "a", classification_records(), COSTS)
+    replaced = result("lora", 2, "en-0", 0, 0.99)
+    late_method = result("fedl2p", 2, "en-0", 0, 0.3)
+    second = write_run(
+        tmp_path / "b",
+        [replaced, late_method],
+        [cost("lora", 0, "federated", "wall_s_per_client_round", 9.0)],
+    )
+    results, costs = read_records([first, second])
+    assert len(results) == len(classification_records()) + 1
+    lora_en0 = [r for r in results if r["method"] == "lora" and r["client"] == "en-0" and r["budget"] == 2]
+    assert [r["value"] for r in lora_en0 if r["seed"] == 0] == [0.99]
+    assert [r["method"] for r in results][-1] == "fedl2p"
+    cells = cost_cells(costs)
+    assert cells["lora", "federated", "wall_s_per_client_round"].mean == pytest.approx((9.0 + 2.5) / 2)
+    results, _ = read_records([second, first])
+    lora_en0 = [r for r in results if r["method"] == "lora" and r["client"] == "en-0" and r["budget"] == 2]
+    assert [r["value"] for r in lora_en0 if r["seed"] == 0] == [0.6]
+
+
+def test_read_records_keeps_latest_round_within_a_run(tmp_path):
+    run = write_run(
+        tmp_path / "r", [result("lora", 2, "en-0", 0, 0.8, round_=20), result("lora", 2, "en-0", 0, 0.4)]
+    )
+    results, costs = read_records([run])
+    assert [r["value"] for r in results] == [0.8] and costs == []
+
+
+def test_read_records_errors_name_the_fix(tmp_path):
+    with pytest.raises(UserError, match="fedpeft run"):
+        read_records([tmp_path / "missing"])
+    run = tmp_path / "bad"
+    run.mkdir()
+    (run / "results.jsonl").write_text('{"method": "x"}\nnot json\n')
+    with pytest.raises(UserError, match="line 2"):
+        read_records([run])
+
+
+def test_cost_tables():
+    text = render_cost_tables(COSTS)
+    lines = text.split("\n\n")[0].splitlines()
+    assert lines[0] == "| Method | Fed. s / client-round | Fed. up / client-round | Pers. s / client |"
+    assert lines[2] == "| lora | 2.000 ± 0.707 | 2.00 KiB | 0.250 |"
+    totals = text.split("\n\n")[1].splitlines()
+    assert totals[0] == "| Method | Phase | Up total | Wall s |"
+    assert "| base | base | — | 12.000 |" in totals
+    assert "| lora | federated | 3.00 MiB | — |" in totals
+
+
+def test_write_summary(tmp_path):
+    unseen = [r for r in classification_records("unseen") if r["method"] != "fedp2eft"]
+    run = write_run(tmp_path / "run", classification_records() + unseen, COSTS)
+    info = {
+        "samples per client": 100,
+        "group sizes": {"en": 2, "fr": 2},
+        "resources": {"en": {"level": "high"}},
+    }
+    text = write_summary([run], tmp_path / "out", title="Toy XNLI", info=info)
+    assert (tmp_path / "out" / "summary.md").read_text() == text
+    assert text.startswith("# Toy XNLI\n")
+    assert "- **samples per client**: 100" in text
+    assert "| en | high |" in text
+    assert text.index("## Seen pool") < text.index("## Unseen pool")
+    assert "### r = 2 — Accuracy" in text and "### r = 4 — Accuracy" in text
+    assert "budget-independent" in text
+    assert "| fedp2eft | **75.00 ± 7.07** | **60.00 ± 14.14** | **67.50 ± 3.54** | 2 |" in text
+    assert "## Gain over base" in text
+    assert "| lora | +12.50 ± 3.54 | +40.00 |" in text
+    assert "## Costs" in text
+    assert write_summary([run], tmp_path / "other.md") == (tmp_path / "other.md").read_text()
+
+
+def test_summary_of_generation_uses_combined_wins(tmp_path):
+    records = []
+    for metric, (a, b) in {"meteor": (0.5, 0.4), "rouge1": (0.3, 0.4), "rougeL": (0.6, 0.2)}.items():
+        records += [
+            result("A", None, "en-0", 0, a, metric=metric),
+            result("B", None, "en-0", 0, b, metric=metric),
+        ]
+    text = write_summary([write_run(tmp_path / "gen", records)], tmp_path)
+    for label in ("METEOR", "ROUGE-1", "ROUGE-L"):
+        assert f"### {label}" in text
+    # B is best in ROUGE-1 only: its Wins stay 0 even in the ROUGE-1 table.
+    assert text.count("| B | **40.00** | **40.00** | 0 |") == 1
+    assert text.count("| A | ") == 3 and text.count(" | 1 |") == 3
+
+
+def test_write_plots(tmp_path):
+    # A metric measured in one pool only gets plots in that pool only.
+    seen_only = result("lora", 2, "en-0", 0, 0.4, metric="meteor")
+    run = write_run(
+        tmp_path / "run", classification_records() + classification_records("unseen") + [seen_only]
+    )
+    paths = write_plots([run], tmp_path / "run" / "plots")
+    assert sorted(p.name for p in paths) == [
+        "groups_seen_accuracy.png",
+        "groups_seen_meteor.png",
+        "groups_unseen_accuracy.png",
+        "mean_seen.png",
+        "mean_unseen.png",
+    ]
+    for path in paths:
+        assert path.parent == tmp_path / "run" / "plots"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
