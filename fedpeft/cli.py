@@ -40,7 +40,7 @@ def _setup_logging(verbose: bool) -> None:
 def run(
     config: Annotated[str, typer.Argument(help="A preset name (see `fedpeft list presets`) or a YAML file.")],
     set_: Annotated[
-        Optional[list[str]], typer.Option("--set", help="Override a key: --set data.seed=3")
+        list[str] | None, typer.Option("--set", help="Override a key: --set data.seed=3")
     ] = None,  # noqa: UP045
     out: Annotated[Optional[Path], typer.Option(help="Output directory (default runs/<name>).")] = None,  # noqa: UP045
     engine: Annotated[Optional[str], typer.Option(help="local or flower (overrides engine.name).")] = None,  # noqa: UP045

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,104 +20,81 @@ import torch
 from safetensors.torch import save_file
 
 from fedpeft.config import ExperimentConfig, dump_config
-from fedpeft.data.types import ClientData, FederatedData
-from fedpeft.engine.common import CostMeter, client_seed
-from fedpeft.engine.state import make_store, save_atomic
+from fedpeft.engine.common import CostMeter
+from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
 from fedpeft.methods.base import Method
-from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.models.runtime import ClientModel
 from fedpeft.progress import Progress
-from fedpeft.registry import DATASETS, METHODS
 from fedpeft.types import Metrics, ServerState
+from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, build_method
 
 log = logging.getLogger("fedpeft")
+EngineFactory = Callable[[Worker], Any]
 
 
-def build_method(entry: dict[str, Any]) -> Method:
-    """Instantiate a registered method from its config mapping (``{"name": ..., **fields}``)."""
-    if "name" not in entry:
-        raise UserError("Every entry of `methods` needs a `name`; e.g. `- name: lora`.")
-    cls = METHODS.get(str(entry["name"]))
-    from pydantic import ValidationError
-
-    try:
-        cfg = cls.Config.model_validate({**entry, "name": cls.name})
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {first['msg']}.") from None
-    if "label" not in entry and entry["name"] != cls.name:
-        cfg.label = str(entry["name"])
-    return cls(cfg)
-
-
-def build_data(cfg: ExperimentConfig) -> FederatedData:
-    """Build the federated dataset named in the config."""
-    import fedpeft.data.catalog  # noqa: F401  (registers the datasets)
-
-    return DATASETS.get(cfg.data.name)(cfg.data)
-
-
-def build_runtime(cfg: ExperimentConfig, data: FederatedData) -> ModelRuntime:
-    """Load the base model once for this process."""
-    from fedpeft.models.zoo import load_model
-
-    loaded = load_model(cfg.model, task=data.task, num_labels=data.num_labels, corpus=data.corpus)
-    return ModelRuntime(
-        loaded,
-        max_length=cfg.model.max_length,
-        device=cfg.device,
-        eval_batch_size=cfg.eval.batch_size,
-        max_new_tokens=cfg.eval.max_new_tokens,
-    )
-
-
-@dataclass
 class Experiment:
-    """A configured experiment bound to an output directory."""
+    """A configured experiment bound to an output directory (the server side of every engine)."""
 
-    cfg: ExperimentConfig
-    out: Path
-    progress: Progress = field(default_factory=Progress)
-
-    def __post_init__(self) -> None:
-        self.methods = [build_method(entry) for entry in self.cfg.methods]
+    def __init__(self, cfg: ExperimentConfig, out: Path, progress: Progress | None = None) -> None:
+        self.cfg = cfg
+        self.out = Path(out)
+        self.progress = progress or Progress()
+        # Validate every method's settings before any expensive work.
+        self.methods: list[Method] = [build_method(entry) for entry in cfg.methods]
         labels = [m.label for m in self.methods]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
         if duplicated:
             raise UserError(f"Methods {duplicated} appear twice; give each entry a distinct `label`.")
-        if "base" in labels:
-            raise UserError("`base` is reserved for the base-model row; give that method another `label`.")
+        if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
+            raise UserError(
+                f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`."
+            )
+        base_method = build_method(cfg.base.method)
+        if cfg.base.kind == "federated" and base_method.name != "fedavg_full":
+            raise UserError(
+                "base.method must be fedavg_full (full-weight FedAvg) for a federated base stage."
+            )
+        self._parts: list[str] = []
 
     # ------------------------------------------------------------------ entry point
-    def run(self, *, resume: bool = False, engine: str | None = None) -> Path:
-        """Run every unit not done yet and write the outputs; returns the output directory."""
+    def run(self, *, resume: bool = False, engine_factory: EngineFactory | None = None) -> Path:
+        """Run every unit not done yet and write the outputs; returns the output directory.
+
+        Args:
+            resume: continue the run already in the output directory.
+            engine_factory: builds the engine from this process's worker (the Flower ServerApp passes one that
+                talks to its grid); by default the engine named in the config.
+        """
         self._prepare_output(resume)
-        self.data = build_data(self.cfg)
+        self.worker = Worker(self.cfg, self.out)
+        self.data = self.worker.data
         if not self.data.pool("seen"):
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
-        self.runtime = build_runtime(self.cfg, self.data)
-        self._pretrained = self.runtime.base_state()
-        self._parts: list[str] = []
         for budget in self.cfg.budgets:
-            self.runtime.check_budget(budget)
-        self.engine = self._make_engine(engine or self.cfg.engine.name)
-        for seed in self.cfg.seeds:
-            self._base_stage(seed)
-            self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
-            for method in self.methods:
-                self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
+            self.worker.runtime.check_budget(budget)
+        self.engine = (
+            engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
+        )
+        try:
+            for seed in self.cfg.seeds:
+                self._base_stage(seed)
+                self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
+                for method in self.methods:
+                    self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
+        finally:
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                close()
         self._write_outputs()
         return self.out
 
     def _make_engine(self, name: str) -> Any:
         if name == "flower":
-            from fedpeft.engine.flower import FlowerEngine
-
-            return FlowerEngine(self.runtime, self.cfg, self.out, on_client=self.progress.advance_client)
+            raise UserError("The flower engine runs through `fedpeft run --engine flower` or `flwr run .`.")
         from fedpeft.engine.local import LocalEngine
 
-        return LocalEngine(self.runtime, on_client=self.progress.advance_client)
+        return LocalEngine(self.worker, on_client=self.progress.advance_client)
 
     # ------------------------------------------------------------------ output directory
     def _prepare_output(self, resume: bool) -> None:
@@ -132,6 +109,10 @@ class Experiment:
                 raise UserError(
                     f"The config differs from the one of the run in {self.out}; resume with the same one."
                 )
+        elif resume and self.out.exists() and any(self.out.iterdir()):
+            raise UserError(
+                f"{self.out} holds no config.yaml of a run to resume; choose the run's directory."
+            )
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "parts").mkdir(exist_ok=True)
         config_path.write_text(text)
@@ -143,25 +124,29 @@ class Experiment:
             log.info("unit %s already done", name)
             return
         records, costs = work()
+        self._write_part(part, records, costs)
+
+    @staticmethod
+    def _write_part(part: Path, records: list[dict], costs: list[dict]) -> None:
         lines = [json.dumps(r) for r in records] + [json.dumps({"_cost": c}) for c in costs]
-        tmp = part.with_suffix(".tmp")
+        tmp = part.with_name(part.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in lines))
         os.replace(tmp, part)
 
     # ------------------------------------------------------------------ stages
     def _base_stage(self, seed: int) -> None:
-        """Produce (or reload) the base model of this seed and make it the runtime's starting point."""
+        """Produce the base model of this seed (unless there is nothing to train or it exists already)."""
         base = self.cfg.base
         if base.kind == "pretrained":
-            self.runtime.set_initial_base(self._pretrained)
             return
-        path = self.out / "checkpoints" / f"base-seed{seed}.pt"
+        name = f"base-stage-seed{seed}"
+        self._parts.append(name)
+        path = self.worker.base_checkpoint(seed)
         if path.exists():
-            self.runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
-            self._parts.append(f"base-stage-seed{seed}")
             return
-        self.runtime.set_initial_base(self._pretrained)
         self.progress.stage(f"base model ({base.kind}), seed {seed}")
+        runtime = self.worker.runtime
+        self.worker.use_base(None)
         meter = CostMeter()
         started = time.perf_counter()
         if base.kind == "centralized":
@@ -169,8 +154,8 @@ class Experiment:
                 raise UserError(
                     f"Dataset {self.cfg.data.name} has no base corpus; use base.kind=pretrained or federated."
                 )
-            self.runtime.activate(None)
-            self.runtime.train(
+            runtime.install(ClientModel())
+            runtime.train(
                 self.data.base_train,
                 "all",
                 lr=base.lr,
@@ -178,59 +163,43 @@ class Experiment:
                 seed=seed,
                 epochs=base.epochs,
             )
-            tensors = self.runtime.base_state()
+            tensors = runtime.base_state()
         else:
-            method = build_method(base.method)
-            if method.name != "fedavg_full":
-                raise UserError(
-                    "base.method must be fedavg_full (full-weight FedAvg) for a federated base stage."
-                )
-            state, _ = self._federate(method, seed, tag="base", meter=meter)
+            state = self._federate(self.worker.methods[BASE_STAGE_LABEL], BASE_STAGE_LABEL, seed, meter=meter)
             tensors = state.tensors
         meter.wall_seconds = time.perf_counter() - started
         save_atomic({"tensors": tensors}, path)
-        self._write_costs_part(f"base-stage-seed{seed}", meter.rows("base", seed, "base"))
-        self.runtime.set_initial_base(tensors)
+        self._write_part(self.out / "parts" / f"{name}.jsonl", [], meter.rows(BASE_LABEL, seed, "base"))
         if seed == self.cfg.seeds[0]:
-            self._save_base_model()
+            self._save_base_model(tensors)
 
-    def _write_costs_part(self, name: str, costs: list[dict]) -> None:
-        part = self.out / "parts" / f"{name}.jsonl"
-        self._parts.append(name)
-        part.write_text("".join(json.dumps({"_cost": c}) + "\n" for c in costs))
-
-    def _save_base_model(self) -> None:
+    def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT."""
         target = self.out / "base_model"
-        self.runtime.activate(None)
-        model = self.runtime.base_model
-        with self.runtime._adapter_context():
-            # PEFT wraps layers in place; save the plain weights under their canonical names.
-            state = {k: v.detach().contiguous() for k, v in self.runtime.base_state().items()}
         target.mkdir(parents=True, exist_ok=True)
-        model.config.save_pretrained(target)
-        save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
-        self.runtime.tokenizer.save_pretrained(target)
+        runtime = self.worker.runtime
+        runtime.base_model.config.save_pretrained(target)
+        save_file(
+            {k: v.detach().contiguous() for k, v in tensors.items()},
+            str(target / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        runtime.tokenizer.save_pretrained(target)
 
     def _evaluate_base(self, seed: int) -> tuple[list[dict], list[dict]]:
         self.progress.stage(f"base model evaluation, seed {seed}")
-        clients = self.data.pool("all")
-        self.progress.clients(len(clients))
-
-        def work(runtime: ModelRuntime, client: ClientData) -> Metrics:
-            runtime.install(ClientModel())
-            return runtime.evaluate(client.test)
-
-        records = []
-        for client, metrics in self.engine.map_clients(work, clients):
-            if isinstance(metrics, BaseException):
-                continue
-            records += _records("base", None, client, seed, None, metrics)
+        ids = [c.client_id for c in self.data.clients]
+        self.progress.clients(len(ids))
+        records: list[dict] = []
+        for _, result in self.engine.map_clients("evaluate_base", ids, seed=seed):
+            if not isinstance(result, BaseException):
+                records += result
         return records, []
 
-    def _federate(self, method: Method, seed: int, *, tag: str, meter: CostMeter) -> tuple[ServerState, Any]:
+    def _federate(self, method: Method, label: str, seed: int, *, meter: CostMeter) -> ServerState:
         """The federated phase of ``method`` on the seen pool, checkpointed every round."""
-        ckpt = self.out / "checkpoints" / tag / f"seed{seed}.pt"
-        store = make_store(self.cfg.engine.state, self.out / "client_state" / tag / f"seed{seed}")
+        ckpt = self.out / "checkpoints" / label / f"seed{seed}.pt"
+        store = self.worker.store(label, seed)
         start = 0
         if ckpt.exists():
             saved = torch.load(ckpt, weights_only=False)
@@ -239,88 +208,55 @@ class Experiment:
             store.rollback(start - 1)
             meter.__dict__.update(saved["meter"])
         else:
-            state = method.init_server(self.runtime, seed)
+            self.worker.use_base(None if label == BASE_STAGE_LABEL else seed)
+            state = method.init_server(self.worker.runtime, seed)
         cfg: Any = method.cfg
-        self.progress.stage(f"{tag}: federated training, seed {seed}")
+        self.progress.stage(f"{label}: federated training, seed {seed}")
         self.progress.rounds(cfg.rounds, start)
 
         def on_round_end(state: ServerState, round_: int, metrics: Metrics) -> None:
-            save_atomic(
-                {
-                    "state": state,
-                    "round": round_ + 1,
-                    "store": store.snapshot(),
-                    "meter": dict(meter.__dict__),
-                },
-                ckpt,
-            )
+            snapshot = {
+                "state": state,
+                "round": round_ + 1,
+                "store": store.snapshot(),
+                "meter": dict(meter.__dict__),
+            }
+            save_atomic(snapshot, ckpt)
             self.progress.advance_round(metrics)
 
-        seen = self.data.pool("seen")
+        seen = [c.client_id for c in self.data.pool("seen")]
         return self.engine.run_rounds(
-            method,
-            state,
-            seen,
-            seed=seed,
-            store=store,
-            meter=meter,
-            start_round=start,
-            on_round_end=on_round_end,
-        ), store
+            label, method, state, seen, seed=seed, meter=meter, start_round=start, on_round_end=on_round_end
+        )
 
     def _run_method(self, method: Method, seed: int) -> tuple[list[dict], list[dict]]:
         costs: list[dict] = []
-        state, store = ServerState(), make_store("memory", self.out)
-        rounds = None
+        state = ServerState()
         if method.federated:
             meter = CostMeter()
-            state, store = self._federate(method, seed, tag=method.label, meter=meter)
-            rounds = int(getattr(method.cfg, "rounds", 0))
+            state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
-        budgets: list[int | None] = list(self.cfg.budgets) if method.uses_budget else [None]
-        clients = self.data.pool("all")
+        ids = [c.client_id for c in self.data.clients]
+        budgets = len(self.cfg.budgets) if method.uses_budget else 1
         self.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
-        self.progress.clients(len(clients) * len(budgets))
+        self.progress.clients(len(ids))
         meter = CostMeter()
         save = self.cfg.output.save_adapters and seed == self.cfg.seeds[0]
-
-        def work(runtime: ModelRuntime, client: ClientData) -> list[dict]:
-            out = []
-            for budget in budgets:
-                pseed = client_seed(seed, method.name, "personalize", budget, client.client_id)
-                started = time.perf_counter()
-                model = method.personalize(runtime, client, state, store.get(client.client_id), budget, pseed)
-                meter.client_seconds += time.perf_counter() - started
-                meter.clients += 1
-                runtime.install(model, seed=pseed)
-                metrics = runtime.evaluate(client.test)
-                out += _records(method.label, budget, client, seed, rounds, metrics)
-                if save and model.lora is not None:
-                    self._save_adapter(method.label, budget, client.client_id)
-            return out
-
         started = time.perf_counter()
         records: list[dict] = []
-        for client, result in self.engine.map_clients(work, clients):
+        for client_id, result in self.engine.map_clients(
+            "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save
+        ):
             if isinstance(result, BaseException):
-                meter.failures.append(f"{client.client_id}: {result!r}")
+                meter.failures.append(f"{client_id}: {result!r}")
                 continue
-            records += result
+            client_records, seconds = result
+            records += client_records
+            meter.client_seconds += seconds
+            meter.clients += budgets
         meter.wall_seconds = time.perf_counter() - started
         costs += meter.rows(method.label, seed, "personalization")
         return records, costs
-
-    def _save_adapter(self, label: str, budget: int | None, client_id: str) -> None:
-        """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
-        runtime = self.runtime
-        assert runtime.active is not None and runtime.peft is not None
-        target = self.out / "adapters" / label / ("global" if budget is None else f"r{budget}") / client_id
-        target.mkdir(parents=True, exist_ok=True)
-        config = runtime.active.to_peft(runtime.loaded.head_modules)
-        config.base_model_name_or_path = str((self.out / "base_model").resolve())
-        config.save_pretrained(str(target))
-        tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
-        save_file(tensors, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
 
     # ------------------------------------------------------------------ outputs
     def _write_outputs(self) -> None:
@@ -336,27 +272,8 @@ class Experiment:
         (self.out / "costs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in costs))
         from fedpeft import report
 
-        info = dict(self.data.info)
-        report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=info)
+        report.write_summary(
+            [self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info)
+        )
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots")
-
-
-def _records(
-    method: str, budget: int | None, client: ClientData, seed: int, round_: int | None, metrics: Metrics
-) -> list[dict]:
-    return [
-        {
-            "method": method,
-            "budget": budget,
-            "pool": client.pool,
-            "client": client.client_id,
-            "group": client.group,
-            "seed": seed,
-            "round": round_,
-            "split": "test",
-            "metric": name,
-            "value": float(value),
-        }
-        for name, value in metrics.items()
-    ]

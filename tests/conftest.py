@@ -38,7 +38,9 @@ def toy_tokenizer():
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    tok.train_from_iterator(
+        [" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    )
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
     )
@@ -56,8 +58,14 @@ def toy_runtime():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = BertForSequenceClassification(
-            BertConfig(vocab_size=20, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64, num_labels=2)
+            BertConfig(
+                vocab_size=20,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                num_labels=2,
+            )
         )
     return ModelRuntime(ToyLoaded(model, toy_tokenizer()), eval_batch_size=32)
 
@@ -68,6 +76,23 @@ def toy_clients():
 
     rng = random.Random(0)
     return [
-        ClientData(f"c{i}", "g", "seen", [toy_example(rng) for _ in range(48)], [toy_example(rng) for _ in range(24)])
+        ClientData(
+            f"c{i}", "g", "seen", [toy_example(rng) for _ in range(48)], [toy_example(rng) for _ in range(24)]
+        )
         for i in range(4)
     ]
+
+
+@pytest.fixture
+def toy_worker_factory(toy_runtime, toy_clients, tmp_path):
+    """Build a Worker over the toy runtime and clients for the given method entries."""
+    from fedpeft.config import ExperimentConfig
+    from fedpeft.data.types import FederatedData
+    from fedpeft.worker import Worker
+
+    def make(methods: list[dict]) -> Worker:
+        data = FederatedData("toy", "classification", ["no", "yes"], ["g"], toy_clients)
+        cfg = ExperimentConfig(methods=methods, budgets=[2])
+        return Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
+
+    return make

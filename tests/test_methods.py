@@ -8,11 +8,10 @@ import torch
 import fedpeft.methods  # noqa: F401
 from fedpeft.engine.common import CostMeter
 from fedpeft.engine.local import LocalEngine
-from fedpeft.engine.state import MemoryStore
 from fedpeft.models.runtime import ClientModel
 from fedpeft.registry import METHODS
-from fedpeft.runner import build_method
 from fedpeft.types import ClientUpdate
+from fedpeft.worker import build_method
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "lr": 1e-2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
@@ -30,15 +29,20 @@ def test_aggregating_identical_updates_is_identity(name, toy_runtime, toy_client
     method = make(name)
     state = method.init_server(toy_runtime, seed=0)
     update, _ = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
-    copies = [ClientUpdate(str(i), {k: v.clone() for k, v in update.tensors.items()}, 10.0 + i) for i in range(3)]
+    copies = [
+        ClientUpdate(str(i), {k: v.clone() for k, v in update.tensors.items()}, 10.0 + i) for i in range(3)
+    ]
     new_state, _ = method.aggregate(state, iter(copies))
     for key, tensor in update.tensors.items():
         torch.testing.assert_close(new_state.tensors[key], tensor, msg=key)
 
 
 @pytest.mark.parametrize("name", FEDERATED)
-def test_federated_round_runs_and_keeps_private_keys_home(name, toy_runtime, toy_clients):
-    method = make(name)
+def test_federated_round_runs_and_keeps_private_keys_home(name, toy_runtime, toy_clients, toy_worker_factory):
+    worker = toy_worker_factory(
+        [{"name": name, **{k: v for k, v in FAST.items() if k in METHODS.get(name).Config.model_fields}}]
+    )
+    method = worker.methods[name]
     state = method.init_server(toy_runtime, seed=0)
     uploads: list[ClientUpdate] = []
     original = method.aggregate
@@ -53,9 +57,8 @@ def test_federated_round_runs_and_keeps_private_keys_home(name, toy_runtime, toy
 
     method.aggregate = spy  # type: ignore[method-assign]
     meter = CostMeter()
-    state = LocalEngine(toy_runtime).run_rounds(
-        method, state, toy_clients, seed=0, store=MemoryStore(), meter=meter
-    )
+    ids = [c.client_id for c in toy_clients]
+    state = LocalEngine(worker).run_rounds(name, method, state, ids, seed=0, meter=meter)
     assert state.round == 2 and len(uploads) == 4 and meter.client_rounds == 4
     assert meter.bytes_up > 0 and meter.bytes_down > 0
     for update in uploads:
@@ -78,8 +81,12 @@ def test_personalize_gives_an_evaluable_model(name, toy_runtime, toy_clients):
 def test_personalization_is_deterministic(name, toy_runtime, toy_clients):
     method = make(name)
     budget = 2 if method.uses_budget else None
-    first = method.personalize(toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5)
-    second = method.personalize(toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5)
+    first = method.personalize(
+        toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5
+    )
+    second = method.personalize(
+        toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5
+    )
     for key in first.adapter:
         torch.testing.assert_close(first.adapter[key], second.adapter[key])
 
@@ -120,8 +127,9 @@ def test_fedavg_full_uploads_every_weight(toy_runtime, toy_clients):
     assert set(update.tensors) == set(toy_runtime.base_params)
 
 
-def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients):
-    method = make("fedit", fraction=1.0)
+def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients, toy_worker_factory):
+    worker = toy_worker_factory([{"name": "fedit", **FAST, "fraction": 1.0}])
+    method = worker.methods["fedit"]
     original = method.client_update
 
     def flaky(runtime, client, payload, client_state, seed):
@@ -132,12 +140,12 @@ def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients):
     method.client_update = flaky  # type: ignore[method-assign]
     meter = CostMeter()
     rounds_metrics = []
-    LocalEngine(toy_runtime).run_rounds(
+    LocalEngine(worker).run_rounds(
+        "fedit",
         method,
         method.init_server(toy_runtime, 0),
-        toy_clients,
+        [c.client_id for c in toy_clients],
         seed=0,
-        store=MemoryStore(),
         meter=meter,
         on_round_end=lambda s, r, m: rounds_metrics.append(m),
     )

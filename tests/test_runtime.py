@@ -47,7 +47,7 @@ def test_swapping_adapters_reproduces_predictions(toy_runtime, toy_clients):
         rt.install(ClientModel(lora=spec), seed=1)
         rt.train(client.train, lr=5e-2, batch_size=16, seed=1, steps=10)
         states.append((rt.adapter_state(), rt.predict(client.test + toy_clients[3].test)))
-    for (state, predictions), client in zip(states, toy_clients[:2]):
+    for (state, predictions), client in zip(states, toy_clients[:2], strict=True):
         rt.install(ClientModel(lora=spec, adapter=state))
         assert rt.predict(client.test + toy_clients[3].test) == predictions
 

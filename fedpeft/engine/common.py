@@ -44,6 +44,13 @@ class CostMeter:
     wall_seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
 
+    def record_round(self, seconds: float, bytes_down: int, bytes_up: int) -> None:
+        """Account one client's round: its time and what travelled each way."""
+        self.client_seconds += seconds
+        self.client_rounds += 1
+        self.bytes_down += bytes_down
+        self.bytes_up += bytes_up
+
     def rows(self, method: str, seed: int, phase: str) -> list[dict]:
         """Records for ``costs.jsonl``."""
         values: dict[str, float] = {"wall_s": self.wall_seconds, "peak_rss_mb": peak_rss_mb()}

@@ -1,52 +1,48 @@
-"""The in-process engine: one model, clients run one after another, aggregation streams."""
+"""The in-process engine: one worker, clients run one after another, aggregation streams."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
-from fedpeft.data.types import ClientData
-from fedpeft.engine.common import CostMeter, client_seed, sample_clients
-from fedpeft.engine.state import ClientStateStore
+from fedpeft.engine.common import CostMeter, sample_clients
 from fedpeft.methods.base import Method
-from fedpeft.models.runtime import ModelRuntime
 from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes
+from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
-T = TypeVar("T")
 RoundCallback = Callable[[ServerState, int, Metrics], None]
 
 
 class LocalEngine:
-    """Runs every client in this process on one shared :class:`ModelRuntime`."""
+    """Runs every client in this process on one :class:`~fedpeft.worker.Worker`."""
 
     name = "local"
 
-    def __init__(self, runtime: ModelRuntime, *, on_client: Callable[[], None] | None = None) -> None:
-        self.runtime = runtime
+    def __init__(self, worker: Worker, *, on_client: Callable[[], None] | None = None) -> None:
+        self.worker = worker
         self.on_client = on_client
 
     def run_rounds(
         self,
+        label: str,
         method: Method,
         state: ServerState,
-        clients: list[ClientData],
+        client_ids: list[str],
         *,
         seed: int,
-        store: ClientStateStore,
         meter: CostMeter,
         start_round: int = 0,
         on_round_end: RoundCallback | None = None,
     ) -> ServerState:
-        """Run rounds ``start_round .. cfg.rounds - 1`` of ``method`` over ``clients``."""
-        by_id = {c.client_id: c for c in clients}
+        """Run rounds ``start_round .. cfg.rounds - 1`` of ``method`` over ``client_ids``."""
         cfg: Any = method.cfg
         for round_ in range(start_round, cfg.rounds):
-            sampled = sample_clients(list(by_id), cfg.fraction, cfg.min_clients, seed, round_)
+            sampled = sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
             started = time.perf_counter()
-            updates = self._updates(method, state, [by_id[c] for c in sampled], seed, round_, store, meter)
+            updates = self._updates(label, method, state, sampled, seed, round_, meter)
             state, metrics = method.aggregate(state, updates)
             state.round = round_ + 1
             meter.wall_seconds += time.perf_counter() - started
@@ -56,51 +52,40 @@ class LocalEngine:
 
     def _updates(
         self,
+        label: str,
         method: Method,
         state: ServerState,
-        clients: list[ClientData],
+        sampled: list[str],
         seed: int,
         round_: int,
-        store: ClientStateStore,
         meter: CostMeter,
     ) -> Iterator[ClientUpdate]:
-        for client in clients:
-            payload = method.payload(state, client.client_id)
+        for client_id in sampled:
+            payload = method.payload(state, client_id)
             started = time.perf_counter()
             try:
-                update, client_state = method.client_update(
-                    self.runtime,
-                    client,
-                    payload,
-                    store.get(client.client_id),
-                    client_seed(seed, method.name, "train", round_, client.client_id),
-                )
+                update = self.worker.train(label, seed, round_, client_id, payload)
             except Exception as err:  # a failing client must not stop the federation
-                message = f"round {round_}: client {client.client_id} failed and was left out ({err!r})"
+                message = f"round {round_}: client {client_id} failed and was left out ({err!r})"
                 log.warning(message)
                 meter.failures.append(message)
                 continue
             finally:
                 if self.on_client is not None:
                     self.on_client()
-            if client_state is not None:
-                store.put(client.client_id, client_state, round_)
-            meter.client_seconds += time.perf_counter() - started
-            meter.client_rounds += 1
-            meter.bytes_down += num_bytes(payload.tensors)
-            meter.bytes_up += num_bytes(update.tensors)
+            meter.record_round(
+                time.perf_counter() - started, num_bytes(payload.tensors), num_bytes(update.tensors)
+            )
             yield update
 
-    def map_clients(
-        self, work: Callable[[ModelRuntime, ClientData], T], clients: list[ClientData]
-    ) -> Iterator[tuple[ClientData, T | BaseException]]:
-        """Apply ``work`` to each client; a failure comes back as the exception instead of stopping the loop."""
-        for client in clients:
+    def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """Call the worker operation ``op`` for each client; a failure comes back as the exception."""
+        for client_id in client_ids:
             try:
-                result: T | BaseException = work(self.runtime, client)
+                result: Any = getattr(self.worker, op)(client_id=client_id, **kwargs)
             except Exception as err:
-                log.warning("client %s failed: %r", client.client_id, err)
+                log.warning("client %s failed in %s: %r", client_id, op, err)
                 result = err
             if self.on_client is not None:
                 self.on_client()
-            yield client, result
+            yield client_id, result

@@ -1,0 +1,156 @@
+"""Check the two packaged pretrained models against their real weights, and time them.
+
+- Gemma 3 270M (``gemma3-270m``): the first load joins the GGUF parts, de-quantizes them through transformers
+  and caches the result as safetensors; a second load reads the cache. Then greedy generation of a few tokens,
+  and the classification variant loaded from the same cache.
+- all-MiniLM-L6-v2 (``minilm``): load from its package with a fresh 3-way head, classify a batch (forward
+  time), and one forward + backward pass (the cost of a training step).
+
+Not a test: it takes a minute or two and about 3 GB of memory. By default it uses a fresh temporary cache
+root so that the first Gemma load really de-quantizes; pass ``--cache DIR`` to use (and keep) another one.
+
+Usage: python benchmarks/check_packaged_models.py [--cache DIR] [--tokens 12] [--batch 32] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from fedpeft.config import ModelConfig  # noqa: E402
+from fedpeft.models import count_lora_modules, load_model, max_rank  # noqa: E402
+from fedpeft.models import gguf as gguf_cache  # noqa: E402
+from fedpeft.models.zoo import GEMMA3_270M_SHA256  # noqa: E402
+
+PROMPTS = ["The capital of France is", "Die Hauptstadt von Deutschland ist"]
+TEXTS = [
+    "The service was quick and the food was excellent.",
+    "I would not recommend this hotel to anyone.",
+    "Le film était long mais les acteurs sont formidables.",
+    "El producto llegó roto y nadie respondió a mis mensajes.",
+]
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def check_gemma(tokens: int) -> dict:
+    cfg = ModelConfig(name="gemma3-270m", max_length=64)
+    cold, cold_s = timed(lambda: load_model(cfg, task="generation"))
+    record = gguf_cache.source_record(GEMMA3_270M_SHA256)
+    del cold
+    gc.collect()
+    loaded, cached_s = timed(lambda: load_model(cfg, task="generation"))
+    model, tok = loaded.model, loaded.tokenizer
+    batch = tok(PROMPTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        model.generate(**batch, max_new_tokens=1, do_sample=False)  # warm-up
+        out, gen_s = timed(lambda: model.generate(**batch, max_new_tokens=tokens, do_sample=False))
+    width = batch["input_ids"].shape[1]
+    continuations = [tok.decode(row[width:], skip_special_tokens=True) for row in out]
+    result = {
+        "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+        "first_load_s": round(cold_s, 1),
+        "dequantize_s": record["dequantize_seconds"],
+        "cached_load_s": round(cached_s, 2),
+        "cache_dir": str(gguf_cache.gguf_cache_dir(GEMMA3_270M_SHA256)),
+        "cache_size_mb": round(
+            sum(p.stat().st_size for p in gguf_cache.gguf_cache_dir(GEMMA3_270M_SHA256).iterdir()) / 2**20
+        ),
+        "lora_modules": count_lora_modules(model, loaded.lora_targets),
+        "max_rank": max_rank(model, loaded.lora_targets),
+        "generate_tokens": tokens,
+        "generate_batch": len(PROMPTS),
+        "generate_s": round(gen_s, 2),
+        "generations": [p + c for p, c in zip(PROMPTS, continuations, strict=True)],
+    }
+    del loaded, model
+    gc.collect()
+    classifier, cls_s = timed(lambda: load_model(cfg, task="classification", num_labels=3))
+    with torch.no_grad():
+        logits = classifier.model(**classifier.tokenizer(TEXTS, padding=True, return_tensors="pt")).logits
+    result.update(classification_load_s=round(cls_s, 2), classification_logits_shape=list(logits.shape))
+    return result
+
+
+def check_minilm(batch_size: int) -> dict:
+    cfg = ModelConfig(name="minilm", max_length=64)
+    loaded, load_s = timed(lambda: load_model(cfg, task="classification", num_labels=3))
+    model, tok = loaded.model, loaded.tokenizer
+    texts = [TEXTS[i % len(TEXTS)] for i in range(batch_size)]
+    batch = tok(texts, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
+    forward_s = []
+    with torch.no_grad():
+        model(**batch)  # warm-up
+        for _ in range(5):
+            logits, seconds = timed(lambda: model(**batch).logits)
+            forward_s.append(seconds)
+    model.train()
+    labels = torch.zeros(batch_size, dtype=torch.long)
+    model(**batch, labels=labels).loss.backward()  # warm-up
+    model.zero_grad()
+    _, step_s = timed(lambda: model(**batch, labels=labels).loss.backward())
+    return {
+        "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+        "load_s": round(load_s, 2),
+        "batch": batch_size,
+        "seq_len": int(batch["input_ids"].shape[1]),
+        "forward_s_median": round(statistics.median(forward_s), 3),
+        "forward_backward_s": round(step_s, 3),
+        "predictions": logits.argmax(-1)[: len(TEXTS)].tolist(),
+        "lora_modules": count_lora_modules(model, loaded.lora_targets),
+        "max_rank": max_rank(model, loaded.lora_targets),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, help="cache root to use and keep (default: a fresh temporary one)")
+    parser.add_argument("--tokens", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    root = args.cache or Path(tempfile.mkdtemp(prefix="fedpeft-cache-"))
+    os.environ["FEDPEFT_CACHE"] = str(root)
+    try:
+        report = {
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch threads {torch.get_num_threads()}",
+            "torch": torch.__version__,
+            "gemma3-270m": check_gemma(args.tokens),
+            "minilm": check_minilm(args.batch),
+            "peak_rss_mb_at_end": round(rss_mb()),
+        }
+    finally:
+        if args.cache is None:
+            shutil.rmtree(root, ignore_errors=True)
+    text = json.dumps(report, indent=2, ensure_ascii=False)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Engine overhead: wall time of the federated and personalization loops over the clients' own work.
+
+Runs 20 seen clients x 5 FedIT rounds (every client every round) followed by the evaluation of every client, on
+the local engine and on the Flower simulation engine, and writes for each the ratio
+
+    wall time of the engine's loops / summed time of the clients' training and evaluation work
+
+measured in the same process (the Flower ClientApps report their own work time in their replies). A ratio of 1.0
+means the engine adds nothing. Also reported: the whole run's wall time including data generation, model loading
+and writing the outputs.
+
+Usage: python benchmarks/engine_overhead.py [--engines local flower] [--out benchmarks/results/engine_overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from fedpeft.config import load_config
+from fedpeft.worker import Worker
+
+OVERRIDES = [
+    "name=engine-overhead",
+    "seeds=[0]",
+    "data.groups=[lat1, cyr1]",
+    "data.clients_per_group=10",
+    "data.train_per_group=1000",
+    "data.test_per_group=500",
+    "data.unseen_pool=false",
+    "base.kind=pretrained",
+    "budgets=[8]",
+    "methods=[{name: fedit, rounds: 5, fraction: 1.0, local_steps: 10, lr: 0.001}]",
+    "output.save_adapters=false",
+    "output.plots=false",
+]
+
+WORK_OPS = ("train", "evaluate_base", "personalize")
+
+
+class WorkClock:
+    """Sums the time spent inside the worker's client operations (the clients' own work)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def install(self) -> None:
+        for op in WORK_OPS:
+            original = getattr(Worker, op)
+
+            def timed(self_, *args, __original=original, **kwargs):  # noqa: ANN001, ANN202
+                started = time.perf_counter()
+                try:
+                    return __original(self_, *args, **kwargs)
+                finally:
+                    clock.seconds += time.perf_counter() - started
+
+            setattr(Worker, op, timed)
+
+
+clock = WorkClock()
+
+
+def loops_seconds(out: Path) -> float:
+    """Wall seconds of the engine loops as the run's costs record them (federated + evaluation phases)."""
+    total = 0.0
+    for line in (out / "costs.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["metric"] == "wall_s" and row["phase"] in ("federated", "personalization"):
+            total += row["value"]
+    return total
+
+
+def run_local(out: Path) -> dict:
+    from fedpeft.runner import Experiment
+
+    cfg = load_config("smoke", OVERRIDES)
+    started = time.perf_counter()
+    experiment = Experiment(cfg, out)
+    # Time the base-row evaluation as part of the loops too.
+    original = experiment._evaluate_base
+
+    def timed_base(seed: int):  # noqa: ANN202
+        t0 = time.perf_counter()
+        result = original(seed)
+        timed_base.seconds += time.perf_counter() - t0
+        return result
+
+    timed_base.seconds = 0.0
+    experiment._evaluate_base = timed_base  # type: ignore[method-assign]
+    clock.seconds = 0.0
+    experiment.run()
+    whole = time.perf_counter() - started
+    loops = loops_seconds(out) + timed_base.seconds
+    return {"engine": "local", "loops_s": loops, "client_work_s": clock.seconds, "ratio": loops / clock.seconds,
+            "whole_run_s": whole}
+
+
+def run_flower(out: Path) -> dict:
+    from fedpeft.engine.flower import run_flower_simulation
+
+    cfg = load_config("smoke", [*OVERRIDES, "engine.name=flower"])
+    started = time.perf_counter()
+    run_flower_simulation(cfg, out, resume=False)
+    whole = time.perf_counter() - started
+    work = 0.0
+    for line in (out / "costs.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["metric"] == "client_work_s":
+            work += row["value"]
+    loops = loops_seconds(out)
+    return {"engine": "flower-simulation", "loops_s": loops, "client_work_s": work,
+            "ratio": loops / work if work else None, "whole_run_s": whole}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", nargs="+", default=["local", "flower"])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_overhead.json"))
+    args = parser.parse_args()
+    clock.install()
+    results = []
+    for engine in args.engines:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_local(Path(tmp) / "run") if engine == "local" else run_flower(Path(tmp) / "run")
+        print(json.dumps(result))
+        results.append(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Client-side work of an experiment, as named operations any engine can call in any process.
+
+A :class:`Worker` holds what one process needs to act as any client: the federated data, the model runtime (the
+base model loaded once), the configured methods and the per-client state stores. The local engine calls it
+in-process; the Flower ClientApp builds one per process from the run directory and calls the same operations, so
+both engines compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from safetensors.torch import save_file
+
+from fedpeft.config import ExperimentConfig
+from fedpeft.data.types import ClientData, FederatedData
+from fedpeft.engine.common import client_seed
+from fedpeft.engine.state import ClientStateStore, make_store
+from fedpeft.errors import UserError
+from fedpeft.methods.base import Method
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.registry import DATASETS, METHODS
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState
+
+BASE_LABEL = "base"
+BASE_STAGE_LABEL = "base-stage"
+
+
+def build_method(entry: dict[str, Any]) -> Method:
+    """Instantiate a registered method from its config mapping (``{"name": ..., **fields}``)."""
+    if "name" not in entry:
+        raise UserError("Every entry of `methods` needs a `name`; e.g. `- name: lora`.")
+    import fedpeft.methods  # noqa: F401  (registers the methods)
+
+    cls = METHODS.get(str(entry["name"]))
+    try:
+        cfg = cls.Config.model_validate({**entry, "name": cls.name})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {first['msg']}.") from None
+    if "label" not in entry and entry["name"] != cls.name:
+        cfg.label = str(entry["name"])
+    return cls(cfg)
+
+
+def build_data(cfg: ExperimentConfig) -> FederatedData:
+    """Build the federated dataset named in the config."""
+    import fedpeft.data.catalog  # noqa: F401  (registers the datasets)
+
+    return DATASETS.get(cfg.data.name)(cfg.data)
+
+
+def build_runtime(cfg: ExperimentConfig, data: FederatedData) -> ModelRuntime:
+    """Load the base model once for this process."""
+    from fedpeft.models.zoo import load_model
+
+    loaded = load_model(cfg.model, task=data.task, num_labels=data.num_labels, corpus=data.corpus)
+    return ModelRuntime(
+        loaded,
+        max_length=cfg.model.max_length,
+        device=cfg.device,
+        eval_batch_size=cfg.eval.batch_size,
+        max_new_tokens=cfg.eval.max_new_tokens,
+    )
+
+
+def records_of(
+    method: str, budget: int | None, client: ClientData, seed: int, round_: int | None, metrics: Metrics
+) -> list[dict]:
+    """Tidy ``results.jsonl`` records of one client's evaluation."""
+    return [
+        {
+            "method": method,
+            "budget": budget,
+            "pool": client.pool,
+            "client": client.client_id,
+            "group": client.group,
+            "seed": seed,
+            "round": round_,
+            "split": "test",
+            "metric": name,
+            "value": float(value),
+        }
+        for name, value in metrics.items()
+    ]
+
+
+class Worker:
+    """Everything one process needs to run any client's work of one experiment."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        *,
+        data: FederatedData | None = None,
+        runtime: ModelRuntime | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.data = data if data is not None else build_data(cfg)
+        self.runtime = runtime if runtime is not None else build_runtime(cfg, self.data)
+        self.pretrained = self.runtime.base_state()
+        self.methods: dict[str, Method] = {}
+        for entry in cfg.methods:
+            method = build_method(entry)
+            self.methods[method.label] = method
+        self.methods[BASE_STAGE_LABEL] = build_method(cfg.base.method)
+        self.clients = {c.client_id: c for c in self.data.clients}
+        self._stores: dict[tuple[str, int], ClientStateStore] = {}
+        self._base_seed: int | None = None
+
+    # ------------------------------------------------------------------ base weights
+    def base_checkpoint(self, seed: int) -> Path:
+        return self.run_dir / "checkpoints" / f"base-seed{seed}.pt"
+
+    def use_base(self, seed: int | None) -> None:
+        """Make the base model of ``seed`` the runtime's starting point (``None``: the loaded weights)."""
+        if seed is not None and seed == self._base_seed:
+            return
+        if seed is None or self.cfg.base.kind == "pretrained":
+            self.runtime.set_initial_base(self.pretrained)
+        else:
+            path = self.base_checkpoint(seed)
+            if not path.exists():
+                raise RuntimeError(f"base model of seed {seed} is missing at {path}")
+            self.runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
+        self._base_seed = seed
+
+    def store(self, label: str, seed: int) -> ClientStateStore:
+        key = (label, seed)
+        if key not in self._stores:
+            root = self.run_dir / "client_state" / label / f"seed{seed}"
+            self._stores[key] = make_store(self.cfg.engine.state, root)
+        return self._stores[key]
+
+    # ------------------------------------------------------------------ operations
+    def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientUpdate:
+        """One client's local work in one federated round."""
+        method = self.methods[label]
+        self.use_base(None if label == BASE_STAGE_LABEL else seed)
+        store = self.store(label, seed)
+        client = self.clients[client_id]
+        update, client_state = method.client_update(
+            self.runtime,
+            client,
+            payload,
+            store.get(client_id),
+            client_seed(seed, method.name, "train", round_, client_id),
+        )
+        if client_state is not None:
+            store.put(client_id, client_state, round_)
+        return update
+
+    def evaluate_base(self, seed: int, client_id: str) -> list[dict]:
+        """The base model (no personalization) on one client's test split."""
+        self.use_base(seed)
+        client = self.clients[client_id]
+        self.runtime.install(ClientModel())
+        return records_of(BASE_LABEL, None, client, seed, None, self.runtime.evaluate(client.test))
+
+    def personalize(
+        self, label: str, seed: int, client_id: str, state: ServerState, *, save_adapters: bool = False
+    ) -> tuple[list[dict], float]:
+        """Personalize one client at every budget of the method and evaluate it.
+
+        Returns the records and the seconds spent personalizing (evaluation excluded).
+        """
+        method = self.methods[label]
+        self.use_base(seed)
+        client = self.clients[client_id]
+        budgets: list[int | None] = list(self.cfg.budgets) if method.uses_budget else [None]
+        rounds = int(getattr(method.cfg, "rounds", 0)) if method.federated else None
+        client_state = self.store(label, seed).get(client_id)
+        records: list[dict] = []
+        seconds = 0.0
+        for budget in budgets:
+            pseed = client_seed(seed, method.name, "personalize", budget, client_id)
+            started = time.perf_counter()
+            model = method.personalize(self.runtime, client, state, client_state, budget, pseed)
+            seconds += time.perf_counter() - started
+            self.runtime.install(model, seed=pseed)
+            records += records_of(label, budget, client, seed, rounds, self.runtime.evaluate(client.test))
+            if save_adapters and model.lora is not None:
+                self.save_adapter(label, budget, client_id)
+        return records, seconds
+
+    def save_adapter(self, label: str, budget: int | None, client_id: str) -> Path:
+        """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
+        runtime = self.runtime
+        assert runtime.active is not None and runtime.peft is not None
+        target = (
+            self.run_dir / "adapters" / label / ("global" if budget is None else f"r{budget}") / client_id
+        )
+        target.mkdir(parents=True, exist_ok=True)
+        config = runtime.active.to_peft(runtime.loaded.head_modules)
+        config.base_model_name_or_path = str((self.run_dir / "base_model").resolve())
+        config.save_pretrained(str(target))
+        tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
+        save_file(tensors, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+        return target
