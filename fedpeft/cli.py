@@ -61,8 +61,12 @@ def run(
     cfg = load_config(config, overrides)
     target = out or Path("runs") / cfg.name
     with Progress(enabled=sys.stderr.isatty() or verbose) as progress:
-        experiment = Experiment(cfg, target, progress=progress)
-        experiment.run(resume=resume)
+        if cfg.engine.name == "flower":
+            from fedpeft.engine.flower import run_flower_simulation
+
+            run_flower_simulation(cfg, target, resume=resume, progress=progress)
+        else:
+            Experiment(cfg, target, progress=progress).run(resume=resume)
     console.print(Markdown((target / "summary.md").read_text()))
     console.print(f"\nOutputs written to [bold]{target}[/bold]")
 

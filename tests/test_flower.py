@@ -1,0 +1,424 @@
+"""The Flower engine: its codec, the same numbers as the local engine, failing clients, deployment on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+
+from fedpeft.config import ExperimentConfig, validate
+from fedpeft.engine.flower import (
+    GridEngine,
+    client_app,
+    decode,
+    encode,
+    flower_config,
+    run_flower_simulation,
+    tensors_digest,
+)
+from fedpeft.progress import Progress
+from fedpeft.runner import Experiment
+from fedpeft.types import ClientUpdate, Payload, ServerState
+
+REPO = Path(__file__).resolve().parents[1]
+ATOL = 1e-5
+RECORD_KEY = ("method", "budget", "pool", "client", "group", "seed", "round", "split", "metric")
+
+
+def tiny_raw(**changes: object) -> dict:
+    """A tiny experiment: two synthetic languages, two clients each, a centralized base stage, FedIT and LoRA."""
+    raw: dict = {
+        "name": "flower-tiny",
+        "seeds": [0],
+        "data": {
+            "name": "synthetic-xnli",
+            "groups": ["lat1", "lat2"],
+            "clients_per_group": 2,
+            "train_per_group": 32,
+            "test_per_group": 16,
+            "base_samples": 64,
+        },
+        "model": {"name": "tiny-bert", "max_length": 32},
+        "base": {"kind": "centralized", "epochs": 1, "batch_size": 16},
+        "budgets": [2],
+        "methods": [
+            {"name": "fedit", "rounds": 2, "fraction": 1.0, "local_steps": 2, "batch_size": 8, "lr": 1e-3, "rank": 2},
+            {"name": "lora", "epochs": 1, "batch_size": 8, "lr": 1e-3},
+        ],
+        "output": {"plots": False},
+    }
+    raw.update(changes)
+    return raw
+
+
+def read_records(run_dir: Path) -> dict[tuple, float]:
+    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    return {tuple(row[k] for k in RECORD_KEY): row["value"] for row in rows}
+
+
+def read_costs(run_dir: Path) -> dict[tuple, float]:
+    rows = [json.loads(line) for line in (run_dir / "costs.jsonl").read_text().splitlines()]
+    return {(row["method"], row["phase"], row["metric"]): row["value"] for row in rows}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread in this process, as in the simulation engine's client processes (one CPU each).
+
+    It also keeps the in-process clients and the Ray workers from oversubscribing a small machine's cores.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------- codec
+def test_codec_round_trip_keeps_order_dtypes_and_structure():
+    tensors = {
+        "z.weight": torch.randn(3, 4),
+        "a.bias": torch.arange(5, dtype=torch.int64),
+        "m.half": torch.randn(2, 2).to(torch.bfloat16),
+        "m.flag": torch.tensor([True, False]),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+    }
+    value = {
+        "state": ServerState(tensors=tensors, round=3, extra={"scales": torch.ones(2), "names": ("a", "b"), 7: None}),
+        "update": ClientUpdate("c1", {"w": torch.zeros(1)}, 12.0, {"loss": 0.5}, {"counts": [torch.ones(3)]}),
+        "payload": Payload({"w": torch.full((2,), 3.0)}, {"lr": 1e-4, "nested": {"k": [1, 2.0, "x", None]}}),
+    }
+    back = decode(encode(value))
+    state = back["state"]
+    assert isinstance(state, ServerState) and state.round == 3
+    assert list(state.tensors) == list(tensors)
+    for key, tensor in tensors.items():
+        assert state.tensors[key].dtype == tensor.dtype and state.tensors[key].shape == tensor.shape
+        assert torch.equal(state.tensors[key], tensor), key
+    assert torch.equal(state.extra["scales"], torch.ones(2))
+    assert state.extra["names"] == ("a", "b") and state.extra[7] is None
+    update = back["update"]
+    assert isinstance(update, ClientUpdate) and update.client_id == "c1" and update.weight == 12.0
+    assert update.metrics == {"loss": 0.5} and torch.equal(update.extras["counts"][0], torch.ones(3))
+    assert back["payload"].config == value["payload"].config
+    assert tensors_digest(state.tensors) == tensors_digest(tensors)
+
+
+def test_codec_refuses_what_cannot_travel():
+    with pytest.raises(TypeError, match="cannot travel"):
+        encode({"handle": object()})
+
+
+# ---------------------------------------------------------------------------------------------- equivalence
+@pytest.mark.slow
+def test_simulation_engine_matches_local_engine(tmp_path):
+    cfg = validate(tiny_raw())
+    Experiment(cfg, tmp_path / "local").run()
+    run_flower_simulation(cfg, tmp_path / "flower")
+
+    local, flower = read_records(tmp_path / "local"), read_records(tmp_path / "flower")
+    assert {k[0] for k in local} == {"base", "fedit", "lora"}
+    assert local.keys() == flower.keys()
+    for key, value in local.items():
+        assert flower[key] == pytest.approx(value, abs=ATOL), key
+
+    # The global adapter after the last round: the floats themselves, not only the accuracies they lead to.
+    def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
+        return torch.load(run_dir / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["state"].tensors
+
+    local_state, flower_state = final_state(tmp_path / "local"), final_state(tmp_path / "flower")
+    assert list(local_state) == list(flower_state)
+    for key, tensor in local_state.items():
+        torch.testing.assert_close(flower_state[key], tensor, atol=ATOL, rtol=0, msg=key)
+
+    local_costs, flower_costs = read_costs(tmp_path / "local"), read_costs(tmp_path / "flower")
+    for metric in ("bytes_up_total", "bytes_down_total"):
+        assert flower_costs["fedit", "federated", metric] == local_costs["fedit", "federated", metric] > 0
+    assert yaml.safe_load((tmp_path / "flower" / "config.yaml").read_text())["engine"]["name"] == "flower"
+
+
+@pytest.mark.slow
+def test_user_error_inside_the_simulation_reaches_the_cli(tmp_path, monkeypatch, capsys):
+    from fedpeft import cli
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_raw(budgets=[100_000], base={"kind": "pretrained"})))
+    argv = ["fedpeft", "run", str(config), "--engine", "flower", "--out", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert "rank" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- failures
+class InProcessGrid(Grid):
+    """A grid whose nodes are ClientApp calls in this process, each node with its partition's node config."""
+
+    def __init__(
+        self, num_nodes: int, lost_after_query: set[int] | None = None, node_dirs: list[Path] | None = None
+    ) -> None:
+        self.lost = lost_after_query or set()
+        self.contexts = {
+            1000 + i: Context(
+                run_id=1,
+                node_id=1000 + i,
+                node_config={"partition-id": i, "num-partitions": num_nodes}
+                | ({"run-dir": str(node_dirs[i])} if node_dirs else {}),
+                state=RecordDict(),
+                run_config={},
+            )
+            for i in range(num_nodes)
+        }
+        self.served: dict[int, list[str]] = {node: [] for node in self.contexts}
+        self._replies: dict[str, Message] = {}
+
+    def set_run(self, run):  # noqa: ANN001, ANN201
+        self._run = run
+
+    @property
+    def run(self):  # noqa: ANN201
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: ANN001, ANN201
+        return Message(content, dst_node_id, message_type, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            message_id = uuid.uuid4().hex
+            message.metadata.__dict__["_message_id"] = message_id
+            node = message.metadata.dst_node_id
+            self.served[node].append(message.metadata.message_type)
+            if node in self.lost and not message.metadata.message_type.startswith("query."):
+                lost = Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node lost")
+                self._replies[message_id] = Message(lost, reply_to=message)
+            else:
+                self._replies[message_id] = client_app(message, self.contexts[node])
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    """The identity Flower stamps on messages, which its runtimes set in their processes."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attribute in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, attribute, 1)
+
+
+class RoundLog(Progress):
+    """Keeps the metrics of every finished round."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.round_metrics: list[dict] = []
+
+    def advance_round(self, metrics: dict | None = None) -> None:
+        self.round_metrics.append(dict(metrics or {}))
+
+
+def test_a_client_that_raises_is_left_out_and_the_run_finishes(tmp_path, monkeypatch, caplog, task_identity):
+    from fedpeft.worker import Worker
+
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0]])
+    raw["data"] = {**raw["data"], "unseen_pool": False}
+    cfg = flower_config(validate(raw))
+    failing = "lat1-seen-01"
+    train = Worker.train
+
+    def flaky_train(self, label, seed, round_, client_id, payload):  # noqa: ANN001, ANN202
+        if client_id == failing and round_ == 0:
+            raise RuntimeError("disk full")
+        return train(self, label, seed, round_, client_id, payload)
+
+    monkeypatch.setattr(Worker, "train", flaky_train)
+    grid = InProcessGrid(num_nodes=2)
+    progress = RoundLog()
+    out = Experiment(cfg, tmp_path / "run", progress).run(engine_factory=lambda worker: GridEngine(grid, worker))
+
+    seen = sorted({key[3] for key in read_records(out)})
+    assert seen == ["lat1-seen-00", "lat1-seen-01", "lat2-seen-00", "lat2-seen-01"]
+    # Round 0 aggregated the three clients that replied, round 1 all four.
+    assert [m["clients"] for m in progress.round_metrics] == [3.0, 4.0]
+    failures = torch.load(out / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["meter"]["failures"]
+    assert len(failures) == 1 and failing in failures[0] and "disk full" in failures[0]
+    assert any(failing in r.getMessage() and "left out" in r.getMessage() for r in caplog.records)
+    # Clients i and i + 2 (sorted ids) share partition i % 2, so each node served half of every step.
+    assert all(sorted(types) == sorted(next(iter(grid.served.values()))) for types in grid.served.values())
+    assert (out / "summary.md").exists()
+
+
+def test_a_lost_node_leaves_its_clients_out(tmp_path, task_identity):
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[{"name": "lora", "epochs": 1, "batch_size": 8}])
+    raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
+    grid = InProcessGrid(num_nodes=2, lost_after_query={1001})
+    out = Experiment(flower_config(validate(raw)), tmp_path / "run").run(
+        engine_factory=lambda worker: GridEngine(grid, worker)
+    )
+    # Partition 1 (node 1001) serves lat1-seen-01, whose every task came back as Flower's error reply.
+    assert sorted((key[0], key[3]) for key in read_records(out)) == [("base", "lat1-seen-00"), ("lora", "lat1-seen-00")]
+    assert (out / "summary.md").exists()
+
+
+def test_nodes_without_the_base_model_receive_it(tmp_path, task_identity):
+    raw = tiny_raw(methods=[{"name": "lora", "epochs": 1, "batch_size": 8}])
+    raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
+    node_dirs = [tmp_path / "node0", tmp_path / "node1"]
+    grid = InProcessGrid(num_nodes=2, node_dirs=node_dirs)
+    out = Experiment(flower_config(validate(raw)), tmp_path / "run").run(
+        engine_factory=lambda worker: GridEngine(grid, worker)
+    )
+    server_base = torch.load(out / "checkpoints" / "base-seed0.pt", weights_only=False)["tensors"]
+    for node_dir, served in zip(node_dirs, grid.served.values(), strict=True):
+        node_base = torch.load(node_dir / "checkpoints" / "base-seed0.pt", weights_only=False)["tensors"]
+        assert tensors_digest(node_base) == tensors_digest(server_base)
+        assert served.count("query.base") == 2  # asked, then sent
+    assert sorted({key[0] for key in read_records(out)}) == ["base", "lora"]
+
+
+# ---------------------------------------------------------------------------------------------- deployment
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"process exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"nothing listens on port {port} after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    """Stop each started process and what it started (its own session), by id: SIGTERM, then SIGKILL."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=15)
+
+
+@pytest.mark.slow
+def test_deployment_on_loopback(tmp_path):
+    bin_dir = Path(sys.executable).parent
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    link_port, node_ports = free_port(), [free_port(), free_port()]
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local-deployment"\n\n'
+        f'[superlink.local-deployment]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+    )
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",  # no internet: use this environment as it is
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",  # start ClientApp processes soon after a message arrives
+        "OMP_NUM_THREADS": "1",  # the two "machines" share this machine's cores
+    }
+    # Every message starts a ClientApp process on its node (Flower's deployment runtime), so the run is minimal:
+    # one client per node, the pretrained base, one round of FedIT. The base-model transfer to nodes that lack it
+    # is tested in-process (test_nodes_without_the_base_model_receive_it).
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 1}])
+    raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    node_dirs = [tmp_path / f"node{i}" for i in range(2)]  # as on separate machines: each node its own run dir
+
+    processes: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str]) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"{name}.log"
+        with open(log, "wb") as handle:
+            process = subprocess.Popen(
+                [str(bin_dir / args[0]), *args[1:]],
+                cwd=tmp_path,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        processes.append(process)
+        return process, log
+
+    try:
+        link, link_log = start(
+            "superlink",
+            ["flower-superlink", "--insecure", "--port", str(link_port), "--disable-runtime-dependency-installation"],
+        )
+        wait_for_port(link_port, link, link_log)
+        for i, port in enumerate(node_ports):
+            node_config = f"partition-id={i} num-partitions=2 run-dir='{node_dirs[i]}'"
+            node, node_log = start(
+                f"supernode{i}",
+                ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link_port}", "--port", str(port),
+                 "--node-config", node_config],
+            )  # fmt: skip
+            wait_for_port(port, node, node_log)
+        run_config = f"config='{config}' out='{out}' node-timeout=60"
+        finished = subprocess.run(
+            [str(bin_dir / "flwr"), "run", str(REPO), "local-deployment", "--stream", "--run-config", run_config],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
+        )
+        logs = finished.stdout + finished.stderr
+        (tmp_path / "flwr-run.log").write_text(logs)
+        assert finished.returncode == 0, logs[-4000:]
+        assert (out / "summary.md").exists(), logs[-4000:]
+    finally:
+        stop(processes)
+
+    records = read_records(out)
+    clients = ["lat1-seen-00", "lat1-seen-01"]
+    assert sorted((key[0], key[3]) for key in records) == [(m, c) for m in ("base", "fedit") for c in clients]
+    assert all(0.0 <= value <= 1.0 for value in records.values())
+    assert "fedit" in (out / "summary.md").read_text()
+    # Each node served its own partition, client i on node i, and kept its state and adapter in its run dir.
+    for node_dir, client in zip(node_dirs, clients, strict=True):
+        assert [p.name for p in (node_dir / "adapters" / "fedit" / "global").iterdir()] == [client]
+
+
+def test_flower_config_keeps_client_state_on_disk():
+    cfg = flower_config(ExperimentConfig())
+    assert cfg.engine.name == "flower" and cfg.engine.state == "disk"
