@@ -98,11 +98,14 @@ class ExperimentConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     device: str = "cpu"
+    threads: int | None = None
 
 
 def preset_names() -> list[str]:
     """Names of the packaged presets."""
     root = resources.files("fedpeft") / "presets"
+    if not root.is_dir():
+        return []
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 

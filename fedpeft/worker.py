@@ -103,6 +103,9 @@ class Worker:
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        if cfg.threads:
+            # Tiny models run fastest on one thread; big ones want every core.
+            torch.set_num_threads(cfg.threads)
         self.data = data if data is not None else build_data(cfg)
         self.runtime = runtime if runtime is not None else build_runtime(cfg, self.data)
         self.pretrained = self.runtime.base_state()
