@@ -122,7 +122,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except UserError as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}", highlight=False)
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)

@@ -55,11 +55,13 @@ class BaseStageConfig(_Strict):
     """How the model that personalization starts from is obtained.
 
     ``kind``: ``pretrained`` (use the loaded weights as they are), ``centralized`` (train on the benchmark's
-    base corpus, standing in for pretraining) or ``federated`` (run ``method`` on the seen pool and keep its
+    base corpus, standing in for pretraining: trained once from ``seed`` and shared by every run seed) or
+    ``federated`` (run ``method`` on the seen pool and keep its
     global model; e.g. ``fedavg_full`` is the papers' "Standard FL" base model).
     """
 
     kind: Literal["pretrained", "centralized", "federated"] = "pretrained"
+    seed: int = 0
     epochs: float = 1.0
     lr: float = 1e-3
     batch_size: int = 32
@@ -161,14 +163,10 @@ def load_raw(source: str) -> dict[str, Any]:
     path = Path(source)
     if source.endswith((".yaml", ".yml")) or path.exists():
         if not path.is_file():
-            raise UserError(
-                f"Config file {source} does not exist; give a preset name or an existing YAML path."
-            )
+            raise UserError(f"Config file {source} does not exist; give a preset name or an existing YAML path.")
         return _read_yaml(path.read_text(), str(path))
     if source not in preset_names():
-        raise UserError(
-            f"Unknown preset {source!r}; choose one of: {', '.join(preset_names())}, or a YAML path."
-        )
+        raise UserError(f"Unknown preset {source!r}; choose one of: {', '.join(preset_names())}, or a YAML path.")
     text = (resources.files("fedpeft") / "presets" / f"{source}.yaml").read_text()
     return _read_yaml(text, f"preset {source}")
 

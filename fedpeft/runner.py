@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from fedpeft.config import ExperimentConfig, dump_config
+from fedpeft.data.types import FederatedData
 from fedpeft.engine.common import CostMeter
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
@@ -47,14 +48,10 @@ class Experiment:
         if duplicated:
             raise UserError(f"Methods {duplicated} appear twice; give each entry a distinct `label`.")
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
-            raise UserError(
-                f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`."
-            )
+            raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
         base_method = build_method(cfg.base.method)
         if cfg.base.kind == "federated" and base_method.name != "fedavg_full":
-            raise UserError(
-                "base.method must be fedavg_full (full-weight FedAvg) for a federated base stage."
-            )
+            raise UserError("base.method must be fedavg_full (full-weight FedAvg) for a federated base stage.")
         self._parts: list[str] = []
 
     # ------------------------------------------------------------------ entry point
@@ -73,9 +70,7 @@ class Experiment:
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
         for budget in self.cfg.budgets:
             self.worker.runtime.check_budget(budget)
-        self.engine = (
-            engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
-        )
+        self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
         try:
             for seed in self.cfg.seeds:
                 self._base_stage(seed)
@@ -106,13 +101,9 @@ class Experiment:
                     f"{self.out} already holds a run; pass --resume to continue it or choose another --out."
                 )
             if config_path.read_text() != text:
-                raise UserError(
-                    f"The config differs from the one of the run in {self.out}; resume with the same one."
-                )
+                raise UserError(f"The config differs from the one of the run in {self.out}; resume with the same one.")
         elif resume and self.out.exists() and any(self.out.iterdir()):
-            raise UserError(
-                f"{self.out} holds no config.yaml of a run to resume; choose the run's directory."
-            )
+            raise UserError(f"{self.out} holds no config.yaml of a run to resume; choose the run's directory.")
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "parts").mkdir(exist_ok=True)
         config_path.write_text(text)
@@ -139,9 +130,11 @@ class Experiment:
         base = self.cfg.base
         if base.kind == "pretrained":
             return
-        name = f"base-stage-seed{seed}"
-        self._parts.append(name)
+        shared = base.kind == "centralized"
+        name = "base-stage" if shared else f"base-stage-seed{seed}"
         path = self.worker.base_checkpoint(seed)
+        if name not in self._parts:
+            self._parts.append(name)
         if path.exists():
             return
         self.progress.stage(f"base model ({base.kind}), seed {seed}")
@@ -160,7 +153,7 @@ class Experiment:
                 "all",
                 lr=base.lr,
                 batch_size=base.batch_size,
-                seed=seed,
+                seed=base.seed,
                 epochs=base.epochs,
             )
             tensors = runtime.base_state()
@@ -170,7 +163,7 @@ class Experiment:
         meter.wall_seconds = time.perf_counter() - started
         save_atomic({"tensors": tensors}, path)
         self._write_part(self.out / "parts" / f"{name}.jsonl", [], meter.rows(BASE_LABEL, seed, "base"))
-        if seed == self.cfg.seeds[0]:
+        if shared or seed == self.cfg.seeds[0]:
             self._save_base_model(tensors)
 
     def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -272,8 +265,30 @@ class Experiment:
         (self.out / "costs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in costs))
         from fedpeft import report
 
-        report.write_summary(
-            [self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info)
-        )
+        report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info))
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots")
+
+
+def data_overview(data: FederatedData) -> dict[str, Any]:
+    """The data facts a summary states: one row per group (clients and samples per pool, and every per-group
+    fact the dataset reports, such as resource level or script) plus the dataset's scalar facts."""
+    per_group: dict[str, dict[str, Any]] = {g: {} for g in data.groups}
+    for pool in ("seen", "unseen"):
+        for group in data.groups:
+            clients = [c for c in data.pool(pool) if c.group == group]
+            row = per_group[group]
+            row[f"{pool} clients"] = len(clients)
+            if clients:
+                row[f"{pool} train/client"] = round(sum(len(c.train) for c in clients) / len(clients), 1)
+                row[f"{pool} test/client"] = round(sum(len(c.test) for c in clients) / len(clients), 1)
+    overview: dict[str, Any] = {}
+    for key, value in data.info.items():
+        if isinstance(value, dict) and set(value) <= set(data.groups):
+            if all(not isinstance(v, dict) for v in value.values()):
+                for group, fact in value.items():
+                    per_group[group][key.replace("_", " ")] = fact
+        elif not isinstance(value, dict):
+            overview[key.replace("_", " ")] = value
+    overview["groups"] = per_group
+    return overview

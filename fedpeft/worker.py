@@ -120,6 +120,10 @@ class Worker:
 
     # ------------------------------------------------------------------ base weights
     def base_checkpoint(self, seed: int) -> Path:
+        """Where the base model of ``seed`` lives; a centralized base stage (standing in for pretraining) is
+        trained once from ``base.seed`` and shared by every run seed, like a real pretrained checkpoint."""
+        if self.cfg.base.kind == "centralized":
+            return self.run_dir / "checkpoints" / "base-centralized.pt"
         return self.run_dir / "checkpoints" / f"base-seed{seed}.pt"
 
     def use_base(self, seed: int | None) -> None:
@@ -197,9 +201,7 @@ class Worker:
         """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
         runtime = self.runtime
         assert runtime.active is not None and runtime.peft is not None
-        target = (
-            self.run_dir / "adapters" / label / ("global" if budget is None else f"r{budget}") / client_id
-        )
+        target = self.run_dir / "adapters" / label / ("global" if budget is None else f"r{budget}") / client_id
         target.mkdir(parents=True, exist_ok=True)
         config = runtime.active.to_peft(runtime.loaded.head_modules)
         config.base_model_name_or_path = str((self.run_dir / "base_model").resolve())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 from typing import Literal
 
@@ -79,7 +81,8 @@ def partition_examples(
     )
     partitioner.dataset = dataset
     if scheme == "natural":
-        _ = partitioner.num_partitions  # builds the id map
+        with contextlib.redirect_stderr(io.StringIO()):  # the partitioner draws a progress bar while indexing
+            _ = partitioner.num_partitions  # builds the id map
         ids = partitioner.partition_id_to_natural_id
         order = sorted(ids, key=lambda pid: str(ids[pid]))
         return [partitioner.load_partition(pid).to_list() for pid in order]

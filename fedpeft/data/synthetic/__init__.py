@@ -1,0 +1,16 @@
+"""Synthetic multilingual benchmarks, generated from a seed and cached.
+
+Importing this package registers the builders in :data:`fedpeft.registry.DATASETS`:
+
+- ``synthetic-xnli``: sentence-pair classification (entailment / neutral / contradiction), XNLI-style;
+- ``synthetic-masakhanews``: headline topic classification with quantity skew, MasakhaNEWS-style;
+- ``synthetic-fedaya``: instruction following with natural (annotator) clients, Fed-Aya-style.
+
+See ``docs/data.md`` for how they are generated and which properties of real data they reproduce.
+"""
+
+from fedpeft.data.synthetic import fedaya, masakhanews, xnli
+from fedpeft.data.synthetic.common import cache_path
+from fedpeft.data.synthetic.languages import INVENTORY, Language, language
+
+__all__ = ["INVENTORY", "Language", "cache_path", "fedaya", "language", "masakhanews", "xnli"]

@@ -1,0 +1,181 @@
+"""End to end: the output contract, adapters that load with plain PEFT, kill-and-resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedpeft.config import load_config
+from fedpeft.runner import Experiment
+
+FAST = [
+    "data.groups=[lat1, lat4, cyr1]",
+    "methods=[{name: lora, lr: 0.005, epochs: 2}, {name: fedit, rounds: 2, fraction: 0.5, local_steps: 3, lr: 0.005}]",
+]
+RECORD_KEYS = {"method", "budget", "pool", "client", "group", "seed", "round", "split", "metric", "value"}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "fedpeft.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    Experiment(load_config("smoke"), out).run()
+    return out
+
+
+def test_smoke_writes_the_output_contract(smoke_run):
+    for name in ("config.yaml", "results.jsonl", "costs.jsonl", "summary.md"):
+        assert (smoke_run / name).is_file(), name
+    assert list((smoke_run / "plots").glob("*.png"))
+    records = read_jsonl(smoke_run / "results.jsonl")
+    assert all(set(r) == RECORD_KEYS for r in records)
+    methods = {r["method"] for r in records}
+    assert methods == {"base", "lora", "fedit", "fedprox", "local", "fedavg_full"}
+    assert {r["budget"] for r in records if r["method"] == "lora"} == {2, 4}
+    assert {r["pool"] for r in records} == {"seen", "unseen"}
+    # cyr1 is the language that appears only in the unseen pool.
+    assert {r["pool"] for r in records if r["group"] == "cyr1"} == {"unseen"}
+    clients = {r["client"] for r in records if r["method"] == "base"}
+    for method in methods:
+        assert {r["client"] for r in records if r["method"] == method} == clients, method
+    costs = read_jsonl(smoke_run / "costs.jsonl")
+    fedit = {c["metric"]: c["value"] for c in costs if c["method"] == "fedit" and c["phase"] == "federated"}
+    # 6 seen clients (3 seen languages x 2), half of them in each of 2 rounds: 6 client-rounds.
+    assert fedit["bytes_up_per_client_round"] > 0
+    assert fedit["bytes_up_total"] == 6 * fedit["bytes_up_per_client_round"] == fedit["bytes_down_total"]
+    summary = (smoke_run / "summary.md").read_text()
+    assert "Seen pool" in summary and "Unseen pool" in summary and "| base |" in summary
+    assert (smoke_run / "checkpoints" / "fedit" / "seed0.pt").is_file()
+
+
+def test_saved_adapters_load_with_peft_and_reproduce_predictions(smoke_run):
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from fedpeft.worker import Worker
+
+    cfg = load_config(str(smoke_run / "config.yaml"))
+    worker = Worker(cfg, smoke_run)
+    records = read_jsonl(smoke_run / "results.jsonl")
+    for method, budget_dir, budget in (("lora", "r4", 4), ("fedit", "global", None)):
+        client_id = "lat4-unseen-00"
+        adapter_dir = smoke_run / "adapters" / method / budget_dir / client_id
+        base = AutoModelForSequenceClassification.from_pretrained(smoke_run / "base_model")
+        model = PeftModel.from_pretrained(base, adapter_dir).eval()
+        client = worker.clients[client_id]
+        batch = worker.runtime.encode(client.test)
+        labels = batch.pop("labels")
+        with torch.no_grad():
+            predictions = model(**batch).logits.argmax(-1)
+        accuracy = float((predictions == labels).float().mean())
+        logged = next(
+            r["value"]
+            for r in records
+            if r["method"] == method and r["budget"] == budget and r["client"] == client_id and r["seed"] == 0
+        )
+        assert accuracy == pytest.approx(logged, abs=1e-9), method
+
+
+def test_report_merges_runs(smoke_run, tmp_path):
+    result = cli("report", str(smoke_run), str(smoke_run), "--out", str(tmp_path / "merged"))
+    assert result.returncode == 0, result.stderr
+    assert "Seen pool" in (tmp_path / "merged" / "summary.md").read_text()
+
+
+def test_list_commands():
+    methods = cli("list", "methods")
+    assert methods.returncode == 0
+    for name in ("fedavg_full", "fedit", "fedprox", "local", "lora"):
+        assert name in methods.stdout
+    assert "sft" in methods.stdout and "fedavg" in methods.stdout
+    assert "smoke" in cli("list", "presets").stdout and "quickstart" in cli("list", "presets").stdout
+    assert "synthetic-xnli" in cli("list", "datasets").stdout
+    assert "tiny-bert" in cli("list", "models").stdout
+
+
+def test_kill_and_resume_gives_the_uninterrupted_results(tmp_path):
+    overrides = [
+        "data.groups=[lat1, lat4]",
+        "methods=[{name: fedit, rounds: 40, fraction: 0.5, local_steps: 5, lr: 0.005}, {name: lora, epochs: 1}]",
+        "output.plots=false",
+        "output.save_adapters=false",
+    ]
+    reference = tmp_path / "reference"
+    Experiment(load_config("smoke", overrides), reference).run()
+
+    interrupted = tmp_path / "interrupted"
+    args = [sys.executable, "-m", "fedpeft.cli", "run", "smoke", "--out", str(interrupted)]
+    for item in overrides:
+        args += ["--set", item]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    checkpoint = interrupted / "checkpoints" / "fedit" / "seed0.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["round"] >= 3:
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (interrupted / "results.jsonl").exists(), "the run finished before it could be killed"
+    killed_at = torch.load(checkpoint, weights_only=False)["round"]
+    assert 3 <= killed_at < 40
+
+    result = cli(*args[3:], "--resume")
+    assert result.returncode == 0, result.stderr
+    resumed = sorted(
+        read_jsonl(interrupted / "results.jsonl"), key=lambda r: (r["method"], str(r["budget"]), r["client"])
+    )
+    expected = sorted(
+        read_jsonl(reference / "results.jsonl"), key=lambda r: (r["method"], str(r["budget"]), r["client"])
+    )
+    assert resumed == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "no-such-preset"], "Unknown preset"),
+        (["run", "smoke", "--set", "methods=[{name: nope}]"], "Unknown method 'nope'"),
+        (["run", "smoke", "--set", "data.name=nope"], "Unknown dataset 'nope'"),
+        (["run", "smoke", "--set", "model.name=no/such-model"], "no/such-model"),
+        (["run", "smoke", "--set", "budgets=[1000]"], "exceeds the largest rank"),
+        (["run", "smoke", "--set", "data.name=xnli", "--set", "data.path=/no/such/dir"], "/no/such/dir"),
+        (["run", "smoke", "--set", "methods=[{name: fedit, rounds: many}]"], "rounds"),
+        (["list", "things"], "Cannot list"),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2(args, message, tmp_path):
+    result = cli(*args, "--out", str(tmp_path / "run")) if args[0] == "run" else cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_yaml_and_existing_run_lose_nothing(tmp_path, smoke_run):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\ndata: {name: [\n")
+    result = cli("run", str(broken), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
+    before = {p: p.read_bytes() for p in smoke_run.rglob("*.jsonl")}
+    result = cli("run", "smoke", "--out", str(smoke_run))
+    assert result.returncode == 2 and "already holds a run" in result.stderr
+    assert before == {p: p.read_bytes() for p in smoke_run.rglob("*.jsonl")}
