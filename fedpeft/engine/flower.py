@@ -41,7 +41,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.config import ExperimentConfig, dump_config, validate
-from fedpeft.engine.common import CostMeter, sample_clients
+from fedpeft.engine.common import CostMeter, release_memory, sample_clients
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
 from fedpeft.progress import Progress
@@ -266,6 +266,8 @@ def handle_task(message: Message, context: Context) -> Message:
         return Message(result.to_content(), reply_to=message)
     except Exception as err:  # reported to the server, which leaves the client out
         return _error_reply(message, err)
+    finally:
+        release_memory()
 
 
 def handle_partition_query(message: Message, context: Context) -> Message:

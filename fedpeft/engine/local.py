@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fedpeft.engine.common import CostMeter, sample_clients
+from fedpeft.engine.common import CostMeter, release_memory, sample_clients
 from fedpeft.methods.base import Method
 from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes
 from fedpeft.worker import Worker
@@ -71,6 +71,7 @@ class LocalEngine:
                 meter.failures.append(message)
                 continue
             finally:
+                release_memory()
                 if self.on_client is not None:
                     self.on_client()
             meter.record_round(
@@ -86,6 +87,7 @@ class LocalEngine:
             except Exception as err:
                 log.warning("client %s failed in %s: %r", client_id, op, err)
                 result = err
+            release_memory()
             if self.on_client is not None:
                 self.on_client()
             yield client_id, result
