@@ -179,3 +179,33 @@ def test_malformed_yaml_and_existing_run_lose_nothing(tmp_path, smoke_run):
     result = cli("run", "smoke", "--out", str(smoke_run))
     assert result.returncode == 2 and "already holds a run" in result.stderr
     assert before == {p: p.read_bytes() for p in smoke_run.rglob("*.jsonl")}
+
+
+def test_generation_pipeline_with_a_federated_base_stage(tmp_path):
+    """Fed-Aya-style instruction following on tiny Llama: federated full-weight base stage, FedIT, LoRA."""
+    overrides = [
+        "data.name=synthetic-fedaya",
+        "data.groups=null",
+        "data.options={num_clients: 4, unseen_clients: 1, samples_per_client: 20}",
+        "model.name=tiny-llama",
+        "model.max_length=48",
+        "base.kind=federated",
+        "base.method={name: fedavg_full, rounds: 1, fraction: 1.0, local_steps: 2, lr: 0.001}",
+        "budgets=[2]",
+        "eval.max_new_tokens=8",
+        "methods=[{name: lora, lr: 0.005, epochs: 1}, {name: fedit, rounds: 1, fraction: 1.0, local_steps: 2}]",
+        "output.plots=false",
+    ]
+    out = tmp_path / "run"
+    Experiment(load_config("smoke", overrides), out).run()
+    records = read_jsonl(out / "results.jsonl")
+    assert {r["metric"] for r in records} == {"meteor", "rouge1", "rougeL"}
+    assert {r["method"] for r in records} == {"base", "lora", "fedit"}
+    assert all(0.0 <= r["value"] <= 1.0 for r in records)
+    assert {r["pool"] for r in records} == {"seen", "unseen"}
+    assert (out / "checkpoints" / "base-seed0.pt").is_file()
+    assert (out / "adapters" / "lora" / "r2").is_dir()
+    summary = (out / "summary.md").read_text()
+    assert "METEOR" in summary and "ROUGE-L" in summary
+    costs = read_jsonl(out / "costs.jsonl")
+    assert any(c["phase"] == "base" and c["metric"] == "bytes_up_total" and c["value"] > 0 for c in costs)
