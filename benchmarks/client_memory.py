@@ -1,10 +1,10 @@
 """Peak memory of the local engine with 60 and with 600 clients.
 
 Each size runs in its own process (so peak RSS figures are independent): the XNLI-style benchmark with 15
-languages (one of them only in the unseen pool: 58 and 580 clients), 2 pools and 2 or 20 clients per language and pool (about 100 training samples per client either way),
-the tiny BERT, a disk client-state store, 3 FedIT rounds at 10 % participation, then personalization and
-evaluation of every client. The 600-client run should exceed the 60-client run by no more than its extra data
-explains.
+languages (one of them only in the unseen pool: 58 and 580 clients), 2 pools and 2 or 20 clients per language
+and pool (about 100 training samples per client either way), the tiny BERT, a disk client-state store, 3 FedIT
+rounds at 10 % participation, then personalization and evaluation of every client. The 600-client run should
+exceed the 60-client run by no more than its extra data explains.
 
 Usage: python benchmarks/client_memory.py [--out benchmarks/results/client_memory.json]
 """

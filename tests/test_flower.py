@@ -293,9 +293,9 @@ def test_nodes_without_the_base_model_receive_it(tmp_path, task_identity):
     out = Experiment(flower_config(validate(raw)), tmp_path / "run").run(
         engine_factory=lambda worker: GridEngine(grid, worker)
     )
-    server_base = torch.load(out / "checkpoints" / "base-seed0.pt", weights_only=False)["tensors"]
+    server_base = torch.load(out / "checkpoints" / "base-centralized.pt", weights_only=False)["tensors"]
     for node_dir, served in zip(node_dirs, grid.served.values(), strict=True):
-        node_base = torch.load(node_dir / "checkpoints" / "base-seed0.pt", weights_only=False)["tensors"]
+        node_base = torch.load(node_dir / "checkpoints" / "base-centralized.pt", weights_only=False)["tensors"]
         assert tensors_digest(node_base) == tensors_digest(server_base)
         assert served.count("query.base") == 2  # asked, then sent
     assert sorted({key[0] for key in read_records(out)}) == ["base", "lora"]
