@@ -20,6 +20,7 @@ from peft.tuners.lora import LoraLayer
 
 from fedpeft.data.types import Example
 from fedpeft.errors import UserError
+from fedpeft.models.targets import lora_modules
 from fedpeft.training import LossHook, StepHook, train_loop
 from fedpeft.types import Metrics, StateDict
 
@@ -29,7 +30,8 @@ class LoraSpec:
     """The shape of a LoRA adapter: rank, scaling and where it sits.
 
     ``rank_pattern`` / ``alpha_pattern`` give per-module ranks (pruned rank structures); ``targets`` are module-name
-    suffixes as PEFT's ``target_modules`` reads them.
+    suffixes as PEFT's ``target_modules`` reads them. ``slot`` tells apart adapters of the same shape that must
+    coexist on the model (a client's "global" and "local" LoRA, a frozen teacher beside a trained student).
     """
 
     rank: int
@@ -38,6 +40,7 @@ class LoraSpec:
     dropout: float = 0.0
     rank_pattern: tuple[tuple[str, int], ...] = ()
     alpha_pattern: tuple[tuple[str, float], ...] = ()
+    slot: str = ""
 
     @property
     def key(self) -> str:
@@ -97,6 +100,9 @@ class ModelRuntime:
         # Parameter objects survive PEFT's injection (they move under base_layer / original_module), so these
         # references keep addressing the base weights under their canonical names.
         self.base_params: dict[str, torch.nn.Parameter] = dict(self.base_model.named_parameters())
+        # The layers LoRA wraps, captured before PEFT injects adapters (the module objects survive injection as
+        # each LoRA layer's ``base_layer``, so hooks on them see the base layer's input).
+        self.target_modules: list[tuple[str, torch.nn.Module]] = lora_modules(self.base_model, loaded.lora_targets)
         self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None

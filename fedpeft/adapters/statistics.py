@@ -1,0 +1,75 @@
+"""Client statistics: mean and standard deviation of the input features of every LoRA-targeted layer.
+
+FedP2EFT's PSG and FedL2P's learning-rate MLP read a client's data through these statistics: for each layer l
+that LoRA wraps, the mean and the standard deviation of that layer's input h_{l-1} over all features and all
+(non-padding) tokens of all the client's training samples, computed with the frozen base model and no adapter.
+The result is ``[E(h_0), SD(h_0), ..., E(h_{L-1}), SD(h_{L-1})]``, 2L scalars in the order of
+``ModelRuntime.target_modules``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedpeft.data.types import Example
+
+
+@torch.no_grad()
+def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 64) -> torch.Tensor:
+    """The 2L input-feature statistics of ``examples`` under the runtime's base model.
+
+    Args:
+        runtime: a :class:`~fedpeft.models.runtime.ModelRuntime`; its current base weights are used and any
+            adapter is bypassed.
+        examples: the client's training examples.
+        batch_size: examples per forward pass (does not change the result beyond float rounding).
+
+    Returns:
+        A float32 tensor of shape ``(2 * L,)``: mean and SD of each targeted layer's input, interleaved.
+    """
+    if not examples:
+        raise ValueError("feature statistics need at least one example")
+    modules = [module for _, module in runtime.target_modules]
+    count = len(modules)
+    sums = torch.zeros(count, dtype=torch.float64)
+    squares = torch.zeros(count, dtype=torch.float64)
+    sizes = torch.zeros(count, dtype=torch.float64)
+    mask: dict[str, torch.Tensor] = {}
+
+    def hook_for(index: int):  # noqa: ANN202
+        def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+            features = inputs[0].detach().to(torch.float64)
+            keep = mask["tokens"]
+            if features.dim() == 3 and keep.shape == features.shape[:2]:
+                features = features[keep]
+            features = features.reshape(-1, features.shape[-1])
+            sums[index] += features.sum()
+            squares[index] += (features * features).sum()
+            sizes[index] += features.numel()
+
+        return hook
+
+    handles = [module.register_forward_pre_hook(hook_for(i)) for i, module in enumerate(modules)]
+    previous = runtime.active
+    model = runtime.activate(None)
+    was_training = model.training
+    model.eval()
+    try:
+        with runtime._adapter_context():
+            for start in range(0, len(examples), batch_size):
+                encoded = runtime.encode(examples[start : start + batch_size])
+                batch = {k: v.to(runtime.device) for k, v in encoded.items()}
+                batch.pop("labels", None)
+                mask["tokens"] = batch["attention_mask"].bool()
+                model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+        if previous is not None:
+            runtime.activate(previous)
+    mean = sums / sizes.clamp_min(1.0)
+    variance = (squares / sizes.clamp_min(1.0) - mean * mean).clamp_min(0.0)
+    return torch.stack([mean, variance.sqrt()], dim=1).reshape(-1).to(torch.float32)
