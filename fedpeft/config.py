@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedpeft.errors import UserError
 
@@ -77,8 +77,18 @@ class EngineConfig(_Strict):
 
 
 class EvalConfig(_Strict):
+    """Evaluation settings.
+
+    ``every``: also evaluate every client's current model every N rounds of a federated phase (and after its
+    last round): ``split: test`` on the client's own test data seen so far, ``split: others`` on the other
+    clients' test data (``others_per_client`` examples of each); the records carry the round. ``None``: only
+    the final evaluation.
+    """
+
     batch_size: int = 64
     max_new_tokens: int = 32
+    every: int | None = Field(default=None, ge=1)
+    others_per_client: int = Field(default=16, ge=1)
 
 
 class OutputConfig(_Strict):
@@ -86,8 +96,26 @@ class OutputConfig(_Strict):
     plots: bool = True
 
 
+class ModelAssignmentConfig(_Strict):
+    """Which architecture of ``models`` each client gets, in a heterogeneous federation.
+
+    Rules, first match wins: ``clients`` (client id -> architecture), ``groups`` (client group -> architecture),
+    ``counts`` (architecture -> number of clients, given out in mapping order to the clients in sorted id order,
+    e.g. ``{small: 4, large: 6}``), then ``default``.
+    """
+
+    clients: dict[str, str] = Field(default_factory=dict)
+    groups: dict[str, str] = Field(default_factory=dict)
+    counts: dict[str, int] = Field(default_factory=dict)
+    default: str | None = None
+
+
 class ExperimentConfig(_Strict):
-    """A whole experiment: data, model, base stage, the methods to compare and their budgets."""
+    """A whole experiment: data, model, base stage, the methods to compare and their budgets.
+
+    ``models`` (architecture name -> model) with ``assign`` makes the federation heterogeneous: each client runs
+    the base model of its architecture; ``model`` is then not used.
+    """
 
     name: str = "experiment"
     seeds: list[int] = Field(default_factory=lambda: [0])
@@ -101,6 +129,25 @@ class ExperimentConfig(_Strict):
     output: OutputConfig = Field(default_factory=OutputConfig)
     device: str = "cpu"
     threads: int | None = None
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    assign: ModelAssignmentConfig = Field(default_factory=ModelAssignmentConfig)
+
+    @model_validator(mode="after")
+    def _check_architectures(self) -> ExperimentConfig:
+        if not self.models:
+            if self.assign != ModelAssignmentConfig():
+                raise ValueError("`assign` needs `models` (architecture name -> model) to assign clients to")
+            return self
+        if self.model != ModelConfig():
+            raise ValueError("set either `model` (one base model) or `models` (one per architecture), not both")
+        if self.base.kind != "pretrained":
+            raise ValueError("a heterogeneous federation (`models`) needs base.kind=pretrained")
+        named = [*self.assign.clients.values(), *self.assign.groups.values(), *self.assign.counts]
+        named += [self.assign.default] if self.assign.default is not None else []
+        unknown = sorted({name for name in named if name not in self.models})
+        if unknown:
+            raise ValueError(f"`assign` names architectures {unknown} that `models` does not define")
+        return self
 
 
 def preset_names() -> list[str]:

@@ -42,7 +42,7 @@ class Experiment:
         self.out = Path(out)
         self.progress = progress or Progress()
         # Validate every method's settings before any expensive work.
-        self.methods: list[Method] = [build_method(entry) for entry in cfg.methods]
+        self.methods: list[Method] = [build_method(entry, cfg) for entry in cfg.methods]
         labels = [m.label for m in self.methods]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
         if duplicated:

@@ -16,11 +16,12 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import save_file
 
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import ExperimentConfig, ModelConfig
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.engine.common import client_seed
 from fedpeft.engine.state import ClientStateStore, make_store
 from fedpeft.errors import UserError
+from fedpeft.federation import build_federation
 from fedpeft.methods.base import Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import DATASETS, METHODS
@@ -30,8 +31,12 @@ BASE_LABEL = "base"
 BASE_STAGE_LABEL = "base-stage"
 
 
-def build_method(entry: dict[str, Any]) -> Method:
-    """Instantiate a registered method from its config mapping (``{"name": ..., **fields}``)."""
+def build_method(entry: dict[str, Any], experiment: ExperimentConfig | None = None) -> Method:
+    """Instantiate a registered method from its config mapping (``{"name": ..., **fields}``).
+
+    With the ``experiment`` config of a heterogeneous federation, a method that cannot share across
+    architectures runs once per architecture group (:mod:`fedpeft.methods.grouped`).
+    """
     if "name" not in entry:
         raise UserError("Every entry of `methods` needs a `name`; e.g. `- name: lora`.")
     import fedpeft.methods  # noqa: F401  (registers the methods)
@@ -45,7 +50,12 @@ def build_method(entry: dict[str, Any]) -> Method:
         raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {first['msg']}.") from None
     if "label" not in entry and entry["name"] != cls.name:
         cfg.label = str(entry["name"])
-    return cls(cfg)
+    method = cls(cfg)
+    if experiment is not None:
+        from fedpeft.methods.grouped import for_architectures
+
+        method = for_architectures(method, len(experiment.models) > 1)
+    return method
 
 
 def build_data(cfg: ExperimentConfig) -> FederatedData:
@@ -55,14 +65,15 @@ def build_data(cfg: ExperimentConfig) -> FederatedData:
     return DATASETS.get(cfg.data.name)(cfg.data)
 
 
-def build_runtime(cfg: ExperimentConfig, data: FederatedData) -> ModelRuntime:
-    """Load the base model once for this process."""
+def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig | None = None) -> ModelRuntime:
+    """Load the base model once for this process (``model``: another architecture's; default: the first one)."""
     from fedpeft.models.zoo import load_model
 
-    loaded = load_model(cfg.model, task=data.task, num_labels=data.num_labels, corpus=data.corpus)
+    model = model or (next(iter(cfg.models.values())) if cfg.models else cfg.model)
+    loaded = load_model(model, task=data.task, num_labels=data.num_labels, corpus=data.corpus)
     return ModelRuntime(
         loaded,
-        max_length=cfg.model.max_length,
+        max_length=model.max_length,
         device=cfg.device,
         eval_batch_size=cfg.eval.batch_size,
         max_new_tokens=cfg.eval.max_new_tokens,
@@ -109,9 +120,12 @@ class Worker:
         self.data = data if data is not None else build_data(cfg)
         self.runtime = runtime if runtime is not None else build_runtime(cfg, self.data)
         self.pretrained = self.runtime.base_state()
+        self.federation = build_federation(
+            cfg, self.data.clients, self.runtime, self._build_architecture, public=self.data.base_train
+        )
         self.methods: dict[str, Method] = {}
         for entry in cfg.methods:
-            method = build_method(entry)
+            method = build_method(entry, cfg)
             self.methods[method.label] = method
         self.methods[BASE_STAGE_LABEL] = build_method(cfg.base.method)
         self.clients = {c.client_id: c for c in self.data.clients}
@@ -146,6 +160,14 @@ class Worker:
             self._stores[key] = make_store(self.cfg.engine.state, root)
         return self._stores[key]
 
+    # ------------------------------------------------------------------ architectures
+    def _build_architecture(self, name: str) -> ModelRuntime:
+        return build_runtime(self.cfg, self.data, self.cfg.models[name])
+
+    def runtime_for(self, client_id: str) -> ModelRuntime:
+        """The runtime of the client's architecture (the worker's one runtime in a homogeneous federation)."""
+        return self.federation.runtime_of(client_id)
+
     # ------------------------------------------------------------------ operations
     def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientUpdate:
         """One client's local work in one federated round."""
@@ -154,7 +176,7 @@ class Worker:
         store = self.store(label, seed)
         client = self.clients[client_id]
         update, client_state = method.client_update(
-            self.runtime,
+            self.runtime_for(client_id),
             client,
             payload,
             store.get(client_id),
@@ -168,8 +190,9 @@ class Worker:
         """The base model (no personalization) on one client's test split."""
         self.use_base(seed)
         client = self.clients[client_id]
-        self.runtime.install(ClientModel())
-        return records_of(BASE_LABEL, None, client, seed, None, self.runtime.evaluate(client.test))
+        runtime = self.runtime_for(client_id)
+        runtime.install(ClientModel())
+        return records_of(BASE_LABEL, None, client, seed, None, runtime.evaluate(client.test))
 
     def personalize(
         self, label: str, seed: int, client_id: str, state: ServerState, *, save_adapters: bool = False
@@ -189,17 +212,18 @@ class Worker:
         for budget in budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
             started = time.perf_counter()
-            model = method.personalize(self.runtime, client, state, client_state, budget, pseed)
+            model = method.personalize(self.runtime_for(client_id), client, state, client_state, budget, pseed)
             seconds += time.perf_counter() - started
-            self.runtime.install(model, seed=pseed)
-            records += records_of(label, budget, client, seed, rounds, self.runtime.evaluate(client.test))
+            runtime = self.runtime_for(client_id)
+            runtime.install(model, seed=pseed)
+            records += records_of(label, budget, client, seed, rounds, runtime.evaluate(client.test))
             if save_adapters and model.lora is not None:
                 self.save_adapter(label, budget, client_id)
         return records, seconds
 
     def save_adapter(self, label: str, budget: int | None, client_id: str) -> Path:
         """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
-        runtime = self.runtime
+        runtime = self.runtime_for(client_id)
         assert runtime.active is not None and runtime.peft is not None
         target = self.run_dir / "adapters" / label / ("global" if budget is None else f"r{budget}") / client_id
         target.mkdir(parents=True, exist_ok=True)

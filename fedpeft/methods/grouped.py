@@ -1,0 +1,90 @@
+"""Any homogeneous method in a heterogeneous federation: one independent copy per architecture group.
+
+Weights of different architectures cannot be averaged, so a method written for one base model (FedIT, FedProx,
+full FedAvg, ...) runs once per architecture: the server keeps one state per architecture, sends each client the
+state of its architecture and aggregates each round's updates within each architecture group only (the
+"Fed-ET" treatment of homogeneous baselines in the FedMosaic paper). Methods that share knowledge across
+architectures themselves (FedMosaic's PQ-LoRA, the distillation baselines) set ``architecture_aware = True``
+and are not wrapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fedpeft.data.types import ClientData
+from fedpeft.federation import federation_of
+from fedpeft.methods.base import Method
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState
+
+GROUPS_KEY = "architectures"
+ASSIGNMENT_KEY = "assignment"
+
+
+class ArchitectureGroups(Method):
+    """Wraps ``inner`` so that it runs independently within each architecture group."""
+
+    def __init__(self, inner: Method) -> None:
+        super().__init__(inner.cfg)
+        self.inner = inner
+        self.name = inner.name
+        self.Config = inner.Config
+        self.federated = inner.federated
+        self.uses_budget = inner.uses_budget
+        self.private_keys = inner.private_keys
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        federation = federation_of(runtime)
+        groups = {name: self.inner.init_server(federation.runtime(name), seed) for name in federation.names}
+        return ServerState(extra={GROUPS_KEY: groups, ASSIGNMENT_KEY: dict(federation.assignment)})
+
+    @staticmethod
+    def _architecture(state: ServerState, client_id: str) -> str:
+        groups = state.extra[GROUPS_KEY]
+        return state.extra[ASSIGNMENT_KEY].get(client_id, next(iter(groups)))
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        group = state.extra[GROUPS_KEY][self._architecture(state, client_id)]
+        return self.inner.payload(group, client_id)
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        return self.inner.client_update(runtime, client, payload, client_state, seed)
+
+    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+        by_group: dict[str, list[ClientUpdate]] = {}
+        for update in updates:
+            by_group.setdefault(self._architecture(state, update.client_id), []).append(update)
+        groups = dict(state.extra[GROUPS_KEY])
+        metrics: Metrics = {"clients": 0.0}
+        for name, group_updates in by_group.items():
+            groups[name], group_metrics = self.inner.aggregate(groups[name], iter(group_updates))
+            for key, value in group_metrics.items():
+                metrics[f"{name}/{key}"] = value
+            metrics["clients"] += group_metrics.get("clients", float(len(group_updates)))
+        extra = {**state.extra, GROUPS_KEY: groups}
+        return ServerState(tensors={}, round=state.round + 1, extra=extra), metrics
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        if GROUPS_KEY in state.extra:
+            state = state.extra[GROUPS_KEY][runtime.architecture]
+        return self.inner.personalize(runtime, client, state, client_state, budget, seed)
+
+
+def for_architectures(method: Method, heterogeneous: bool) -> Method:
+    """``method`` as it runs in a federation: wrapped per architecture group when the federation is
+    heterogeneous and the method does not share across architectures itself."""
+    if not heterogeneous or not method.federated or getattr(method, "architecture_aware", False):
+        return method
+    return ArchitectureGroups(method)
