@@ -1,0 +1,86 @@
+"""The one-time alignment of PQ-LoRA frames: A by L2 fit + orthogonality, B by regularized CCA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedpeft.adapters.alignment import (
+    AlignmentSettings,
+    align_input_frame,
+    align_output_frame,
+    paired_rows,
+    regularized_cca,
+)
+from fedpeft.adapters.pq_lora import orthonormal_columns, orthonormal_rows
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_a_alignment_recovers_a_rotated_space_and_ends_orthonormal():
+    g = generator(0)
+    rotation = torch.linalg.qr(torch.randn(12, 12, generator=g)).Q
+    x_other = torch.randn(400, 12, generator=g)
+    x_pivot = x_other @ rotation  # the pivot sees the same inputs in a rotated basis
+    a_pivot = orthonormal_rows(3, 12, g)
+    a_init = orthonormal_rows(3, 12, g)
+    owner = torch.arange(400) // 4
+    settings = AlignmentSettings(lr=0.1, epochs=5, batch_size=8)
+    a_j = align_input_frame(x_pivot, a_pivot, x_other, a_init, owner, settings, g)
+    torch.testing.assert_close(a_j @ a_j.T, torch.eye(3), atol=1e-5, rtol=0)
+    target = x_pivot @ a_pivot.T
+    before = (x_other @ a_init.T - target).norm() / target.norm()
+    after = (x_other @ a_j.T - target).norm() / target.norm()
+    assert before > 1.0 and after < 0.1
+    # The exact solution is A_p R^T (orthonormal too).
+    torch.testing.assert_close(a_j, a_pivot @ rotation.T, atol=0.1, rtol=0)
+
+
+def test_cca_finds_perfectly_correlated_directions():
+    g = generator(1)
+    shared = torch.randn(300, 3, generator=g)
+    x = shared @ torch.randn(3, 8, generator=g)  # rank 3 in 8 dims
+    y = shared @ torch.randn(3, 5, generator=g) + 1e-4 * torch.randn(300, 5, generator=g)
+    pi_x, pi_y, correlations = regularized_cca(x, y, 3, reg=1e-6)
+    assert pi_x.shape == (8, 3) and pi_y.shape == (5, 3)
+    assert torch.all(correlations > 0.999)
+    u, v = (x - x.mean(0)) @ pi_x, (y - y.mean(0)) @ pi_y
+    for i in range(3):
+        assert torch.corrcoef(torch.stack([u[:, i], v[:, i]]))[0, 1] > 0.999
+
+
+def test_b_alignment_keeps_orthonormal_columns_and_matches_outputs():
+    g = generator(2)
+    codes = torch.randn(200, 3, generator=g)
+    b_pivot = orthonormal_columns(9, 3, g)
+    b_init = orthonormal_columns(7, 3, g)
+    b_j = align_output_frame(codes, b_pivot, codes, b_init, reg=1e-6)
+    torch.testing.assert_close(b_j.T @ b_j, torch.eye(3), atol=1e-5, rtol=0)
+    assert b_j.shape == (7, 3)
+    # Same codes on both sides: after alignment the j-side outputs carry the pivot's code directions, i.e.
+    # B_j^T B_j z reproduces z up to the same rotation for every sample (the code space is preserved).
+    out_j = codes @ b_j.T
+    recovered = torch.linalg.lstsq(out_j, codes).solution
+    torch.testing.assert_close(out_j @ recovered, codes, atol=1e-4, rtol=0)
+
+
+def test_rows_pair_token_by_token_or_pooled_per_sequence():
+    g = generator(3)
+    pivot = [torch.randn(5, 4, generator=g), torch.randn(3, 4, generator=g)]
+    other = [torch.randn(4, 6, generator=g), torch.randn(3, 6, generator=g)]
+    x_p, x_o, owner = paired_rows(pivot, other, token_level=True, max_rows=100, generator=g)
+    assert x_p.shape == (7, 4) and x_o.shape == (7, 6) and owner.tolist() == [0, 0, 0, 0, 1, 1, 1]
+    torch.testing.assert_close(x_p[:4], pivot[0][:4])
+    x_p, x_o, owner = paired_rows(pivot, other, token_level=False, max_rows=100, generator=g)
+    assert x_p.shape == (2, 4) and owner.tolist() == [0, 1]
+    torch.testing.assert_close(x_o[1], other[1].mean(0))
