@@ -36,7 +36,7 @@ def generation_data(groups: str = "ab", clients: int = 4) -> FederatedData:
 
 HETERO = {
     "models": {
-        "llama": {"name": "tiny-llama", "vocab_size": 300, "overrides": {"num_hidden_layers": 4, "hidden_size": 32}},
+        "llama": {"name": "tiny-llama", "vocab_size": 300, "overrides": {"num_hidden_layers": 5, "hidden_size": 32}},
         "qwen": {"name": "tiny-qwen2", "vocab_size": 300, "overrides": {"num_hidden_layers": 5}},
     },
     "assign": {"groups": {"a": "llama", "b": "qwen"}},

@@ -1,0 +1,291 @@
+"""FedMosaic: relevance-guided aggregation (RELA) of PQ-LoRA adapters across heterogeneous clients.
+
+M. Seo, T. Kim, H. Lee, J. Choi, T. Tuytelaars, "Not All Clients Are Equal: Collaborative Model Personalization
+on Heterogeneous Multi-Modal Clients", 2025 (arXiv:2506.11024).
+
+Before federation the PQ-LoRA frames of every architecture are aligned to the smallest one on public data
+(:mod:`fedpeft.adapters.alignment`). Each client then trains a local adapter (P, Q at PQ sites, LoRA A, B
+elsewhere) and one gate per layer, beside a frozen customized global adapter G_i; both branches are mixed as
+``(1 - sigmoid(beta)) local + sigmoid(beta) global``. Every ``grad_every`` steps it takes the gradient of the
+task loss w.r.t. one weight matrix of the smallest frozen model W_s; the round's mean is smoothed by an EMA,
+noised and cut to a shared 40 % of coordinates, and uploaded with the local adapter. The server weighs client j
+for client i by ``softmax_j(cos(g_i, g_j) / tau)`` and sends each client its own G_i: PQ parts averaged over
+all clients, ordinary LoRA within the client's architecture group. Registered as ``fedmosaic``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from fedpeft.adapters.alignment import AlignmentSettings, align_frames
+from fedpeft.adapters.hooked import HookedAdapter
+from fedpeft.data.types import ClientData
+from fedpeft.federation import federation_of
+from fedpeft.methods import rela
+from fedpeft.methods.base import Method, weighted_mean
+from fedpeft.methods.hetero import (
+    PAPER_COMPUTE_SCALE,
+    HeteroConfig,
+    architecture_keys,
+    example_batches,
+    frozen_gradient,
+    gradient_module,
+    hooked_adapter,
+    install_adapter,
+    matched_steps,
+)
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
+
+
+class FedMosaicConfig(HeteroConfig):
+    pq_lr: float | None = None  # learning rate of P and Q (default: lr)
+    blocks: int = 4  # N_B
+    pq: bool = True  # False: ordinary LoRA everywhere (the "vanilla" ablation)
+    rela: bool = True  # False: uniform weights over all clients
+    tau: float = 0.5
+    ema: float = 0.5
+    noise: float = 1e-4
+    keep: float = Field(default=0.4, gt=0, le=1)
+    grad_every: int = 10  # m
+    grad_module: str = "down_proj"
+    pivot: str | None = None  # architecture of W_s and of the alignment pivot (default: the smallest)
+    align: bool = True
+    align_samples: int = 5000
+    align_lr: float = 5e-5
+    align_epochs: float = 1.0
+    align_batch_size: int = 4
+    align_lambda: float = 0.5
+    cca_reg: float = 1e-3
+    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedmosaic"], gt=0)
+
+
+def _frames_of(adapter: HookedAdapter) -> dict[str, dict[str, torch.Tensor]]:
+    frames: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in adapter.group("frame/").items():
+        key, part = name[len("frame/") :].rsplit(".", 1)
+        frames.setdefault(key, {})[part] = tensor
+    return frames
+
+
+def _frame_tensors(frames: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"frame/{key}.{part}": t for key, parts in frames.items() for part, t in parts.items()}
+
+
+@METHODS.register("fedmosaic")
+class FedMosaic(Method):
+    """RELA + PQ-LoRA with a gated local/global dual adapter on every client."""
+
+    name = "fedmosaic"
+    Config = FedMosaicConfig
+    architecture_aware = True
+    private_keys = ("gate/", "head/")
+
+    # ------------------------------------------------------------------ adapters
+    def adapter(self, runtime: ModelRuntime, seed: int) -> HookedAdapter:
+        cfg = self.cfg
+        return hooked_adapter(runtime, seed, rank=cfg.rank, alpha=cfg.alpha, blocks=cfg.blocks, pq=cfg.pq)
+
+    # ------------------------------------------------------------------ server
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        cfg = self.cfg
+        federation = federation_of(runtime)
+        pivot = cfg.pivot or federation.smallest()
+        adapters = {name: self.adapter(federation.runtime(name), seed) for name in federation.names}
+        frames = {name: _frames_of(adapter) for name, adapter in adapters.items()}
+        report: dict[str, float] = {}
+        public = federation.public[: cfg.align_samples]
+        if cfg.align and cfg.pq and public:
+            settings = AlignmentSettings(
+                lam=cfg.align_lambda,
+                lr=cfg.align_lr,
+                epochs=cfg.align_epochs,
+                batch_size=cfg.align_batch_size,
+                cca_reg=cfg.cca_reg,
+            )
+            generator = torch.Generator().manual_seed(derive_seed(seed, self.name, "align"))
+            for name in federation.names:
+                if name == pivot:
+                    continue
+                frames[name], fits = align_frames(
+                    federation.runtime(pivot),
+                    adapters[pivot].sites,
+                    frames[pivot],
+                    federation.runtime(name),
+                    adapters[name].sites,
+                    frames[name],
+                    public,
+                    settings,
+                    generator,
+                )
+                report.update({f"{name}/{k}": v for k, v in fits.items()})
+        population: dict[str, torch.Tensor] = {}
+        for adapter in adapters.values():
+            population.update(adapter.branch("global"))
+        pivot_runtime = federation.runtime(pivot)
+        module = gradient_module(pivot_runtime, cfg.grad_module)
+        extra = {
+            "pivot": pivot,
+            "grad_module": module,
+            "grad_size": int(dict(pivot_runtime.target_modules)[module].weight.numel()),
+            "mask_seed": derive_seed(seed, self.name, "rela-mask"),
+            "frames": frames,
+            "alignment": report,
+            "assignment": dict(federation.assignment),
+            "uploads": {},
+            "globals": {},
+            "delivered": [],
+        }
+        return ServerState(tensors=population, extra=extra)
+
+    def _architecture(self, state: ServerState, client_id: str) -> str:
+        return state.extra["assignment"].get(client_id, next(iter(state.extra["frames"])))
+
+    def global_for(self, state: ServerState, client_id: str, architecture: str) -> dict[str, torch.Tensor]:
+        """G_i: the client's customized global adapter (the population mean before it has uploaded)."""
+        custom = state.extra["globals"].get(client_id)
+        return architecture_keys(custom if custom is not None else state.tensors, architecture)
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        architecture = self._architecture(state, client_id)
+        tensors = self.global_for(state, client_id, architecture)
+        if client_id not in state.extra["delivered"]:
+            tensors = {**tensors, **_frame_tensors(state.extra["frames"][architecture])}
+        keys = ("pivot", "grad_module", "grad_size", "mask_seed")
+        return Payload(tensors=tensors, config={k: state.extra[k] for k in keys})
+
+    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+        uploads = dict(state.extra["uploads"])
+        received = []
+        for update in updates:
+            uploads[update.client_id] = {
+                "tensors": update.tensors,
+                "weight": update.weight,
+                "relevance": update.extras.get("relevance"),
+                "metrics": update.metrics,
+            }
+            received.append(update.client_id)
+        if not received:
+            return state, {"clients": 0.0}
+        ids = sorted(uploads)
+        population, _ = weighted_mean(ClientUpdate(c, uploads[c]["tensors"], uploads[c]["weight"]) for c in ids)
+        vectors = [uploads[c]["relevance"] for c in ids]
+        if self.cfg.rela and all(v is not None for v in vectors):
+            weights = rela.relevance_weights(torch.stack(vectors), self.cfg.tau)
+        else:
+            weights = torch.full((len(ids), len(ids)), 1.0 / len(ids), dtype=torch.float64)
+        adapters = [uploads[c]["tensors"] for c in ids]
+        customized = {c: rela.customized_global(weights[i], adapters) for i, c in enumerate(ids)}
+        metrics: Metrics = {"clients": float(len(received)), "self_weight": float(torch.diagonal(weights).mean())}
+        losses = [uploads[c]["metrics"].get("loss") for c in received if "loss" in uploads[c]["metrics"]]
+        if losses:
+            metrics["train_loss"] = sum(losses) / len(losses)
+        extra = {
+            **state.extra,
+            "uploads": uploads,
+            "globals": customized,
+            "relevance": {"clients": ids, "weights": weights.float()},
+            "delivered": sorted(set(state.extra["delivered"]) | set(received)),
+        }
+        return ServerState(tensors=population, round=state.round + 1, extra=extra), metrics
+
+    # ------------------------------------------------------------------ client
+    def _client_adapter(
+        self, runtime: ModelRuntime, frames: dict[str, torch.Tensor], global_: dict[str, torch.Tensor], own: Any
+    ) -> HookedAdapter:
+        adapter = self.adapter(runtime, 0)
+        adapter.load(frames)
+        adapter.load_branch("global", global_)
+        if own is None:  # the first round: the local adapter starts as the received global one
+            adapter.load_branch("local", global_)
+        else:
+            adapter.load_branch("local", own["local"])
+            adapter.load(own["gates"])
+            adapter.load(own["head"])
+        return adapter
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        cfg = self.cfg
+        frames = {k: v for k, v in payload.tensors.items() if k.startswith("frame/")}
+        if not frames:
+            frames = client_state["frames"]
+        global_ = {k: v for k, v in payload.tensors.items() if not k.startswith("frame/")}
+        adapter = self._client_adapter(runtime, frames, global_, client_state)
+        install_adapter(runtime, adapter)
+        params = adapter.trainable(["local/", "gate/", "head/"])
+        pq_params = [p for k, p in params.items() if k.startswith("local/pq")]
+        other = {k: p for k, p in params.items() if not k.startswith("local/pq")}
+        steps = matched_steps(cfg)
+        gradients: list[torch.Tensor] = []
+        config = payload.config
+        mask = rela.shared_mask(int(config["grad_size"]), cfg.keep, int(config["mask_seed"]))
+        pivot = federation_of(runtime).runtime(config["pivot"])
+        schedule = example_batches(len(client.train), cfg.batch_size, seed)
+
+        def relevance_gradient(step: int) -> None:
+            chunk = next(schedule)
+            if step % cfg.grad_every:
+                return
+            examples = [client.train[i] for i in chunk]
+            if pivot is runtime:
+                adapter.enabled = False
+            else:
+                pivot.install(ClientModel())
+            try:
+                gradients.append(frozen_gradient(pivot, config["grad_module"], examples)[mask])
+            finally:
+                adapter.enabled = True
+
+        metrics = runtime.train(
+            client.train,
+            other,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            steps=steps,
+            weight_decay=cfg.weight_decay,
+            after_backward=relevance_gradient,
+            optimizer_groups=[{"params": pq_params, "lr": cfg.pq_lr or cfg.lr}] if pq_params else None,
+        )
+        runtime.detach_extension()
+        previous = client_state["decayed"] if client_state else None
+        decayed = rela.ema(previous, torch.stack(gradients).mean(0), cfg.ema)
+        noise = torch.Generator().manual_seed(derive_seed(seed, "rela-noise"))
+        sanitized = rela.sanitize(decayed, cfg.noise, noise)
+        local = adapter.branch("local")
+        extras = {"relevance": sanitized, "architecture": runtime.architecture}
+        update = ClientUpdate(client.client_id, local, float(len(client.train)), metrics, extras)
+        new_state = {
+            "frames": frames,
+            "local": local,
+            "gates": adapter.group("gate/"),
+            "head": adapter.group("head/"),
+            "decayed": decayed,
+        }
+        return update, new_state
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        architecture = runtime.architecture
+        if "frames" in state.extra:
+            frames = _frame_tensors(state.extra["frames"][architecture])
+            global_ = self.global_for(state, client.client_id, architecture)
+        else:  # no federated phase ran: the fresh adapter
+            fresh = self.adapter(runtime, seed)
+            frames, global_ = fresh.group("frame/"), fresh.branch("global")
+        adapter = self._client_adapter(runtime, frames, global_, client_state)
+        return ClientModel(extension=adapter)
