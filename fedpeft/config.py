@@ -140,8 +140,8 @@ class ExperimentConfig(_Strict):
             return self
         if self.model != ModelConfig():
             raise ValueError("set either `model` (one base model) or `models` (one per architecture), not both")
-        if self.base.kind != "pretrained":
-            raise ValueError("a heterogeneous federation (`models`) needs base.kind=pretrained")
+        if self.base.kind == "federated":
+            raise ValueError("a heterogeneous federation (`models`) needs base.kind pretrained or centralized")
         named = [*self.assign.clients.values(), *self.assign.groups.values(), *self.assign.counts]
         named += [self.assign.default] if self.assign.default is not None else []
         unknown = sorted({name for name in named if name not in self.models})

@@ -53,6 +53,8 @@ class Experiment:
         if cfg.base.kind == "federated" and base_method.name != "fedavg_full":
             raise UserError("base.method must be fedavg_full (full-weight FedAvg) for a federated base stage.")
         self._parts: list[str] = []
+        # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
+        self._round_records: dict[tuple[str, int], list[dict]] = {}
 
     # ------------------------------------------------------------------ entry point
     def run(self, *, resume: bool = False, engine_factory: EngineFactory | None = None) -> Path:
@@ -200,6 +202,7 @@ class Experiment:
             store.restore(saved["store"])
             store.rollback(start - 1)
             meter.__dict__.update(saved["meter"])
+            self._round_records[label, seed] = list(saved.get("round_records", []))
         else:
             self.worker.use_base(None if label == BASE_STAGE_LABEL else seed)
             state = method.init_server(self.worker.runtime, seed)
@@ -208,11 +211,13 @@ class Experiment:
         self.progress.rounds(cfg.rounds, start)
 
         def on_round_end(state: ServerState, round_: int, metrics: Metrics) -> None:
+            self._evaluate_round(method, label, seed, state, round_ + 1)
             snapshot = {
                 "state": state,
                 "round": round_ + 1,
                 "store": store.snapshot(),
                 "meter": dict(meter.__dict__),
+                "round_records": self._round_records.get((label, seed), []),
             }
             save_atomic(snapshot, ckpt)
             self.progress.advance_round(metrics)
@@ -222,13 +227,29 @@ class Experiment:
             label, method, state, seen, seed=seed, meter=meter, start_round=start, on_round_end=on_round_end
         )
 
+    def _evaluate_round(self, method: Method, label: str, seed: int, state: ServerState, completed: int) -> None:
+        """Evaluate every client's current model after ``completed`` rounds, every ``eval.every`` rounds."""
+        every = self.cfg.eval.every
+        rounds = int(getattr(method.cfg, "rounds", completed))
+        if not every or label == BASE_STAGE_LABEL or (completed % every and completed != rounds):
+            return
+        records = self._round_records.setdefault((label, seed), [])
+        ids = [c.client_id for c in self.data.clients]
+        for _, result in self.engine.map_clients(
+            "evaluate_round", ids, label=label, seed=seed, round_=completed, state=state
+        ):
+            if not isinstance(result, BaseException):
+                records += result
+
     def _run_method(self, method: Method, seed: int) -> tuple[list[dict], list[dict]]:
         costs: list[dict] = []
         state = ServerState()
+        records: list[dict] = []
         if method.federated:
             meter = CostMeter()
             state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
+            records += self._round_records.pop((method.label, seed), [])
         ids = [c.client_id for c in self.data.clients]
         budgets = len(self.cfg.budgets) if method.uses_budget else 1
         self.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
@@ -236,7 +257,6 @@ class Experiment:
         meter = CostMeter()
         save = self.cfg.output.save_adapters and seed == self.cfg.seeds[0]
         started = time.perf_counter()
-        records: list[dict] = []
         for client_id, result in self.engine.map_clients(
             "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save
         ):

@@ -58,3 +58,9 @@ def derive_seed(seed: int, *keys: Any) -> int:
 def num_bytes(tensors: StateDict) -> int:
     """Bytes of a set of named tensors as they travel (element size times count)."""
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def upload_bytes(update: ClientUpdate) -> int:
+    """Bytes one client's update carries: its tensors plus the tensors among its extras (e.g. RELA vectors)."""
+    extra = {str(k): v for k, v in update.extras.items() if isinstance(v, torch.Tensor)}
+    return num_bytes(update.tensors) + num_bytes(extra)

@@ -17,9 +17,10 @@ from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from fedpeft.config import ExperimentConfig, ModelConfig
+from fedpeft.continual import memory_view
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.engine.common import client_seed
-from fedpeft.engine.state import ClientStateStore, make_store
+from fedpeft.engine.state import ClientStateStore, make_store, save_atomic
 from fedpeft.errors import UserError
 from fedpeft.federation import build_federation
 from fedpeft.methods.base import Method
@@ -162,11 +163,27 @@ class Worker:
 
     # ------------------------------------------------------------------ architectures
     def _build_architecture(self, name: str) -> ModelRuntime:
-        return build_runtime(self.cfg, self.data, self.cfg.models[name])
+        """Load architecture ``name``; with a centralized base stage, its base model is trained once on the base
+        corpus like the first architecture's (``checkpoints/base-centralized-<name>.pt``) and reused."""
+        runtime = build_runtime(self.cfg, self.data, self.cfg.models[name])
+        base = self.cfg.base
+        if base.kind == "centralized":
+            path = self.run_dir / "checkpoints" / f"base-centralized-{name}.pt"
+            if not path.exists():
+                runtime.install(ClientModel())
+                settings = {"lr": base.lr, "batch_size": base.batch_size, "seed": base.seed, "epochs": base.epochs}
+                runtime.train(self.data.base_train, "all", **settings)
+                save_atomic({"tensors": runtime.base_state()}, path)
+            runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
+        return runtime
 
     def runtime_for(self, client_id: str) -> ModelRuntime:
         """The runtime of the client's architecture (the worker's one runtime in a homogeneous federation)."""
         return self.federation.runtime_of(client_id)
+
+    def client_in_round(self, client_id: str, round_: int, rounds: int) -> ClientData:
+        """The client as it trains in round ``round_``: a stream dataset gives its episodic memory so far."""
+        return memory_view(self.clients[client_id], round_, rounds)
 
     # ------------------------------------------------------------------ operations
     def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientUpdate:
@@ -174,7 +191,7 @@ class Worker:
         method = self.methods[label]
         self.use_base(None if label == BASE_STAGE_LABEL else seed)
         store = self.store(label, seed)
-        client = self.clients[client_id]
+        client = self.client_in_round(client_id, round_, int(getattr(method.cfg, "rounds", 1)))
         update, client_state = method.client_update(
             self.runtime_for(client_id),
             client,
@@ -220,6 +237,33 @@ class Worker:
             if save_adapters and model.lora is not None:
                 self.save_adapter(label, budget, client_id)
         return records, seconds
+
+    def evaluate_round(
+        self, label: str, seed: int, round_: int, client_id: str, state: ServerState
+    ) -> list[dict]:
+        """A client's current model after ``round_`` completed rounds of a federated phase: accuracy on its own
+        test examples seen so far (``split: test``) and on the other clients' (``split: others``)."""
+        from fedpeft import continual
+
+        method = self.methods[label]
+        self.use_base(seed)
+        rounds = int(getattr(method.cfg, "rounds", round_))
+        client = self.client_in_round(client_id, max(round_ - 1, 0), rounds)
+        budget = self.cfg.budgets[0] if method.uses_budget else None
+        pseed = client_seed(seed, method.name, "evaluate", round_, client_id)
+        client_state = self.store(label, seed).get(client_id)
+        runtime = self.runtime_for(client_id)
+        model = method.personalize(runtime, client, state, client_state, budget, pseed)
+        runtime.install(model, seed=pseed)
+        own = continual.seen_test(self.clients[client_id], round_, rounds)
+        per_client = self.cfg.eval.others_per_client
+        others = continual.others_test(self.data.clients, client_id, per_client, self.cfg.data.seed)
+        records = records_of(label, budget, client, seed, round_, {"accuracy": continual.accuracy(runtime, own)})
+        if others:
+            value = {"accuracy": continual.accuracy(runtime, others)}
+            others_records = records_of(label, budget, client, seed, round_, value)
+            records += [{**r, "split": continual.OTHERS_SPLIT} for r in others_records]
+        return records
 
     def save_adapter(self, label: str, budget: int | None, client_id: str) -> Path:
         """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""

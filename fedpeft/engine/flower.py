@@ -45,7 +45,7 @@ from fedpeft.engine.common import CostMeter, release_memory, sample_clients
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
 from fedpeft.progress import Progress
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
 
 if TYPE_CHECKING:  # the worker pulls in transformers: imported when first needed, not for a node's queries
     from fedpeft.methods.base import Method
@@ -59,11 +59,13 @@ RoundCallback = Callable[[ServerState, int, Metrics], None]
 TRAIN = "train"  # one client's local training in one federated round
 EVALUATE_BASE = "evaluate.base"  # the base model on one client's test split
 PERSONALIZE = "train.personalize"  # one client's personalization at every budget, then its evaluation
+EVALUATE_ROUND = "evaluate.round"  # one client's current model during a federated phase (eval.every)
 PARTITION_QUERY = "query.partition"  # which partition of the clients a node serves
 BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
 
 # Worker operation -> message type. Only these operations can be called through a message.
 OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}
+OPERATIONS["evaluate_round"] = EVALUATE_ROUND
 
 # Keys of a message's RecordDict and of its ConfigRecord.
 ARRAYS_KEY = "fedpeft.arrays"  # ArrayRecord: every tensor of the message
@@ -309,6 +311,7 @@ client_app = ClientApp()
 client_app.train()(handle_task)
 client_app.evaluate("base")(handle_task)
 client_app.train("personalize")(handle_task)
+client_app.evaluate("round")(handle_task)
 client_app.query("partition")(handle_partition_query)
 client_app.query("base")(handle_base_query)
 
@@ -397,7 +400,7 @@ class GridEngine:
                     meter.failures.append(message)
                     continue
                 update: ClientUpdate = outcome.value
-                meter.record_round(outcome.seconds, bytes_down[client_id], num_bytes(update.tensors))
+                meter.record_round(outcome.seconds, bytes_down[client_id], upload_bytes(update))
                 updates[client_id] = update
             # Sorted by client id: the order the local engine aggregates in, so the sums round alike.
             state, metrics = method.aggregate(state, (updates[c] for c in sorted(updates)))

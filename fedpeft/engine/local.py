@@ -9,7 +9,7 @@ from typing import Any
 
 from fedpeft.engine.common import CostMeter, release_memory, sample_clients
 from fedpeft.methods.base import Method
-from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes
+from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes, upload_bytes
 from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
@@ -75,7 +75,7 @@ class LocalEngine:
                 if self.on_client is not None:
                     self.on_client()
             meter.record_round(
-                time.perf_counter() - started, num_bytes(payload.tensors), num_bytes(update.tensors)
+                time.perf_counter() - started, num_bytes(payload.tensors), upload_bytes(update)
             )
             yield update
 

@@ -1,0 +1,91 @@
+"""Continual personalization: client data as a stream into an episodic memory, and per-round evaluation.
+
+A dataset whose examples carry ``stage`` (``synthetic-mosaic``, the DRAKE and HFLB loaders) is a stream: with S
+stages and R rounds, stage s takes rounds [s R / S, (s + 1) R / S), its training examples arrive evenly over
+those rounds in list order, and every arrived example stays in the client's memory (the "memory-infinite"
+setting). In each round a method trains on the memory only (:func:`memory_view`). PFL-Static is one stage.
+
+Evaluation during federated training (``eval.every``): the client's current model on its own test examples of
+the stages seen so far ("Self", ``split: test``) and on a fixed sample of every other client's test examples
+("Others", ``split: others``). Accuracy is exact match of the normalized generated answer (case and spacing
+ignored) for generation, and label accuracy for classification.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from fedpeft.data.types import ClientData, Example
+
+SELF_SPLIT = "test"
+OTHERS_SPLIT = "others"
+
+
+def is_stream(client: ClientData) -> bool:
+    """Whether the client's training data is a stream (its examples carry ``stage``)."""
+    return bool(client.train) and "stage" in client.train[0]
+
+
+def stage_of_round(round_: int, rounds: int, stages: int) -> int:
+    """The stage that round ``round_`` (0-indexed) of ``rounds`` belongs to."""
+    return min(stages - 1, round_ * stages // max(rounds, 1))
+
+
+def memory_view(client: ClientData, round_: int, rounds: int) -> ClientData:
+    """The client as it trains in round ``round_``: ``train`` is its memory after that round's arrivals.
+
+    A client without a stream is returned unchanged.
+    """
+    if not is_stream(client):
+        return client
+    stages = max(int(ex["stage"]) for ex in client.train) + 1
+    current = stage_of_round(round_, rounds, stages)
+    arrived = min(1.0, (round_ + 1) * stages / max(rounds, 1) - current)
+    memory = [ex for ex in client.train if int(ex["stage"]) < current]
+    incoming = [ex for ex in client.train if int(ex["stage"]) == current]
+    memory += incoming[: max(1, math.ceil(arrived * len(incoming) - 1e-9))]
+    return replace(client, train=memory)
+
+
+def seen_test(client: ClientData, completed: int, rounds: int) -> list[Example]:
+    """The client's test examples of the stages it has met after ``completed`` rounds."""
+    if not client.test or "stage" not in client.test[0] or not is_stream(client):
+        return list(client.test)
+    stages = max(int(ex["stage"]) for ex in client.train) + 1
+    current = stage_of_round(max(completed - 1, 0), rounds, stages)
+    return [ex for ex in client.test if int(ex["stage"]) <= current]
+
+
+def others_test(clients: Sequence[ClientData], client_id: str, per_client: int, seed: int = 0) -> list[Example]:
+    """A fixed sample of ``per_client`` test examples of every client other than ``client_id``."""
+    chosen: list[Example] = []
+    for other in sorted(clients, key=lambda c: c.client_id):
+        if other.client_id == client_id or not other.test:
+            continue
+        rng = random.Random(f"{seed}|others|{other.client_id}")
+        chosen += rng.sample(other.test, min(per_client, len(other.test)))
+    return chosen
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-cased, NFC-normalized, single-spaced."""
+    return " ".join(unicodedata.normalize("NFC", text).lower().split())
+
+
+def accuracy(runtime: Any, examples: list[Example]) -> float:
+    """Exact-match accuracy (generation) or label accuracy (classification) of the installed model."""
+    if not examples:
+        return float("nan")
+    predictions = runtime.predict(examples)
+    if runtime.task == "classification":
+        hits = [int(p) == int(ex["label"]) for p, ex in zip(predictions, examples, strict=True)]
+    else:
+        hits = [
+            normalize_answer(p) == normalize_answer(ex["response"]) for p, ex in zip(predictions, examples, strict=True)
+        ]
+    return sum(hits) / len(hits)

@@ -1,0 +1,131 @@
+"""The continual setting: streams into episodic memory, the synthetic-mosaic dataset, per-round evaluation and
+the Self / Others x A_last / A_AUC report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedpeft.config import DataConfig
+from fedpeft.continual import memory_view, normalize_answer, others_test, seen_test, stage_of_round
+from fedpeft.data.synthetic.mosaic import _generate
+from fedpeft.data.types import ClientData
+from fedpeft.report import continual_cells, continual_sections
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def stream_client(stages: int = 4, per_stage: int = 10) -> ClientData:
+    train = [{"prompt": f"p{s}-{i}", "response": "r", "stage": s} for s in range(stages) for i in range(per_stage)]
+    test = [{"prompt": f"t{s}", "response": "r", "stage": s} for s in range(stages)]
+    return ClientData("c", "g", "seen", train, test)
+
+
+def test_tasks_arrive_one_after_another_into_memory():
+    client = stream_client()
+    assert [stage_of_round(r, 20, 4) for r in (0, 4, 5, 19)] == [0, 0, 1, 3]
+    sizes = [len(memory_view(client, r, 20).train) for r in range(20)]
+    assert sizes[:6] == [2, 4, 6, 8, 10, 12] and sizes[-1] == 40
+    assert {ex["stage"] for ex in memory_view(client, 4, 20).train} == {0}
+    # Memory keeps everything seen: round 9 holds all of stage 0 and 1.
+    assert [ex["prompt"] for ex in memory_view(client, 9, 20).train] == [ex["prompt"] for ex in client.train[:20]]
+    assert [ex["stage"] for ex in seen_test(client, 5, 20)] == [0]
+    assert [ex["stage"] for ex in seen_test(client, 6, 20)] == [0, 1]
+    assert len(seen_test(client, 20, 20)) == 4
+
+
+def test_static_stream_and_plain_clients():
+    static = stream_client(stages=1, per_stage=20)
+    assert [len(memory_view(static, r, 10).train) for r in (0, 4, 9)] == [2, 10, 20]
+    plain = ClientData("p", "g", "seen", [{"text": "x", "label": 0}], [])
+    assert memory_view(plain, 0, 5) is plain
+
+
+def test_others_are_a_fixed_sample_of_the_other_clients():
+    clients = [ClientData(f"c{i}", "g", "seen", [], [{"prompt": f"c{i}-{k}"} for k in range(10)]) for i in range(3)]
+    first = others_test(clients, "c0", 4)
+    assert len(first) == 8 and not any(ex["prompt"].startswith("c0-") for ex in first)
+    assert first == others_test(clients, "c0", 4)
+    assert others_test(clients, "c1", 4)[4:] == first[4:]  # c2's sample is the same for every evaluator
+    assert normalize_answer("  Zona  Resho ") == "zona resho"
+
+
+def test_synthetic_mosaic_has_four_tasks_per_client_in_arrival_order():
+    data = _generate(DataConfig(name="synthetic-mosaic"))
+    assert len(data.clients) == 10 and data.task == "generation"
+    tasks = [ex["task"] for c in data.clients for ex in c.train]
+    assert len(set(tasks)) == 40
+    first = data.clients[0]
+    stages = [ex["stage"] for ex in first.train]
+    assert stages == sorted(stages) and set(stages) == {0, 1, 2, 3}
+    assert len({ex["task"] for ex in first.train if ex["stage"] == 2}) == 1
+    assert {ex["stage"] for ex in first.test} == {0, 1, 2, 3}
+    # Neighbouring clients share three task types (in another language).
+    types = [{t.split("-")[0] for t in data.info["client_tasks"][c.client_id].split(", ")} for c in data.clients]
+    assert len(types[0] & types[1]) == 3
+    again = _generate(DataConfig(name="synthetic-mosaic"))
+    assert again.clients[3].train == data.clients[3].train
+    static = _generate(DataConfig(name="synthetic-mosaic", options={"setting": "static"}))
+    assert {ex["stage"] for ex in static.clients[0].train} == {0}
+    assert [ex["task"] for ex in static.clients[0].train] != tasks[: len(static.clients[0].train)]
+    assert data.base_train and all(ex["task"] == "public" for ex in data.base_train)
+
+
+def _record(method, split, round_, value, client="c0", seed=0):
+    return {"method": method, "budget": None, "pool": "seen", "client": client, "group": "g", "seed": seed,
+            "round": round_, "split": split, "metric": "accuracy", "value": value}  # fmt: skip
+
+
+def test_a_last_and_a_auc_by_hand():
+    records = [
+        _record("m", "test", 5, 0.2), _record("m", "test", 5, 0.4, client="c1"),
+        _record("m", "test", 10, 0.6), _record("m", "test", 10, 0.8, client="c1"),
+        _record("m", "others", 5, 0.1), _record("m", "others", 10, 0.3),
+        _record("m", "test", 5, 0.5, seed=1), _record("m", "test", 10, 0.7, seed=1),
+        _record("m", "others", 5, 0.2, seed=1), _record("m", "others", 10, 0.2, seed=1),
+        _record("plain", "test", 10, 0.9),  # no per-round "others": not a continual row
+    ]  # fmt: skip
+    cells = continual_cells(records)
+    # seed 0: Self curve 0.3 -> 0.7 (A_last 0.7, A_AUC 0.5); seed 1: 0.5 -> 0.7 (0.7, 0.6).
+    assert cells["m", "test", "last"].mean == pytest.approx(0.7)
+    assert cells["m", "test", "auc"].mean == pytest.approx(0.55)
+    assert cells["m", "others", "last"].mean == pytest.approx(0.25)
+    assert cells["m", "others", "auc"].mean == pytest.approx(0.2)
+    assert not any(key[0] == "plain" for key in cells)
+    text = "\n".join(continual_sections(records))
+    assert "| m | **70.00 ± 0.00** | **55.00 ± 7.07** | **25.00 ± 7.07** | **20.00 ± 0.00** |" in text
+
+
+def test_per_round_evaluation_end_to_end(tmp_path):
+    from fedpeft.config import validate
+    from fedpeft.runner import Experiment
+
+    raw = {
+        "name": "mosaic-tiny",
+        "seeds": [0],
+        "threads": 1,
+        "data": {
+            "name": "synthetic-mosaic",
+            "base_samples": 40,
+            "options": {"num_clients": 3, "train_per_task": 4, "test_per_task": 2, "tasks_per_client": 2},
+        },  # fmt: skip
+        "model": {"name": "tiny-llama", "max_length": 32, "vocab_size": 400, "overrides": {"num_hidden_layers": 4}},
+        "eval": {"every": 2, "others_per_client": 2, "max_new_tokens": 4},
+        "budgets": [2],
+        "output": {"plots": False, "save_adapters": False},
+        "methods": [{"name": "fedmosaic", "rounds": 3, "local_steps": 2, "rank": 2, "grad_every": 1}],
+    }
+    out = Experiment(validate(raw), tmp_path / "run").run()
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    evaluated = {(r["round"], r["split"]) for r in rows if r["metric"] == "accuracy"}
+    assert evaluated == {(2, "test"), (2, "others"), (3, "test"), (3, "others")}
+    assert len([r for r in rows if r["metric"] == "accuracy" and r["split"] == "others"]) == 6
+    assert "## Continual personalization" in (out / "summary.md").read_text()
