@@ -67,6 +67,8 @@ class Experiment:
         """
         self._prepare_output(resume)
         self.worker = Worker(self.cfg, self.out)
+        # The server side uses the worker's method objects, which know the federation (server-side distillation).
+        self.methods = [self.worker.methods[m.label] for m in self.methods]
         self.data = self.worker.data
         if not self.data.pool("seen"):
             raise UserError("The dataset has no client in the seen pool; check the data settings.")

@@ -127,6 +127,8 @@ class Worker:
         self.methods: dict[str, Method] = {}
         for entry in cfg.methods:
             method = build_method(entry, cfg)
+            if hasattr(method, "bind_federation"):  # methods that compute on the server (distillation)
+                method.bind_federation(self.federation)
             self.methods[method.label] = method
         self.methods[BASE_STAGE_LABEL] = build_method(cfg.base.method)
         self.clients = {c.client_id: c for c in self.data.clients}

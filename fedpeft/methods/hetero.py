@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
 
-from fedpeft.adapters.hooked import GATED, HookedAdapter
+from fedpeft.adapters.hooked import GATED, SUM, HookedAdapter
 from fedpeft.adapters.pq_lora import NUM_BLOCKS, layer_of, plan_sites
 from fedpeft.data.types import Example
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
 from fedpeft.models.runtime import ClientModel
-from fedpeft.types import StateDict, derive_seed
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
 
 # Compute per local step relative to SFT, FedMosaic paper Table 15.
 PAPER_COMPUTE_SCALE = {
@@ -137,3 +137,112 @@ def is_shared_key(name: str) -> bool:
 def architecture_keys(tensors: StateDict, architecture: str) -> StateDict:
     """The tensors a client of ``architecture`` uses: PQ-LoRA ones and its architecture's ordinary LoRA."""
     return {k: v for k, v in tensors.items() if is_shared_key(k) or k.startswith(f"{architecture}:")}
+
+
+class BranchedLoraMethod(Method):
+    """Base of the baselines: hooked ordinary-LoRA branches named by architecture.
+
+    ``branches`` are the adapter's branches; ``shared`` is the one the server aggregates (``None``: nothing is
+    shared); the others are personal and live in the client state. Aggregation is the data-weighted mean per
+    tensor name, which never mixes architectures because ordinary-LoRA names carry the architecture.
+    """
+
+    architecture_aware = True
+    private_keys = ("head/",)
+    branches: ClassVar[tuple[str, ...]] = ("global", "local")
+    shared: ClassVar[str | None] = "global"
+    personal_view: ClassVar[tuple[str, ...]] = ("local",)  # the branches of the model a client keeps
+
+    def adapter(self, runtime: Any, seed: int) -> HookedAdapter:
+        cfg: Any = self.cfg
+        return hooked_adapter(runtime, seed, rank=cfg.rank, alpha=cfg.alpha, pq=False, branches=self.branches, mix=SUM)
+
+    def init_server(self, runtime: Any, seed: int) -> ServerState:
+        from fedpeft.federation import federation_of
+
+        federation = federation_of(runtime)
+        population: StateDict = {}
+        if self.shared is not None:
+            for name in federation.names:
+                population.update(self.adapter(federation.runtime(name), seed).branch(self.shared))
+        extra = {"assignment": dict(federation.assignment), "architectures": list(federation.names)}
+        return ServerState(tensors=population, extra=extra)
+
+    def architecture(self, state: ServerState, client_id: str) -> str:
+        return state.extra["assignment"].get(client_id, state.extra["architectures"][0])
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        return Payload(tensors=architecture_keys(state.tensors, self.architecture(state, client_id)))
+
+    def client_adapter(self, runtime: Any, shared: StateDict, client_state: Any) -> HookedAdapter:
+        """The client's adapter: the shared branch from the server, personal ones from its state (or copies of
+        the shared one at the start)."""
+        adapter = self.adapter(runtime, 0)
+        for branch in self.branches:
+            if branch == self.shared:
+                adapter.load_branch(branch, shared)
+            elif client_state is not None:
+                adapter.load_branch(branch, client_state[branch])
+            elif shared:
+                adapter.load_branch(branch, shared)
+        if client_state is not None:
+            adapter.load(client_state["head"])
+        return adapter
+
+    def train_branches(
+        self,
+        runtime: Any,
+        adapter: HookedAdapter,
+        examples: list[Example],
+        train: tuple[str, ...],
+        active: tuple[str, ...],
+        seed: int,
+        extra_loss: Any = None,
+    ) -> Metrics:
+        """Train the branches ``train`` (and the head) with ``active`` computing, for the compute-matched steps."""
+        cfg: Any = self.cfg
+        adapter.active = active
+        install_adapter(runtime, adapter)
+        params = adapter.trainable([f"{b}/" for b in train] + ["head/"])
+        try:
+            return runtime.train(
+                examples,
+                params,
+                lr=cfg.lr,
+                batch_size=cfg.batch_size,
+                seed=seed,
+                steps=matched_steps(cfg),
+                weight_decay=cfg.weight_decay,
+                extra_loss=extra_loss,
+            )
+        finally:
+            runtime.detach_extension()
+
+    def client_state(self, adapter: HookedAdapter) -> dict[str, Any]:
+        state: dict[str, Any] = {b: adapter.branch(b) for b in self.branches if b != self.shared}
+        state["head"] = adapter.group("head/")
+        return state
+
+    def shared_update(self, client: Any, adapter: HookedAdapter, metrics: Metrics, **extras: Any) -> ClientUpdate:
+        tensors = adapter.branch(self.shared) if self.shared is not None else {}
+        return ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics, dict(extras))
+
+    def personalize(
+        self, runtime: Any, client: Any, state: ServerState, client_state: Any, budget: int | None, seed: int
+    ) -> ClientModel:
+        shared = architecture_keys(state.tensors, runtime.architecture) if state.extra else {}
+        adapter = self.client_adapter(runtime, shared, client_state)
+        adapter.active = self.personal_view
+        return ClientModel(extension=adapter)
+
+
+def proximal(params: dict[str, torch.nn.Parameter], anchors: StateDict, lam: float) -> Any:
+    """An extra-loss hook ``lam / 2 * sum ||p - anchor||^2`` over the named parameters that have an anchor."""
+    pairs = [(params[k], anchors[k].to(params[k].dtype)) for k in params if k in anchors]
+
+    def term(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
+        if not pairs:
+            return torch.zeros(())
+        return 0.5 * lam * torch.stack([((p - a) ** 2).sum() for p, a in pairs]).sum()
+
+    return term

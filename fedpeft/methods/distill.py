@@ -1,0 +1,208 @@
+"""Federated distillation on public data, shared by the PerAda, TAKFL and FedMKT baselines.
+
+Logits of different architectures cannot be averaged when their vocabularies differ, so knowledge travels as
+hard targets (sequence-level distillation, Kim & Rush 2016): on a public subset chosen by the server each round,
+a client uploads its model's answers (generated text, or class labels) and its loss on the public example's own
+reference answer. The server turns the uploads into one target per example (:func:`vote` over teachers, or the
+answer of the teacher with the lowest loss, :func:`lowest_loss`) and fine-tunes an architecture's global adapter
+on the public prompts with those targets (:func:`distill`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from fedpeft.adapters.hooked import HookedAdapter
+from fedpeft.data.types import Example
+from fedpeft.federation import federation_of
+from fedpeft.methods.base import weighted_mean
+from fedpeft.methods.hetero import (
+    BranchedLoraMethod,
+    HeteroConfig,
+    architecture_keys,
+    install_adapter,
+    is_shared_key,
+)
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
+
+
+def public_indices(size: int, count: int, seed: int, round_: int) -> list[int]:
+    """The public examples of one round: ``count`` of ``size``, drawn from (seed, round)."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, "public", round_))
+    return sorted(torch.randperm(size, generator=generator)[: min(count, size)].tolist())
+
+
+@torch.no_grad()
+def example_losses(runtime: Any, examples: list[Example], batch_size: int = 16) -> torch.Tensor:
+    """The installed model's loss on each example's own reference answer (label or response)."""
+    model = runtime._model()
+    was_training = model.training
+    model.eval()
+    losses = []
+    try:
+        with runtime._adapter_context():
+            for start in range(0, len(examples), batch_size):
+                batch = {
+                    k: v.to(runtime.device) for k, v in runtime.encode(examples[start : start + batch_size]).items()
+                }
+                labels = batch.pop("labels")
+                logits = model(**batch).logits
+                if logits.dim() == 3:  # next-token loss, averaged over each example's answer tokens
+                    logits, labels = logits[:, :-1], labels[:, 1:]
+                    token = torch.nn.functional.cross_entropy(
+                        logits.transpose(1, 2), labels, ignore_index=-100, reduction="none"
+                    )
+                    mask = (labels != -100).float()
+                    losses.append((token * mask).sum(1) / mask.sum(1).clamp_min(1.0))
+                else:
+                    losses.append(torch.nn.functional.cross_entropy(logits, labels, reduction="none"))
+    finally:
+        model.train(was_training)
+    return torch.cat(losses).float().cpu()
+
+
+def knowledge(runtime: Any, examples: list[Example]) -> dict[str, Any]:
+    """What a client uploads: its answers on ``examples`` and its loss on their reference answers."""
+    return {"answers": list(runtime.predict(examples)), "losses": example_losses(runtime, examples)}
+
+
+def vote(uploads: list[dict[str, Any]]) -> list[Any]:
+    """Per example, the answer most teachers give (ties: the one whose teachers have the lower mean loss)."""
+    targets = []
+    for index in range(len(uploads[0]["answers"])):
+        given: dict[Any, list[float]] = {}
+        for upload in uploads:
+            given.setdefault(upload["answers"][index], []).append(float(upload["losses"][index]))
+        targets.append(max(given, key=lambda answer: (len(given[answer]), -sum(given[answer]) / len(given[answer]))))
+    return targets
+
+
+def lowest_loss(uploads: list[dict[str, Any]]) -> list[Any]:
+    """Per example, the answer of the teacher with the lowest loss on the reference answer."""
+    targets = []
+    for index in range(len(uploads[0]["answers"])):
+        best = min(uploads, key=lambda u, i=index: float(u["losses"][i]))
+        targets.append(best["answers"][index])
+    return targets
+
+
+def with_targets(examples: list[Example], targets: list[Any], task: str) -> list[Example]:
+    """The public examples with their answers replaced by the distillation targets."""
+    key = "label" if task == "classification" else "response"
+    return [{**ex, key: target} for ex, target in zip(examples, targets, strict=True)]
+
+
+def distill(
+    runtime: Any,
+    adapter: HookedAdapter,
+    branch: str,
+    examples: list[Example],
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+) -> Metrics:
+    """Fine-tune ``branch`` of ``adapter`` (alone) on the target-labelled public ``examples``."""
+    adapter.active = (branch,)
+    install_adapter(runtime, adapter)
+    params = adapter.trainable([f"{branch}/"])
+    try:
+        return runtime.train(examples, params, lr=lr, batch_size=batch_size, seed=seed, steps=steps)
+    finally:
+        runtime.detach_extension()
+
+
+class DistillationConfig(HeteroConfig):
+    """Knobs of distillation on public data (per round, per architecture)."""
+
+    kd_samples: int = 32
+    kd_steps: int = 10
+    kd_lr: float | None = None
+    kd_batch_size: int = 4
+
+
+class PublicDistillation(BranchedLoraMethod):
+    """A global LoRA per architecture (FedAvg within the group) improved on the server by distillation from the
+    clients' answers on public data; subclasses choose the targets (:meth:`distill_targets`)."""
+
+    federation: Any = None
+
+    def bind_federation(self, federation: Any) -> None:
+        """The server's federation (runtimes and public data), for distilling in :meth:`aggregate`."""
+        self.federation = federation
+
+    def init_server(self, runtime: Any, seed: int) -> ServerState:
+        state = super().init_server(runtime, seed)
+        self.federation = federation_of(runtime)
+        state.extra.update(seed=seed, public_size=len(self.federation.public))
+        return state
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        payload = super().payload(state, client_id)
+        cfg: Any = self.cfg
+        payload.config["public"] = public_indices(
+            state.extra["public_size"], cfg.kd_samples, state.extra["seed"], state.round
+        )
+        return payload
+
+    def public_knowledge(self, runtime: Any, adapter: HookedAdapter, payload: Payload) -> dict[str, Any]:
+        """The client's answers and losses on this round's public examples, with its shared branch."""
+        indices = payload.config.get("public") or []
+        if not indices:
+            return {}
+        public = federation_of(runtime).public
+        adapter.active = (self.shared,)  # type: ignore[assignment]
+        install_adapter(runtime, adapter)
+        try:
+            return knowledge(runtime, [public[i] for i in indices])
+        finally:
+            runtime.detach_extension()
+
+    def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+        """Target lists to distil ``architecture``'s global adapter from; one list: plain distillation, several:
+        one distillation each, merged by averaging their changes (task arithmetic)."""
+        raise NotImplementedError
+
+    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+        updates = list(updates)
+        tensors, metrics = weighted_mean(updates)
+        if not tensors:
+            return state, metrics
+        by_architecture: dict[str, list[dict[str, Any]]] = {}
+        for update in updates:
+            if update.extras.get("answers") is not None:
+                by_architecture.setdefault(self.architecture(state, update.client_id), []).append(update.extras)
+        if by_architecture and self.federation is not None:
+            cfg: Any = self.cfg
+            indices = public_indices(state.extra["public_size"], cfg.kd_samples, state.extra["seed"], state.round)
+            examples = [self.federation.public[i] for i in indices]
+            for architecture in self.federation.names:
+                start = architecture_keys(tensors, architecture)
+                start = {k: v for k, v in start.items() if not is_shared_key(k)}
+                if not start:
+                    continue
+                runtime = self.federation.runtime(architecture)
+                changes = []
+                for number, targets in enumerate(self.distill_targets(architecture, by_architecture)):
+                    adapter = self.adapter(runtime, 0)
+                    adapter.load_branch(self.shared, start)  # type: ignore[arg-type]
+                    seed = derive_seed(state.extra["seed"], self.name, "distill", state.round, architecture, number)
+                    distill(
+                        runtime,
+                        adapter,
+                        self.shared,  # type: ignore[arg-type]
+                        with_targets(examples, targets, runtime.task),
+                        steps=cfg.kd_steps,
+                        lr=cfg.kd_lr or cfg.lr,
+                        batch_size=cfg.kd_batch_size,
+                        seed=seed,
+                    )
+                    changes.append({k: v - start[k] for k, v in adapter.branch(self.shared).items() if k in start})  # type: ignore[arg-type]
+                for key in start:
+                    tensors[key] = start[key] + sum(change[key] for change in changes) / max(len(changes), 1)
+            metrics["distilled"] = 1.0
+        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics

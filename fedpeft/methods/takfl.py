@@ -1,0 +1,48 @@
+"""TAKFL: knowledge of every architecture group distilled separately and merged by task arithmetic.
+
+S. Morafah, V. Kungurtsev, H. Chang, C. Chen, B. Lin, "Towards Diverse Device Heterogeneous Federated Learning
+via Task Arithmetic Knowledge Integration", NeurIPS 2024, https://arxiv.org/abs/2409.18461. Clients of one
+architecture (device prototype) average their adapters (FedAvg within the group) and answer the round's public
+examples. For every architecture the server distils its averaged adapter once from each group's ensemble
+(majority vote within that group), takes each distillation's change as a task vector and adds their mean
+(uniform merging coefficients; TAKFL learns them adaptively). Clients keep their group's adapter.
+``compute_scale`` 1.294 (FedMosaic paper, Table 15).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from fedpeft.data.types import ClientData
+from fedpeft.methods.distill import DistillationConfig, PublicDistillation, vote
+from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
+from fedpeft.models.runtime import ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Payload
+
+
+class TAKFLConfig(DistillationConfig):
+    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["takfl"], gt=0)
+
+
+@METHODS.register("takfl")
+class TAKFL(PublicDistillation):
+    """Per-group FedAvg, per-group distillation into every architecture, merged by task arithmetic."""
+
+    name = "takfl"
+    Config = TAKFLConfig
+    branches = ("global",)
+    personal_view = ("global",)
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        adapter = self.client_adapter(runtime, payload.tensors, client_state)
+        metrics = self.train_branches(runtime, adapter, client.train, ("global",), ("global",), seed)
+        answers = self.public_knowledge(runtime, adapter, payload)
+        return self.shared_update(client, adapter, metrics, **answers), self.client_state(adapter)
+
+    def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+        return [vote(uploads) for _, uploads in sorted(by_architecture.items())]
