@@ -72,7 +72,12 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig
 
     model = model or (next(iter(cfg.models.values())) if cfg.models else cfg.model)
     loaded = load_model(model, task=data.task, num_labels=data.num_labels, corpus=data.corpus)
-    return ModelRuntime(
+    runtime_class = ModelRuntime
+    if getattr(loaded.model.config, "vision_config", None) is not None:  # image-text models (LLaVA)
+        from fedpeft.models.multimodal import MultimodalRuntime
+
+        runtime_class = MultimodalRuntime
+    return runtime_class(
         loaded,
         max_length=model.max_length,
         device=cfg.device,

@@ -94,12 +94,7 @@ def test_plan_puts_pq_lora_on_the_last_layer_of_each_block():
     runtime = _fake_runtime(layers=6)
     sites = plan_sites(runtime.target_modules, ["down_proj"], "small")
     assert [s.kind for s in sites] == ["pq", "pq", "pq", "lora", "lora", "pq"]
-    assert [s.key for s in sites if s.kind == "pq"] == [
-        "pq1.down_proj",
-        "pq2.down_proj",
-        "pq3.down_proj",
-        "pq4.down_proj",
-    ]
+    assert [s.key for s in sites if s.kind == "pq"] == [f"pq{k}.mlp.down_proj" for k in (1, 2, 3, 4)]
     assert sites[3].key == "small:model.layers.3.mlp.down_proj"
 
 

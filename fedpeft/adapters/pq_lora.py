@@ -45,6 +45,13 @@ def layer_of(module_name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def module_type(module_name: str) -> str:
+    """The part of a module's name after its layer index (``model.layers.3.self_attn.q_proj`` -> ``self_attn.q_proj``):
+    the same for the same module in every architecture of a family and across Llama-like families."""
+    found = _LAYER.search(module_name)
+    return module_name[found.end() :] if found else module_name
+
+
 def orthonormal_rows(rank: int, width: int, generator: torch.Generator) -> torch.Tensor:
     """A random ``rank x width`` matrix with orthonormal rows (A A^T = I)."""
     if rank > width:
@@ -91,8 +98,8 @@ class Site:
         layer: its 0-indexed transformer layer.
         kind: ``"pq"`` (PQ-LoRA) or ``"lora"`` (ordinary LoRA).
         key: the name its tensors travel under: ``pq<k>.<module type>`` for the k-th PQ block (the same in every
-            architecture, so it is shared across them), ``<architecture>:<module>`` for ordinary LoRA (shared only
-            within the architecture).
+            architecture, so it is shared across them; the type is :func:`module_type`), ``<architecture>:<module>``
+            for ordinary LoRA (shared only within the architecture).
         d_in, d_out: the module's input and output widths.
     """
 
@@ -116,7 +123,7 @@ def plan_sites(
 
     Args:
         modules: the ``(name, module)`` pairs LoRA targets (``ModelRuntime.target_modules``).
-        targets: the target suffixes (``loaded.lora_targets``), naming each module's type.
+        targets: the LoRA target names (``loaded.lora_targets``); unused, kept so callers state what the modules are.
         architecture: the architecture name (prefix of ordinary-LoRA keys).
         num_blocks: N_B.
         pq: ``False`` gives ordinary LoRA everywhere (the "vanilla" ablation).
@@ -129,7 +136,7 @@ def plan_sites(
     block_of = {index - 1: k for k, index in enumerate(pq_layer_indices(num_layers, num_blocks), start=1)}
     sites = []
     for (name, module), layer in zip(modules, layers, strict=True):
-        kind_of = next(t for t in targets if name == t or name.endswith("." + t))
+        kind_of = module_type(name)
         weight = module.weight
         d_out, d_in = weight.shape[0], weight.shape[1]
         if pq and layer in block_of:

