@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedpeft.config import DataConfig
-from fedpeft.continual import memory_view, normalize_answer, others_test, seen_test, stage_of_round
+from fedpeft.continual import answer_accuracy, memory_view, normalize_answer, others_test, seen_test, stage_of_round
 from fedpeft.data.synthetic.mosaic import _generate
 from fedpeft.data.types import ClientData
 from fedpeft.report import continual_cells, continual_sections
@@ -56,6 +56,9 @@ def test_others_are_a_fixed_sample_of_the_other_clients():
     assert first == others_test(clients, "c0", 4)
     assert others_test(clients, "c1", 4)[4:] == first[4:]  # c2's sample is the same for every evaluator
     assert normalize_answer("  Zona  Resho ") == "zona resho"
+    assert answer_accuracy("Zona resho", "zona resho") == 1.0
+    assert answer_accuracy("zona kiri shatet", "zona resho shatet") == pytest.approx(2 / 3)
+    assert answer_accuracy("zona", "zona resho") == 0.5 and answer_accuracy("resho zona", "zona") == 0.0
 
 
 def test_synthetic_mosaic_has_four_tasks_per_client_in_arrival_order():

@@ -47,6 +47,10 @@ def test_drake_directory_gives_clients_with_tasks_in_arrival_order():
     assert {ex["stage"] for ex in static.clients[0].train} == {0} and len(static.clients[0].train) == 4
     hflb = DATASETS.get("hflb")(DataConfig(name="hflb", path=str(FIXTURES / "hflb")))
     assert [c.client_id for c in hflb.clients] == ["gqa-yesno"] and len(hflb.clients[0].test) == 4
+    scope = DATASETS.get("fedscope")(DataConfig(name="fedscope", path=str(FIXTURES / "fedscope")))
+    assert [len(c.train) for c in scope.clients] == [6, 3] and "image" not in scope.clients[0].train[0]
+    expected = {"prompt": "gsm-algebra question 1 : 2 + 1 ?", "response": "3", "task": "gsm-algebra"}
+    assert scope.clients[0].train[4] == {**expected, "stage": 1, "group": "math-01"}
 
 
 def test_drake_errors_name_the_fix(tmp_path):

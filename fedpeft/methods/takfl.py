@@ -1,6 +1,6 @@
 """TAKFL: knowledge of every architecture group distilled separately and merged by task arithmetic.
 
-S. Morafah, V. Kungurtsev, H. Chang, C. Chen, B. Lin, "Towards Diverse Device Heterogeneous Federated Learning
+M. Morafah, V. Kungurtsev, H. Chang, C. Chen, B. Lin, "Towards Diverse Device Heterogeneous Federated Learning
 via Task Arithmetic Knowledge Integration", NeurIPS 2024, https://arxiv.org/abs/2409.18461. Clients of one
 architecture (device prototype) average their adapters (FedAvg within the group) and answer the round's public
 examples. For every architecture the server distils its averaged adapter once from each group's ensemble

@@ -6,7 +6,7 @@ Importing this package registers the builders ``xnli``, ``masakhanews``, ``feday
 """
 
 from fedpeft.data.real import fedaya, masakhanews, xnli
-from fedpeft.data.real import multimodal as multimodal
+from fedpeft.data.real import tasks as tasks
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES

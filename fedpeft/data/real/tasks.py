@@ -1,6 +1,7 @@
-"""Loaders of the multi-modal PFL benchmarks of FedMosaic: DRAKE (40 tasks, 10 clients) and HFLB (9 clients).
+"""Loaders of FedMosaic's PFL benchmarks: DRAKE (40 multi-modal tasks, 10 clients), HFLB (9 clients, VQA) and
+Fed-Scope (text: coding, mathematics, general capability; 5 clients).
 
-Both read a local directory in one documented layout (docs/real-data.md), which a conversion script writes from
+All read a local directory in one documented layout (docs/real-data.md), which a conversion script writes from
 the released files:
 
 ```
@@ -13,8 +14,9 @@ the released files:
 ```
 
 Every line: ``{"question": str, "answer": str, "image": "images/x.jpg" | ["images/a.jpg", ...], "choices":
-[str, ...] (optional)}``. A question with choices lists them after the question. Examples become
-``{"image": <absolute path or list>, "prompt", "response", "task", "stage", "group"}`` with ``stage`` the task's
+[str, ...] (optional)}``; ``image`` is left out in text-only benchmarks. A question with choices lists them after
+the question. Examples become ``{"image": <absolute path or list>, "prompt", "response", "task", "stage",
+"group"}`` with ``stage`` the task's
 position in the client's list (``options.setting: dynamic``) or 0 (``static``, tasks mixed); group = client id.
 ``options.train_per_task`` / ``test_per_task`` cap the examples per task (a seeded sample; null keeps all).
 """
@@ -46,14 +48,15 @@ def _read_lines(path: Path, root: Path, name: str) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{name}: {path} line {number} is not valid JSON; fix or remove that line.") from None
-        missing = [k for k in ("question", "answer", "image") if k not in row]
+        missing = [k for k in ("question", "answer") if k not in row]
         if missing:
             raise UserError(f"{name}: {path} line {number} lacks {', '.join(missing)}; see docs/real-data.md.")
-        images = row["image"] if isinstance(row["image"], list) else [row["image"]]
-        for image in images:
-            if not (root / image).is_file():
-                raise UserError(f"{name}: image {image} of {path} line {number} does not exist under {root}.")
-        row["image"] = [str(root / i) for i in images] if isinstance(row["image"], list) else str(root / images[0])
+        if "image" in row:
+            images = row["image"] if isinstance(row["image"], list) else [row["image"]]
+            for image in images:
+                if not (root / image).is_file():
+                    raise UserError(f"{name}: image {image} of {path} line {number} does not exist under {root}.")
+            row["image"] = [str(root / i) for i in images] if isinstance(row["image"], list) else str(root / images[0])
         rows.append(row)
     return rows
 
@@ -62,7 +65,10 @@ def _example(row: dict[str, Any], **fields: Any) -> Example:
     prompt = str(row["question"])
     if row.get("choices"):
         prompt += " choices : " + " , ".join(map(str, row["choices"]))
-    return {"image": row["image"], "prompt": prompt, "response": str(row["answer"]), **fields}
+    example = {"prompt": prompt, "response": str(row["answer"]), **fields}
+    if "image" in row:
+        example["image"] = row["image"]
+    return example
 
 
 def _capped(rows: list[Example], cap: int | None, seed: int) -> list[Example]:
@@ -126,3 +132,9 @@ def build_drake(cfg: DataConfig) -> FederatedData:
 def build_hflb(cfg: DataConfig) -> FederatedData:
     """HFLB (7 VQA datasets over 9 clients, split into 4 question-type tasks each) from a local directory."""
     return load_task_directory(cfg, "hflb")
+
+
+@DATASETS.register("fedscope")
+def build_fedscope(cfg: DataConfig) -> FederatedData:
+    """Fed-Scope (text: coding, mathematics, general capability; each client one of them) from a local directory."""
+    return load_task_directory(cfg, "fedscope")
