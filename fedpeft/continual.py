@@ -7,8 +7,8 @@ setting). In each round a method trains on the memory only (:func:`memory_view`)
 
 Evaluation during federated training (``eval.every``): the client's current model on its own test examples of
 the stages seen so far ("Self", ``split: test``) and on a fixed sample of every other client's test examples
-("Others", ``split: others``). Accuracy is exact match of the normalized generated answer (case and spacing
-ignored) for generation, and label accuracy for classification.
+("Others", ``split: others``). Accuracy is the share of the reference answer's words generated at their
+position (case and spacing ignored; 1 for an exact match) for generation, and label accuracy for classification.
 """
 
 from __future__ import annotations
@@ -77,15 +77,23 @@ def normalize_answer(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).lower().split())
 
 
+def answer_accuracy(prediction: str, reference: str) -> float:
+    """The share of the reference answer's words that the prediction has at the same position (1 for an exact
+    match; "correct tokens compared to the ground-truth answer", FedMosaic's open-ended accuracy)."""
+    predicted, expected = normalize_answer(prediction).split(), normalize_answer(reference).split()
+    if not expected:
+        return float(not predicted)
+    return sum(p == e for p, e in zip(predicted, expected, strict=False)) / len(expected)
+
+
 def accuracy(runtime: Any, examples: list[Example]) -> float:
-    """Exact-match accuracy (generation) or label accuracy (classification) of the installed model."""
+    """Answer accuracy (generation, :func:`answer_accuracy`) or label accuracy (classification) of the
+    installed model."""
     if not examples:
         return float("nan")
     predictions = runtime.predict(examples)
     if runtime.task == "classification":
-        hits = [int(p) == int(ex["label"]) for p, ex in zip(predictions, examples, strict=True)]
+        hits = [float(int(p) == int(ex["label"])) for p, ex in zip(predictions, examples, strict=True)]
     else:
-        hits = [
-            normalize_answer(p) == normalize_answer(ex["response"]) for p, ex in zip(predictions, examples, strict=True)
-        ]
+        hits = [answer_accuracy(p, ex["response"]) for p, ex in zip(predictions, examples, strict=True)]
     return sum(hits) / len(hits)
