@@ -243,7 +243,13 @@ class Worker:
             records += records_of(label, budget, client, seed, rounds, runtime.evaluate(client.test))
             if save_adapters and model.lora is not None:
                 self.save_adapter(label, budget, client_id)
+            elif save_adapters and hasattr(model.extension, "save"):  # adapters PEFT lacks (PQ-LoRA, gated)
+                model.extension.save(self.run_dir / "adapters" / label / self._budget_dir(budget) / client_id)
         return records, seconds
+
+    @staticmethod
+    def _budget_dir(budget: int | None) -> str:
+        return "global" if budget is None else f"r{budget}"
 
     def evaluate_round(
         self, label: str, seed: int, round_: int, client_id: str, state: ServerState

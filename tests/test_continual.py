@@ -123,7 +123,7 @@ def test_per_round_evaluation_end_to_end(tmp_path):
         "model": {"name": "tiny-llama", "max_length": 32, "vocab_size": 400, "overrides": {"num_hidden_layers": 4}},
         "eval": {"every": 2, "others_per_client": 2, "max_new_tokens": 4},
         "budgets": [2],
-        "output": {"plots": False, "save_adapters": False},
+        "output": {"plots": False, "save_adapters": True},
         "methods": [{"name": "fedmosaic", "rounds": 3, "local_steps": 2, "rank": 2, "grad_every": 1}],
     }
     out = Experiment(validate(raw), tmp_path / "run").run()
@@ -132,3 +132,52 @@ def test_per_round_evaluation_end_to_end(tmp_path):
     assert evaluated == {(2, "test"), (2, "others"), (3, "test"), (3, "others")}
     assert len([r for r in rows if r["metric"] == "accuracy" and r["split"] == "others"]) == 6
     assert "## Continual personalization" in (out / "summary.md").read_text()
+    from fedpeft.adapters.hooked import HookedAdapter
+
+    saved = HookedAdapter.load_file(out / "adapters" / "fedmosaic" / "global" / "client-01" / "adapter.safetensors")
+    assert any(k.startswith("local/pq1.") for k in saved.tensors) and any(k.startswith("gate/") for k in saved.tensors)
+
+    # Interrupted after round 2 (its evaluation is in the checkpoint), then resumed: the same records.
+    from fedpeft.methods.fedmosaic import FedMosaic
+
+    original = FedMosaic.aggregate
+
+    def stop_in_round_three(self, state, updates):
+        if state.round == 2:
+            raise KeyboardInterrupt
+        return original(self, state, updates)
+
+    FedMosaic.aggregate = stop_in_round_three  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Experiment(validate(raw), tmp_path / "resumed").run()
+    finally:
+        FedMosaic.aggregate = original  # type: ignore[method-assign]
+    Experiment(validate(raw), tmp_path / "resumed").run(resume=True)
+    again = [json.loads(line) for line in (tmp_path / "resumed" / "results.jsonl").read_text().splitlines()]
+    assert sorted(again, key=json.dumps) == sorted(rows, key=json.dumps)
+
+
+PRESETS = ["fedmosaic-text", "fedmosaic-text-static", "fedmosaic-vqa", "fedmosaic-drake", "fedmosaic-hflb"]
+
+
+@pytest.mark.parametrize("preset", [*PRESETS, "fedmosaic-fedscope"])
+def test_fedmosaic_presets_validate(preset):
+    from fedpeft.config import load_config
+    from fedpeft.worker import build_method
+
+    cfg = load_config(preset)
+    assert len(cfg.models) >= 2 and cfg.eval.every == 5
+    methods = [build_method(entry, cfg) for entry in cfg.methods]
+    assert {m.name for m in methods} == {
+        "sft_rounds",
+        "fedit",
+        "ditto",
+        "fedsim",
+        "feddat",
+        "perada",
+        "takfl",
+        "fedmkt",
+        "fedmosaic",
+    }
+    assert all(getattr(m.cfg, "rounds", 20) == 20 for m in methods)

@@ -240,3 +240,44 @@ def align_frames(
         b_j = align_output_frame(x_p @ a_p.T, b_p, x_o @ a_j.T, b_init, settings.cca_reg)
         aligned[o.key] = {"A": a_j, "B": b_j}
     return aligned, report
+
+
+def align_federation(
+    federation: Any,
+    sites: dict[str, list[Site]],
+    frames: dict[str, Frames],
+    pivot: str,
+    public: list[Example],
+    settings: AlignmentSettings,
+    generator: torch.Generator,
+) -> tuple[dict[str, Frames], dict[str, float]]:
+    """Every architecture's frames aligned to the pivot's (the pivot's are kept).
+
+    Args:
+        federation: a :class:`~fedpeft.federation.Federation` (its runtimes are loaded).
+        sites: the adapter sites of every architecture.
+        frames: the initial (random orthonormal) frames of every architecture.
+        pivot: the architecture the others are aligned to.
+        public: the public examples.
+
+    Returns:
+        The aligned frames and the fit diagnostics, keyed ``<architecture>/<site key>/fit_before|fit_after``.
+    """
+    aligned = dict(frames)
+    report: dict[str, float] = {}
+    for name in frames:
+        if name == pivot:
+            continue
+        aligned[name], fits = align_frames(
+            federation.runtime(pivot),
+            sites[pivot],
+            frames[pivot],
+            federation.runtime(name),
+            sites[name],
+            frames[name],
+            public,
+            settings,
+            generator,
+        )
+        report.update({f"{name}/{key}": value for key, value in fits.items()})
+    return aligned, report

@@ -135,6 +135,14 @@ class HookedAdapter:
             if key in self.tensors:
                 self.tensors[key] = value.detach().clone().to(self.tensors[key].dtype)
 
+    def frames(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The PQ frames by site key: ``{key: {"A": r x d_in, "B": d_out x r}}``."""
+        frames: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in self.group("frame/").items():
+            key, part = name[len("frame/") :].rsplit(".", 1)
+            frames.setdefault(key, {})[part] = tensor
+        return frames
+
     def trainable(self, prefixes: Iterable[str]) -> dict[str, torch.nn.Parameter]:
         """Make the tensors whose names start with one of ``prefixes`` trainable and return them by name.
 
@@ -241,3 +249,8 @@ class HookedAdapter:
                 running.pop()
 
         return hook
+
+
+def frame_tensors(frames: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """PQ frames (as :meth:`HookedAdapter.frames` gives them) under their full tensor names ``frame/<key>.A|B``."""
+    return {f"frame/{key}.{part}": tensor for key, parts in frames.items() for part, tensor in parts.items()}

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from fedpeft.adapters.alignment import AlignmentSettings, align_frames
-from fedpeft.adapters.hooked import HookedAdapter
+from fedpeft.adapters.alignment import AlignmentSettings, align_federation
+from fedpeft.adapters.hooked import HookedAdapter, frame_tensors
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
 from fedpeft.methods import rela
@@ -65,18 +65,6 @@ class FedMosaicConfig(HeteroConfig):
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedmosaic"], gt=0)
 
 
-def _frames_of(adapter: HookedAdapter) -> dict[str, dict[str, torch.Tensor]]:
-    frames: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in adapter.group("frame/").items():
-        key, part = name[len("frame/") :].rsplit(".", 1)
-        frames.setdefault(key, {})[part] = tensor
-    return frames
-
-
-def _frame_tensors(frames: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {f"frame/{key}.{part}": t for key, parts in frames.items() for part, t in parts.items()}
-
-
 @METHODS.register("fedmosaic")
 class FedMosaic(Method):
     """RELA + PQ-LoRA with a gated local/global dual adapter on every client."""
@@ -97,7 +85,7 @@ class FedMosaic(Method):
         federation = federation_of(runtime)
         pivot = cfg.pivot or federation.smallest()
         adapters = {name: self.adapter(federation.runtime(name), seed) for name in federation.names}
-        frames = {name: _frames_of(adapter) for name, adapter in adapters.items()}
+        frames = {name: adapter.frames() for name, adapter in adapters.items()}
         report: dict[str, float] = {}
         public = federation.public[: cfg.align_samples]
         if cfg.align and cfg.pq and public:
@@ -109,21 +97,8 @@ class FedMosaic(Method):
                 cca_reg=cfg.cca_reg,
             )
             generator = torch.Generator().manual_seed(derive_seed(seed, self.name, "align"))
-            for name in federation.names:
-                if name == pivot:
-                    continue
-                frames[name], fits = align_frames(
-                    federation.runtime(pivot),
-                    adapters[pivot].sites,
-                    frames[pivot],
-                    federation.runtime(name),
-                    adapters[name].sites,
-                    frames[name],
-                    public,
-                    settings,
-                    generator,
-                )
-                report.update({f"{name}/{k}": v for k, v in fits.items()})
+            sites = {name: adapter.sites for name, adapter in adapters.items()}
+            frames, report = align_federation(federation, sites, frames, pivot, public, settings, generator)
         population: dict[str, torch.Tensor] = {}
         for adapter in adapters.values():
             population.update(adapter.branch("global"))
@@ -155,7 +130,7 @@ class FedMosaic(Method):
         architecture = self._architecture(state, client_id)
         tensors = self.global_for(state, client_id, architecture)
         if client_id not in state.extra["delivered"]:
-            tensors = {**tensors, **_frame_tensors(state.extra["frames"][architecture])}
+            tensors = {**tensors, **frame_tensors(state.extra["frames"][architecture])}
         keys = ("pivot", "grad_module", "grad_size", "mask_seed")
         return Payload(tensors=tensors, config={k: state.extra[k] for k in keys})
 
@@ -282,7 +257,7 @@ class FedMosaic(Method):
     ) -> ClientModel:
         architecture = runtime.architecture
         if "frames" in state.extra:
-            frames = _frame_tensors(state.extra["frames"][architecture])
+            frames = frame_tensors(state.extra["frames"][architecture])
             global_ = self.global_for(state, client.client_id, architecture)
         else:  # no federated phase ran: the fresh adapter
             fresh = self.adapter(runtime, seed)
