@@ -49,6 +49,10 @@ class Experiment:
             raise UserError(f"Methods {duplicated} appear twice; give each entry a distinct `label`.")
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
+        for method in self.methods:
+            check_budgets = getattr(method, "check_budgets", None)
+            if check_budgets is not None and method.uses_budget:
+                check_budgets(list(cfg.budgets))
         base_method = build_method(cfg.base.method)
         if cfg.base.kind == "federated" and base_method.name != "fedavg_full":
             raise UserError("base.method must be fedavg_full (full-weight FedAvg) for a federated base stage.")
@@ -229,6 +233,9 @@ class Experiment:
             meter = CostMeter()
             state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
+            save_artifacts = getattr(method, "save_server_artifacts", None)
+            if save_artifacts is not None:
+                save_artifacts(state, self.out, seed)
         ids = [c.client_id for c in self.data.clients]
         budgets = len(self.cfg.budgets) if method.uses_budget else 1
         self.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
@@ -268,6 +275,9 @@ class Experiment:
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info))
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots")
+            from fedpeft.adapters.scale_analysis import write_scale_plots
+
+            write_scale_plots(self.out, self.out / "plots")
 
 
 def data_overview(data: FederatedData) -> dict[str, Any]:

@@ -186,6 +186,16 @@ class Worker:
         client_state = self.store(label, seed).get(client_id)
         records: list[dict] = []
         seconds = 0.0
+        prepare = getattr(method, "prepare_personalization", None)
+        if prepare is not None:
+            # Work every budget shares (e.g. BayesTune's rank scales), done once per client and timed with the rest.
+            started = time.perf_counter()
+            pseed = client_seed(seed, method.name, "prepare", None, client_id)
+            client_state = prepare(self.runtime, client, state, client_state, pseed)
+            seconds += time.perf_counter() - started
+            save_artifacts = getattr(method, "save_client_artifacts", None)
+            if save_artifacts is not None:
+                save_artifacts(client_state, client, self.run_dir, label, seed)
         for budget in budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
             started = time.perf_counter()

@@ -49,6 +49,15 @@ def toy_tokenizer():
     )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and several threads contend on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def toy_runtime():
     from transformers import BertConfig, BertForSequenceClassification

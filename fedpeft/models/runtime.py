@@ -194,6 +194,14 @@ class ModelRuntime:
                 self.load_adapter(client_model.adapter)
         return model
 
+    def remove_adapter(self, spec: LoraSpec) -> None:
+        """Delete the PEFT adapter of shape ``spec`` if present (for one-off shapes such as pruned structures)."""
+        if self.peft is None or spec.key not in self.peft.peft_config:
+            return
+        if self.active == spec:
+            self.active = None
+        self.peft.delete_adapter(spec.key)
+
     def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:
         """Trainable parameters of the active adapter (LoRA weights and head copy), by PEFT name."""
         assert self.peft is not None and self.active is not None, "no active adapter"
@@ -271,8 +279,12 @@ class ModelRuntime:
         extra_loss: LossHook | None = None,
         after_backward: StepHook | None = None,
         optimizer_groups: list[dict[str, Any]] | None = None,
+        max_grad_norm: float | None = 1.0,
     ) -> Metrics:
-        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``."""
+        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``.
+
+        ``max_grad_norm`` clips the global gradient norm (``None``: no clipping).
+        """
         if not examples:
             raise ValueError("no training examples")
         if params == "adapter":
@@ -295,6 +307,7 @@ class ModelRuntime:
                     extra_loss=extra_loss,
                     after_backward=after_backward,
                     optimizer_groups=optimizer_groups,
+                    max_grad_norm=max_grad_norm,
                 )
 
     # ------------------------------------------------------------------ evaluation
