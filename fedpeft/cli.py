@@ -114,6 +114,9 @@ def report(
     out.mkdir(parents=True, exist_ok=True)
     text = reporting.write_summary(runs, out / "summary.md")
     reporting.write_plots(runs, out / "plots")
+    from fedpeft.adapters.scale_analysis import write_scale_plots
+
+    write_scale_plots(runs, out / "plots")
     console.print(Markdown(text))
 
 

@@ -268,3 +268,13 @@ def test_personalize_cli_bad_input_is_one_sentence_and_exit_2(case, message, run
     assert message in stderr and "Traceback" not in stderr
     assert len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "preset", ["fedp2eft-xnli", "fedp2eft-masakhanews", "fedp2eft-fedaya", "fedp2eft-xnli-cpu", "quickstart"]
+)
+def test_presets_validate_and_compare_fedp2eft_with_its_baselines(preset, tmp_path):
+    cfg = load_config(preset)
+    Experiment(cfg, tmp_path / "run")  # validates every method's settings and the budgets, loads nothing
+    assert {"lora", "bayestune_lora", "fedp2eft"} <= {m["name"] for m in cfg.methods}
+    assert len(cfg.seeds) == 3 and max(cfg.budgets) <= 16

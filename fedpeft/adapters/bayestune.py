@@ -173,25 +173,27 @@ class RankScaleHooks:
         self.handles: list[Any] = []
         if len(scales) != len(self.layers):
             raise ValueError(f"{len(scales)} scale rows for {len(self.layers)} LoRA modules")
+        self.key = runtime.active.key  # type: ignore[union-attr]
+        for row, layer in zip(scales, self.layers.values(), strict=True):
+            if row.numel() != layer.lora_A[self.key].out_features:
+                raise ValueError(
+                    f"scales of {row.numel()} ranks for a LoRA of rank {layer.lora_A[self.key].out_features}"
+                )
 
     def _refresh(self, *_: Any) -> None:
         if isinstance(self.scales, torch.Tensor):
             self.rows = clamp_st(self.scales).unbind(0)
 
     def __enter__(self) -> RankScaleHooks:
-        key = self.runtime.active.key  # type: ignore[union-attr]
         if not isinstance(self.scales, torch.Tensor):
             self.rows = [s.detach().clamp(SCALE_MIN, SCALE_MAX) for s in self.scales]
         self.handles.append(self.runtime.base_model.register_forward_pre_hook(self._refresh))
         for index, layer in enumerate(self.layers.values()):
-            width = layer.lora_A[key].out_features
-            if self.scales[index].numel() != width:
-                raise ValueError(f"scales of {self.scales[index].numel()} ranks for a LoRA of rank {width}")
 
             def scale(module: torch.nn.Module, inputs: Any, output: torch.Tensor, i: int = index) -> torch.Tensor:
                 return output * self.rows[i].to(output.dtype)
 
-            self.handles.append(layer.lora_A[key].register_forward_hook(scale))
+            self.handles.append(layer.lora_A[self.key].register_forward_hook(scale))
         return self
 
     def __exit__(self, *exc: Any) -> None:
