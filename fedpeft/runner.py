@@ -49,10 +49,6 @@ class Experiment:
             raise UserError(f"Methods {duplicated} appear twice; give each entry a distinct `label`.")
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
-        for method in self.methods:
-            check_budgets = getattr(method, "check_budgets", None)
-            if check_budgets is not None and method.uses_budget:
-                check_budgets(list(cfg.budgets))
         base_method = build_method(cfg.base.method)
         if cfg.base.kind == "federated" and base_method.name != "fedavg_full":
             raise UserError("base.method must be fedavg_full (full-weight FedAvg) for a federated base stage.")
@@ -74,6 +70,10 @@ class Experiment:
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
         for budget in self.cfg.budgets:
             self.worker.runtime.check_budget(budget)
+        for method in self.methods:
+            check_budgets = getattr(method, "check_budgets", None)
+            if check_budgets is not None and method.uses_budget:
+                check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
         try:
             for seed in self.cfg.seeds:

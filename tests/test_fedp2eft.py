@@ -70,12 +70,13 @@ def test_one_lambda_per_client_serves_every_budget(toy_runtime, toy_clients, tmp
     assert saved.scales.shape == (4, 8)
 
 
-def test_budget_above_r_max_is_refused_before_training():
+def test_budget_above_r_max_is_refused_before_training(tmp_path):
     from fedpeft.errors import UserError
 
-    cfg = load_config("smoke", ["methods=[{name: fedp2eft}]", "budgets=[2, 32]"])
+    cfg = load_config("smoke", ["methods=[{name: fedp2eft}]", "budgets=[2, 32]", "base.kind=pretrained"])
     with pytest.raises(UserError, match=r"r=32 .*r_max=16"):
-        Experiment(cfg, Path("/nonexistent/never-written"))
+        Experiment(cfg, tmp_path / "run").run()
+    assert not (tmp_path / "run" / "parts" / "fedp2eft-seed0.jsonl").exists()
 
 
 def test_language_distance_matrix_by_hand():
@@ -275,6 +276,9 @@ def test_personalize_cli_bad_input_is_one_sentence_and_exit_2(case, message, run
 )
 def test_presets_validate_and_compare_fedp2eft_with_its_baselines(preset, tmp_path):
     cfg = load_config(preset)
-    Experiment(cfg, tmp_path / "run")  # validates every method's settings and the budgets, loads nothing
+    experiment = Experiment(cfg, tmp_path / "run")  # validates every method's settings, loads nothing
+    for method in experiment.methods:
+        if hasattr(method, "check_budgets"):
+            method.check_budgets(list(cfg.budgets))
     assert {"lora", "bayestune_lora", "fedp2eft"} <= {m["name"] for m in cfg.methods}
     assert len(cfg.seeds) == 3 and max(cfg.budgets) <= 16
