@@ -1,6 +1,6 @@
 """BayesTune-LoRA: rank-wise scales lambda on PEFT's LoRA, their Bayesian penalties, pruning to a rank budget.
 
-From "Federated Learning to Personalize PEFT for Multilingual LLMs" (FedP2EFT; Lee et al., 2025,
+From "Federated Learning to Personalize PEFT for Multilingual LLMs" (FedP2EFT; Lee et al., AAAI 2026,
 https://arxiv.org/abs/2502.04387), Section 3.2, adapting BayesTune (Kim & Hospedales, 2023). Every LoRA module l
 computes ``W + (alpha / r) * B diag(lambda_l) A`` with one scale per rank. The scales are this project's own
 parameters, applied by a forward hook on each ``lora_A[adapter]`` module (output * lambda_l), so PEFT's classes,

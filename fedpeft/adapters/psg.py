@@ -1,6 +1,6 @@
 """FedP2EFT's personalization-strategy generator (PSG): client statistics in, BayesTune-LoRA rank scales out.
 
-From "Federated Learning to Personalize PEFT for Multilingual LLMs" (FedP2EFT; Lee et al., 2025,
+From "Federated Learning to Personalize PEFT for Multilingual LLMs" (FedP2EFT; Lee et al., AAAI 2026,
 https://arxiv.org/abs/2502.04387), Section 3.3 and Appendix A.4. A one-hidden-layer MLP maps the 2L statistics of
 :func:`fedpeft.adapters.feature_statistics` (mean and SD of each LoRA-targeted layer's input) to the L * r_init
 rank scales lambda; hidden width 2 * input, ReLU, Xavier-normal weights with gain 1e-6 and biases 1e-4 (so a fresh

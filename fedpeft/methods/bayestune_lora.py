@@ -1,7 +1,7 @@
 """``bayestune_lora``: each client learns its own LoRA rank structure with BayesTune-LoRA, no federation.
 
 The non-federated rank-selection baseline of "Federated Learning to Personalize PEFT for Multilingual LLMs"
-(FedP2EFT; Lee et al., 2025, https://arxiv.org/abs/2502.04387), Section 3.2 and Appendix A.4. Every client
+(FedP2EFT; Lee et al., AAAI 2026, https://arxiv.org/abs/2502.04387), Section 3.2 and Appendix A.4. Every client
 trains a rank-r_init LoRA on all linear layers together with rank-wise scales lambda on Eq. 1 for 2 epochs, once;
 then, for each budget r <= r_max, keeps the top-(r * L) scales, re-trains a fresh LoRA of that structure with
 lambda frozen (2 epochs) and exports it as a plain PEFT LoRA with lambda folded into A. It uses FedP2EFT's

@@ -1,7 +1,7 @@
 """``fedp2eft``: federated learning to personalize PEFT -- one PSG gives every client its LoRA rank structure.
 
 "Federated Learning to Personalize PEFT for Multilingual LLMs" -- R. Lee, M. Kim, F. Rezk, R. Li, S. Venieris,
-T. Hospedales, 2025, https://arxiv.org/abs/2502.04387.
+T. Hospedales, AAAI 2026, https://arxiv.org/abs/2502.04387.
 
 Federated phase (seen pool): each sampled client computes its data statistics with the frozen base model, lets the
 PSG (phi) predict its rank scales, trains a fresh BayesTune-LoRA initialized with them for ``bt_steps`` steps
