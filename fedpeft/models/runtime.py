@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
+from peft.utils.other import AuxiliaryTrainingWrapper
 
 from fedpeft.data.types import Example
 from fedpeft.errors import UserError
@@ -32,6 +33,8 @@ class LoraSpec:
     ``rank_pattern`` / ``alpha_pattern`` give per-module ranks (pruned rank structures); ``targets`` are module-name
     suffixes as PEFT's ``target_modules`` reads them. ``slot`` tells apart adapters of the same shape that must
     coexist on the model (a client's "global" and "local" LoRA, a frozen teacher beside a trained student).
+    ``head=False`` leaves the task head out of the adapter (a second adapter that is active together with one that
+    carries the head: PEFT lets only one active adapter own it).
     """
 
     rank: int
@@ -41,6 +44,7 @@ class LoraSpec:
     rank_pattern: tuple[tuple[str, int], ...] = ()
     alpha_pattern: tuple[tuple[str, float], ...] = ()
     slot: str = ""
+    head: bool = True
 
     @property
     def key(self) -> str:
@@ -56,7 +60,7 @@ class LoraSpec:
             lora_dropout=self.dropout,
             rank_pattern=dict(self.rank_pattern),
             alpha_pattern=dict(self.alpha_pattern),
-            modules_to_save=list(head_modules) or None,
+            modules_to_save=(list(head_modules) or None) if self.head else None,
         )
 
 
@@ -200,6 +204,54 @@ class ModelRuntime:
         name = self.active.key
         return {k: p for k, p in self.peft.named_parameters() if f".{name}." in k or k.endswith(f".{name}")}
 
+    def detach_adapters(self) -> None:
+        """Remove every injected LoRA layer and head copy, restoring the plain base modules.
+
+        Lets a PEFT adapter of another type (AdaLoRA) wrap the base model; LoRA adapters are re-created on the next
+        :meth:`activate` (their tensors always come from :meth:`install`, so nothing is lost).
+        """
+        if self.peft is None:
+            return
+        unload_adapters(self.peft)
+        self.peft = None
+        self.active = None
+
+    def merged_weights(self, scale: float = 1.0) -> StateDict:
+        """Base weights with the active adapter merged in, for the layers and head the adapter touches.
+
+        Returns ``{canonical parameter name: W + scale * delta}`` for every LoRA-adapted layer (``delta`` from PEFT's
+        ``get_delta_weight``), plus the adapter's copy of the task head; the model itself is left unchanged.
+        """
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        key = self.active.key
+        prefix = "base_model.model."
+        merged: StateDict = {}
+        with torch.no_grad():
+            for name, module in self.peft.named_modules():
+                canonical = name.removeprefix(prefix)
+                if isinstance(module, LoraLayer) and key in module.lora_A:
+                    weight = f"{canonical}.weight"
+                    delta = module.get_delta_weight(key)
+                    merged[weight] = self.base_params[weight].detach() + scale * delta.to(self.base_params[weight])
+                to_save = getattr(module, "modules_to_save", None)
+                if isinstance(to_save, torch.nn.ModuleDict) and key in to_save:
+                    for pname, param in to_save[key].named_parameters():
+                        merged[f"{canonical}.{pname}"] = param.detach().clone()
+        return merged
+
+    def override_initial_base(self, tensors: StateDict) -> StateDict:
+        """Replace some tensors of the weights :meth:`load_base` restores, and load them.
+
+        Returns the tensors they replaced, so that the caller can put them back (a per-client base model on top of
+        a shared one).
+        """
+        previous = {k: self._initial_base[k] for k in tensors}
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                self._initial_base[name] = tensor.detach().clone()
+                self.base_params[name].copy_(tensor)
+        return previous
+
     # ------------------------------------------------------------------ data
     def encode(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """Tokenize examples into padded tensors (labels included)."""
@@ -271,8 +323,14 @@ class ModelRuntime:
         extra_loss: LossHook | None = None,
         after_backward: StepHook | None = None,
         optimizer_groups: list[dict[str, Any]] | None = None,
+        after_step: StepHook | None = None,
+        model: torch.nn.Module | None = None,
     ) -> Metrics:
-        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``."""
+        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``.
+
+        ``model`` is the module to call instead of the runtime's own (a PEFT model of another adapter type wrapped
+        around the base model after :meth:`detach_adapters`); ``after_step`` runs after every optimizer step.
+        """
         if not examples:
             raise ValueError("no training examples")
         if params == "adapter":
@@ -281,7 +339,7 @@ class ModelRuntime:
             params = self.base_params
         assert isinstance(params, dict)
         total = self.steps_for(len(examples), batch_size, epochs, steps)
-        model = self._model()
+        model = model if model is not None else self._model()
         with self._adapter_context():
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -295,6 +353,7 @@ class ModelRuntime:
                     extra_loss=extra_loss,
                     after_backward=after_backward,
                     optimizer_groups=optimizer_groups,
+                    after_step=after_step,
                 )
 
     # ------------------------------------------------------------------ evaluation
@@ -360,6 +419,14 @@ class ModelRuntime:
             raise UserError(
                 f"Budget r={rank} exceeds the largest rank this model allows ({limit}); use r <= {limit}."
             )
+
+
+def unload_adapters(model: PeftModel) -> torch.nn.Module:
+    """Remove a PEFT model's adapter layers and head copies, putting the original base modules back in place."""
+    for module in model.modules():
+        if isinstance(module, AuxiliaryTrainingWrapper):
+            module.set_adapter([])  # unloading then restores the original head, not a trained copy
+    return model.unload()
 
 
 HookFactory = Callable[[ModelRuntime], Any]
