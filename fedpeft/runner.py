@@ -50,8 +50,11 @@ class Experiment:
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
         base_method = build_method(cfg.base.method)
-        if cfg.base.kind == "federated" and base_method.name != "fedavg_full":
-            raise UserError("base.method must be fedavg_full (full-weight FedAvg) for a federated base stage.")
+        if cfg.base.kind == "federated" and not base_method.base_stage:
+            from fedpeft.registry import METHODS
+
+            usable = ", ".join(n for n in METHODS.names() if METHODS.get(n).base_stage)
+            raise UserError(f"base.method {base_method.name!r} cannot produce a base model; use one of: {usable}.")
         self._parts: list[str] = []
 
     # ------------------------------------------------------------------ entry point
@@ -74,6 +77,8 @@ class Experiment:
         try:
             for seed in self.cfg.seeds:
                 self._base_stage(seed)
+                if self.worker.per_client_base:
+                    self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
                 self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
                 for method in self.methods:
                     self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
@@ -158,13 +163,30 @@ class Experiment:
             )
             tensors = runtime.base_state()
         else:
-            state = self._federate(self.worker.methods[BASE_STAGE_LABEL], BASE_STAGE_LABEL, seed, meter=meter)
-            tensors = state.tensors
+            method = self.worker.methods[BASE_STAGE_LABEL]
+            state = self._federate(method, BASE_STAGE_LABEL, seed, meter=meter)
+            tensors = method.export_base(runtime, state)
         meter.wall_seconds = time.perf_counter() - started
         save_atomic({"tensors": tensors}, path)
         self._write_part(self.out / "parts" / f"{name}.jsonl", [], meter.rows(BASE_LABEL, seed, "base"))
         if shared or seed == self.cfg.seeds[0]:
             self._save_base_model(tensors)
+
+    def _client_bases(self, seed: int) -> tuple[list[dict], list[dict]]:
+        """Every client's own base model (per-client base stages), computed where its base-stage state lives."""
+        self.progress.stage(f"base model of every client, seed {seed}")
+        ckpt = self.out / "checkpoints" / BASE_STAGE_LABEL / f"seed{seed}.pt"
+        if ckpt.exists():  # the base-stage client states, also after a restart (memory stores)
+            self.worker.store(BASE_STAGE_LABEL, seed).restore(torch.load(ckpt, weights_only=False)["store"])
+        ids = [c.client_id for c in self.data.clients]
+        self.progress.clients(len(ids))
+        meter = CostMeter()
+        started = time.perf_counter()
+        for client_id, result in self.engine.map_clients("prepare_client_base", ids, seed=seed):
+            if isinstance(result, BaseException):
+                meter.failures.append(f"{client_id}: {result!r}")
+        meter.wall_seconds = time.perf_counter() - started
+        return [], meter.rows(BASE_LABEL, seed, "client-base")
 
     def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
         """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT."""
@@ -189,9 +211,13 @@ class Experiment:
                 records += result
         return records, []
 
-    def _federate(self, method: Method, label: str, seed: int, *, meter: CostMeter) -> ServerState:
-        """The federated phase of ``method`` on the seen pool, checkpointed every round."""
-        ckpt = self.out / "checkpoints" / label / f"seed{seed}.pt"
+    def _federate(
+        self, method: Method, label: str, seed: int, *, meter: CostMeter, budget: int | None = None
+    ) -> ServerState:
+        """The federated phase of ``method`` on the seen pool (for ``budget``, if it runs one per budget),
+        checkpointed every round."""
+        name = f"seed{seed}" if budget is None else f"seed{seed}-r{budget}"
+        ckpt = self.out / "checkpoints" / label / f"{name}.pt"
         store = self.worker.store(label, seed)
         start = 0
         if ckpt.exists():
@@ -202,9 +228,13 @@ class Experiment:
             meter.__dict__.update(saved["meter"])
         else:
             self.worker.use_base(None if label == BASE_STAGE_LABEL else seed)
-            state = method.init_server(self.worker.runtime, seed)
+            if budget is None:
+                state = method.init_server(self.worker.runtime, seed)
+            else:
+                state = method.init_server_for_budget(self.worker.runtime, seed, budget)
         cfg: Any = method.cfg
-        self.progress.stage(f"{label}: federated training, seed {seed}")
+        per_budget = "" if budget is None else f", r={budget}"
+        self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
         self.progress.rounds(cfg.rounds, start)
 
         def on_round_end(state: ServerState, round_: int, metrics: Metrics) -> None:
@@ -225,9 +255,15 @@ class Experiment:
     def _run_method(self, method: Method, seed: int) -> tuple[list[dict], list[dict]]:
         costs: list[dict] = []
         state = ServerState()
+        extra: dict[str, Any] = {}
         if method.federated:
             meter = CostMeter()
-            state = self._federate(method, method.label, seed, meter=meter)
+            if method.federated_per_budget:
+                extra["budget_states"] = {
+                    b: self._federate(method, method.label, seed, meter=meter, budget=b) for b in self.cfg.budgets
+                }
+            else:
+                state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
         ids = [c.client_id for c in self.data.clients]
         budgets = len(self.cfg.budgets) if method.uses_budget else 1
@@ -238,7 +274,7 @@ class Experiment:
         started = time.perf_counter()
         records: list[dict] = []
         for client_id, result in self.engine.map_clients(
-            "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save
+            "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save, **extra
         ):
             if isinstance(result, BaseException):
                 meter.failures.append(f"{client_id}: {result!r}")

@@ -16,10 +16,11 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import save_file
 
+from fedpeft.base_models import client_base_tensors
 from fedpeft.config import ExperimentConfig
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.engine.common import client_seed
-from fedpeft.engine.state import ClientStateStore, make_store
+from fedpeft.engine.state import ClientStateStore, make_store, save_atomic
 from fedpeft.errors import UserError
 from fedpeft.methods.base import Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
@@ -117,6 +118,7 @@ class Worker:
         self.clients = {c.client_id: c for c in self.data.clients}
         self._stores: dict[tuple[str, int], ClientStateStore] = {}
         self._base_seed: int | None = None
+        self._client_undo: dict[str, torch.Tensor] = {}  # shared tensors a client's own base replaced
 
     # ------------------------------------------------------------------ base weights
     def base_checkpoint(self, seed: int) -> Path:
@@ -128,6 +130,9 @@ class Worker:
 
     def use_base(self, seed: int | None) -> None:
         """Make the base model of ``seed`` the runtime's starting point (``None``: the loaded weights)."""
+        if self._client_undo:  # back to the shared base
+            self.runtime.override_initial_base(self._client_undo)
+            self._client_undo = {}
         if seed is not None and seed == self._base_seed:
             return
         if seed is None or self.cfg.base.kind == "pretrained":
@@ -138,6 +143,47 @@ class Worker:
                 raise RuntimeError(f"base model of seed {seed} is missing at {path}")
             self.runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
         self._base_seed = seed
+
+    # ------------------------------------------------------------------ per-client base models
+    @property
+    def per_client_base(self) -> bool:
+        """Whether the base stage gives every client a base model of its own (FedDPA-T, DEPT(SPEC))."""
+        return self.cfg.base.kind == "federated" and self.methods[BASE_STAGE_LABEL].per_client_base
+
+    def client_base_path(self, seed: int, client_id: str) -> Path:
+        """Where one client's own changes to the shared base model of ``seed`` live."""
+        return self.run_dir / "checkpoints" / "client-base" / f"seed{seed}" / f"{client_id}.pt"
+
+    def prepare_client_base(self, seed: int, client_id: str) -> int:
+        """Compute and store one client's own base model (its changes to the shared one); returns its bytes.
+
+        Runs where the client's base-stage state lives (its node), right after the base stage; a stored one is
+        kept (resume).
+        """
+        path = self.client_base_path(seed, client_id)
+        if path.exists():
+            return 0
+        method = self.methods[BASE_STAGE_LABEL]
+        self.use_base(seed)
+        client_state = self.store(BASE_STAGE_LABEL, seed).get(client_id)
+        pseed = client_seed(seed, method.name, "client-base", None, client_id)
+        delta = method.client_base(self.runtime, self.clients[client_id], client_state, pseed)
+        save_atomic({"client_base": delta}, path)
+        self.runtime.install(ClientModel())
+        return path.stat().st_size
+
+    def use_client_base(self, seed: int, client_id: str) -> None:
+        """Make ``client_id``'s own base model of ``seed`` the starting point (the shared one if there is none)."""
+        self.use_base(seed)
+        if not self.per_client_base:
+            return
+        path = self.client_base_path(seed, client_id)
+        if not path.exists():
+            raise RuntimeError(f"the base model of client {client_id} (seed {seed}) is missing at {path}")
+        delta = torch.load(path, weights_only=False)["client_base"]
+        if delta is not None:
+            self._client_undo = self.runtime.override_initial_base(client_base_tensors(self.runtime, delta))
+        self.runtime.install(ClientModel())
 
     def store(self, label: str, seed: int) -> ClientStateStore:
         key = (label, seed)
@@ -150,7 +196,10 @@ class Worker:
     def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientUpdate:
         """One client's local work in one federated round."""
         method = self.methods[label]
-        self.use_base(None if label == BASE_STAGE_LABEL else seed)
+        if label == BASE_STAGE_LABEL:
+            self.use_base(None)
+        else:
+            self.use_client_base(seed, client_id)
         store = self.store(label, seed)
         client = self.clients[client_id]
         update, client_state = method.client_update(
@@ -165,21 +214,29 @@ class Worker:
         return update
 
     def evaluate_base(self, seed: int, client_id: str) -> list[dict]:
-        """The base model (no personalization) on one client's test split."""
-        self.use_base(seed)
+        """The base model (no personalization) on one client's test split (the client's own, if it has one)."""
+        self.use_client_base(seed, client_id)
         client = self.clients[client_id]
         self.runtime.install(ClientModel())
         return records_of(BASE_LABEL, None, client, seed, None, self.runtime.evaluate(client.test))
 
     def personalize(
-        self, label: str, seed: int, client_id: str, state: ServerState, *, save_adapters: bool = False
+        self,
+        label: str,
+        seed: int,
+        client_id: str,
+        state: ServerState,
+        *,
+        save_adapters: bool = False,
+        budget_states: dict[int, ServerState] | None = None,
     ) -> tuple[list[dict], float]:
         """Personalize one client at every budget of the method and evaluate it.
 
+        ``budget_states`` holds the server state of each budget for methods with one federated phase per budget.
         Returns the records and the seconds spent personalizing (evaluation excluded).
         """
         method = self.methods[label]
-        self.use_base(seed)
+        self.use_client_base(seed, client_id)
         client = self.clients[client_id]
         budgets: list[int | None] = list(self.cfg.budgets) if method.uses_budget else [None]
         rounds = int(getattr(method.cfg, "rounds", 0)) if method.federated else None
@@ -188,11 +245,12 @@ class Worker:
         seconds = 0.0
         for budget in budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
+            budget_state = budget_states[budget] if budget_states and budget is not None else state
             started = time.perf_counter()
-            model = method.personalize(self.runtime, client, state, client_state, budget, pseed)
+            model = method.personalize(self.runtime, client, budget_state, client_state, budget, pseed)
             seconds += time.perf_counter() - started
-            self.runtime.install(model, seed=pseed)
-            records += records_of(label, budget, client, seed, rounds, self.runtime.evaluate(client.test))
+            metrics = method.evaluate(self.runtime, client, model, pseed)
+            records += records_of(label, budget, client, seed, rounds, metrics)
             if save_adapters and model.lora is not None:
                 self.save_adapter(label, budget, client_id)
         return records, seconds

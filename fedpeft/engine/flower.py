@@ -59,11 +59,13 @@ RoundCallback = Callable[[ServerState, int, Metrics], None]
 TRAIN = "train"  # one client's local training in one federated round
 EVALUATE_BASE = "evaluate.base"  # the base model on one client's test split
 PERSONALIZE = "train.personalize"  # one client's personalization at every budget, then its evaluation
+CLIENT_BASE = "train.client_base"  # one client's own base model after a per-client base stage
 PARTITION_QUERY = "query.partition"  # which partition of the clients a node serves
 BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
 
 # Worker operation -> message type. Only these operations can be called through a message.
 OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}
+OPERATIONS["prepare_client_base"] = CLIENT_BASE
 
 # Keys of a message's RecordDict and of its ConfigRecord.
 ARRAYS_KEY = "fedpeft.arrays"  # ArrayRecord: every tensor of the message
@@ -309,6 +311,7 @@ client_app = ClientApp()
 client_app.train()(handle_task)
 client_app.evaluate("base")(handle_task)
 client_app.train("personalize")(handle_task)
+client_app.train("client_base")(handle_task)
 client_app.query("partition")(handle_partition_query)
 client_app.query("base")(handle_base_query)
 
@@ -381,6 +384,8 @@ class GridEngine:
         if label != BASE_STAGE_LABEL:
             self._sync_base(seed)
         for round_ in range(start_round, cfg.rounds):
+            if method.should_stop(state):
+                break
             sampled = sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
             started = time.perf_counter()
             tasks, bytes_down = [], {}

@@ -40,6 +40,8 @@ class LocalEngine:
         """Run rounds ``start_round .. cfg.rounds - 1`` of ``method`` over ``client_ids``."""
         cfg: Any = method.cfg
         for round_ in range(start_round, cfg.rounds):
+            if method.should_stop(state):
+                break
             sampled = sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
             started = time.perf_counter()
             updates = self._updates(label, method, state, sampled, seed, round_, meter)

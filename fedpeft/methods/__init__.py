@@ -1,5 +1,10 @@
 """Registered methods: importing this package registers every method in ``fedpeft.registry.METHODS``."""
 
+import fedpeft.methods.adalora  # noqa: F401
+import fedpeft.methods.dept_spec  # noqa: F401
+import fedpeft.methods.feddpa  # noqa: F401
+import fedpeft.methods.fedit_merged  # noqa: F401
+import fedpeft.methods.fedl2p  # noqa: F401
 from fedpeft.methods import fedavg_full, fedit, lora  # noqa: F401
 from fedpeft.methods.base import Method, MethodConfig
 

@@ -53,7 +53,7 @@ class FedIT(Method):
         runtime.install(ClientModel(lora=self.spec(runtime), adapter=payload.tensors), seed=seed)
         metrics = runtime.train(
             client.train,
-            lr=self.cfg.lr,
+            lr=float(payload.config.get("lr", self.cfg.lr)),  # a server-side schedule may set the round's lr
             batch_size=self.cfg.batch_size,
             seed=seed,
             epochs=self.cfg.local_epochs,
