@@ -58,6 +58,9 @@ class BaseStageConfig(_Strict):
     base corpus, standing in for pretraining: trained once from ``seed`` and shared by every run seed) or
     ``federated`` (run ``method`` on the seen pool and keep its
     global model; e.g. ``fedavg_full`` is the papers' "Standard FL" base model).
+
+    Federated base methods: ``fedavg_full``, ``fedit_merged`` (LoRA merged into the weights), and ``feddpa`` and
+    ``dept_spec``, which give every client a base model of its own (docs/base-models.md).
     """
 
     kind: Literal["pretrained", "centralized", "federated"] = "pretrained"

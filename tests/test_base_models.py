@@ -173,9 +173,12 @@ def test_an_instance_like_the_training_data_gets_more_local_weight(toy_runtime, 
     local_state = perturbed(toy_runtime.adapter_state(), seed=2)
     toy_runtime.install(ClientModel(lora=local, adapter=local_state))
     weights = instance_weights(
-        representations(toy_runtime, client.test), representations(toy_runtime, client.train),
-        max_weight=0.5, sample=3, seed=0,
-    )  # fmt: skip
+        representations(toy_runtime, client.test),
+        representations(toy_runtime, client.train),
+        max_weight=0.5,
+        sample=3,
+        seed=0,
+    )
     assert weights[0] == pytest.approx(0.5, abs=1e-6) and weights[1] < weights[0]
 
     model = method.personalize(toy_runtime, client, method.init_server(toy_runtime, 0), local_state, None, seed=4)

@@ -118,11 +118,15 @@ def representations(runtime: ModelRuntime, examples: list[Example]) -> torch.Ten
             batch.pop("labels")
         else:
             batch = runtime.tokenizer(
-                [ex["prompt"] for ex in chunk], truncation=True, max_length=runtime.max_length // 2,
-                padding=True, return_tensors="pt",
-            )  # fmt: skip
+                [ex["prompt"] for ex in chunk],
+                truncation=True,
+                max_length=runtime.max_length // 2,
+                padding=True,
+                return_tensors="pt",
+            )
         batch = {k: v.to(runtime.device) for k, v in batch.items()}
-        hidden = model(**batch, output_hidden_states=True).hidden_states[-1]
+        with runtime._adapter_context():
+            hidden = model(**batch, output_hidden_states=True).hidden_states[-1]
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         rows.append((hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0))
     return torch.cat(rows).float().cpu()
@@ -179,7 +183,7 @@ class FedDPA(Method):
         runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
         metrics = runtime.train(
             client.train, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **self._length()
-        )  # fmt: skip
+        )
         update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
         return update, local_state
 
@@ -208,9 +212,12 @@ class FedDPA(Method):
         runtime.install(ClientModel(lora=model.local_lora, adapter=model.local_adapter), seed=seed)
         references = representations(runtime, client.train)
         alphas = instance_weights(
-            representations(runtime, client.test), references,
-            max_weight=self.cfg.max_weight, sample=self.cfg.reference_instances, seed=seed,
-        )  # fmt: skip
+            representations(runtime, client.test),
+            references,
+            max_weight=self.cfg.max_weight,
+            sample=self.cfg.reference_instances,
+            seed=seed,
+        )
         runtime.install(ClientModel(lora=model.lora, adapter=model.adapter), seed=seed)
         predictions: list[Any] = []
         assert model.lora is not None

@@ -4,13 +4,14 @@ R. Lee, M. Kim, D. Li, X. Qiu, T. Hospedales, F. Huszar, N. D. Lane, "FedL2P: Fe
 Personalize", NeurIPS 2023, https://arxiv.org/abs/2310.02420; as adapted to LoRA by FedP2EFT (2025, appendix A.4).
 A federated MLP maps a client's feature statistics (mean and SD of every LoRA-targeted layer's input) to one
 learning-rate multiplier per LoRA module (each lora_A, lora_B and head module), times a learnable per-module
-post-multiplier. Meta-learning on each sampled client, for 3 outer steps: fine-tune a fresh rank-r LoRA with
-those rates on 80 % of its training data for ``local_steps`` steps (inner loop), then update the MLP and
-post-multipliers with the implicit-function-theorem hypergradient of the loss on the held-out 20 % (Neumann series, Q = 3, psi = 0.1,
-clamped to [-1, 1]). The rates reach the fine-tuned weights through the last inner step, w = w' + eta * u
-(u = that step's update per unit rate), as in FedL2P. The server averages the MLP (FedAvg) and stops early when
-the clients' validation loss has not improved for ``patience`` rounds, keeping the best MLP. One federated run per
-budget r. Personalization: statistics -> MLP -> rates -> fine-tune a fresh LoRA for 2 epochs -> evaluate.
+post-multiplier. Meta-learning on each sampled client, for 3 outer steps: fine-tune a fresh rank-r LoRA with those
+rates on 80 % of its training data for ``local_steps`` steps (inner loop), then update the MLP and the
+post-multipliers with the implicit-function-theorem hypergradient of the loss on the held-out 20 % (Neumann series,
+Q = 3, psi = 0.1, clamped to [-1, 1]). The rates reach the fine-tuned weights through the last inner step,
+w = w' + eta * u (u = that step's update per unit rate), as in FedL2P. The server averages the MLP (FedAvg) and
+stops early when the clients' validation loss has not improved for ``patience`` rounds, keeping the best MLP. One
+federated run per budget r. Personalization: statistics -> MLP -> rates -> fine-tune a fresh LoRA for 2 epochs ->
+evaluate.
 """
 
 from __future__ import annotations
