@@ -9,14 +9,16 @@ import pytest
 import torch
 
 from fedpeft.base_models import ClientBase, client_base_tensors
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import ExperimentConfig, load_config
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.common import CostMeter
 from fedpeft.engine.local import LocalEngine
 from fedpeft.engine.state import save_atomic
+from fedpeft.errors import UserError
 from fedpeft.methods.feddpa import instance_weights, mixed_adapters, representations
 from fedpeft.methods.fedit_merged import cosine_lr
 from fedpeft.models.runtime import ClientModel
+from fedpeft.runner import Experiment
 from fedpeft.types import ServerState, num_bytes
 from fedpeft.worker import BASE_STAGE_LABEL, Worker, build_method
 
@@ -232,3 +234,8 @@ def test_every_client_starts_from_its_own_base_model(name, toy_runtime, toy_clie
     for client in clients:
         worker.use_client_base(0, client.client_id)
         assert all(torch.equal(v, bases[client.client_id][k]) for k, v in toy_runtime.base_state().items())
+
+
+def test_a_method_that_gives_no_base_model_is_refused(tmp_path):
+    with pytest.raises(UserError, match="cannot produce a base model; use one of: dept_spec, fedavg_full, feddpa"):
+        Experiment(load_config("smoke", ["base.kind=federated", "base.method={name: lora}"]), tmp_path / "run")
