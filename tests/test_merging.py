@@ -240,3 +240,17 @@ def test_ab_space_scales_b_by_alpha_and_weights_uniformly_on_request():
     a_key, b_key = "base_model.model.l0.q.lora_A.weight", "base_model.model.l0.q.lora_B.weight"
     torch.testing.assert_close(merged[a_key], (states[0][a_key] + states[1][a_key]) / 2)
     torch.testing.assert_close(merged[b_key], states[0][b_key] + states[1][b_key])
+
+
+def test_iso_c_in_knots_keeps_the_strongest_directions_of_the_sum_with_a_flat_spectrum():
+    states = adapter_states(12, k=3, r=2)
+    merged = merge_lora_states(states, [1.0, 1.0, 1.0], MergeConfig(operator="iso_c", space="knots", alpha=0.5))
+    total = sum(product(s, "l0.q") for s in states)
+    U, S, _ = torch.linalg.svd(total)
+    kept = S > 1e-6 * S[0]
+    values = torch.linalg.svdvals(product(merged, "l0.q"))
+    torch.testing.assert_close(values[:2], torch.full((2,), 0.5 * float(S[kept].mean()), dtype=D), rtol=1e-5, atol=0)
+    assert float(values[2:].max()) < 1e-5
+    # Its column space is the sum's top-2 left singular subspace.
+    left = torch.linalg.svd(product(merged, "l0.q"))[0][:, :2]
+    torch.testing.assert_close(left @ left.T, U[:, :2] @ U[:, :2].T, atol=1e-5, rtol=0)

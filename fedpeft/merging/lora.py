@@ -24,6 +24,7 @@ from fedpeft.types import StateDict, derive_seed
 
 Split = Literal["sqrt", "a", "b"]
 _EXACT = torch.float64
+_ISO_RANK_TOL = 1e-6  # as fedpeft.merging.operators.isotropic
 
 
 class MergeConfig(BaseModel):
@@ -203,9 +204,12 @@ def merge_lora_states(
             B = cfg.alpha * B
         else:
             s = float(scaling[module] if isinstance(scaling, Mapping) else scaling)
+            # Iso-C merges by the sum and flattens its spectrum below; the truncation then keeps the directions
+            # that were the sum's strongest (the flat spectrum alone would leave the choice to rounding noise).
+            isotropic = cfg.operator == "iso_c"
             U, M = knots_factors(
-                Bs, As, [s] * len(states), operator=cfg.operator, weights=weights, tol=cfg.tol, seed=module_seed,
-                **options,
+                Bs, As, [s] * len(states), operator="task_arithmetic" if isotropic else cfg.operator,
+                weights=weights, tol=cfg.tol, seed=module_seed, **options,
             )  # fmt: skip
             rank = As[0].shape[0]
             if M.shape[0] == 0:
@@ -213,6 +217,9 @@ def merge_lora_states(
             else:
                 U_m, S_g, Vh_g = torch.linalg.svd(cfg.alpha * M, full_matrices=False)
                 U_g = U @ U_m
+                if isotropic:
+                    keep = S_g > _ISO_RANK_TOL * S_g[0]
+                    U_g, Vh_g, S_g = U_g[:, keep], Vh_g[keep], S_g[keep].mean().expand(int(keep.sum())).clone()
             B, A = lora_factors(
                 U_g, S_g, Vh_g, rank, scaling=s, split=cfg.split, tol=cfg.tol, seed=derive_seed(module_seed, "init")
             )
