@@ -317,3 +317,39 @@ def test_presets_express_the_papers_grid(preset):
         for similarity in ("cosine", "sar"):
             assert (*cell[:2], False, cell[2], similarity) in cells
     assert all(m.cfg.rounds == methods[0].cfg.rounds for m in methods if m.federated)
+
+
+def test_clients_keep_their_own_adapters_through_the_worker(toy_runtime, toy_clients, toy_worker_factory):
+    from fedpeft.engine.common import CostMeter
+    from fedpeft.engine.local import LocalEngine
+
+    entry = {"name": "guided", "label": "kd-sar", **FAST, "guidance": "kd", "similarity": "sar"}
+    worker = toy_worker_factory([entry])
+    method = worker.methods["kd-sar"]
+    ids = [c.client_id for c in toy_clients]
+    state = LocalEngine(worker).run_rounds(
+        "kd-sar", method, method.init_server(toy_runtime, 0), ids, seed=0, meter=CostMeter()
+    )
+    stored = {c: worker.store("kd-sar", 0).get(c)["adapter"] for c in ids}
+    assert distance(stored["c0"], stored["c1"]) > 0
+    records, _ = worker.personalize("kd-sar", 0, "c1", state)
+    assert {r["metric"] for r in records} == {"accuracy"} and all(r["round"] == 2 for r in records)
+    installed = toy_runtime.adapter_state()
+    assert all(torch.equal(installed[k], v) for k, v in stored["c1"].items())
+
+
+def test_partial_base_override_applies_on_top_of_the_initial_weights(toy_runtime):
+    name = next(n for n in toy_runtime.base_params if n.endswith("query.weight"))
+    other = next(n for n in toy_runtime.base_params if n.endswith("value.weight"))
+    initial = {k: v.detach().clone() for k, v in toy_runtime.base_params.items()}
+    toy_runtime.install(ClientModel(base={k: v + 1.0 for k, v in initial.items()}))
+    toy_runtime.install(ClientModel(base={name: initial[name] * 2}))
+    torch.testing.assert_close(toy_runtime.base_params[name].detach(), initial[name] * 2)
+    torch.testing.assert_close(toy_runtime.base_params[other].detach(), initial[other])
+
+
+def test_local_baseline_takes_lora_targets(toy_runtime, toy_clients):
+    method = build_method({"name": "local", "rounds": 1, "local_steps": 1, "targets": ["value"]})
+    model = method.personalize(toy_runtime, toy_clients[0], None, None, None, seed=0)
+    assert model.lora.targets == ("value",)
+    assert lora_pairs(model.adapter) and all(".value" in m for m in lora_pairs(model.adapter))

@@ -254,3 +254,14 @@ def test_iso_c_in_knots_keeps_the_strongest_directions_of_the_sum_with_a_flat_sp
     # Its column space is the sum's top-2 left singular subspace.
     left = torch.linalg.svd(product(merged, "l0.q"))[0][:, :2]
     torch.testing.assert_close(left @ left.T, U[:, :2] @ U[:, :2].T, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("space", ["ab", "knots"])
+def test_dare_merges_of_adapters_are_reproducible_from_the_seed(space):
+    states = adapter_states(13, k=3)
+    cfg = MergeConfig(operator="dare_ties", space=space, density=0.5)
+    first = merge_lora_states(states, [1, 1, 1], cfg, seed=3)
+    again = merge_lora_states(states, [1, 1, 1], cfg, seed=3)
+    other = merge_lora_states(states, [1, 1, 1], cfg, seed=4)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first if "lora_" in k)
