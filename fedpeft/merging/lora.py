@@ -58,6 +58,11 @@ class MergeConfig(BaseModel):
 assert set(OPERATOR_NAMES) == set(MergeConfig.model_fields["operator"].annotation.__args__)  # type: ignore[union-attr]
 
 
+def _working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision adapters are merged in float32; float32 and float64 ones in their own precision."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def lora_pairs(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, str]]:
     """``{module: (A key, B key)}`` of the LoRA tensors in a PEFT state dict (``...lora_A.weight`` names)."""
     pairs: dict[str, tuple[str, str]] = {}
@@ -146,8 +151,9 @@ def knots_factors(
     the blocks S V_k^T. With ``mean``, U M = sum_k w_k s_k B_k A_k exactly. Returns U (d_out x m, orthonormal
     columns) and M (m x d_in).
     """
-    q_b, r_b = torch.linalg.qr(torch.cat([s * B.to(_EXACT) for s, B in zip(scalings, Bs, strict=True)], dim=1))
-    q_as, r_as = zip(*(torch.linalg.qr(A.to(_EXACT).transpose(0, 1)) for A in As), strict=True)
+    work = _working_dtype(Bs[0].dtype)
+    q_b, r_b = torch.linalg.qr(torch.cat([s * B.to(work) for s, B in zip(scalings, Bs, strict=True)], dim=1))
+    q_as, r_as = zip(*(torch.linalg.qr(A.to(work).transpose(0, 1)) for A in As), strict=True)
     core = r_b @ torch.block_diag(*(r.transpose(0, 1) for r in r_as))
     U_c, S, Vh_c = torch.linalg.svd(core, full_matrices=False)
     m = int((S > tol).sum())
@@ -158,7 +164,7 @@ def knots_factors(
         blocks.append(S[:m, None] * (Vh_c[:m, start : start + width] @ q_a.transpose(0, 1)))
         start += width
     if m == 0:
-        return U, torch.zeros(0, As[0].shape[1], dtype=_EXACT)
+        return U, torch.zeros(0, As[0].shape[1], dtype=work)
     merged = apply_operator(operator, blocks, weights, density=density, majority_sign=majority_sign, seed=seed)
     return U, merged
 
@@ -195,9 +201,9 @@ def merge_lora_states(
     options = {"density": cfg.density, "majority_sign": cfg.majority_sign}
     for module, (a_key, b_key) in pairs.items():
         module_seed = derive_seed(seed, "merge", module)
-        As = [s[a_key].to(_EXACT) for s in states]
-        Bs = [s[b_key].to(_EXACT) for s in states]
         dtype = states[0][a_key].dtype
+        As = [s[a_key].to(_working_dtype(dtype)) for s in states]
+        Bs = [s[b_key].to(_working_dtype(dtype)) for s in states]
         if cfg.space == "ab":
             A = apply_operator(cfg.operator, As, weights, seed=derive_seed(module_seed, "A"), **options)
             B = apply_operator(cfg.operator, Bs, weights, seed=derive_seed(module_seed, "B"), **options)
@@ -213,7 +219,7 @@ def merge_lora_states(
             )  # fmt: skip
             rank = As[0].shape[0]
             if M.shape[0] == 0:
-                U_g, S_g, Vh_g = U, torch.zeros(0, dtype=_EXACT), M
+                U_g, S_g, Vh_g = U, torch.zeros(0, dtype=M.dtype), M
             else:
                 U_m, S_g, Vh_g = torch.linalg.svd(cfg.alpha * M, full_matrices=False)
                 U_g = U @ U_m
