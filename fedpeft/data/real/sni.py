@@ -71,16 +71,18 @@ def build(cfg: DataConfig) -> FederatedData:
     """Build the one-task-per-client federation from ``cfg.path`` or ``cfg.hub_id``.
 
     Options: ``num_tasks`` (10), ``tasks`` (explicit task names instead of the largest), ``unseen_tasks`` (0: the
-    next-largest tasks as unseen clients), ``train_per_client`` (500), ``test_per_client`` (50),
-    ``validation_per_client`` (0), ``evaluate_on`` (``test`` or ``validation``: which held-out split is the
-    clients' evaluation split, e.g. to tune alpha or beta without touching the test split), ``definition``
-    (True) and ``positive_examples`` (0).
+    next-largest tasks as unseen clients; none with ``unseen_pool: false``), ``train_per_client`` (500),
+    ``test_per_client`` (50), ``validation_per_client`` (0), ``evaluate_on`` (``test`` or ``validation``: which
+    held-out split the clients are evaluated on, e.g. to tune alpha or beta without touching the test split),
+    ``definition`` (True) and ``positive_examples`` (0).
     """
     opts = read_options(cfg, "sni", OPTIONS)
     if opts["evaluate_on"] not in ("test", "validation"):
         raise UserError(f"data.options.evaluate_on={opts['evaluate_on']!r} must be 'test' or 'validation'.")
     if opts["evaluate_on"] == "validation" and opts["validation_per_client"] < 1:
         raise UserError("data.options.evaluate_on=validation needs data.options.validation_per_client >= 1.")
+    if not cfg.unseen_pool:
+        opts["unseen_tasks"] = 0
     tasks, layout, source = _read_tasks(cfg, opts)
     chosen, unseen = _choose_tasks(tasks, opts)
     clients = []
