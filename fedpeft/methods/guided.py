@@ -1,7 +1,7 @@
 """Server-side merging and client-side guidance for personalized LoRA (registered as ``guided``).
 
 "From Aggregation to Guidance: Strategies for Personalized Federated Fine-Tuning of Foundation Models",
-M. Piórczyński, W. Łapacz, X. Li, C. Liu, A. Turner, A. Dubrawski (Carnegie Mellon University), 2025.
+M. Piórczyński, W. Łapacz, X. Li, C. Liu, A. Turner, A. Dubrawski (Carnegie Mellon University), preprint, 2025.
 
 Each round the server merges the clients' LoRAs into a global one with a merge operator in a space
 (:mod:`fedpeft.merging`: mean / ties / iso_c / ... in ``ab`` or ``knots`` space, global coefficient alpha),
