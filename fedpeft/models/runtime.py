@@ -8,6 +8,7 @@ PEFT adapters on the same base model; switching clients means loading tensors, n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Callable, Iterator
@@ -190,6 +191,8 @@ class ModelRuntime:
 
     def install(self, client_model: ClientModel, *, seed: int = 0) -> torch.nn.Module:
         """Install a client's model (base overrides and adapter) and return the model to call."""
+        if client_model.base is not None and len(client_model.base) < len(self.base_params):
+            self.load_base(None)  # a partial override applies on top of the initial weights, not the last client's
         self.load_base(client_model.base)
         model = self.activate(client_model.lora)
         if client_model.lora is not None:
@@ -197,6 +200,36 @@ class ModelRuntime:
             if client_model.adapter:
                 self.load_adapter(client_model.adapter)
         return model
+
+    @contextlib.contextmanager
+    def using_adapter(self, spec: LoraSpec | None) -> Iterator[torch.nn.Module]:
+        """Compute with another adapter (``None``: base weights only) in eval mode, then restore everything.
+
+        For a frozen teacher beside a trained student: inside, the model runs with ``spec``'s adapter (which
+        must have been created and loaded before); on exit the previously active adapter, the train/eval mode
+        and every parameter's ``requires_grad`` flag are as they were, so a training loop can call this between
+        its forward and backward passes.
+        """
+        previous = self.active
+        model = self._model()
+        flags = {name: p.requires_grad for name, p in model.named_parameters()}
+        was_training = model.training
+        try:
+            if spec is None:
+                context = self.peft.disable_adapter() if self.peft is not None else contextlib.nullcontext()
+                with context:
+                    model.eval()
+                    yield model
+            else:
+                teacher = self.activate(spec)
+                teacher.eval()
+                yield teacher
+        finally:
+            if spec is not None:
+                self.activate(previous)
+            for name, p in model.named_parameters():
+                p.requires_grad_(flags.get(name, False))
+            model.train(was_training)
 
     def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:
         """Trainable parameters of the active adapter (LoRA weights and head copy), by PEFT name."""

@@ -5,7 +5,7 @@ Importing this package registers the builders ``xnli``, ``masakhanews`` and ``fe
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 
-from fedpeft.data.real import fedaya, masakhanews, xnli
+from fedpeft.data.real import fedaya, masakhanews, sni, xnli
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES
@@ -24,5 +24,6 @@ __all__ = [
     "build_xnli",
     "fedaya",
     "masakhanews",
+    "sni",
     "xnli",
 ]
