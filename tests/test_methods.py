@@ -118,6 +118,20 @@ def test_fedprox_pulls_toward_global(toy_runtime, toy_clients):
     a, _ = fedit.client_update(toy_runtime, toy_clients[0], fedit.payload(state, "c0"), None, seed=1)
     b, _ = fedprox.client_update(toy_runtime, toy_clients[0], fedprox.payload(state, "c0"), None, seed=1)
     assert distance(b) < distance(a)
+    # Every trained tensor is anchored, the classification head included.
+    head = [k for k in state.tensors if "classifier" in k]
+    assert head
+    for key in head:
+        assert (b.tensors[key] - state.tensors[key]).norm() < (a.tensors[key] - state.tensors[key]).norm()
+
+
+def test_fedprox_anchors_every_adapter_parameter(toy_runtime):
+    from fedpeft.methods.fedit import _state_key
+
+    fedprox = make("fedprox")
+    state = fedprox.init_server(toy_runtime, seed=0)
+    keys = {_state_key(name, toy_runtime) for name in toy_runtime.adapter_parameters()}
+    assert keys == set(state.tensors)
 
 
 def test_fedavg_full_uploads_every_weight(toy_runtime, toy_clients):

@@ -141,4 +141,6 @@ class FedProx(FedIT):
 def _state_key(param_name: str, runtime: ModelRuntime) -> str:
     """PEFT parameter name -> key of ``get_peft_model_state_dict`` (adapter name dropped)."""
     assert runtime.active is not None
-    return param_name.replace(f".{runtime.active.key}", "")
+    key = runtime.active.key
+    # The task head is a PEFT ``modules_to_save`` copy: ``classifier.modules_to_save.<adapter>.weight``.
+    return param_name.replace(f".modules_to_save.{key}", "").replace(f".{key}", "")
