@@ -40,7 +40,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedpeft.config import ExperimentConfig, dump_config, validate
+from fedpeft.config import ExperimentConfig, dump_given, validate
 from fedpeft.engine.common import CostMeter, release_memory, sample_clients
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
@@ -171,7 +171,7 @@ class ClientTask:
         op: the worker operation (a key of :data:`OPERATIONS`).
         client_id: the client it runs for.
         run_dir: the run directory (a node may keep its own copy: node config ``run-dir``).
-        config_text: the resolved experiment config as YAML, from which the ClientApp builds its worker.
+        config_text: the experiment config as given (``dump_given``), from which the ClientApp builds its worker.
         kwargs: the operation's keyword arguments besides ``client_id``.
     """
 
@@ -353,7 +353,7 @@ class GridEngine:
         self.worker = worker
         self.cfg = cfg or worker.cfg
         self.run_dir = str(Path(run_dir or worker.run_dir).resolve())
-        self.config_text = dump_config(self.cfg)
+        self.config_text = dump_given(self.cfg)
         self.on_client = on_client
         self.reply_timeout = reply_timeout
         self.node_timeout = node_timeout
