@@ -182,6 +182,9 @@ class Worker:
         self.use_base(seed)
         client = self.clients[client_id]
         budgets: list[int | None] = list(self.cfg.budgets) if method.uses_budget else [None]
+        budgets_of = getattr(method, "budgets_of", None)  # methods whose budget is the client's own (a tier)
+        if budgets_of is not None:
+            budgets = budgets_of(client)
         rounds = int(getattr(method.cfg, "rounds", 0)) if method.federated else None
         client_state = self.store(label, seed).get(client_id)
         records: list[dict] = []

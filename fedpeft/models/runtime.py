@@ -20,6 +20,7 @@ from peft.tuners.lora import LoraLayer
 
 from fedpeft.data.types import Example
 from fedpeft.errors import UserError
+from fedpeft.models.moe import MoeControl, Routing
 from fedpeft.models.targets import lora_modules
 from fedpeft.training import LossHook, StepHook, train_loop
 from fedpeft.types import Metrics, StateDict
@@ -32,6 +33,8 @@ class LoraSpec:
     ``rank_pattern`` / ``alpha_pattern`` give per-module ranks (pruned rank structures); ``targets`` are module-name
     suffixes as PEFT's ``target_modules`` reads them. ``slot`` tells apart adapters of the same shape that must
     coexist on the model (a client's "global" and "local" LoRA, a frozen teacher beside a trained student).
+    ``target_parameters`` are parameter-name suffixes that get LoRA directly (PEFT ``target_parameters``), such
+    as the fused expert tensors of a mixture-of-experts model (one rank-r block per expert).
     """
 
     rank: int
@@ -41,6 +44,7 @@ class LoraSpec:
     rank_pattern: tuple[tuple[str, int], ...] = ()
     alpha_pattern: tuple[tuple[str, float], ...] = ()
     slot: str = ""
+    target_parameters: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -57,16 +61,22 @@ class LoraSpec:
             rank_pattern=dict(self.rank_pattern),
             alpha_pattern=dict(self.alpha_pattern),
             modules_to_save=list(head_modules) or None,
+            target_parameters=list(self.target_parameters) or None,
         )
 
 
 @dataclass
 class ClientModel:
-    """The model a client keeps: optional full-weight base overrides plus an optional adapter."""
+    """The model a client keeps: optional full-weight base overrides plus an optional adapter.
+
+    ``routing`` sets how a mixture-of-experts model runs for this client (experts per token, output rescaler);
+    ``None`` runs it as loaded. Dense models ignore it.
+    """
 
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
+    routing: Routing | None = None
 
 
 class ModelRuntime:
@@ -106,6 +116,8 @@ class ModelRuntime:
         self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None
+        # Top-k, rescaler and activation counts of a mixture-of-experts model (None for dense models).
+        self.moe: MoeControl | None = MoeControl.of(self.base_model)
 
     # ------------------------------------------------------------------ weights
     def base_state(self) -> StateDict:
@@ -187,6 +199,8 @@ class ModelRuntime:
     def install(self, client_model: ClientModel, *, seed: int = 0) -> torch.nn.Module:
         """Install a client's model (base overrides and adapter) and return the model to call."""
         self.load_base(client_model.base)
+        if self.moe is not None:
+            self.moe.configure(client_model.routing)
         model = self.activate(client_model.lora)
         if client_model.lora is not None:
             self.reset_adapter(seed)
