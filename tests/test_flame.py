@@ -3,6 +3,7 @@ controls (top-k, rescaler, activation counts, gradients), tiers and sampling, an
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -423,3 +424,80 @@ def test_worker_records_the_tier_as_budget_and_compute_costs(toy_moe_worker_fact
     assert value["tier1", "forward_ms"] > 0
     raw = toy_moe_model()
     assert active_parameters(raw) - active_parameters(raw, top_k=1) == 7 * expert
+
+
+# ----------------------------------------------------------------------------------- outputs and presets
+
+
+def test_flame_pipeline_records_tiers_and_compute(tmp_path):
+    from fedpeft.config import load_config
+    from fedpeft.runner import Experiment
+
+    cfg = load_config(
+        "flame-cpu-4",
+        [
+            "seeds=[0]",
+            "data.options.samples=160",
+            "data.base_samples=48",
+            "base.epochs=1",
+            "eval.max_new_tokens=3",
+            "methods=[{name: flame, rounds: 1, local_epochs: null, local_steps: 1, compute_repeats: 1}, "
+            "{name: trivial_lora, label: base-at-tier, rounds: 0, compute_repeats: 1}]",
+        ],
+    )
+    out = Experiment(cfg, tmp_path / "run").run()
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    tiers = {r["client"]: r["budget"] for r in records if r["method"] == "flame"}
+    assert tiers == {"client-00": "tier1", "client-01": "tier2", "client-02": "tier3", "client-03": "tier4"}
+    assert {r["budget"] for r in records if r["method"] == "base"} == {None}
+    costs = [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
+    flops = {c["budget"]: c["value"] for c in costs if c["method"] == "flame" and c["metric"] == "forward_flops"}
+    assert flops["tier1"] > flops["tier2"] > flops["tier3"] > flops["tier4"] > 0
+    summary = (out / "summary.md").read_text()
+    assert "## Compute per budget" in summary and "| flame | tier4 | 1 | 20 |" in summary
+    assert "### tier4 — ROUGE-L" in summary
+
+
+def test_temperature_sweep_plot(tmp_path):
+    import yaml
+
+    from fedpeft.report import method_sweeps, write_sweep_plots
+
+    run = tmp_path / "sweep"
+    run.mkdir()
+    entries = [{"name": "flame", "label": f"flame-t{t}", "temperature": t} for t in (0, 2, 8)]
+    entries.append({"name": "hetlora"})
+    (run / "config.yaml").write_text(yaml.safe_dump({"methods": entries}))
+    rows = [
+        {"method": f"flame-t{t}", "budget": tier, "pool": "seen", "client": f"c{tier}", "group": "g", "seed": seed,
+         "round": 2, "split": "test", "metric": "rougeL", "value": 0.1 * t + 0.01 * seed}
+        for t in (0, 2, 8) for tier in ("tier1", "tier4") for seed in (0, 1)
+    ]  # fmt: skip
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert method_sweeps([run]) == {("flame", "temperature"): {"flame-t0": 0.0, "flame-t2": 2.0, "flame-t8": 8.0}}
+    written = write_sweep_plots([run], tmp_path / "plots")
+    assert [p.name for p in written] == ["sweep_flame_temperature.png"] and written[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["flame-cpu-4", "flame-cpu-4-dense", "flame-cpu-40", "flame-cpu-40-dense", "flame-temperature",
+     "flame-rescaler", "flame-dolly", "flame-dolly-dense", "flame-alpagasus", "flame-alpagasus-dense"],
+)  # fmt: skip
+def test_flame_presets_validate(name, tmp_path):
+    from fedpeft.config import load_config
+    from fedpeft.models.zoo import model_names
+    from fedpeft.registry import DATASETS
+    from fedpeft.runner import Experiment
+
+    cfg = load_config(name)
+    experiment = Experiment(cfg, tmp_path / "run")  # builds and validates every method's settings
+    assert cfg.data.name in DATASETS and len(cfg.seeds) == 3
+    assert cfg.model.name in model_names() or cfg.model.name.startswith("allenai/")
+    kinds = {m.name for m in experiment.methods}
+    assert kinds <= {"flame", "trivial_lora", "hetlora", "flexlora"}
+    for method in experiment.methods:
+        tiers = [t.name for t in method.cfg.tiers]
+        assert tiers == ["tier1", "tier2", "tier3", "tier4"]
+        if "dense" in name:
+            assert method.cfg.eval_tiers == ["tier1"] and max(t.rank for t in method.cfg.tiers) == 40
