@@ -443,6 +443,7 @@ def test_flame_pipeline_records_tiers_and_compute(tmp_path):
             "eval.max_new_tokens=3",
             "methods=[{name: flame, rounds: 1, local_epochs: null, local_steps: 1, compute_repeats: 1}, "
             "{name: trivial_lora, label: base-at-tier, rounds: 0, compute_repeats: 1}]",
+            "output.save_adapters=true",
         ],
     )
     out = Experiment(cfg, tmp_path / "run").run()
@@ -456,6 +457,30 @@ def test_flame_pipeline_records_tiers_and_compute(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "## Compute per budget" in summary and "| flame | tier4 | 1 | 20 |" in summary
     assert "### tier4 — ROUGE-L" in summary
+    # The saved adapter loads with plain PEFT and, run at its routing, gives the runtime's logits.
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from fedpeft.models.moe import MoeControl
+    from fedpeft.worker import Worker
+
+    adapter_dir = out / "adapters" / "flame" / "tier4" / "client-03"
+    routing = Routing(**json.loads((adapter_dir / "routing.json").read_text()))
+    assert routing.top_k == 1 and routing.scale != 1.0  # the learned rescaler travels with the adapter
+    assert json.loads((adapter_dir / "adapter_config.json").read_text())["target_parameters"]
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out / "base_model"), adapter_dir).eval()
+    control = MoeControl.of(loaded.get_base_model())
+    control.configure(routing)
+    worker = Worker(cfg, out)
+    worker.use_base(0)
+    flame = worker.methods["flame"]
+    model = worker.runtime.install(
+        ClientModel(flame.spec(worker.runtime, 20), load_file(adapter_dir / "adapter_model.safetensors"), None, routing)
+    )
+    batch = worker.runtime.encode(worker.clients["client-03"].test)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits, atol=1e-5, rtol=1e-4)
 
 
 def test_temperature_sweep_plot(tmp_path):
@@ -501,3 +526,19 @@ def test_flame_presets_validate(name, tmp_path):
         assert tiers == ["tier1", "tier2", "tier3", "tier4"]
         if "dense" in name:
             assert method.cfg.eval_tiers == ["tier1"] and max(t.rank for t in method.cfg.tiers) == 40
+
+
+def test_flame_update_travels_in_a_flower_message(toy_moe_runtime, toy_moe_clients):
+    from fedpeft.engine.flower import decode, encode
+
+    flame = method("flame")
+    state = flame.init_server(toy_moe_runtime, seed=0)
+    update, _ = flame.client_update(toy_moe_runtime, toy_moe_clients[1], flame.payload(state, "c1"), None, seed=1)
+    back = decode(encode(update))
+    assert back.extras["expert_tokens"] == update.extras["expert_tokens"]
+    for block, counts in update.extras["expert_counts"].items():
+        torch.testing.assert_close(back.extras["expert_counts"][block], counts)
+    merged, _ = flame.aggregate(state, iter([back]))
+    direct, _ = flame.aggregate(state, iter([update]))
+    for key, tensor in direct.tensors.items():
+        torch.testing.assert_close(merged.tensors[key], tensor)
