@@ -30,10 +30,10 @@ from fedpeft.errors import UserError
 from fedpeft.methods.base import weighted_mean
 from fedpeft.methods.hetlora import hetlora_mean
 from fedpeft.models.moe import Routing, active_parameters
-from fedpeft.models.runtime import ClientModel
+from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.types import ClientUpdate
 from fedpeft.worker import build_method
-from tests.conftest import toy_moe_model
+from tests.conftest import ToyMoeLoaded, toy_moe_model, toy_tokenizer
 
 TOY_TIERS = [
     {"name": "tier1", "top_k": 8, "rank": 4},
@@ -542,3 +542,26 @@ def test_flame_update_travels_in_a_flower_message(toy_moe_runtime, toy_moe_clien
     direct, _ = flame.aggregate(state, iter([update]))
     for key, tensor in direct.tensors.items():
         torch.testing.assert_close(merged.tensors[key], tensor)
+
+
+def test_router_lora_and_training_at_the_tier_top_k(toy_moe_runtime, toy_moe_clients):
+    flame = method("flame", lora_router=True)
+    state = flame.init_server(toy_moe_runtime, seed=0)
+    router = [k for k, m in state.extra["lora_layout"].items() if k.endswith("mlp.gate")]
+    assert router and state.extra["lora_layout"][router[0]]["experts"] == 1  # a plain LoRA, averaged by |D|
+    update, _ = flame.client_update(toy_moe_runtime, toy_moe_clients[0], flame.payload(state, "c0"), None, seed=1)
+    assert not torch.equal(update.tensors[f"{router[0]}.lora_B.weight"], state.tensors[f"{router[0]}.lora_B.weight"])
+    with pytest.raises(UserError, match="give every method the same lora_router setting"):
+        method("hetlora").init_server(toy_moe_runtime, seed=0)
+    runtime = ModelRuntime(ToyMoeLoaded(toy_moe_model(), toy_tokenizer()))
+    at_tier = method("hetlora", train_top_k="tier")
+    seen: list[int] = []
+    handle = runtime.base_model.model.layers[0].mlp.gate.register_forward_hook(
+        lambda m, args, out: seen.append(out[-1].shape[-1])
+    )
+    try:
+        hstate = at_tier.init_server(runtime, seed=0)
+        at_tier.client_update(runtime, toy_moe_clients[2], at_tier.payload(hstate, "c2"), None, seed=1)
+    finally:
+        handle.remove()
+    assert set(seen) == {2}  # c2 is tier3: trains at top-2

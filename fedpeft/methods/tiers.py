@@ -147,6 +147,14 @@ class TieredMethod(Method):
             if not router:
                 raise UserError(f"lora_router needs a mixture-of-experts model; {runtime.loaded.name} has no router.")
             parameters += router
+        if parameters and runtime.peft is not None:
+            # PEFT requires every adapter with target_parameters on one model to target the same parameters.
+            others = {tuple(sorted(c.target_parameters or ())) for c in runtime.peft.peft_config.values()} - {()}
+            if others and others != {tuple(sorted(parameters))}:
+                raise UserError(
+                    f"Method {self.label} puts LoRA on {sorted(parameters)} but another adapter on this model targets "
+                    f"{sorted(next(iter(others)))}; give every method the same lora_router setting."
+                )
         return LoraSpec(
             rank=rank,
             alpha=float(self.alpha_for(rank)),
