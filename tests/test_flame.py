@@ -413,7 +413,18 @@ def test_worker_records_the_tier_as_budget_and_compute_costs(toy_moe_worker_fact
         records, _ = worker.personalize("flame", 0, client_id, state)
         budgets[client_id] = {r["budget"] for r in records}
     assert budgets == {"c0": {"tier1"}, "c1": set(), "c3": {"tier4"}}
-    rows = flame.compute_costs(toy_moe_runtime, seed=0)
+    lora_calls: list[str] = []
+    handles = [
+        module.register_forward_hook(lambda m, args, out, n=name: lora_calls.append(n))
+        for name, module in toy_moe_runtime.peft.named_modules()
+        if ".lora_A." in name
+    ]
+    try:
+        rows = flame.compute_costs(toy_moe_runtime, seed=0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert handles and not lora_calls  # timed as deployed: the LoRA merged, i.e. the base model at the tier's top-k
     value = {(r["budget"], r["metric"]): r["value"] for r in rows}
     assert {b for b, _ in value} == {"tier1", "tier4"}
     assert value["tier1", "top_k"] == 8 and value["tier4", "top_k"] == 1

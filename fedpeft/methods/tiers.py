@@ -17,6 +17,7 @@ forward wall time of one sequence of that length with the adapter merged (the ba
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -238,12 +239,15 @@ class TieredMethod(Method):
             base -= runtime.moe.inactive_parameters(k) if runtime.moe is not None else 0
             lora = lora_active_parameters(lora_state, experts, k)
             model = runtime.install(ClientModel(routing=self.routing(runtime, top_k)))
+            # Timed without the adapter: a deployed LoRA is merged into the weights and costs nothing extra.
+            with runtime.peft.disable_adapter() if runtime.peft is not None else contextlib.nullcontext():
+                milliseconds = _forward_ms(model, ids, self.cfg.compute_repeats)
             values = {
                 **({"top_k": float(k)} if runtime.moe is not None else {}),
                 "lora_rank": float(rank),
                 "active_params": float(base + lora),
                 "forward_flops": float(forward_flops(base + lora, tokens)),
-                "forward_ms": _forward_ms(model, ids, self.cfg.compute_repeats),
+                "forward_ms": milliseconds,
             }
             rows += [
                 {"method": self.label, "seed": seed, "phase": "compute", "budget": tier.name, "metric": m, "value": v}
