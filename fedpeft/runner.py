@@ -285,6 +285,9 @@ class Experiment:
             meter.clients += budgets
         meter.wall_seconds = time.perf_counter() - started
         costs += meter.rows(method.label, seed, "personalization")
+        compute_costs = getattr(method, "compute_costs", None)  # per-budget FLOPs and forward time
+        if compute_costs is not None:
+            costs += compute_costs(self.worker.runtime, seed)
         return records, costs
 
     # ------------------------------------------------------------------ outputs

@@ -8,6 +8,8 @@ both engines compute the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -239,6 +241,9 @@ class Worker:
         self.use_client_base(seed, client_id)
         client = self.clients[client_id]
         budgets: list[int | None] = list(self.cfg.budgets) if method.uses_budget else [None]
+        budgets_of = getattr(method, "budgets_of", None)  # methods whose budget is the client's own (a tier)
+        if budgets_of is not None:
+            budgets = budgets_of(client)
         rounds = int(getattr(method.cfg, "rounds", 0)) if method.federated else None
         client_state = self.store(label, seed).get(client_id)
         records: list[dict] = []
@@ -252,14 +257,17 @@ class Worker:
             metrics = method.evaluate(self.runtime, client, model, pseed)
             records += records_of(label, budget, client, seed, rounds, metrics)
             if save_adapters and model.lora is not None:
-                self.save_adapter(label, budget, client_id)
+                target = self.save_adapter(label, budget, client_id)
+                if model.routing is not None:  # how a mixture-of-experts model runs this adapter
+                    (target / "routing.json").write_text(json.dumps(dataclasses.asdict(model.routing)) + "\n")
         return records, seconds
 
     def save_adapter(self, label: str, budget: int | None, client_id: str) -> Path:
         """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
         runtime = self.runtime
         assert runtime.active is not None and runtime.peft is not None
-        target = self.run_dir / "adapters" / label / ("global" if budget is None else f"r{budget}") / client_id
+        name = "global" if budget is None else f"r{budget}" if isinstance(budget, int) else str(budget)  # rank or tier
+        target = self.run_dir / "adapters" / label / name / client_id
         target.mkdir(parents=True, exist_ok=True)
         config = runtime.active.to_peft(runtime.loaded.head_modules)
         config.base_model_name_or_path = str((self.run_dir / "base_model").resolve())

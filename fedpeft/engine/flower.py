@@ -41,7 +41,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.config import ExperimentConfig, dump_given, validate
-from fedpeft.engine.common import CostMeter, release_memory, sample_clients
+from fedpeft.engine.common import CostMeter, release_memory, sample_round
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
 from fedpeft.progress import Progress
@@ -386,7 +386,7 @@ class GridEngine:
         for round_ in range(start_round, cfg.rounds):
             if method.should_stop(state):
                 break
-            sampled = sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
+            sampled = sample_round(method, client_ids, seed, round_)
             started = time.perf_counter()
             tasks, bytes_down = [], {}
             for client_id in sampled:

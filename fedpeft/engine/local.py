@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fedpeft.engine.common import CostMeter, release_memory, sample_clients
+from fedpeft.engine.common import CostMeter, release_memory, sample_round
 from fedpeft.methods.base import Method
 from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes
 from fedpeft.worker import Worker
@@ -42,7 +42,7 @@ class LocalEngine:
         for round_ in range(start_round, cfg.rounds):
             if method.should_stop(state):
                 break
-            sampled = sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
+            sampled = sample_round(method, client_ids, seed, round_)
             started = time.perf_counter()
             updates = self._updates(label, method, state, sampled, seed, round_, meter)
             state, metrics = method.aggregate(state, updates)

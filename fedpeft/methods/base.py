@@ -160,10 +160,12 @@ def weighted_mean(updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
 
 
 def lora_spec(runtime: ModelRuntime, rank: int, alpha: float | None = None, dropout: float = 0.0) -> LoraSpec:
-    """A LoRA of ``rank`` on all linear layers of the runtime's model (alpha defaults to 2 * rank)."""
+    """A LoRA of ``rank`` on all linear layers of the runtime's model (alpha defaults to 2 * rank), and on the
+    fused expert tensors of a mixture-of-experts model."""
     return LoraSpec(
         rank=rank,
         alpha=float(alpha if alpha is not None else 2 * rank),
         targets=tuple(runtime.loaded.lora_targets),
         dropout=dropout,
+        target_parameters=tuple(getattr(runtime.loaded, "lora_parameters", ())),
     )

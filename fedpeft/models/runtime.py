@@ -22,6 +22,7 @@ from peft.utils.other import AuxiliaryTrainingWrapper
 
 from fedpeft.data.types import Example
 from fedpeft.errors import UserError
+from fedpeft.models.moe import MoeControl, Routing
 from fedpeft.models.targets import lora_modules
 from fedpeft.training import LossHook, StepHook, train_loop
 from fedpeft.types import Metrics, StateDict
@@ -36,6 +37,8 @@ class LoraSpec:
     coexist on the model (a client's "global" and "local" LoRA, a frozen teacher beside a trained student).
     ``head=False`` leaves the task head out of the adapter (a second adapter that is active together with one that
     carries the head: PEFT lets only one active adapter own it).
+    ``target_parameters`` are parameter-name suffixes that get LoRA directly (PEFT ``target_parameters``), such
+    as the fused expert tensors of a mixture-of-experts model (one rank-r block per expert).
     """
 
     rank: int
@@ -46,6 +49,7 @@ class LoraSpec:
     alpha_pattern: tuple[tuple[str, float], ...] = ()
     slot: str = ""
     head: bool = True
+    target_parameters: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -62,16 +66,22 @@ class LoraSpec:
             rank_pattern=dict(self.rank_pattern),
             alpha_pattern=dict(self.alpha_pattern),
             modules_to_save=(list(head_modules) or None) if self.head else None,
+            target_parameters=list(self.target_parameters) or None,
         )
 
 
 @dataclass
 class ClientModel:
-    """The model a client keeps: optional full-weight base overrides plus an optional adapter."""
+    """The model a client keeps: optional full-weight base overrides plus an optional adapter.
+
+    ``routing`` sets how a mixture-of-experts model runs for this client (experts per token, output rescaler);
+    ``None`` runs it as loaded. Dense models ignore it.
+    """
 
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
+    routing: Routing | None = None
 
 
 class ModelRuntime:
@@ -111,6 +121,8 @@ class ModelRuntime:
         self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None
+        # Top-k, rescaler and activation counts of a mixture-of-experts model (None for dense models).
+        self.moe: MoeControl | None = MoeControl.of(self.base_model)
 
     # ------------------------------------------------------------------ weights
     def base_state(self) -> StateDict:
@@ -194,6 +206,8 @@ class ModelRuntime:
         if client_model.base is not None and len(client_model.base) < len(self.base_params):
             self.load_base(None)  # a partial override applies on top of the initial weights, not the last client's
         self.load_base(client_model.base)
+        if self.moe is not None:
+            self.moe.configure(client_model.routing)
         model = self.activate(client_model.lora)
         if client_model.lora is not None:
             self.reset_adapter(seed)

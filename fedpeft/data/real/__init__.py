@@ -1,11 +1,11 @@
-"""Loaders of the real benchmarks: XNLI, MasakhaNEWS and Fed-Aya.
+"""Loaders of the real benchmarks: XNLI, MasakhaNEWS, Fed-Aya, Dolly-15k and AlpaGasus.
 
-Importing this package registers the builders ``xnli``, ``masakhanews`` and ``fedaya`` in
+Importing this package registers the builders ``xnli``, ``masakhanews``, ``fedaya``, ``dolly`` and ``alpagasus`` in
 :data:`fedpeft.registry.DATASETS`; each takes a :class:`~fedpeft.config.DataConfig` and returns a
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 
-from fedpeft.data.real import fedaya, masakhanews, sni, xnli
+from fedpeft.data.real import alpagasus, dolly, fedaya, masakhanews, sni, xnli  # noqa: F401
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES
