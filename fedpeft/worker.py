@@ -70,9 +70,15 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData) -> ModelRuntime:
 
 
 def records_of(
-    method: str, budget: int | None, client: ClientData, seed: int, round_: int | None, metrics: Metrics
+    method: str,
+    budget: int | None,
+    client: ClientData,
+    seed: int,
+    round_: int | None,
+    metrics: Metrics,
+    split: str = "test",
 ) -> list[dict]:
-    """Tidy ``results.jsonl`` records of one client's evaluation."""
+    """Tidy ``results.jsonl`` records of one client's evaluation (or, with another ``split``, other facts)."""
     return [
         {
             "method": method,
@@ -82,7 +88,7 @@ def records_of(
             "group": client.group,
             "seed": seed,
             "round": round_,
-            "split": "test",
+            "split": split,
             "metric": name,
             "value": float(value),
         }
@@ -195,6 +201,11 @@ class Worker:
             records += records_of(label, budget, client, seed, rounds, self.runtime.evaluate(client.test))
             if save_adapters and model.lora is not None:
                 self.save_adapter(label, budget, client_id)
+            records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
+            for name, variant in model.variants.items():
+                self.runtime.install(variant, seed=pseed)
+                metrics = self.runtime.evaluate(client.test)
+                records += records_of(f"{label}-{name}", budget, client, seed, rounds, metrics)
         return records, seconds
 
     def save_adapter(self, label: str, budget: int | None, client_id: str) -> Path:

@@ -14,13 +14,15 @@ from fedpeft.types import ClientUpdate
 from fedpeft.worker import build_method
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "lr": 1e-2}
+# Lengths of phases that some methods run besides their federated rounds (e.g. Potara's local phase).
+SHORT = {"local_rounds": 2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
 ALL = METHODS.names()
 
 
 def make(name: str, **extra):
     cls = METHODS.get(name)
-    fields = {k: v for k, v in {**FAST, **extra}.items() if k in cls.Config.model_fields}
+    fields = {k: v for k, v in {**FAST, **SHORT, **extra}.items() if k in cls.Config.model_fields}
     return build_method({"name": name, **fields})
 
 

@@ -62,11 +62,25 @@ class LoraSpec:
 
 @dataclass
 class ClientModel:
-    """The model a client keeps: optional full-weight base overrides plus an optional adapter."""
+    """The model a client keeps: optional full-weight base overrides plus an optional adapter.
+
+    Optional extras (all default to nothing):
+
+    - ``attach``: installs what a single PEFT adapter cannot express (forward hooks, mixer modules) after the
+      adapter is loaded, and returns the function that removes it again; the runtime removes it before the
+      next adapter is activated.
+    - ``variants``: other models the method built on the way (e.g. the two parts of a merge); the worker
+      evaluates each and records it as the method ``<label>-<variant name>``.
+    - ``info``: facts about how the model was built (a mixing weight, seconds spent merging), recorded in
+      ``results.jsonl`` with split ``personalize``.
+    """
 
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
+    attach: Callable[[ModelRuntime], Callable[[], None]] | None = None
+    variants: dict[str, ClientModel] = field(default_factory=dict)
+    info: Metrics = field(default_factory=dict)
 
 
 class ModelRuntime:
@@ -106,6 +120,7 @@ class ModelRuntime:
         self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None
+        self._detach: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ weights
     def base_state(self) -> StateDict:
@@ -127,8 +142,12 @@ class ModelRuntime:
     def activate(self, spec: LoraSpec | None) -> torch.nn.Module:
         """Make the adapter of shape ``spec`` the active one (creating it once) and return the model to call.
 
-        ``None`` deactivates adapters: the returned model computes with the base weights only.
+        ``None`` deactivates adapters: the returned model computes with the base weights only. Whatever a
+        client model's ``attach`` installed is removed first.
         """
+        if self._detach is not None:
+            detach, self._detach = self._detach, None
+            detach()
         if spec is None:
             self.active = None
             return self.base_model if self.peft is None else self.peft
@@ -192,6 +211,8 @@ class ModelRuntime:
             self.reset_adapter(seed)
             if client_model.adapter:
                 self.load_adapter(client_model.adapter)
+        if client_model.attach is not None:
+            self._detach = client_model.attach(self)
         return model
 
     def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:
