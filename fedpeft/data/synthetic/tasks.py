@@ -16,9 +16,11 @@ each family's mapping is its own, so that personalization matters:
   script, and ``backtranslate`` the other way.
 
 The first eight families form the default federation; ``options.num_clients`` takes the first
-``num_clients / clients_per_task`` families of :data:`TASKS` (10 clients: all ten). The base corpus is raw text
-of the same domain (noun lists, adjective phrases, digit strings, phrases of both languages) without any task
-format: it teaches a tiny model the tokens, not the tasks.
+``num_clients / clients_per_task`` families of :data:`TASKS` (10 clients: all ten). The base corpus stands in
+for pretraining: a quarter raw domain text, the rest plain statements ``input | output`` of the families'
+operations without the instruction format, split over the families by a resource level (``BASE_LEVEL``: copy,
+add and translate high, reverse, compare and backtranslate mid, sort, count and polarity low, the fact table
+never), so that the base model is good at some families and knows nothing of others.
 """
 
 from __future__ import annotations
