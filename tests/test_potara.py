@@ -274,3 +274,33 @@ def test_fedalt_keeps_training_its_individual_lora(toy_runtime, toy_clients):
     assert model.attach is not None
     toy_runtime.install(model)
     assert 0 <= toy_runtime.evaluate(toy_clients[0].test)["accuracy"] <= 1
+
+
+def test_per_sample_gradients_of_a_causal_lm_take_the_padded_batch_exactly():
+    from fedpeft.config import ModelConfig
+    from fedpeft.models.runtime import ModelRuntime
+    from fedpeft.models.zoo import load_model
+
+    rng = random.Random(1)
+    examples = [
+        {"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))), "response": "a b" * rng.randint(1, 3)}
+        for _ in range(6)
+    ]
+    texts = [ex["prompt"] + " " + ex["response"] for ex in examples]
+    loaded = load_model(
+        ModelConfig(name="tiny-llama", vocab_size=300, max_length=32), task="generation", corpus=lambda: texts
+    )
+    runtime = ModelRuntime(loaded, max_length=32)
+    attention = runtime.base_model.config._attn_implementation
+    install_trained_lora(runtime, seed=2)
+    grads, layout = per_sample_gradients(runtime, examples, select=is_lora)
+    assert runtime.base_model.config._attn_implementation == attention  # switched back after the transform
+    params = dict(zip([k for k, _ in layout], runtime.adapter_parameters().values(), strict=False))
+    runtime.peft.eval()
+    for row, example in enumerate(examples):
+        for p in params.values():
+            p.requires_grad_(True)
+            p.grad = None
+        runtime.peft(**runtime.encode([example])).loss.backward()
+        expected = torch.cat([params[k].grad.reshape(-1) for k, _ in layout])
+        torch.testing.assert_close(grads[row], expected, rtol=1e-4, atol=1e-6)

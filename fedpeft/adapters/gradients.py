@@ -6,7 +6,9 @@ gradient correlations). :func:`per_sample_gradients` computes one gradient per e
 
 Each example is encoded on its own, so it carries no padding; examples of equal encoded shape are stacked and
 vmapped together. Without padding the attention mask is all ones and is left out, which keeps transformers'
-mask construction free of data-dependent branches that vmap cannot trace.
+mask construction free of data-dependent branches that vmap cannot trace. Causal LMs (generation) take the
+whole right-padded batch at once: a token never attends to the padding on its right and padded labels carry no
+loss, so leaving the mask out changes nothing.
 """
 
 from __future__ import annotations
@@ -74,7 +76,13 @@ def per_sample_gradients(
 
     per_example = grad(loss)
     encoded = []
-    for example in examples:
+    if runtime.task == "generation":
+        # A causal LM never attends to the right padding of its own row and the padded labels are -100, so the
+        # whole right-padded batch is exact without its mask: one vmap over every example.
+        batch = {k: v.to(runtime.device) for k, v in runtime.encode(list(examples)).items()}
+        batch.pop("attention_mask", None)
+        encoded = [{k: v[i] for k, v in batch.items()} for i in range(len(examples))]
+    for example in examples if not encoded else []:
         batch = {k: v.to(runtime.device) for k, v in runtime.encode([example]).items()}
         mask = batch.get("attention_mask")
         if mask is not None and bool(mask.all()):
@@ -83,6 +91,7 @@ def per_sample_gradients(
     rows: list[torch.Tensor | None] = [None] * len(encoded)
     was_training = model.training
     model.eval()
+    attention = _eager_attention(runtime.base_model)
     try:
         with torch.no_grad():  # grad differentiates inside; nothing outside the transform needs a graph
             for indices in _shape_groups(encoded).values():
@@ -93,4 +102,21 @@ def per_sample_gradients(
                     rows[index] = flat[position]
     finally:
         model.train(was_training)
+        attention()
     return torch.stack(rows).float(), layout  # type: ignore[arg-type]
+
+
+def _eager_attention(model: torch.nn.Module) -> Callable[[], None]:
+    """Switch a transformers model from SDPA to eager attention; returns the function that switches back.
+
+    vmap has no batching rule for CPU SDPA kernels and falls back to a slow per-sample loop; eager attention is
+    plain matmuls and softmax, which vmap batches (same numbers up to float rounding).
+    """
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if current != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return lambda: None
+    try:
+        model.set_attn_implementation("eager")
+    except (ValueError, ImportError):
+        return lambda: None
+    return lambda: model.set_attn_implementation(current)
