@@ -39,7 +39,8 @@ class FisherMerge(Potara):
     ) -> tuple[StateDict, Metrics]:
         fishers = []
         for model in (fed, local):
-            runtime.install(model)
+            runtime.activate(model.lora)
+            runtime.load_adapter(model.adapter)
             grads, layout = per_sample_gradients(runtime, sample)
             fishers.append((grads.double() ** 2).mean(0))
         merged: StateDict = {}

@@ -157,7 +157,8 @@ class Potara(FedIT):
         return runtime.adapter_state()
 
     def gradients(self, runtime: ModelRuntime, model: ClientModel, sample: list[Example]):  # noqa: ANN201
-        runtime.install(model)
+        runtime.activate(model.lora)  # the full adapter state overwrites every tensor: no fresh init needed
+        runtime.load_adapter(model.adapter)
         return per_sample_gradients(runtime, sample, select=is_lora)
 
     def merge(
