@@ -177,7 +177,9 @@ class Experiment:
             str(target / "model.safetensors"),
             metadata={"format": "pt"},
         )
-        runtime.tokenizer.save_pretrained(target)
+        for processor in (runtime.tokenizer, getattr(runtime.loaded, "image_processor", None)):
+            if processor is not None:
+                processor.save_pretrained(target)
 
     def _evaluate_base(self, seed: int) -> tuple[list[dict], list[dict]]:
         self.progress.stage(f"base model evaluation, seed {seed}")

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
-from fedpeft.methods.lora_parts import TargetsMixin, is_lora, only, target_spec
+from fedpeft.methods.lora_parts import is_lora, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
@@ -89,7 +89,7 @@ def mixture(row: StateDict, mixer: Mixer) -> Callable[[ModelRuntime], Callable[[
     return attach
 
 
-class FedALTConfig(FederatedConfig, LoraConfigMixin, TargetsMixin):
+class FedALTConfig(FederatedConfig, LoraConfigMixin):
     lr: float = 1e-4
     mixer_lr: float | None = None
     unseen_steps: int = Field(0, ge=0)

@@ -37,7 +37,7 @@ class FedIT(Method):
     Config = FedITConfig
 
     def spec(self, runtime: ModelRuntime):  # noqa: ANN201
-        return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout)
+        return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         runtime.activate(self.spec(runtime))

@@ -15,13 +15,13 @@ from pydantic import Field
 
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
-from fedpeft.methods.lora_parts import TargetsMixin, install_partial, is_lora_a, only, target_spec
+from fedpeft.methods.lora_parts import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict, derive_seed
 
 
-class FedSALoraConfig(FederatedConfig, LoraConfigMixin, TargetsMixin):
+class FedSALoraConfig(FederatedConfig, LoraConfigMixin):
     lr: float = 1e-4
     finetune_steps: int = Field(0, ge=0)
 

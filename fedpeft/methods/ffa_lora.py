@@ -12,13 +12,13 @@ from typing import Any
 
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
-from fedpeft.methods.lora_parts import TargetsMixin, install_partial, is_lora_a, only, target_spec
+from fedpeft.methods.lora_parts import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Payload, ServerState, derive_seed
 
 
-class FFALoraConfig(FederatedConfig, LoraConfigMixin, TargetsMixin):
+class FFALoraConfig(FederatedConfig, LoraConfigMixin):
     lr: float = 1e-4
 
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pydantic import BaseModel
-
 from fedpeft.errors import UserError
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.models.targets import lora_modules
+from fedpeft.models.targets import matches
 from fedpeft.types import StateDict
 
 
@@ -42,18 +40,13 @@ def only(state: StateDict, keep: Callable[[str], bool]) -> StateDict:
     return {k: v for k, v in state.items() if keep(k)}
 
 
-class TargetsMixin(BaseModel):
-    """Where LoRA goes: module-name suffixes (e.g. ``[q_proj, k_proj, v_proj]``); all linear layers if unset."""
-
-    targets: list[str] | None = None
-
-
 def target_spec(
     runtime: ModelRuntime, rank: int, alpha: float | None, dropout: float, targets: list[str] | None
 ) -> LoraSpec:
     """A LoRA of ``rank`` on ``targets`` (default: the model's linear layers); alpha defaults to 2 * rank."""
     chosen = tuple(targets) if targets else tuple(runtime.loaded.lora_targets)
-    if targets and not lora_modules(runtime.base_model, chosen):
+    # runtime.target_modules: every linear layer LoRA may wrap, captured before PEFT replaced them.
+    if targets and not any(matches(name, chosen) for name, _ in runtime.target_modules):
         raise UserError(
             f"The LoRA targets {list(chosen)} match no linear layer of the model; choose among "
             f"{', '.join(runtime.loaded.lora_targets)}."

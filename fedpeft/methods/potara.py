@@ -25,7 +25,7 @@ from fedpeft.adapters.gradients import per_sample_gradients
 from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin
 from fedpeft.methods.fedit import FedIT
-from fedpeft.methods.lora_parts import TargetsMixin, is_lora, is_lora_a, module_of, target_spec
+from fedpeft.methods.lora_parts import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
@@ -75,7 +75,7 @@ def merge_states(fed: StateDict, local: StateDict, alphas: dict[str, float]) -> 
     return {k: alphas.get(k, alphas["*"]) * v + (1 - alphas.get(k, alphas["*"])) * local[k] for k, v in fed.items()}
 
 
-class MergeConfig(FederatedConfig, LoraConfigMixin, TargetsMixin):
+class MergeConfig(FederatedConfig, LoraConfigMixin):
     """FedIT (T_F = ``rounds``) then local (T_L = ``local_rounds``) then a merge from ``merge_samples`` samples."""
 
     rounds: int = 50

@@ -225,6 +225,10 @@ class ModelRuntime:
     def encode(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """Tokenize examples into padded tensors (labels included)."""
         tok = self.tokenizer
+        if self.task == "classification" and examples and "image" in examples[0]:
+            from fedpeft.models.vision import encode_images
+
+            return encode_images(self.loaded.image_processor, examples)
         if self.task == "classification":
             pairs = [ex.get("text_pair") for ex in examples]
             has_pair = any(p is not None for p in pairs)

@@ -10,6 +10,7 @@ See ``docs/data.md`` for how they are generated and which properties of real dat
 """
 
 from fedpeft.data.synthetic import fedaya, masakhanews, xnli
+from fedpeft.data.synthetic import images as images_benchmark  # noqa: F401
 from fedpeft.data.synthetic import tasks as tasks_benchmark  # noqa: F401
 from fedpeft.data.synthetic.common import cache_path
 from fedpeft.data.synthetic.languages import INVENTORY, Language, language
