@@ -374,7 +374,11 @@ class ModelRuntime:
         predictions = self.predict(examples)
         if self.task == "classification":
             return {"accuracy": evaluation.accuracy(predictions, [int(ex["label"]) for ex in examples])}
-        return evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])
+        metrics = evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])
+        if examples and all("answer" in ex for ex in examples):  # multiple choice answered in words
+            answers, options = [ex["answer"] for ex in examples], [ex.get("options", [ex["answer"]]) for ex in examples]
+            metrics["accuracy"] = evaluation.answer_accuracy(predictions, answers, options)
+        return metrics
 
     def check_budget(self, rank: int) -> None:
         """Refuse a LoRA rank larger than the smallest targeted layer allows."""

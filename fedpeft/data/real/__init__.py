@@ -5,7 +5,7 @@ Importing this package registers the builders ``xnli``, ``masakhanews`` and ``fe
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 
-from fedpeft.data.real import fedaya, masakhanews, xnli
+from fedpeft.data.real import cifar100, commonsense, fedaya, flan, masakhanews, xnli  # noqa: F401
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fedpeft.config import DataConfig
-from fedpeft.data.partition import partition_examples
+from fedpeft.data.label_skew import label_skewed_clients
 from fedpeft.data.synthetic.common import cached, check_options, derive_seed, setting
 from fedpeft.data.types import ClientData, Example, FederatedData
 from fedpeft.errors import UserError
@@ -59,38 +59,6 @@ def draw(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
     rgb = np.asarray(COLOURS[colour], float) + rng.normal(0, 15, 3)
     image[mask] = rgb + rng.normal(0, 10, (int(mask.sum()), 3))
     return np.clip(image, 0, 255).astype(np.uint8)
-
-
-def label_skewed_clients(
-    train: list[Example], test: list[Example], num_clients: int, scheme: str, alpha: float, seed: int, where: str
-) -> list[tuple[list[Example], list[Example]]]:
-    """Split train and test examples over clients together (each client's test follows its own labels).
-
-    Only (index, label) rows go through the partitioner, so images are never copied into arrow tables.
-    """
-    import warnings
-
-    rows = [{"index": i, "label": int(ex["label"])} for i, ex in enumerate(train + test)]
-    np.random.default_rng(seed).shuffle(rows)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # the Dirichlet partitioner warns on every re-draw
-            shards = partition_examples(rows, num_clients, scheme, alpha=alpha, seed=seed)  # type: ignore[arg-type]
-    except ValueError as err:
-        raise UserError(
-            f"{where}: {len(rows)} images cannot be split over {num_clients} clients ({err}); use fewer clients, "
-            "more images per client or a larger data.dirichlet_alpha."
-        ) from None
-    pool = train + test
-    result = []
-    for shard in shards:
-        indices = [row["index"] for row in shard]
-        client_train = [pool[i] for i in indices if i < len(train)]
-        client_test = [pool[i] for i in indices if i >= len(train)]
-        if not client_test and len(client_train) > 1:
-            client_test.append(client_train.pop())
-        result.append((client_train, client_test))
-    return result
 
 
 def _examples(labels: np.ndarray, size: int, rng: np.random.Generator, group: str) -> list[Example]:
