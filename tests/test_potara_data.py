@@ -250,3 +250,17 @@ def test_potara_on_a_tiny_vit_merges_the_head_with_alpha():
         torch.testing.assert_close(model.adapter[key], alpha * fed[key] + (1 - alpha) * local[key])
     runtime.install(model)
     assert 0 <= runtime.evaluate(data.clients[1].test)["accuracy"] <= 1
+
+
+@pytest.mark.parametrize(
+    "preset", ["potara-tasks-cpu", "potara-vision-cpu", "potara-commonsense", "potara-flan", "potara-cifar100"]
+)
+def test_potara_presets_validate(preset, tmp_path):
+    from fedpeft.config import load_config
+    from fedpeft.runner import Experiment
+
+    cfg = load_config(preset)
+    experiment = Experiment(cfg, tmp_path)  # builds and validates every method entry
+    labels = [m.label for m in experiment.methods]
+    assert "potara" in labels and "local" in labels and "fedit" in labels
+    assert cfg.data.name in DATASETS
