@@ -395,6 +395,14 @@ def _format_megabytes(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _format_count(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _format_share(value: float) -> str:
+    return f"{value * 100:.2f} %"
+
+
 # (phase, metric, header, formatter) of the per-client cost table (paper Table 5) and of the totals table.
 _COST_COLUMNS = (
     ("federated", "wall_s_per_client_round", "Fed. s / client-round", _format_seconds),
@@ -405,6 +413,10 @@ _COST_COLUMNS = (
     ("personalization", "wall_s_per_client", "Pers. s / client", _format_seconds),
     ("personalization", "peak_rss_mb", "Pers. peak RSS MB", _format_megabytes),
     ("personalization", "peak_cuda_mb", "Pers. peak CUDA MB", _format_megabytes),
+    ("federated", "floats_up_per_client_round", "Floats up / client-round", _format_count),
+    ("federated", "bytes_up_per_client", "Up / client (all rounds)", _format_bytes),
+    ("personalization", "merge_s_per_client", "Merge s / client", _format_seconds),
+    ("personalization", "merge_share", "Merge / training time", _format_share),
 )
 _TOTAL_COLUMNS = (
     ("bytes_up_total", "Up total", _format_bytes),
@@ -612,6 +624,12 @@ def write_summary(
     if info:
         parts += ["## Data", render_info(info)]
     parts += ["## Results", *_result_sections(results), *_gain_sections(results)]
+    from fedpeft.report_merge import render_merge_facts
+
+    merge_facts = render_merge_facts(results)
+    if merge_facts:
+        intro = "Weight of the federated model per client (alpha; fisher_weight_mean: mean per-coordinate weight)."
+        parts += ["## Mixing weights", intro, merge_facts]
     if costs:
         parts += [
             "## Costs",
@@ -733,7 +751,8 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
 
     Per pool, ``mean_<pool>.png``: bars of the pool mean of each metric per method and budget, with
     SD-over-seeds error bars. Per pool and metric, ``groups_<pool>_<metric>.png``: a heatmap of every method
-    (and budget) by group, mean over seeds.
+    (and budget) by group, mean over seeds. Per merging method run with a grid search,
+    ``mixing_weight_<method>.png`` (:mod:`fedpeft.report_merge`).
 
     Args:
         run_dirs: run directories to merge (see :func:`read_records`).
@@ -743,10 +762,12 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
         Paths of the files written.
     """
     results, _ = read_records([Path(d) for d in run_dirs])
-    results = [r for r in results if _is_test(r)]
+    from fedpeft.report_merge import write_mixing_weight_plots
+
     plots_dir = Path(out_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    written = write_mixing_weight_plots(results, plots_dir)
+    results = [r for r in results if _is_test(r)]
     for pool in _pool_order(results):
         pool_records = [r for r in results if r["pool"] == pool]
         metrics = _metric_order(pool_records)

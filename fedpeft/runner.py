@@ -199,7 +199,9 @@ class Experiment:
             str(target / "model.safetensors"),
             metadata={"format": "pt"},
         )
-        runtime.tokenizer.save_pretrained(target)
+        for processor in (runtime.tokenizer, getattr(runtime.loaded, "image_processor", None)):
+            if processor is not None:
+                processor.save_pretrained(target)
 
     def _evaluate_base(self, seed: int) -> tuple[list[dict], list[dict]]:
         self.progress.stage(f"base model evaluation, seed {seed}")
@@ -256,8 +258,9 @@ class Experiment:
         costs: list[dict] = []
         state = ServerState()
         extra: dict[str, Any] = {}
+        federated_meter = CostMeter()
         if method.federated:
-            meter = CostMeter()
+            meter = federated_meter
             if method.federated_per_budget:
                 extra["budget_states"] = {
                     b: self._federate(method, method.label, seed, meter=meter, budget=b) for b in self.cfg.budgets
@@ -265,6 +268,7 @@ class Experiment:
             else:
                 state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
+            costs += communication_rows(method.label, seed, meter, len(self.data.pool("seen")))
         ids = [c.client_id for c in self.data.clients]
         budgets = len(self.cfg.budgets) if method.uses_budget else 1
         self.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
@@ -288,6 +292,7 @@ class Experiment:
         compute_costs = getattr(method, "compute_costs", None)  # per-budget FLOPs and forward time
         if compute_costs is not None:
             costs += compute_costs(self.worker.runtime, seed)
+        costs += merge_cost_rows(method.label, seed, records, federated_meter)
         return records, costs
 
     # ------------------------------------------------------------------ outputs
@@ -307,6 +312,39 @@ class Experiment:
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info))
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots")
+
+
+def communication_rows(label: str, seed: int, meter: CostMeter, clients: int) -> list[dict]:
+    """What one client uploads over the whole federated phase (mean over the ``clients`` of the seen pool), and
+    per round in float32 numbers (4 bytes each: the runtime keeps adapters in float32)."""
+    if not meter.client_rounds or clients <= 0:
+        return []
+    values = {
+        "bytes_up_per_client": meter.bytes_up / clients,
+        "floats_up_per_client": meter.bytes_up / 4 / clients,
+        "floats_up_per_client_round": meter.bytes_up / 4 / meter.client_rounds,
+    }
+    return [{"method": label, "seed": seed, "phase": "federated", "metric": k, "value": v} for k, v in values.items()]
+
+
+def merge_cost_rows(label: str, seed: int, records: list[dict], federated: CostMeter) -> list[dict]:
+    """The cost of a personalization-time merge, from the ``merge_s`` / ``train_s`` facts a method reports.
+
+    ``merge_share`` = all clients' merge seconds / all their training seconds (the federated phase's client
+    seconds plus the personalization-time training), the paper's "merge cost relative to training".
+    """
+    facts = [r for r in records if r.get("split") == "personalize"]
+    merge = [r["value"] for r in facts if r["metric"] == "merge_s"]
+    if not merge:
+        return []
+    training = federated.client_seconds + sum(r["value"] for r in facts if r["metric"] == "train_s")
+    values = {"merge_s_per_client": sum(merge) / len(merge)}
+    if training > 0:
+        values["merge_share"] = sum(merge) / training
+    return [
+        {"method": label, "seed": seed, "phase": "personalization", "metric": k, "value": float(v)}
+        for k, v in values.items()
+    ]
 
 
 def data_overview(data: FederatedData) -> dict[str, Any]:

@@ -73,9 +73,15 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData) -> ModelRuntime:
 
 
 def records_of(
-    method: str, budget: int | None, client: ClientData, seed: int, round_: int | None, metrics: Metrics
+    method: str,
+    budget: int | None,
+    client: ClientData,
+    seed: int,
+    round_: int | None,
+    metrics: Metrics,
+    split: str = "test",
 ) -> list[dict]:
-    """Tidy ``results.jsonl`` records of one client's evaluation."""
+    """Tidy ``results.jsonl`` records of one client's evaluation (or, with another ``split``, other facts)."""
     return [
         {
             "method": method,
@@ -85,7 +91,7 @@ def records_of(
             "group": client.group,
             "seed": seed,
             "round": round_,
-            "split": "test",
+            "split": split,
             "metric": name,
             "value": float(value),
         }
@@ -260,6 +266,11 @@ class Worker:
                 target = self.save_adapter(label, budget, client_id)
                 if model.routing is not None:  # how a mixture-of-experts model runs this adapter
                     (target / "routing.json").write_text(json.dumps(dataclasses.asdict(model.routing)) + "\n")
+            records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
+            for name, variant in model.variants.items():
+                self.runtime.install(variant, seed=pseed)
+                metrics = self.runtime.evaluate(client.test)
+                records += records_of(f"{label}-{name}", budget, client, seed, rounds, metrics)
         return records, seconds
 
     def save_adapter(self, label: str, budget: int | None, client_id: str) -> Path:

@@ -14,6 +14,8 @@ from fedpeft.types import ClientUpdate
 from fedpeft.worker import build_method
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "local_epochs": None, "lr": 1e-2}
+# Lengths of phases that some methods run besides their federated rounds (e.g. Potara's local phase).
+SHORT = {"local_rounds": 2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
 ALL = METHODS.names()
 # Methods that need a sparse mixture-of-experts model run on a toy OLMoE (generation) instead of the toy BERT.
@@ -39,7 +41,7 @@ def lora_products(tensors: dict) -> dict:
 
 def make(name: str, **extra):
     cls = METHODS.get(name)
-    fields = {k: v for k, v in {**FAST, **extra}.items() if k in cls.Config.model_fields}
+    fields = {k: v for k, v in {**FAST, **SHORT, **extra}.items() if k in cls.Config.model_fields}
     return build_method({"name": name, **fields})
 
 

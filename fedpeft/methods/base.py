@@ -48,11 +48,12 @@ class FederatedConfig(MethodConfig):
 
 
 class LoraConfigMixin(BaseModel):
-    """LoRA shape knobs (rank, scaling, dropout)."""
+    """LoRA shape knobs (rank, scaling, dropout; ``targets``: module-name suffixes, all linear layers if unset)."""
 
     rank: int = 8
     alpha: float | None = None
     dropout: float = 0.0
+    targets: list[str] | None = None
 
 
 class Method:
@@ -159,9 +160,19 @@ def weighted_mean(updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
     return mean, metrics
 
 
-def lora_spec(runtime: ModelRuntime, rank: int, alpha: float | None = None, dropout: float = 0.0) -> LoraSpec:
-    """A LoRA of ``rank`` on all linear layers of the runtime's model (alpha defaults to 2 * rank), and on the
-    fused expert tensors of a mixture-of-experts model."""
+def lora_spec(
+    runtime: ModelRuntime,
+    rank: int,
+    alpha: float | None = None,
+    dropout: float = 0.0,
+    targets: list[str] | None = None,
+) -> LoraSpec:
+    """A LoRA of ``rank`` on ``targets`` (default: all linear layers of the runtime's model and the fused expert
+    tensors of a mixture-of-experts model; alpha: 2 * rank)."""
+    if targets:
+        from fedpeft.methods.lora_parts import target_spec
+
+        return target_spec(runtime, rank, alpha, dropout, targets)
     return LoraSpec(
         rank=rank,
         alpha=float(alpha if alpha is not None else 2 * rank),

@@ -42,16 +42,21 @@ class FedIT(Method):
     Config = FedITConfig
 
     def spec(self, runtime: ModelRuntime):  # noqa: ANN201
-        return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout)
+        return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
+
+    @property
+    def merge_config(self) -> MergeConfig | None:
+        """The server's merge of the uploaded adapters (``None``: the streaming weighted mean)."""
+        return getattr(self.cfg, "merge", None)  # subclasses with their own config may lack the key
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         runtime.activate(self.spec(runtime))
         runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        extra = {"seed": seed} if self.cfg.merge is not None else {}  # seeds DARE's drops
+        extra = {"seed": seed} if self.merge_config is not None else {}  # seeds DARE's drops
         return ServerState(tensors=runtime.adapter_state(), extra=extra)
 
     def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
-        if self.cfg.merge is None:
+        if self.merge_config is None:
             return super().aggregate(state, updates)
         received = list(updates)
         _, metrics = weighted_mean(ClientUpdate(u.client_id, {}, u.weight, u.metrics) for u in received)
@@ -62,7 +67,7 @@ class FedIT(Method):
         tensors = merge_lora_states(
             [u.tensors for u in received],
             [u.weight for u in received],
-            self.cfg.merge,
+            self.merge_config,
             scaling=scaling,
             seed=derive_seed(state.extra.get("seed", 0), self.name, "merge", state.round),
         )

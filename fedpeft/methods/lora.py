@@ -10,7 +10,6 @@ trains a fixed-rank LoRA on its own data for ``rounds * local_steps`` steps, wit
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from fedpeft.data.types import ClientData
@@ -79,7 +78,6 @@ class LocalConfig(MethodConfig, LoraConfigMixin):
     local_steps: int = 10
     lr: float = 1e-4
     batch_size: int = 16
-    targets: list[str] | None = None  # LoRA target modules (default: every linear layer)
 
 
 @METHODS.register("local", aliases=("sft",))
@@ -99,9 +97,7 @@ class Local(Method):
         budget: int | None,
         seed: int,
     ) -> ClientModel:
-        spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout)
-        if self.cfg.targets:
-            spec = dataclasses.replace(spec, targets=tuple(self.cfg.targets))
+        spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
         steps = self.cfg.rounds * self.cfg.local_steps
         return _train_fresh_lora(
             runtime, client, spec, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, steps=steps

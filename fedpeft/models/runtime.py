@@ -76,12 +76,24 @@ class ClientModel:
 
     ``routing`` sets how a mixture-of-experts model runs for this client (experts per token, output rescaler);
     ``None`` runs it as loaded. Dense models ignore it.
+    Optional extras (all default to nothing):
+
+    - ``attach``: installs what a single PEFT adapter cannot express (forward hooks, mixer modules) after the
+      adapter is loaded, and returns the function that removes it again; the runtime removes it before the
+      next adapter is activated.
+    - ``variants``: other models the method built on the way (e.g. the two parts of a merge); the worker
+      evaluates each and records it as the method ``<label>-<variant name>``.
+    - ``info``: facts about how the model was built (a mixing weight, seconds spent merging), recorded in
+      ``results.jsonl`` with split ``personalize``.
     """
 
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
     routing: Routing | None = None
+    attach: Callable[[ModelRuntime], Callable[[], None]] | None = None
+    variants: dict[str, ClientModel] = field(default_factory=dict)
+    info: Metrics = field(default_factory=dict)
 
 
 class ModelRuntime:
@@ -123,6 +135,7 @@ class ModelRuntime:
         self.active: LoraSpec | None = None
         # Top-k, rescaler and activation counts of a mixture-of-experts model (None for dense models).
         self.moe: MoeControl | None = MoeControl.of(self.base_model)
+        self._detach: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ weights
     def base_state(self) -> StateDict:
@@ -144,8 +157,12 @@ class ModelRuntime:
     def activate(self, spec: LoraSpec | None) -> torch.nn.Module:
         """Make the adapter of shape ``spec`` the active one (creating it once) and return the model to call.
 
-        ``None`` deactivates adapters: the returned model computes with the base weights only.
+        ``None`` deactivates adapters: the returned model computes with the base weights only. Whatever a
+        client model's ``attach`` installed is removed first.
         """
+        if self._detach is not None:
+            detach, self._detach = self._detach, None
+            detach()
         if spec is None:
             self.active = None
             return self.base_model if self.peft is None else self.peft
@@ -213,6 +230,8 @@ class ModelRuntime:
             self.reset_adapter(seed)
             if client_model.adapter:
                 self.load_adapter(client_model.adapter)
+        if client_model.attach is not None:
+            self._detach = client_model.attach(self)
         return model
 
     @contextlib.contextmanager
@@ -303,6 +322,10 @@ class ModelRuntime:
     def encode(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """Tokenize examples into padded tensors (labels included)."""
         tok = self.tokenizer
+        if self.task == "classification" and examples and "image" in examples[0]:
+            from fedpeft.models.vision import encode_images
+
+            return encode_images(self.loaded.image_processor, examples)
         if self.task == "classification":
             pairs = [ex.get("text_pair") for ex in examples]
             has_pair = any(p is not None for p in pairs)
@@ -455,7 +478,11 @@ class ModelRuntime:
         predictions = self.predict(examples)
         if self.task == "classification":
             return {"accuracy": evaluation.accuracy(predictions, [int(ex["label"]) for ex in examples])}
-        return evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])
+        metrics = evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])
+        if examples and all("answer" in ex for ex in examples):  # multiple choice answered in words
+            answers, options = [ex["answer"] for ex in examples], [ex.get("options", [ex["answer"]]) for ex in examples]
+            metrics["accuracy"] = evaluation.answer_accuracy(predictions, answers, options)
+        return metrics
 
     def check_budget(self, rank: int) -> None:
         """Refuse a LoRA rank larger than the smallest targeted layer allows."""

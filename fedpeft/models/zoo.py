@@ -107,6 +107,7 @@ class LoadedModel:
             classification head; empty for generation.
         lora_parameters: parameter-name suffixes that get LoRA directly (PEFT ``target_parameters``): the
             fused expert tensors of mixture-of-experts models; empty for dense models.
+        image_processor: the image processor of a vision model (whose ``tokenizer`` is then ``None``).
     """
 
     model: torch.nn.Module
@@ -117,6 +118,7 @@ class LoadedModel:
     lora_targets: list[str] = field(default_factory=list)
     head_modules: list[str] = field(default_factory=list)
     lora_parameters: list[str] = field(default_factory=list)
+    image_processor: Any = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,10 @@ def _load_checkpoint(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized."""
     config = AutoConfig.from_pretrained(source, revision=revision)
+    from fedpeft.models.vision import is_image_classifier, load_image_checkpoint
+
+    if task == "classification" and is_image_classifier(config):
+        return load_image_checkpoint(source, cfg, num_labels, revision)
     apply_overrides(config, cfg.overrides, cfg.name)
     _set_labels(config, task, num_labels)
     mapping = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING if task == "classification" else MODEL_FOR_CAUSAL_LM_MAPPING
@@ -528,7 +534,11 @@ def load_model(
         model, tokenizer = _load_external(cfg, task, num_labels)
         family = normalize_family(model.config.model_type)
 
-    _prepare_tokenizer(tokenizer, model, task, cfg.max_length)
+    processor = None
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        _prepare_tokenizer(tokenizer, model, task, cfg.max_length)
+    else:  # a vision model comes with its image processor instead
+        processor, tokenizer = tokenizer, None
     model.eval()
     head_modules = head_modules_of(model) if task == "classification" else []
     lora_targets = FAMILY_LORA_TARGETS.get(family) or discover_lora_targets(model, exclude=head_modules)
@@ -541,4 +551,22 @@ def load_model(
         lora_targets=list(lora_targets),
         head_modules=head_modules,
         lora_parameters=list(FAMILY_LORA_PARAMETERS.get(family, [])),
+        image_processor=processor,
     )
+
+
+def _register_vision() -> None:
+    from fedpeft.models.vision import build_tiny_vit
+
+    MODELS.add(
+        "tiny-vit",
+        ModelSpec(
+            family="vit",
+            tasks=("classification",),
+            build=build_tiny_vit,  # type: ignore[arg-type]
+            summary="2-layer ViT (hidden 64, 4-pixel patches of 32 x 32 images) with a transformers image processor",
+        ),
+    )
+
+
+_register_vision()

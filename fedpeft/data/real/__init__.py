@@ -5,7 +5,17 @@ Importing this package registers the builders ``xnli``, ``masakhanews``, ``feday
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 
-from fedpeft.data.real import alpagasus, dolly, fedaya, masakhanews, sni, xnli  # noqa: F401
+from fedpeft.data.real import (  # noqa: F401
+    alpagasus,
+    cifar100,
+    commonsense,
+    dolly,
+    fedaya,
+    flan,
+    masakhanews,
+    sni,
+    xnli,
+)
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES

@@ -16,6 +16,8 @@ from fedpeft.data.synthetic import (
     masakhanews,
     xnli,
 )
+from fedpeft.data.synthetic import images as images_benchmark  # noqa: F401
+from fedpeft.data.synthetic import tasks as tasks_benchmark  # noqa: F401
 from fedpeft.data.synthetic.common import cache_path
 from fedpeft.data.synthetic.languages import INVENTORY, Language, language
 
