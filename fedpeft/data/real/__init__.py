@@ -1,11 +1,21 @@
-"""Loaders of the real benchmarks: XNLI, MasakhaNEWS and Fed-Aya.
+"""Loaders of the real benchmarks: XNLI, MasakhaNEWS, Fed-Aya, Dolly-15k and AlpaGasus.
 
-Importing this package registers the builders ``xnli``, ``masakhanews`` and ``fedaya`` in
+Importing this package registers the builders ``xnli``, ``masakhanews``, ``fedaya``, ``dolly`` and ``alpagasus`` in
 :data:`fedpeft.registry.DATASETS`; each takes a :class:`~fedpeft.config.DataConfig` and returns a
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 
-from fedpeft.data.real import fedaya, masakhanews, xnli
+from fedpeft.data.real import (  # noqa: F401
+    alpagasus,
+    cifar100,
+    commonsense,
+    dolly,
+    fedaya,
+    flan,
+    masakhanews,
+    sni,
+    xnli,
+)
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES
@@ -24,5 +34,6 @@ __all__ = [
     "build_xnli",
     "fedaya",
     "masakhanews",
+    "sni",
     "xnli",
 ]

@@ -4,12 +4,20 @@ Importing this package registers the builders in :data:`fedpeft.registry.DATASET
 
 - ``synthetic-xnli``: sentence-pair classification (entailment / neutral / contradiction), XNLI-style;
 - ``synthetic-masakhanews``: headline topic classification with quantity skew, MasakhaNEWS-style;
-- ``synthetic-fedaya``: instruction following with natural (annotator) clients, Fed-Aya-style.
+- ``synthetic-fedaya``: instruction following with natural (annotator) clients, Fed-Aya-style;
+- ``synthetic-instructions``: categorized English instructions in the Alpaca template, Dolly-style (FLAME).
 
 See ``docs/data.md`` for how they are generated and which properties of real data they reproduce.
 """
 
-from fedpeft.data.synthetic import fedaya, masakhanews, xnli
+from fedpeft.data.synthetic import (
+    fedaya,
+    instructions_en,  # noqa: F401
+    masakhanews,
+    xnli,
+)
+from fedpeft.data.synthetic import images as images_benchmark  # noqa: F401
+from fedpeft.data.synthetic import tasks as tasks_benchmark  # noqa: F401
 from fedpeft.data.synthetic.common import cache_path
 from fedpeft.data.synthetic.languages import INVENTORY, Language, language
 
