@@ -1,4 +1,4 @@
-"""The ``fedpeft`` command line: run, list, report."""
+"""The ``fedpeft`` command line: run, list, report, personalize."""
 
 from __future__ import annotations
 
@@ -114,7 +114,35 @@ def report(
     out.mkdir(parents=True, exist_ok=True)
     text = reporting.write_summary(runs, out / "summary.md")
     reporting.write_plots(runs, out / "plots")
+    from fedpeft.adapters.scale_analysis import write_scale_plots
+
+    write_scale_plots(runs, out / "plots")
     console.print(Markdown(text))
+
+
+@app.command()
+def personalize(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory with a trained FedP2EFT PSG (psg/).")],
+    budget: Annotated[int, typer.Option("--budget", "-r", help="Rank budget r (average LoRA rank per module).")],
+    out: Annotated[Path, typer.Option(help="Directory that receives the PEFT adapter.")],
+    data: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="The client's training examples: JSONL or CSV with text[, text_pair], label."),
+    ] = None,
+    client: Annotated[Optional[str], typer.Option(help="A client id of the run's dataset instead of --data.")] = None,  # noqa: UP045
+    method: Annotated[Optional[str], typer.Option(help="The fedp2eft method label (if the run has several).")] = None,  # noqa: UP045
+    seed: Annotated[Optional[int], typer.Option(help="Which seed's PSG (default: the first).")] = None,  # noqa: UP045
+) -> None:
+    """Write one client's personalized LoRA (FedP2EFT rank structure for budget r) in PEFT format."""
+    _setup_logging(False)
+    from fedpeft.personalize import personalize_client
+
+    result = personalize_client(run_dir, budget, out, data_file=data, client_id=client, method=method, seed=seed)
+    kept = ", ".join(f"{name} {rank}" for name, rank in result.ranks.items())
+    console.print(f"Client {result.client}, r = {result.budget}: {len(result.ranks)} LoRA modules ({kept}).")
+    if result.accuracy is not None:
+        console.print(f"Test accuracy: {result.accuracy:.4f}")
+    console.print(f"Adapter written to [bold]{result.path}[/bold] (load it with PeftModel.from_pretrained).")
 
 
 def main() -> None:

@@ -58,6 +58,9 @@ class BaseStageConfig(_Strict):
     base corpus, standing in for pretraining: trained once from ``seed`` and shared by every run seed) or
     ``federated`` (run ``method`` on the seen pool and keep its
     global model; e.g. ``fedavg_full`` is the papers' "Standard FL" base model).
+
+    Federated base methods: ``fedavg_full``, ``fedit_merged`` (LoRA merged into the weights), and ``feddpa`` and
+    ``dept_spec``, which give every client a base model of its own (docs/base-models.md).
     """
 
     kind: Literal["pretrained", "centralized", "federated"] = "pretrained"
@@ -239,3 +242,13 @@ def load_config(source: str, overrides: list[str] | None = None) -> ExperimentCo
 def dump_config(cfg: ExperimentConfig) -> str:
     """The fully resolved configuration as YAML."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def dump_given(cfg: ExperimentConfig) -> str:
+    """The configuration as given (keys left at their defaults omitted), as YAML.
+
+    Datasets read "not given" as "use the benchmark's own default" (a MasakhaNEWS-style benchmark has its own
+    client count, Fed-Aya its natural partition). A config rebuilt from this text in another process has the same
+    given keys, so it builds the same data; one rebuilt from :func:`dump_config` would mark every key as given.
+    """
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True), sort_keys=False)

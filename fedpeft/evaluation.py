@@ -163,3 +163,22 @@ def metric_names(task: str) -> list[str]:
     if task == "generation":
         return list(GENERATION_METRICS)
     raise ValueError(f"unknown task {task!r}; expected 'classification' or 'generation'")
+
+
+def answer_accuracy(predictions: Sequence[str], answers: Sequence[str], options: Sequence[Sequence[str]]) -> float:
+    """Share of generated responses whose answer is right, for multiple-choice prompts answered in words.
+
+    The predicted answer is the first of the example's ``options`` (e.g. ``answer1`` ... ``answer4``, ``true`` /
+    ``false``) that occurs as a token of the response, as the commonsense benchmarks of LLM-Adapters score a
+    free-form answer such as "the correct answer is answer2"; no option in the response counts as wrong.
+    """
+    _check_lengths(predictions, answers)
+    if not predictions:
+        return 0.0
+    tokenizer = UnicodeTokenizer()
+    correct = 0
+    for prediction, answer, choices in zip(predictions, answers, options, strict=True):
+        allowed = {c.lower() for c in choices}
+        picked = next((t for t in tokenizer.tokenize(prediction) if t in allowed), None)
+        correct += picked == answer.lower()
+    return correct / len(predictions)

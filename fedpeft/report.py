@@ -395,6 +395,14 @@ def _format_megabytes(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _format_count(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _format_share(value: float) -> str:
+    return f"{value * 100:.2f} %"
+
+
 # (phase, metric, header, formatter) of the per-client cost table (paper Table 5) and of the totals table.
 _COST_COLUMNS = (
     ("federated", "wall_s_per_client_round", "Fed. s / client-round", _format_seconds),
@@ -405,6 +413,10 @@ _COST_COLUMNS = (
     ("personalization", "wall_s_per_client", "Pers. s / client", _format_seconds),
     ("personalization", "peak_rss_mb", "Pers. peak RSS MB", _format_megabytes),
     ("personalization", "peak_cuda_mb", "Pers. peak CUDA MB", _format_megabytes),
+    ("federated", "floats_up_per_client_round", "Floats up / client-round", _format_count),
+    ("federated", "bytes_up_per_client", "Up / client (all rounds)", _format_bytes),
+    ("personalization", "merge_s_per_client", "Merge s / client", _format_seconds),
+    ("personalization", "merge_share", "Merge / training time", _format_share),
 )
 _TOTAL_COLUMNS = (
     ("bytes_up_total", "Up total", _format_bytes),
@@ -461,6 +473,37 @@ def render_cost_tables(costs: Sequence[Record]) -> str:
     if total_rows:
         parts.append(_markdown_table(["Method", "Phase", *(c[1] for c in totals)], total_rows))
     return "\n\n".join(parts)
+
+
+def render_compute_table(costs: Sequence[Record]) -> str:
+    """Markdown of the per-budget compute records (phase ``compute``): per method and budget (a compute tier),
+    experts per token, LoRA rank, active parameters, analytic forward FLOPs, their share of the method's first
+    budget, and the measured forward milliseconds; mean over seeds. Empty when there are none."""
+    values: dict[tuple[str, Any, str], list[float]] = {}
+    for record in costs:
+        if record.get("phase") == "compute" and record.get("value") is not None:
+            values.setdefault((record["method"], record.get("budget"), record["metric"]), []).append(record["value"])
+    if not values:
+        return ""
+    keys = _first_seen((method, budget) for method, budget, _ in values)
+    rows = []
+    for method, budget in keys:
+        cell = {m: statistics.fmean(v) for (me, b, m), v in values.items() if (me, b) == (method, budget)}
+        first = next(b for me, b in keys if me == method)
+        reference = statistics.fmean(values.get((method, first, "forward_flops"), [float("nan")]))
+        flops = cell.get("forward_flops")
+        rows.append([
+            method,
+            budget_label(budget),
+            f"{cell['top_k']:.0f}" if "top_k" in cell else "—",
+            f"{cell['lora_rank']:.0f}" if "lora_rank" in cell else "—",
+            f"{cell['active_params'] / 1e6:.3f} M" if "active_params" in cell else "—",
+            f"{flops / 1e9:.4g} G" if flops is not None else "—",
+            f"{100 * flops / reference:.1f} %" if flops is not None and reference > 0 else "—",
+            f"{cell['forward_ms']:.2f}" if "forward_ms" in cell else "—",
+        ])  # fmt: skip
+    header = ["Method", "Budget", "top-k", "LoRA rank", "Active params", "Forward FLOPs", "vs first", "Forward ms"]
+    return _markdown_table(header, rows)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -581,6 +624,12 @@ def write_summary(
     if info:
         parts += ["## Data", render_info(info)]
     parts += ["## Results", *_result_sections(results), *_gain_sections(results)]
+    from fedpeft.report_merge import render_merge_facts
+
+    merge_facts = render_merge_facts(results)
+    if merge_facts:
+        intro = "Weight of the federated model per client (alpha; fisher_weight_mean: mean per-coordinate weight)."
+        parts += ["## Mixing weights", intro, merge_facts]
     parts += continual_sections(read_round_records(run_dirs))
     if costs:
         parts += [
@@ -589,6 +638,15 @@ def write_summary(
             "personalization per client; then totals per phase.",
             render_cost_tables(costs),
         ]
+        compute = render_compute_table(costs)
+        if compute:
+            parts += [
+                "## Compute per budget",
+                "Per compute tier, the forward pass of one sequence (`compute_tokens`, default 128): analytic "
+                "FLOPs = 2 x active parameters x tokens (LoRA unmerged) and measured wall milliseconds (median, "
+                "LoRA merged: the base model at the tier's top-k); mean over seeds.",
+                compute,
+            ]
     text = "\n\n".join(parts) + "\n"
     path = _summary_path(Path(out))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -776,7 +834,8 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
 
     Per pool, ``mean_<pool>.png``: bars of the pool mean of each metric per method and budget, with
     SD-over-seeds error bars. Per pool and metric, ``groups_<pool>_<metric>.png``: a heatmap of every method
-    (and budget) by group, mean over seeds.
+    (and budget) by group, mean over seeds. Per merging method run with a grid search,
+    ``mixing_weight_<method>.png`` (:mod:`fedpeft.report_merge`).
 
     Args:
         run_dirs: run directories to merge (see :func:`read_records`).
@@ -786,10 +845,12 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
         Paths of the files written.
     """
     results, _ = read_records([Path(d) for d in run_dirs])
-    results = [r for r in results if _is_test(r)]
+    from fedpeft.report_merge import write_mixing_weight_plots
+
     plots_dir = Path(out_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    written = write_mixing_weight_plots(results, plots_dir)
+    results = [r for r in results if _is_test(r)]
     for pool in _pool_order(results):
         pool_records = [r for r in results if r["pool"] == pool]
         metrics = _metric_order(pool_records)
@@ -800,4 +861,95 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
             path = plots_dir / f"groups_{_file_part(pool)}_{_file_part(metric)}.png"
             _plot_group_heatmap(pool_records, pool, metric, path)
             written.append(path)
+    written += write_sweep_plots(run_dirs, plots_dir)
+    return written
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sweeps
+
+
+def method_sweeps(run_dirs: Sequence[Path]) -> dict[tuple[str, str], dict[str, float]]:
+    """Settings swept across entries of one method in the runs' ``config.yaml``.
+
+    A sweep is a method name listed at least three times whose resolved settings (defaults filled in) differ in
+    exactly one numeric field, e.g. FLAME at ``temperature`` 0, 1, 2, 4, 8. Returns ``(method name, field) -> {row
+    label: value}``.
+    """
+    import yaml
+
+    from fedpeft.worker import build_method
+
+    entries: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for run_dir in run_dirs:
+        config = Path(run_dir) / "config.yaml"
+        if not config.is_file():
+            continue
+        for entry in (yaml.safe_load(config.read_text()) or {}).get("methods", []):
+            try:
+                method = build_method(dict(entry))
+            except UserError:
+                continue
+            settings = method.cfg.model_dump(exclude={"label", "name"})
+            entries.setdefault(method.name, []).append((method.label, settings))
+    sweeps: dict[tuple[str, str], dict[str, float]] = {}
+    for name, rows in entries.items():
+        if len(rows) < 3:
+            continue
+        varying = [k for k in rows[0][1] if len({json.dumps(s.get(k), sort_keys=True) for _, s in rows}) > 1]
+        if len(varying) != 1:
+            continue
+        key = varying[0]
+        values = {label: s[key] for label, s in rows}
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
+            sweeps[name, key] = {label: float(v) for label, v in values.items()}
+    return sweeps
+
+
+def write_sweep_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+    """Per sweep (see :func:`method_sweeps`), ``sweep_<method>_<field>.png``: every metric's mean over the
+    pool's clients (mean over seeds, SD error bars) against the swept value, one line per budget."""
+    from matplotlib.figure import Figure
+
+    sweeps = method_sweeps(run_dirs)
+    if not sweeps:
+        return []
+    results, _ = read_records([Path(d) for d in run_dirs])
+    results = [r for r in results if _is_test(r)]
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    written = []
+    for (name, key), values in sweeps.items():
+        rows = [r for r in results if r["method"] in values]
+        metrics = _metric_order(rows)
+        if not rows or not metrics:
+            continue
+        figure = Figure(figsize=(6.0, 3.2 * len(metrics)))
+        for index, metric in enumerate(metrics):
+            axes = figure.add_subplot(len(metrics), 1, index + 1)
+            for budget in budget_order(rows) or [None]:
+                points = []
+                for label, x in sorted(values.items(), key=lambda item: item[1]):
+                    per_seed: dict[Any, list[float]] = {}
+                    for r in rows:
+                        if r["method"] == label and r["metric"] == metric and r.get("budget") == budget:
+                            per_seed.setdefault(r["seed"], []).append(float(r["value"]))
+                    if per_seed:
+                        points.append((x, over_seeds([statistics.fmean(v) for v in per_seed.values()])))
+                if points:
+                    axes.errorbar(
+                        [x for x, _ in points],
+                        [c.mean * 100 for _, c in points],
+                        yerr=[(c.sd or 0.0) * 100 for _, c in points],
+                        marker="o",
+                        capsize=3,
+                        label=budget_label(budget),
+                    )
+            axes.set_xlabel(key)
+            axes.set_ylabel(f"{metric_label(metric)} x100")
+            axes.set_title(f"{name}: {metric_label(metric)} vs {key}")
+            axes.legend(fontsize="small")
+        figure.tight_layout()
+        path = Path(out_dir) / f"sweep_{_file_part(name)}_{_file_part(key)}.png"
+        figure.savefig(path, dpi=120)
+        written.append(path)
     return written

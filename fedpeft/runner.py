@@ -50,8 +50,11 @@ class Experiment:
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
         base_method = build_method(cfg.base.method)
-        if cfg.base.kind == "federated" and base_method.name != "fedavg_full":
-            raise UserError("base.method must be fedavg_full (full-weight FedAvg) for a federated base stage.")
+        if cfg.base.kind == "federated" and not base_method.base_stage:
+            from fedpeft.registry import METHODS
+
+            usable = ", ".join(n for n in METHODS.names() if METHODS.get(n).base_stage)
+            raise UserError(f"base.method {base_method.name!r} cannot produce a base model; use one of: {usable}.")
         self._parts: list[str] = []
         # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
         self._round_records: dict[tuple[str, int], list[dict]] = {}
@@ -74,10 +77,16 @@ class Experiment:
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
         for budget in self.cfg.budgets:
             self.worker.runtime.check_budget(budget)
+        for method in self.methods:
+            check_budgets = getattr(method, "check_budgets", None)
+            if check_budgets is not None and method.uses_budget:
+                check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
         try:
             for seed in self.cfg.seeds:
                 self._base_stage(seed)
+                if self.worker.per_client_base:
+                    self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
                 self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
                 for method in self.methods:
                     self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
@@ -162,13 +171,30 @@ class Experiment:
             )
             tensors = runtime.base_state()
         else:
-            state = self._federate(self.worker.methods[BASE_STAGE_LABEL], BASE_STAGE_LABEL, seed, meter=meter)
-            tensors = state.tensors
+            method = self.worker.methods[BASE_STAGE_LABEL]
+            state = self._federate(method, BASE_STAGE_LABEL, seed, meter=meter)
+            tensors = method.export_base(runtime, state)
         meter.wall_seconds = time.perf_counter() - started
         save_atomic({"tensors": tensors}, path)
         self._write_part(self.out / "parts" / f"{name}.jsonl", [], meter.rows(BASE_LABEL, seed, "base"))
         if shared or seed == self.cfg.seeds[0]:
             self._save_base_model(tensors)
+
+    def _client_bases(self, seed: int) -> tuple[list[dict], list[dict]]:
+        """Every client's own base model (per-client base stages), computed where its base-stage state lives."""
+        self.progress.stage(f"base model of every client, seed {seed}")
+        ckpt = self.out / "checkpoints" / BASE_STAGE_LABEL / f"seed{seed}.pt"
+        if ckpt.exists():  # the base-stage client states, also after a restart (memory stores)
+            self.worker.store(BASE_STAGE_LABEL, seed).restore(torch.load(ckpt, weights_only=False)["store"])
+        ids = [c.client_id for c in self.data.clients]
+        self.progress.clients(len(ids))
+        meter = CostMeter()
+        started = time.perf_counter()
+        for client_id, result in self.engine.map_clients("prepare_client_base", ids, seed=seed):
+            if isinstance(result, BaseException):
+                meter.failures.append(f"{client_id}: {result!r}")
+        meter.wall_seconds = time.perf_counter() - started
+        return [], meter.rows(BASE_LABEL, seed, "client-base")
 
     def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
         """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT."""
@@ -181,7 +207,9 @@ class Experiment:
             str(target / "model.safetensors"),
             metadata={"format": "pt"},
         )
-        runtime.tokenizer.save_pretrained(target)
+        for processor in (runtime.tokenizer, getattr(runtime.loaded, "image_processor", None)):
+            if processor is not None:
+                processor.save_pretrained(target)
 
     def _evaluate_base(self, seed: int) -> tuple[list[dict], list[dict]]:
         self.progress.stage(f"base model evaluation, seed {seed}")
@@ -193,9 +221,13 @@ class Experiment:
                 records += result
         return records, []
 
-    def _federate(self, method: Method, label: str, seed: int, *, meter: CostMeter) -> ServerState:
-        """The federated phase of ``method`` on the seen pool, checkpointed every round."""
-        ckpt = self.out / "checkpoints" / label / f"seed{seed}.pt"
+    def _federate(
+        self, method: Method, label: str, seed: int, *, meter: CostMeter, budget: int | None = None
+    ) -> ServerState:
+        """The federated phase of ``method`` on the seen pool (for ``budget``, if it runs one per budget),
+        checkpointed every round."""
+        name = f"seed{seed}" if budget is None else f"seed{seed}-r{budget}"
+        ckpt = self.out / "checkpoints" / label / f"{name}.pt"
         store = self.worker.store(label, seed)
         start = 0
         if ckpt.exists():
@@ -207,9 +239,13 @@ class Experiment:
             self._round_records[label, seed] = list(saved.get("round_records", []))
         else:
             self.worker.use_base(None if label == BASE_STAGE_LABEL else seed)
-            state = method.init_server(self.worker.runtime, seed)
+            if budget is None:
+                state = method.init_server(self.worker.runtime, seed)
+            else:
+                state = method.init_server_for_budget(self.worker.runtime, seed, budget)
         cfg: Any = method.cfg
-        self.progress.stage(f"{label}: federated training, seed {seed}")
+        per_budget = "" if budget is None else f", r={budget}"
+        self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
         self.progress.rounds(cfg.rounds, start)
 
         def on_round_end(state: ServerState, round_: int, metrics: Metrics) -> None:
@@ -247,10 +283,21 @@ class Experiment:
         costs: list[dict] = []
         state = ServerState()
         records: list[dict] = []
+        extra: dict[str, Any] = {}
+        federated_meter = CostMeter()
         if method.federated:
-            meter = CostMeter()
-            state = self._federate(method, method.label, seed, meter=meter)
+            meter = federated_meter
+            if method.federated_per_budget:
+                extra["budget_states"] = {
+                    b: self._federate(method, method.label, seed, meter=meter, budget=b) for b in self.cfg.budgets
+                }
+            else:
+                state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
+            costs += communication_rows(method.label, seed, meter, len(self.data.pool("seen")))
+            save_artifacts = getattr(method, "save_server_artifacts", None)
+            if save_artifacts is not None:
+                save_artifacts(state, self.out, seed)
             records += self._round_records.pop((method.label, seed), [])
         ids = [c.client_id for c in self.data.clients]
         budgets = len(self.cfg.budgets) if method.uses_budget else 1
@@ -260,7 +307,7 @@ class Experiment:
         save = self.cfg.output.save_adapters and seed == self.cfg.seeds[0]
         started = time.perf_counter()
         for client_id, result in self.engine.map_clients(
-            "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save
+            "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save, **extra
         ):
             if isinstance(result, BaseException):
                 meter.failures.append(f"{client_id}: {result!r}")
@@ -271,6 +318,10 @@ class Experiment:
             meter.clients += budgets
         meter.wall_seconds = time.perf_counter() - started
         costs += meter.rows(method.label, seed, "personalization")
+        compute_costs = getattr(method, "compute_costs", None)  # per-budget FLOPs and forward time
+        if compute_costs is not None:
+            costs += compute_costs(self.worker.runtime, seed)
+        costs += merge_cost_rows(method.label, seed, records, federated_meter)
         return records, costs
 
     # ------------------------------------------------------------------ outputs
@@ -290,6 +341,42 @@ class Experiment:
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info))
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots")
+            from fedpeft.adapters.scale_analysis import write_scale_plots
+
+            write_scale_plots(self.out, self.out / "plots")
+
+
+def communication_rows(label: str, seed: int, meter: CostMeter, clients: int) -> list[dict]:
+    """What one client uploads over the whole federated phase (mean over the ``clients`` of the seen pool), and
+    per round in float32 numbers (4 bytes each: the runtime keeps adapters in float32)."""
+    if not meter.client_rounds or clients <= 0:
+        return []
+    values = {
+        "bytes_up_per_client": meter.bytes_up / clients,
+        "floats_up_per_client": meter.bytes_up / 4 / clients,
+        "floats_up_per_client_round": meter.bytes_up / 4 / meter.client_rounds,
+    }
+    return [{"method": label, "seed": seed, "phase": "federated", "metric": k, "value": v} for k, v in values.items()]
+
+
+def merge_cost_rows(label: str, seed: int, records: list[dict], federated: CostMeter) -> list[dict]:
+    """The cost of a personalization-time merge, from the ``merge_s`` / ``train_s`` facts a method reports.
+
+    ``merge_share`` = all clients' merge seconds / all their training seconds (the federated phase's client
+    seconds plus the personalization-time training), the paper's "merge cost relative to training".
+    """
+    facts = [r for r in records if r.get("split") == "personalize"]
+    merge = [r["value"] for r in facts if r["metric"] == "merge_s"]
+    if not merge:
+        return []
+    training = federated.client_seconds + sum(r["value"] for r in facts if r["metric"] == "train_s")
+    values = {"merge_s_per_client": sum(merge) / len(merge)}
+    if training > 0:
+        values["merge_share"] = sum(merge) / training
+    return [
+        {"method": label, "seed": seed, "phase": "personalization", "metric": k, "value": float(v)}
+        for k, v in values.items()
+    ]
 
 
 def data_overview(data: FederatedData) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Every method trains through :func:`train_loop`; what differs between methods enters through hooks:
 ``extra_loss`` adds terms to the task loss (FedProx's proximal term, guidance losses, BayesTune priors),
-``after_backward`` edits gradients before the optimizer step.
+``after_backward`` edits gradients before the optimizer step, ``after_step`` runs after it (AdaLoRA's budget
+allocation reads the gradients and masks the weights the step produced).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def train_loop(
     extra_loss: LossHook | None = None,
     after_backward: StepHook | None = None,
     optimizer_groups: list[dict[str, Any]] | None = None,
+    after_step: StepHook | None = None,
 ) -> Metrics:
     """Run ``steps`` AdamW steps on ``params`` only; every other parameter stays frozen.
 
@@ -42,6 +44,7 @@ def train_loop(
         extra_loss: ``f(model, batch, outputs) -> scalar`` added to the task loss.
         after_backward: ``f(step)`` called after backward, before clipping and the optimizer step.
         optimizer_groups: optional extra parameter groups (``{"params": [...], "lr": ...}``) trained alongside.
+        after_step: ``f(step)`` called after the optimizer step, before the gradients are cleared.
 
     Returns:
         ``{"loss": mean task loss over the steps, "steps": steps}``.
@@ -73,6 +76,8 @@ def train_loop(
             if max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], max_grad_norm)
             optimizer.step()
+            if after_step is not None:
+                after_step(step)
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(saved_flags.get(name, False))

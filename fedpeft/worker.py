@@ -8,6 +8,8 @@ both engines compute the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import save_file
 
+from fedpeft.base_models import client_base_tensors
 from fedpeft.config import ExperimentConfig, ModelConfig
 from fedpeft.continual import memory_view
 from fedpeft.data.types import ClientData, FederatedData
@@ -87,9 +90,15 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig
 
 
 def records_of(
-    method: str, budget: int | None, client: ClientData, seed: int, round_: int | None, metrics: Metrics
+    method: str,
+    budget: int | None,
+    client: ClientData,
+    seed: int,
+    round_: int | None,
+    metrics: Metrics,
+    split: str = "test",
 ) -> list[dict]:
-    """Tidy ``results.jsonl`` records of one client's evaluation."""
+    """Tidy ``results.jsonl`` records of one client's evaluation (or, with another ``split``, other facts)."""
     return [
         {
             "method": method,
@@ -99,7 +108,7 @@ def records_of(
             "group": client.group,
             "seed": seed,
             "round": round_,
-            "split": "test",
+            "split": split,
             "metric": name,
             "value": float(value),
         }
@@ -139,6 +148,7 @@ class Worker:
         self.clients = {c.client_id: c for c in self.data.clients}
         self._stores: dict[tuple[str, int], ClientStateStore] = {}
         self._base_seed: int | None = None
+        self._client_undo: dict[str, torch.Tensor] = {}  # shared tensors a client's own base replaced
 
     # ------------------------------------------------------------------ base weights
     def base_checkpoint(self, seed: int) -> Path:
@@ -150,6 +160,9 @@ class Worker:
 
     def use_base(self, seed: int | None) -> None:
         """Make the base model of ``seed`` the runtime's starting point (``None``: the loaded weights)."""
+        if self._client_undo:  # back to the shared base
+            self.runtime.override_initial_base(self._client_undo)
+            self._client_undo = {}
         if seed is not None and seed == self._base_seed:
             return
         if seed is None or self.cfg.base.kind == "pretrained":
@@ -160,6 +173,47 @@ class Worker:
                 raise RuntimeError(f"base model of seed {seed} is missing at {path}")
             self.runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
         self._base_seed = seed
+
+    # ------------------------------------------------------------------ per-client base models
+    @property
+    def per_client_base(self) -> bool:
+        """Whether the base stage gives every client a base model of its own (FedDPA-T, DEPT(SPEC))."""
+        return self.cfg.base.kind == "federated" and self.methods[BASE_STAGE_LABEL].per_client_base
+
+    def client_base_path(self, seed: int, client_id: str) -> Path:
+        """Where one client's own changes to the shared base model of ``seed`` live."""
+        return self.run_dir / "checkpoints" / "client-base" / f"seed{seed}" / f"{client_id}.pt"
+
+    def prepare_client_base(self, seed: int, client_id: str) -> int:
+        """Compute and store one client's own base model (its changes to the shared one); returns its bytes.
+
+        Runs where the client's base-stage state lives (its node), right after the base stage; a stored one is
+        kept (resume).
+        """
+        path = self.client_base_path(seed, client_id)
+        if path.exists():
+            return 0
+        method = self.methods[BASE_STAGE_LABEL]
+        self.use_base(seed)
+        client_state = self.store(BASE_STAGE_LABEL, seed).get(client_id)
+        pseed = client_seed(seed, method.name, "client-base", None, client_id)
+        delta = method.client_base(self.runtime, self.clients[client_id], client_state, pseed)
+        save_atomic({"client_base": delta}, path)
+        self.runtime.install(ClientModel())
+        return path.stat().st_size
+
+    def use_client_base(self, seed: int, client_id: str) -> None:
+        """Make ``client_id``'s own base model of ``seed`` the starting point (the shared one if there is none)."""
+        self.use_base(seed)
+        if not self.per_client_base:
+            return
+        path = self.client_base_path(seed, client_id)
+        if not path.exists():
+            raise RuntimeError(f"the base model of client {client_id} (seed {seed}) is missing at {path}")
+        delta = torch.load(path, weights_only=False)["client_base"]
+        if delta is not None:
+            self._client_undo = self.runtime.override_initial_base(client_base_tensors(self.runtime, delta))
+        self.runtime.install(ClientModel())
 
     def store(self, label: str, seed: int) -> ClientStateStore:
         key = (label, seed)
@@ -196,7 +250,10 @@ class Worker:
     def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientUpdate:
         """One client's local work in one federated round."""
         method = self.methods[label]
-        self.use_base(None if label == BASE_STAGE_LABEL else seed)
+        if label == BASE_STAGE_LABEL:
+            self.use_base(None)
+        else:
+            self.use_client_base(seed, client_id)
         store = self.store(label, seed)
         client = self.client_in_round(client_id, round_, int(getattr(method.cfg, "rounds", 1)))
         update, client_state = method.client_update(
@@ -211,40 +268,69 @@ class Worker:
         return update
 
     def evaluate_base(self, seed: int, client_id: str) -> list[dict]:
-        """The base model (no personalization) on one client's test split."""
-        self.use_base(seed)
+        """The base model (no personalization) on one client's test split (the client's own, if it has one)."""
+        self.use_client_base(seed, client_id)
         client = self.clients[client_id]
         runtime = self.runtime_for(client_id)
         runtime.install(ClientModel())
         return records_of(BASE_LABEL, None, client, seed, None, runtime.evaluate(client.test))
 
     def personalize(
-        self, label: str, seed: int, client_id: str, state: ServerState, *, save_adapters: bool = False
+        self,
+        label: str,
+        seed: int,
+        client_id: str,
+        state: ServerState,
+        *,
+        save_adapters: bool = False,
+        budget_states: dict[int, ServerState] | None = None,
     ) -> tuple[list[dict], float]:
         """Personalize one client at every budget of the method and evaluate it.
 
+        ``budget_states`` holds the server state of each budget for methods with one federated phase per budget.
         Returns the records and the seconds spent personalizing (evaluation excluded).
         """
         method = self.methods[label]
-        self.use_base(seed)
+        self.use_client_base(seed, client_id)
         client = self.clients[client_id]
         budgets: list[int | None] = list(self.cfg.budgets) if method.uses_budget else [None]
+        budgets_of = getattr(method, "budgets_of", None)  # methods whose budget is the client's own (a tier)
+        if budgets_of is not None:
+            budgets = budgets_of(client)
         rounds = int(getattr(method.cfg, "rounds", 0)) if method.federated else None
         client_state = self.store(label, seed).get(client_id)
         records: list[dict] = []
         seconds = 0.0
+        prepare = getattr(method, "prepare_personalization", None)
+        if prepare is not None:
+            # Work every budget shares (e.g. BayesTune's rank scales), done once per client and timed with the rest.
+            started = time.perf_counter()
+            pseed = client_seed(seed, method.name, "prepare", None, client_id)
+            client_state = prepare(self.runtime_for(client_id), client, state, client_state, pseed)
+            seconds += time.perf_counter() - started
+            save_artifacts = getattr(method, "save_client_artifacts", None)
+            if save_artifacts is not None:
+                save_artifacts(client_state, client, self.run_dir, label, seed)
         for budget in budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
+            budget_state = budget_states[budget] if budget_states and budget is not None else state
             started = time.perf_counter()
-            model = method.personalize(self.runtime_for(client_id), client, state, client_state, budget, pseed)
-            seconds += time.perf_counter() - started
             runtime = self.runtime_for(client_id)
-            runtime.install(model, seed=pseed)
-            records += records_of(label, budget, client, seed, rounds, runtime.evaluate(client.test))
+            model = method.personalize(runtime, client, budget_state, client_state, budget, pseed)
+            seconds += time.perf_counter() - started
+            metrics = method.evaluate(runtime, client, model, pseed)
+            records += records_of(label, budget, client, seed, rounds, metrics)
             if save_adapters and model.lora is not None:
-                self.save_adapter(label, budget, client_id)
+                target = self.save_adapter(label, budget, client_id)
+                if model.routing is not None:  # how a mixture-of-experts model runs this adapter
+                    (target / "routing.json").write_text(json.dumps(dataclasses.asdict(model.routing)) + "\n")
             elif save_adapters and hasattr(model.extension, "save"):  # adapters PEFT lacks (PQ-LoRA, gated)
                 model.extension.save(self.run_dir / "adapters" / label / self._budget_dir(budget) / client_id)
+            records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
+            for name, variant in model.variants.items():
+                runtime.install(variant, seed=pseed)
+                metrics = runtime.evaluate(client.test)
+                records += records_of(f"{label}-{name}", budget, client, seed, rounds, metrics)
         return records, seconds
 
     @staticmethod
@@ -282,7 +368,8 @@ class Worker:
         """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
         runtime = self.runtime_for(client_id)
         assert runtime.active is not None and runtime.peft is not None
-        target = self.run_dir / "adapters" / label / ("global" if budget is None else f"r{budget}") / client_id
+        name = "global" if budget is None else f"r{budget}" if isinstance(budget, int) else str(budget)  # rank or tier
+        target = self.run_dir / "adapters" / label / name / client_id
         target.mkdir(parents=True, exist_ok=True)
         config = runtime.active.to_peft(runtime.loaded.head_modules)
         config.base_model_name_or_path = str((self.run_dir / "base_model").resolve())

@@ -12,6 +12,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tiny models run fastest on one thread, and a second thread only contends on a shared machine.
+torch.set_num_threads(1)
 
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
@@ -47,6 +49,15 @@ def toy_tokenizer():
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
     )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and several threads contend on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -94,5 +105,88 @@ def toy_worker_factory(toy_runtime, toy_clients, tmp_path):
         data = FederatedData("toy", "classification", ["no", "yes"], ["g"], toy_clients)
         cfg = ExperimentConfig(methods=methods, budgets=[2])
         return Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
+
+    return make
+
+
+# ---------------------------------------------------------------------- a toy sparse mixture of experts
+
+
+@dataclass
+class ToyMoeLoaded:
+    model: torch.nn.Module
+    tokenizer: object
+    task: str = "generation"
+    name: str = "toy-olmoe"
+    family: str = "olmoe"
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    head_modules: list[str] = field(default_factory=list)
+    lora_parameters: list[str] = field(default_factory=lambda: ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+
+
+def toy_moe_model(num_experts: int = 8, top_k: int = 8, layers: int = 1) -> torch.nn.Module:
+    """A 1-layer OLMoE (hidden 32, experts of width 8) over the toy vocabulary, from a fixed seed."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    config = OlmoeConfig(
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=8,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return OlmoeForCausalLM(config)
+
+
+def toy_generation_example(rng: random.Random) -> dict:
+    words = [rng.choice(WORDS) for _ in range(4)]
+    return {"prompt": " ".join(words), "response": " ".join(reversed(words[:2])), "group": "g"}
+
+
+@pytest.fixture
+def toy_moe_runtime():
+    from fedpeft.models.runtime import ModelRuntime
+
+    return ModelRuntime(ToyMoeLoaded(toy_moe_model(), toy_tokenizer()), eval_batch_size=32, max_new_tokens=3)
+
+
+@pytest.fixture
+def toy_moe_clients():
+    from fedpeft.data.types import ClientData
+
+    rng = random.Random(1)
+    return [
+        ClientData(
+            f"c{i}",
+            "g",
+            "seen",
+            [toy_generation_example(rng) for _ in range(24)],
+            [toy_generation_example(rng) for _ in range(6)],
+        )
+        for i in range(4)
+    ]
+
+
+@pytest.fixture
+def toy_moe_worker_factory(toy_moe_runtime, toy_moe_clients, tmp_path):
+    """Build a Worker over the toy OLMoE runtime and generation clients for the given method entries."""
+    from fedpeft.config import ExperimentConfig
+    from fedpeft.data.types import FederatedData
+    from fedpeft.worker import Worker
+
+    def make(methods: list[dict]) -> Worker:
+        data = FederatedData("toy-moe", "generation", None, ["g"], toy_moe_clients)
+        cfg = ExperimentConfig(methods=methods, budgets=[2])
+        return Worker(cfg, tmp_path, data=data, runtime=toy_moe_runtime)
 
     return make

@@ -422,3 +422,21 @@ def test_deployment_on_loopback(tmp_path):
 def test_flower_config_keeps_client_state_on_disk():
     cfg = flower_config(ExperimentConfig())
     assert cfg.engine.name == "flower" and cfg.engine.state == "disk"
+
+
+@pytest.mark.parametrize("dataset", ["synthetic-fedaya", "synthetic-masakhanews"])
+def test_client_side_config_builds_the_servers_data(dataset):
+    """Datasets read keys left unset as their own defaults (Fed-Aya's natural partition, MasakhaNEWS' client
+    count): the text a ClientApp rebuilds the config from keeps which keys were given, so a node builds the
+    server's clients; the fully resolved dump would mark every key as given."""
+    from fedpeft.config import dump_config, dump_given
+    from fedpeft.worker import build_data
+
+    cfg = flower_config(validate({"name": "x", "data": {"name": dataset}, "model": {"name": "tiny-llama"}}))
+    server = build_data(cfg)
+    given = validate(yaml.safe_load(dump_given(cfg)))
+    node = build_data(given)
+    assert [c.client_id for c in node.clients] == [c.client_id for c in server.clients]
+    assert [len(c.train) for c in node.clients] == [len(c.train) for c in server.clients]
+    resolved = validate(yaml.safe_load(dump_config(cfg)))
+    assert resolved.data.model_fields_set > given.data.model_fields_set

@@ -13,32 +13,62 @@ from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate
 from fedpeft.worker import build_method
 
-FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "lr": 1e-2}
+FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "local_epochs": None, "lr": 1e-2}
+# Lengths of phases that some methods run besides their federated rounds (e.g. Potara's local phase).
+SHORT = {"local_rounds": 2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
 ALL = METHODS.names()
+# Methods that need a sparse mixture-of-experts model run on a toy OLMoE (generation) instead of the toy BERT.
+MOE_ONLY = {"flame"}
+# Methods whose aggregation re-factorizes the LoRA (an SVD): identical updates give back the same product B A.
+SAME_PRODUCT = {"flexlora"}
+
+
+def toy_setup(name: str, request) -> tuple:
+    """(runtime, clients, worker factory) of the toy model the method runs on."""
+    prefix = "toy_moe" if name in MOE_ONLY else "toy"
+    return tuple(request.getfixturevalue(f"{prefix}_{part}") for part in ("runtime", "clients", "worker_factory"))
+
+
+def lora_products(tensors: dict) -> dict:
+    """B @ A of every plain LoRA module, by module key."""
+    return {
+        k[: -len(".lora_A.weight")]: tensors[k.replace("lora_A", "lora_B")] @ v
+        for k, v in tensors.items()
+        if k.endswith(".lora_A.weight")
+    }
 
 
 def make(name: str, **extra):
     cls = METHODS.get(name)
-    fields = {k: v for k, v in {**FAST, **extra}.items() if k in cls.Config.model_fields}
+    fields = {k: v for k, v in {**FAST, **SHORT, **extra}.items() if k in cls.Config.model_fields}
     return build_method({"name": name, **fields})
 
 
 @pytest.mark.parametrize("name", FEDERATED)
-def test_aggregating_identical_updates_is_identity(name, toy_runtime, toy_clients):
+def test_aggregating_identical_updates_is_identity(name, request):
+    toy_runtime, toy_clients, _ = toy_setup(name, request)
     method = make(name)
     state = method.init_server(toy_runtime, seed=0)
     update, _ = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
     copies = [
-        ClientUpdate(str(i), {k: v.clone() for k, v in update.tensors.items()}, 10.0 + i) for i in range(3)
+        ClientUpdate(str(i), {k: v.clone() for k, v in update.tensors.items()}, 10.0 + i, extras=update.extras)
+        for i in range(3)
     ]
     new_state, _ = method.aggregate(state, iter(copies))
+    if name in SAME_PRODUCT:
+        expected, got = lora_products(update.tensors), lora_products(new_state.tensors)
+        assert expected
+        for key, product in expected.items():
+            torch.testing.assert_close(got[key], product, atol=1e-6, rtol=1e-5, msg=key)
+        return
     for key, tensor in update.tensors.items():
         torch.testing.assert_close(new_state.tensors[key], tensor, msg=key)
 
 
 @pytest.mark.parametrize("name", FEDERATED)
-def test_federated_round_runs_and_keeps_private_keys_home(name, toy_runtime, toy_clients, toy_worker_factory):
+def test_federated_round_runs_and_keeps_private_keys_home(name, request):
+    toy_runtime, toy_clients, toy_worker_factory = toy_setup(name, request)
     worker = toy_worker_factory(
         [{"name": name, **{k: v for k, v in FAST.items() if k in METHODS.get(name).Config.model_fields}}]
     )
@@ -67,7 +97,8 @@ def test_federated_round_runs_and_keeps_private_keys_home(name, toy_runtime, toy
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_personalize_gives_an_evaluable_model(name, toy_runtime, toy_clients):
+def test_personalize_gives_an_evaluable_model(name, request):
+    toy_runtime, toy_clients, _ = toy_setup(name, request)
     method = make(name)
     state = method.init_server(toy_runtime, seed=0)
     budget = 2 if method.uses_budget else None
@@ -75,7 +106,7 @@ def test_personalize_gives_an_evaluable_model(name, toy_runtime, toy_clients):
     assert isinstance(model, ClientModel)
     toy_runtime.install(model, seed=4)
     metrics = toy_runtime.evaluate(toy_clients[1].test)
-    assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert metrics and all(0.0 <= value <= 1.0 for value in metrics.values())
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if not METHODS.get(n).federated])
@@ -119,6 +150,20 @@ def test_fedprox_pulls_toward_global(toy_runtime, toy_clients):
     a, _ = fedit.client_update(toy_runtime, toy_clients[0], fedit.payload(state, "c0"), None, seed=1)
     b, _ = fedprox.client_update(toy_runtime, toy_clients[0], fedprox.payload(state, "c0"), None, seed=1)
     assert distance(b) < distance(a)
+    # Every trained tensor is anchored, the classification head included.
+    head = [k for k in state.tensors if "classifier" in k]
+    assert head
+    for key in head:
+        assert (b.tensors[key] - state.tensors[key]).norm() < (a.tensors[key] - state.tensors[key]).norm()
+
+
+def test_fedprox_anchors_every_adapter_parameter(toy_runtime):
+    from fedpeft.methods.fedit import _state_key
+
+    fedprox = make("fedprox")
+    state = fedprox.init_server(toy_runtime, seed=0)
+    keys = {_state_key(name, toy_runtime) for name in toy_runtime.adapter_parameters()}
+    assert keys == set(state.tensors)
 
 
 def test_fedavg_full_uploads_every_weight(toy_runtime, toy_clients):

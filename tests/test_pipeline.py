@@ -48,7 +48,7 @@ def test_smoke_writes_the_output_contract(smoke_run):
     records = read_jsonl(smoke_run / "results.jsonl")
     assert all(set(r) == RECORD_KEYS for r in records)
     methods = {r["method"] for r in records}
-    assert methods == {"base", "lora", "fedit", "fedprox", "local", "fedavg_full"}
+    assert methods == {"base", "lora", "fedit", "fedprox", "local", "fedavg_full", "fedp2eft"}
     assert {r["budget"] for r in records if r["method"] == "lora"} == {2, 4}
     assert {r["pool"] for r in records} == {"seen", "unseen"}
     # cyr1 is the language that appears only in the unseen pool.

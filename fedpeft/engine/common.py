@@ -10,6 +10,7 @@ import resource
 import sys
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from fedpeft.types import derive_seed
 
@@ -22,6 +23,16 @@ def sample_clients(
     k = min(len(ordered), max(min_clients, math.ceil(fraction * len(ordered) - 1e-9)))
     chosen = random.Random(derive_seed(seed, "sample", round_)).sample(ordered, k)
     return sorted(chosen)
+
+
+def sample_round(method: Any, client_ids: list[str], seed: int, round_: int) -> list[str]:
+    """The clients of one round of ``method``: its own ``sample(client_ids, round_, seed)`` when it defines one
+    (e.g. per-tier participation rates), else :func:`sample_clients` with its ``fraction`` and ``min_clients``."""
+    custom = getattr(method, "sample", None)
+    if custom is not None:
+        return sorted(custom(client_ids, round_, seed))
+    cfg = method.cfg
+    return sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
 
 
 def client_seed(seed: int, method: str, phase: str, round_: int | None, client_id: str) -> int:

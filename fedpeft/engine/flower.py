@@ -40,8 +40,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedpeft.config import ExperimentConfig, dump_config, validate
-from fedpeft.engine.common import CostMeter, release_memory, sample_clients
+from fedpeft.config import ExperimentConfig, dump_given, validate
+from fedpeft.engine.common import CostMeter, release_memory, sample_round
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
 from fedpeft.progress import Progress
@@ -60,12 +60,14 @@ TRAIN = "train"  # one client's local training in one federated round
 EVALUATE_BASE = "evaluate.base"  # the base model on one client's test split
 PERSONALIZE = "train.personalize"  # one client's personalization at every budget, then its evaluation
 EVALUATE_ROUND = "evaluate.round"  # one client's current model during a federated phase (eval.every)
+CLIENT_BASE = "train.client_base"  # one client's own base model after a per-client base stage
 PARTITION_QUERY = "query.partition"  # which partition of the clients a node serves
 BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
 
 # Worker operation -> message type. Only these operations can be called through a message.
 OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}
 OPERATIONS["evaluate_round"] = EVALUATE_ROUND
+OPERATIONS["prepare_client_base"] = CLIENT_BASE
 
 # Keys of a message's RecordDict and of its ConfigRecord.
 ARRAYS_KEY = "fedpeft.arrays"  # ArrayRecord: every tensor of the message
@@ -171,7 +173,7 @@ class ClientTask:
         op: the worker operation (a key of :data:`OPERATIONS`).
         client_id: the client it runs for.
         run_dir: the run directory (a node may keep its own copy: node config ``run-dir``).
-        config_text: the resolved experiment config as YAML, from which the ClientApp builds its worker.
+        config_text: the experiment config as given (``dump_given``), from which the ClientApp builds its worker.
         kwargs: the operation's keyword arguments besides ``client_id``.
     """
 
@@ -312,6 +314,7 @@ client_app.train()(handle_task)
 client_app.evaluate("base")(handle_task)
 client_app.train("personalize")(handle_task)
 client_app.evaluate("round")(handle_task)
+client_app.train("client_base")(handle_task)
 client_app.query("partition")(handle_partition_query)
 client_app.query("base")(handle_base_query)
 
@@ -353,7 +356,7 @@ class GridEngine:
         self.worker = worker
         self.cfg = cfg or worker.cfg
         self.run_dir = str(Path(run_dir or worker.run_dir).resolve())
-        self.config_text = dump_config(self.cfg)
+        self.config_text = dump_given(self.cfg)
         self.on_client = on_client
         self.reply_timeout = reply_timeout
         self.node_timeout = node_timeout
@@ -384,7 +387,9 @@ class GridEngine:
         if label != BASE_STAGE_LABEL:
             self._sync_base(seed)
         for round_ in range(start_round, cfg.rounds):
-            sampled = sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
+            if method.should_stop(state):
+                break
+            sampled = sample_round(method, client_ids, seed, round_)
             started = time.perf_counter()
             tasks, bytes_down = [], {}
             for client_id in sampled:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fedpeft.engine.common import CostMeter, release_memory, sample_clients
+from fedpeft.engine.common import CostMeter, release_memory, sample_round
 from fedpeft.methods.base import Method
 from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes, upload_bytes
 from fedpeft.worker import Worker
@@ -40,7 +40,9 @@ class LocalEngine:
         """Run rounds ``start_round .. cfg.rounds - 1`` of ``method`` over ``client_ids``."""
         cfg: Any = method.cfg
         for round_ in range(start_round, cfg.rounds):
-            sampled = sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
+            if method.should_stop(state):
+                break
+            sampled = sample_round(method, client_ids, seed, round_)
             started = time.perf_counter()
             updates = self._updates(label, method, state, sampled, seed, round_, meter)
             state, metrics = method.aggregate(state, updates)

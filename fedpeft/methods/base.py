@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from fedpeft.base_models import ClientBase
 from fedpeft.data.types import ClientData
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
@@ -47,11 +48,12 @@ class FederatedConfig(MethodConfig):
 
 
 class LoraConfigMixin(BaseModel):
-    """LoRA shape knobs (rank, scaling, dropout)."""
+    """LoRA shape knobs (rank, scaling, dropout; ``targets``: module-name suffixes, all linear layers if unset)."""
 
     rank: int = 8
     alpha: float | None = None
     dropout: float = 0.0
+    targets: list[str] | None = None
 
 
 class Method:
@@ -63,6 +65,12 @@ class Method:
     uses_budget: ClassVar[bool] = False
     # Tensor-name fragments that never leave the client (checked by the method matrix tests).
     private_keys: ClassVar[tuple[str, ...]] = ()
+    # One federated phase per budget (the server state depends on the budget, e.g. FedL2P's learning-rate MLP).
+    federated_per_budget: ClassVar[bool] = False
+    # Usable as the federated base stage (``base.kind: federated``): implements ``export_base``; with
+    # ``per_client_base`` also ``client_base`` (every client gets a base model of its own).
+    base_stage: ClassVar[bool] = False
+    per_client_base: ClassVar[bool] = False
 
     def __init__(self, cfg: MethodConfig) -> None:
         self.cfg = cfg
@@ -73,6 +81,14 @@ class Method:
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         return ServerState()
+
+    def init_server_for_budget(self, runtime: ModelRuntime, seed: int, budget: int) -> ServerState:
+        """The initial server state of the federated phase for ``budget`` (methods with ``federated_per_budget``)."""
+        return self.init_server(runtime, seed)
+
+    def should_stop(self, state: ServerState) -> bool:
+        """Whether the federated phase ends before its last round (early stopping); checked before every round."""
+        return False
 
     def payload(self, state: ServerState, client_id: str) -> Payload:
         return Payload(tensors=state.tensors)
@@ -98,6 +114,21 @@ class Method:
         seed: int,
     ) -> ClientModel:
         raise NotImplementedError
+
+    def evaluate(self, runtime: ModelRuntime, client: ClientData, model: ClientModel, seed: int) -> Metrics:
+        """Metrics of the personalized ``model`` on the client's test split (methods that infer differently, such
+        as FedDPA's instance-wise adapter mixing, override this)."""
+        runtime.install(model, seed=seed)
+        return runtime.evaluate(client.test)
+
+    def export_base(self, runtime: ModelRuntime, state: ServerState) -> StateDict:
+        """Every base tensor of the shared base model this method's final ``state`` gives (``base_stage``)."""
+        raise NotImplementedError(f"{self.name} cannot produce a base model")
+
+    def client_base(self, runtime: ModelRuntime, client: ClientData, client_state: Any, seed: int) -> ClientBase | None:
+        """One client's own changes to the shared base model (``per_client_base``), computed on the runtime with
+        the shared base installed; ``None`` keeps the shared base."""
+        return None
 
 
 def weighted_mean(updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
@@ -129,11 +160,23 @@ def weighted_mean(updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
     return mean, metrics
 
 
-def lora_spec(runtime: ModelRuntime, rank: int, alpha: float | None = None, dropout: float = 0.0) -> LoraSpec:
-    """A LoRA of ``rank`` on all linear layers of the runtime's model (alpha defaults to 2 * rank)."""
+def lora_spec(
+    runtime: ModelRuntime,
+    rank: int,
+    alpha: float | None = None,
+    dropout: float = 0.0,
+    targets: list[str] | None = None,
+) -> LoraSpec:
+    """A LoRA of ``rank`` on ``targets`` (default: all linear layers of the runtime's model and the fused expert
+    tensors of a mixture-of-experts model; alpha: 2 * rank)."""
+    if targets:
+        from fedpeft.methods.lora_parts import target_spec
+
+        return target_spec(runtime, rank, alpha, dropout, targets)
     return LoraSpec(
         rank=rank,
         alpha=float(alpha if alpha is not None else 2 * rank),
         targets=tuple(runtime.loaded.lora_targets),
         dropout=dropout,
+        target_parameters=tuple(getattr(runtime.loaded, "lora_parameters", ())),
     )

@@ -14,10 +14,11 @@ from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, ServerState
+from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict
 
 
 class FedAvgFullConfig(FederatedConfig):
+    rounds: int = 100
     lr: float = 5e-5
 
 
@@ -27,6 +28,7 @@ class FedAvgFull(Method):
 
     name = "fedavg_full"
     Config = FedAvgFullConfig
+    base_stage = True
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         runtime.load_base(None)
@@ -60,3 +62,6 @@ class FedAvgFull(Method):
         seed: int,
     ) -> ClientModel:
         return ClientModel(base=state.tensors)
+
+    def export_base(self, runtime: ModelRuntime, state: ServerState) -> StateDict:
+        return dict(state.tensors)

@@ -9,6 +9,9 @@ https://arxiv.org/abs/1812.06127. FedIT plus the proximal term (mu / 2) ||w - w_
 
 Personalization: every client, seen or unseen, keeps the global adapter, optionally fine-tuned locally for
 ``finetune_epochs`` epochs (0 by default: plain FedIT).
+
+An optional ``merge`` block (:class:`fedpeft.merging.MergeConfig`: operator, space, alpha, ...) replaces the
+average by another merge of the uploaded adapters, e.g. ``merge: {operator: ties}`` is FedIT with TIES-Merging.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from typing import Any
 import torch
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, lora_spec
+from fedpeft.merging import MergeConfig, merge_lora_states
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, lora_spec, weighted_mean
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, ServerState, derive_seed
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
 
 
 class FedITConfig(FederatedConfig, LoraConfigMixin):
     finetune_epochs: float = 0.0
     finetune_lr: float | None = None
+    merge: MergeConfig | None = None
 
 
 @METHODS.register("fedit", aliases=("fedavg",))
@@ -37,12 +42,36 @@ class FedIT(Method):
     Config = FedITConfig
 
     def spec(self, runtime: ModelRuntime):  # noqa: ANN201
-        return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout)
+        return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
+
+    @property
+    def merge_config(self) -> MergeConfig | None:
+        """The server's merge of the uploaded adapters (``None``: the streaming weighted mean)."""
+        return getattr(self.cfg, "merge", None)  # subclasses with their own config may lack the key
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         runtime.activate(self.spec(runtime))
         runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        return ServerState(tensors=runtime.adapter_state())
+        extra = {"seed": seed} if self.merge_config is not None else {}  # seeds DARE's drops
+        return ServerState(tensors=runtime.adapter_state(), extra=extra)
+
+    def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
+        if self.merge_config is None:
+            return super().aggregate(state, updates)
+        received = list(updates)
+        _, metrics = weighted_mean(ClientUpdate(u.client_id, {}, u.weight, u.metrics) for u in received)
+        if not received:
+            return state, metrics
+        rank = self.cfg.rank
+        scaling = float(self.cfg.alpha if self.cfg.alpha is not None else 2 * rank) / rank
+        tensors = merge_lora_states(
+            [u.tensors for u in received],
+            [u.weight for u in received],
+            self.merge_config,
+            scaling=scaling,
+            seed=derive_seed(state.extra.get("seed", 0), self.name, "merge", state.round),
+        )
+        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
 
     def extra_loss(self, runtime: ModelRuntime, payload: Payload):  # noqa: ANN201
         return None
@@ -53,7 +82,7 @@ class FedIT(Method):
         runtime.install(ClientModel(lora=self.spec(runtime), adapter=payload.tensors), seed=seed)
         metrics = runtime.train(
             client.train,
-            lr=self.cfg.lr,
+            lr=float(payload.config.get("lr", self.cfg.lr)),  # a server-side schedule may set the round's lr
             batch_size=self.cfg.batch_size,
             seed=seed,
             epochs=self.cfg.local_epochs,
@@ -117,4 +146,6 @@ class FedProx(FedIT):
 def _state_key(param_name: str, runtime: ModelRuntime) -> str:
     """PEFT parameter name -> key of ``get_peft_model_state_dict`` (adapter name dropped)."""
     assert runtime.active is not None
-    return param_name.replace(f".{runtime.active.key}", "")
+    key = runtime.active.key
+    # The task head is a PEFT ``modules_to_save`` copy: ``classifier.modules_to_save.<adapter>.weight``.
+    return param_name.replace(f".modules_to_save.{key}", "").replace(f".{key}", "")

@@ -97,7 +97,7 @@ class Local(Method):
         budget: int | None,
         seed: int,
     ) -> ClientModel:
-        spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout)
+        spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
         steps = self.cfg.rounds * self.cfg.local_steps
         return _train_fresh_lora(
             runtime, client, spec, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, steps=steps

@@ -8,6 +8,7 @@ PEFT adapters on the same base model; switching clients means loading tensors, n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Callable, Iterator
@@ -17,9 +18,11 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
+from peft.utils.other import AuxiliaryTrainingWrapper
 
 from fedpeft.data.types import Example
 from fedpeft.errors import UserError
+from fedpeft.models.moe import MoeControl, Routing
 from fedpeft.models.targets import lora_modules
 from fedpeft.training import LossHook, StepHook, train_loop
 from fedpeft.types import Metrics, StateDict
@@ -32,6 +35,10 @@ class LoraSpec:
     ``rank_pattern`` / ``alpha_pattern`` give per-module ranks (pruned rank structures); ``targets`` are module-name
     suffixes as PEFT's ``target_modules`` reads them. ``slot`` tells apart adapters of the same shape that must
     coexist on the model (a client's "global" and "local" LoRA, a frozen teacher beside a trained student).
+    ``head=False`` leaves the task head out of the adapter (a second adapter that is active together with one that
+    carries the head: PEFT lets only one active adapter own it).
+    ``target_parameters`` are parameter-name suffixes that get LoRA directly (PEFT ``target_parameters``), such
+    as the fused expert tensors of a mixture-of-experts model (one rank-r block per expert).
     """
 
     rank: int
@@ -41,6 +48,8 @@ class LoraSpec:
     rank_pattern: tuple[tuple[str, int], ...] = ()
     alpha_pattern: tuple[tuple[str, float], ...] = ()
     slot: str = ""
+    head: bool = True
+    target_parameters: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -56,7 +65,8 @@ class LoraSpec:
             lora_dropout=self.dropout,
             rank_pattern=dict(self.rank_pattern),
             alpha_pattern=dict(self.alpha_pattern),
-            modules_to_save=list(head_modules) or None,
+            modules_to_save=(list(head_modules) or None) if self.head else None,
+            target_parameters=list(self.target_parameters) or None,
         )
 
 
@@ -66,12 +76,27 @@ class ClientModel:
 
     ``extension`` is an adapter kind PEFT lacks (PQ-LoRA, gated dual adapters): an object with
     ``attach(runtime) -> detach`` that adds its computation to the base model (forward hooks) until ``detach()``.
+    ``routing`` sets how a mixture-of-experts model runs for this client (experts per token, output rescaler);
+    ``None`` runs it as loaded. Dense models ignore it.
+    Optional extras (all default to nothing):
+
+    - ``attach``: installs what a single PEFT adapter cannot express (forward hooks, mixer modules) after the
+      adapter is loaded, and returns the function that removes it again; the runtime removes it before the
+      next adapter is activated.
+    - ``variants``: other models the method built on the way (e.g. the two parts of a merge); the worker
+      evaluates each and records it as the method ``<label>-<variant name>``.
+    - ``info``: facts about how the model was built (a mixing weight, seconds spent merging), recorded in
+      ``results.jsonl`` with split ``personalize``.
     """
 
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
     extension: Any = None
+    routing: Routing | None = None
+    attach: Callable[[ModelRuntime], Callable[[], None]] | None = None
+    variants: dict[str, ClientModel] = field(default_factory=dict)
+    info: Metrics = field(default_factory=dict)
 
 
 class ModelRuntime:
@@ -116,6 +141,9 @@ class ModelRuntime:
         self.architecture: str = "default"
         self.federation: Any = None
         self._detach_extension: Callable[[], None] | None = None
+        # Top-k, rescaler and activation counts of a mixture-of-experts model (None for dense models).
+        self.moe: MoeControl | None = MoeControl.of(self.base_model)
+        self._detach: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ weights
     def base_state(self) -> StateDict:
@@ -137,8 +165,12 @@ class ModelRuntime:
     def activate(self, spec: LoraSpec | None) -> torch.nn.Module:
         """Make the adapter of shape ``spec`` the active one (creating it once) and return the model to call.
 
-        ``None`` deactivates adapters: the returned model computes with the base weights only.
+        ``None`` deactivates adapters: the returned model computes with the base weights only. Whatever a
+        client model's ``attach`` installed is removed first.
         """
+        if self._detach is not None:
+            detach, self._detach = self._detach, None
+            detach()
         if spec is None:
             self.active = None
             return self.base_model if self.peft is None else self.peft
@@ -197,12 +229,18 @@ class ModelRuntime:
     def install(self, client_model: ClientModel, *, seed: int = 0) -> torch.nn.Module:
         """Install a client's model (base overrides, adapter, extension) and return the model to call."""
         self.detach_extension()
+        if client_model.base is not None and len(client_model.base) < len(self.base_params):
+            self.load_base(None)  # a partial override applies on top of the initial weights, not the last client's
         self.load_base(client_model.base)
+        if self.moe is not None:
+            self.moe.configure(client_model.routing)
         model = self.activate(client_model.lora)
         if client_model.lora is not None:
             self.reset_adapter(seed)
             if client_model.adapter:
                 self.load_adapter(client_model.adapter)
+        if client_model.attach is not None:
+            self._detach = client_model.attach(self)
         if client_model.extension is not None:
             self._detach_extension = client_model.extension.attach(self)
         return model
@@ -213,16 +251,106 @@ class ModelRuntime:
             self._detach_extension()
             self._detach_extension = None
 
+    def remove_adapter(self, spec: LoraSpec) -> None:
+        """Delete the PEFT adapter of shape ``spec`` if present (for one-off shapes such as pruned structures)."""
+        if self.peft is None or spec.key not in self.peft.peft_config:
+            return
+        if self.active == spec:
+            self.active = None
+        self.peft.delete_adapter(spec.key)
+
+    @contextlib.contextmanager
+    def using_adapter(self, spec: LoraSpec | None) -> Iterator[torch.nn.Module]:
+        """Compute with another adapter (``None``: base weights only) in eval mode, then restore everything.
+
+        For a frozen teacher beside a trained student: inside, the model runs with ``spec``'s adapter (which
+        must have been created and loaded before); on exit the previously active adapter, the train/eval mode
+        and every parameter's ``requires_grad`` flag are as they were, so a training loop can call this between
+        its forward and backward passes.
+        """
+        previous = self.active
+        model = self._model()
+        flags = {name: p.requires_grad for name, p in model.named_parameters()}
+        was_training = model.training
+        try:
+            if spec is None:
+                context = self.peft.disable_adapter() if self.peft is not None else contextlib.nullcontext()
+                with context:
+                    model.eval()
+                    yield model
+            else:
+                teacher = self.activate(spec)
+                teacher.eval()
+                yield teacher
+        finally:
+            if spec is not None:
+                self.activate(previous)
+            for name, p in model.named_parameters():
+                p.requires_grad_(flags.get(name, False))
+            model.train(was_training)
+
     def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:
         """Trainable parameters of the active adapter (LoRA weights and head copy), by PEFT name."""
         assert self.peft is not None and self.active is not None, "no active adapter"
         name = self.active.key
         return {k: p for k, p in self.peft.named_parameters() if f".{name}." in k or k.endswith(f".{name}")}
 
+    def detach_adapters(self) -> None:
+        """Remove every injected LoRA layer and head copy, restoring the plain base modules.
+
+        Lets a PEFT adapter of another type (AdaLoRA) wrap the base model; LoRA adapters are re-created on the next
+        :meth:`activate` (their tensors always come from :meth:`install`, so nothing is lost).
+        """
+        if self.peft is None:
+            return
+        unload_adapters(self.peft)
+        self.peft = None
+        self.active = None
+
+    def merged_weights(self, scale: float = 1.0) -> StateDict:
+        """Base weights with the active adapter merged in, for the layers and head the adapter touches.
+
+        Returns ``{canonical parameter name: W + scale * delta}`` for every LoRA-adapted layer (``delta`` from PEFT's
+        ``get_delta_weight``), plus the adapter's copy of the task head; the model itself is left unchanged.
+        """
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        key = self.active.key
+        prefix = "base_model.model."
+        merged: StateDict = {}
+        with torch.no_grad():
+            for name, module in self.peft.named_modules():
+                canonical = name.removeprefix(prefix)
+                if isinstance(module, LoraLayer) and key in module.lora_A:
+                    weight = f"{canonical}.weight"
+                    delta = module.get_delta_weight(key)
+                    merged[weight] = self.base_params[weight].detach() + scale * delta.to(self.base_params[weight])
+                to_save = getattr(module, "modules_to_save", None)
+                if isinstance(to_save, torch.nn.ModuleDict) and key in to_save:
+                    for pname, param in to_save[key].named_parameters():
+                        merged[f"{canonical}.{pname}"] = param.detach().clone()
+        return merged
+
+    def override_initial_base(self, tensors: StateDict) -> StateDict:
+        """Replace some tensors of the weights :meth:`load_base` restores, and load them.
+
+        Returns the tensors they replaced, so that the caller can put them back (a per-client base model on top of
+        a shared one).
+        """
+        previous = {k: self._initial_base[k] for k in tensors}
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                self._initial_base[name] = tensor.detach().clone()
+                self.base_params[name].copy_(tensor)
+        return previous
+
     # ------------------------------------------------------------------ data
     def encode(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """Tokenize examples into padded tensors (labels included)."""
         tok = self.tokenizer
+        if self.task == "classification" and examples and "image" in examples[0]:
+            from fedpeft.models.vision import encode_images
+
+            return encode_images(self.loaded.image_processor, examples)
         if self.task == "classification":
             pairs = [ex.get("text_pair") for ex in examples]
             has_pair = any(p is not None for p in pairs)
@@ -290,8 +418,16 @@ class ModelRuntime:
         extra_loss: LossHook | None = None,
         after_backward: StepHook | None = None,
         optimizer_groups: list[dict[str, Any]] | None = None,
+        after_step: StepHook | None = None,
+        model: torch.nn.Module | None = None,
+        max_grad_norm: float | None = 1.0,
     ) -> Metrics:
-        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``."""
+        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``.
+
+        ``model`` is the module to call instead of the runtime's own (a PEFT model of another adapter type wrapped
+        around the base model after :meth:`detach_adapters`); ``after_step`` runs after every optimizer step;
+        ``max_grad_norm`` clips the global gradient norm (``None``: no clipping).
+        """
         if not examples:
             raise ValueError("no training examples")
         if params == "adapter":
@@ -300,7 +436,7 @@ class ModelRuntime:
             params = self.base_params
         assert isinstance(params, dict)
         total = self.steps_for(len(examples), batch_size, epochs, steps)
-        model = self._model()
+        model = model if model is not None else self._model()
         with self._adapter_context():
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -314,6 +450,8 @@ class ModelRuntime:
                     extra_loss=extra_loss,
                     after_backward=after_backward,
                     optimizer_groups=optimizer_groups,
+                    max_grad_norm=max_grad_norm,
+                    after_step=after_step,
                 )
 
     # ------------------------------------------------------------------ evaluation
@@ -368,7 +506,11 @@ class ModelRuntime:
         predictions = self.predict(examples)
         if self.task == "classification":
             return {"accuracy": evaluation.accuracy(predictions, [int(ex["label"]) for ex in examples])}
-        return evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])
+        metrics = evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])
+        if examples and all("answer" in ex for ex in examples):  # multiple choice answered in words
+            answers, options = [ex["answer"] for ex in examples], [ex.get("options", [ex["answer"]]) for ex in examples]
+            metrics["accuracy"] = evaluation.answer_accuracy(predictions, answers, options)
+        return metrics
 
     def check_budget(self, rank: int) -> None:
         """Refuse a LoRA rank larger than the smallest targeted layer allows."""
@@ -379,6 +521,14 @@ class ModelRuntime:
             raise UserError(
                 f"Budget r={rank} exceeds the largest rank this model allows ({limit}); use r <= {limit}."
             )
+
+
+def unload_adapters(model: PeftModel) -> torch.nn.Module:
+    """Remove a PEFT model's adapter layers and head copies, putting the original base modules back in place."""
+    for module in model.modules():
+        if isinstance(module, AuxiliaryTrainingWrapper):
+            module.set_adapter([])  # unloading then restores the original head, not a trained copy
+    return model.unload()
 
 
 HookFactory = Callable[[ModelRuntime], Any]

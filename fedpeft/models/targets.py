@@ -4,7 +4,10 @@ Targets are module-name suffixes in PEFT's matching rule (a module matches a tar
 ``t`` or ends with ``.t``), so they can be passed as ``LoraConfig(target_modules=...)`` unchanged.
 
 The rule for every family: LoRA goes on every linear layer of the transformer blocks -- attention
-projections and MLP -- and on nothing else. The task head (classifier, score, BERT's pooler, which only the
+projections and MLP -- and on nothing else. Mixture-of-experts families keep their experts in fused 3-D
+parameters rather than linear layers; those get LoRA through PEFT's ``target_parameters``
+(:data:`FAMILY_LORA_PARAMETERS`: one rank-r block per expert), the attention projections through
+``target_modules``; the router stays frozen. The task head (classifier, score, BERT's pooler, which only the
 classification head reads) is trained in full and saved with the adapter; embeddings and ``lm_head`` stay
 frozen.
 """
@@ -27,6 +30,18 @@ FAMILY_LORA_TARGETS: dict[str, list[str]] = {
     "mistral": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "olmo": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "olmoe": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+
+# Fused expert parameters of mixture-of-experts families (PEFT ``target_parameters`` suffixes).
+FAMILY_LORA_PARAMETERS: dict[str, list[str]] = {
+    "olmoe": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+}
+
+# The router weight of mixture-of-experts families, for methods that optionally put LoRA on it.
+FAMILY_ROUTER_PARAMETERS: dict[str, list[str]] = {
+    "olmoe": ["mlp.gate.weight"],
 }
 
 # Modules that make up a sequence-classification head, in the names transformers gives them.

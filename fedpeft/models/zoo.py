@@ -6,6 +6,10 @@ Registered names (see ``docs/models.md``):
   federation's texts. Classification.
 - ``tiny-llama``: a 2-layer Llama built from a config, with a byte-level BPE vocabulary trained on the
   federation's texts. Classification and generation.
+- ``tiny-olmoe``: a 2-layer OLMoE (sparse mixture of experts: 16 experts, top-8, gate values not
+  renormalized) with a byte-level BPE vocabulary trained on the federation's texts. Generation.
+- ``tiny-olmo``: its dense counterpart, a 2-layer OLMo whose MLP is as wide as OLMoE's 8 active experts
+  together (same active parameters per token). Generation.
 - ``tiny-llava``: LLaVA-style (tiny ViT, projector, 2-layer Llama) for questions about images; LLaVA
   checkpoints (``model_type: llava``) load too, with LoRA on the language model only
   (:mod:`fedpeft.models.multimodal`).
@@ -43,6 +47,10 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     LlamaForSequenceClassification,
+    OlmoConfig,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    OlmoForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -62,6 +70,7 @@ from fedpeft.errors import UserError
 from fedpeft.models.gguf import GGUFSource, cached_gguf_checkpoint, local_gguf_source
 from fedpeft.models.multimodal import build_tiny_llava, language_model_targets, load_image_text_checkpoint
 from fedpeft.models.targets import (
+    FAMILY_LORA_PARAMETERS,
     FAMILY_LORA_TARGETS,
     count_lora_modules,
     discover_lora_targets,
@@ -105,6 +114,9 @@ class LoadedModel:
             ``target_modules``); never the task head, ``lm_head`` or embeddings.
         head_modules: modules trained in full and saved with the adapter (PEFT ``modules_to_save``): the
             classification head; empty for generation.
+        lora_parameters: parameter-name suffixes that get LoRA directly (PEFT ``target_parameters``): the
+            fused expert tensors of mixture-of-experts models; empty for dense models.
+        image_processor: the image processor of a vision model (whose ``tokenizer`` is then ``None``).
     """
 
     model: torch.nn.Module
@@ -114,6 +126,8 @@ class LoadedModel:
     family: str
     lora_targets: list[str] = field(default_factory=list)
     head_modules: list[str] = field(default_factory=list)
+    lora_parameters: list[str] = field(default_factory=list)
+    image_processor: Any = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +234,61 @@ def _build_tiny_llama(
     return model, tokenizer
 
 
+TINY_OLMOE_EXPERTS = 16
+TINY_OLMOE_TOP_K = 8
+TINY_OLMOE_EXPERT_WIDTH = 32
+
+
+def _build_tiny_olmoe(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
+    config = OlmoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=TINY_OLMOE_EXPERT_WIDTH,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_experts=TINY_OLMOE_EXPERTS,
+        num_experts_per_tok=TINY_OLMOE_TOP_K,
+        norm_topk_prob=False,
+        max_position_embeddings=max(2048, 4 * cfg.max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    apply_overrides(config, cfg.overrides, cfg.name)
+    with seeded_init():
+        model = OlmoeForCausalLM(config)
+    return model, tokenizer
+
+
+def _build_tiny_olmo(
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
+    config = OlmoConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        # As wide as the tiny OLMoE's active experts together: the same active parameters per token.
+        intermediate_size=TINY_OLMOE_TOP_K * TINY_OLMOE_EXPERT_WIDTH,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=max(2048, 4 * cfg.max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    apply_overrides(config, cfg.overrides, cfg.name)
+    with seeded_init():
+        model = OlmoForCausalLM(config)
+    return model, tokenizer
+
+
 QWEN2_VOCAB_FACTOR = 1.25
 """tiny-qwen2's vocabulary is this multiple of ``model.vocab_size``: a family of its own, tokenizing differently
 from tiny-llama (Qwen2.5's real vocabulary is also larger than Llama 3's)."""
@@ -262,6 +331,10 @@ def _load_checkpoint(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized."""
     config = AutoConfig.from_pretrained(source, revision=revision)
+    from fedpeft.models.vision import is_image_classifier, load_image_checkpoint
+
+    if task == "classification" and is_image_classifier(config):
+        return load_image_checkpoint(source, cfg, num_labels, revision)
     apply_overrides(config, cfg.overrides, cfg.name)
     _set_labels(config, task, num_labels)
     mapping = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING if task == "classification" else MODEL_FOR_CAUSAL_LM_MAPPING
@@ -364,6 +437,26 @@ MODELS.add(
         tasks=("classification", "generation"),
         build=_build_tiny_llama,
         summary="2-layer Llama (hidden 64, GQA 4/2) with a byte-level BPE vocabulary trained on the data",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
+    "tiny-olmoe",
+    ModelSpec(
+        family="olmoe",
+        tasks=("generation",),
+        build=_build_tiny_olmoe,
+        summary="2-layer OLMoE (hidden 64, 16 experts of width 32, top-8) with a BPE vocabulary trained on the data",
+        needs_corpus=True,
+    ),
+)
+MODELS.add(
+    "tiny-olmo",
+    ModelSpec(
+        family="olmo",
+        tasks=("generation",),
+        build=_build_tiny_olmo,
+        summary="2-layer dense OLMo (hidden 64, MLP 256: tiny-olmoe's active width) with a BPE vocabulary",
         needs_corpus=True,
     ),
 )
@@ -506,7 +599,11 @@ def load_model(
         model, tokenizer = _load_external(cfg, task, num_labels)
         family = normalize_family(model.config.model_type)
 
-    _prepare_tokenizer(tokenizer, model, task, cfg.max_length)
+    processor = None
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        _prepare_tokenizer(tokenizer, model, task, cfg.max_length)
+    else:  # a vision model comes with its image processor instead
+        processor, tokenizer = tokenizer, None
     model.eval()
     head_modules = head_modules_of(model) if task == "classification" else []
     lora_targets = FAMILY_LORA_TARGETS.get(family) or discover_lora_targets(model, exclude=head_modules)
@@ -520,4 +617,23 @@ def load_model(
         family=family,
         lora_targets=list(lora_targets),
         head_modules=head_modules,
+        lora_parameters=list(FAMILY_LORA_PARAMETERS.get(family, [])),
+        image_processor=processor,
     )
+
+
+def _register_vision() -> None:
+    from fedpeft.models.vision import build_tiny_vit
+
+    MODELS.add(
+        "tiny-vit",
+        ModelSpec(
+            family="vit",
+            tasks=("classification",),
+            build=build_tiny_vit,  # type: ignore[arg-type]
+            summary="2-layer ViT (hidden 64, 4-pixel patches of 32 x 32 images) with a transformers image processor",
+        ),
+    )
+
+
+_register_vision()

@@ -1,12 +1,23 @@
-"""Loaders of the real benchmarks: XNLI, MasakhaNEWS and Fed-Aya (and DRAKE / HFLB, multi-modal).
+"""Loaders of the real benchmarks: XNLI, MasakhaNEWS, Fed-Aya, Dolly-15k, AlpaGasus, SNI, commonsense-8, FLAN,
+CIFAR-100, and the multi-modal task directories (DRAKE, HFLB, Fed-Scope).
 
-Importing this package registers the builders ``xnli``, ``masakhanews``, ``fedaya``, ``drake`` and ``hflb`` in
+Importing this package registers every builder in
 :data:`fedpeft.registry.DATASETS`; each takes a :class:`~fedpeft.config.DataConfig` and returns a
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 
-from fedpeft.data.real import fedaya, masakhanews, xnli
-from fedpeft.data.real import tasks as tasks
+from fedpeft.data.real import (  # noqa: F401
+    alpagasus,
+    cifar100,
+    commonsense,
+    dolly,
+    fedaya,
+    flan,
+    masakhanews,
+    sni,
+    tasks,
+    xnli,
+)
 from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
 from fedpeft.data.real.fedaya import build as build_fedaya
 from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES
@@ -25,5 +36,6 @@ __all__ = [
     "build_xnli",
     "fedaya",
     "masakhanews",
+    "sni",
     "xnli",
 ]

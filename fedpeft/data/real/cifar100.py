@@ -1,0 +1,131 @@
+"""CIFAR-100 split over clients with Dirichlet label skew, each client's test split following its own labels.
+
+The personalized CIFAR-100 of Potara (paper 001): images of the train and test splits are pooled per split and
+partitioned together by flwr-datasets' DirichletPartitioner over the 100 fine labels (``dirichlet_alpha``), so a
+client's test images follow the label distribution of its training images. Read from ``data.path`` (a
+``DatasetDict.save_to_disk`` directory, or ``train`` / ``test`` files with an image column ``img`` or ``image`` and
+a label column ``fine_label`` or ``label``; images as PNG/JPEG bytes, ``{"bytes": ...}`` structs or arrays) or
+from ``data.hub_id`` (default ``uoft-cs/cifar100``). Examples hold the image as a 32 x 32 x 3 uint8 array; the
+model's image processor resizes it (224 x 224 for ViT-B/16).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedpeft.config import DataConfig
+from fedpeft.data.label_skew import label_skewed_clients
+from fedpeft.data.real._common import (
+    explicitly_set,
+    load_hub_splits,
+    load_local_splits,
+    read_options,
+    stable_seed,
+)
+from fedpeft.data.types import ClientData, Example, FederatedData
+from fedpeft.errors import UserError
+from fedpeft.registry import DATASETS
+
+DEFAULT_HUB_ID = "uoft-cs/cifar100"
+IMAGE_COLUMNS = ("img", "image")
+LABEL_COLUMNS = ("fine_label", "label")
+OPTIONS: dict[str, Any] = {"num_clients": 10, "revision": None}
+LAYOUT = (
+    "<path> saved with DatasetDict.save_to_disk, or <path>/{train,test}.{parquet,jsonl,...} with an image column "
+    "(img or image) and a label column (fine_label or label)"
+)
+
+
+def to_array(value: Any) -> np.ndarray:
+    """An image cell (PIL image, ``{"bytes": ...}``, raw bytes or nested lists) as an H x W x 3 uint8 array."""
+    from PIL import Image
+
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        value = Image.open(io.BytesIO(value))
+    elif isinstance(value, str):
+        value = Image.open(value)
+    if isinstance(value, Image.Image):
+        value = value.convert("RGB")
+    array = np.asarray(value, dtype=np.uint8)
+    if array.ndim == 2:
+        array = np.stack([array] * 3, axis=-1)
+    return array
+
+
+def _split_examples(ds: Any, count: int, seed: int, where: str) -> tuple[list[Example], list[str] | None]:
+    image_column = next((c for c in IMAGE_COLUMNS if c in ds.column_names), None)
+    label_column = next((c for c in LABEL_COLUMNS if c in ds.column_names), None)
+    if image_column is None or label_column is None:
+        raise UserError(f"{where} needs an image column (img or image) and a label column (fine_label or label).")
+    feature = ds.features.get(label_column)
+    names = list(feature.names) if hasattr(feature, "names") else None
+    order = np.random.default_rng(seed).permutation(len(ds))[: min(count, len(ds))]
+    rows = ds.select(order.tolist())
+    examples = [
+        {"image": to_array(row[image_column]), "label": int(row[label_column]), "group": "pool"} for row in rows
+    ]
+    return examples, names
+
+
+@DATASETS.register("cifar100")
+def build(cfg: DataConfig) -> FederatedData:
+    """Build personalized CIFAR-100 from ``cfg.path`` or ``cfg.hub_id``.
+
+    Args:
+        cfg: ``train_per_group`` / ``test_per_group``: mean images per client (default: the whole splits,
+            50,000 / 10,000, divided by the number of clients), ``dirichlet_alpha`` (0.5), ``partition``,
+            ``seed``; ``options``: ``num_clients`` (10), ``revision``.
+
+    Returns:
+        Clients ``client-00`` ... (group = client, so tables have a column per client), no base corpus.
+    """
+    opts = read_options(cfg, "cifar100", OPTIONS)
+    num_clients = int(opts["num_clients"])
+    if num_clients < 1:
+        raise UserError("data.options.num_clients must be at least 1.")
+    if cfg.partition == "natural":
+        raise UserError("CIFAR-100 has no natural client ids; set data.partition to dirichlet or iid.")
+    if cfg.path:
+        path = Path(cfg.path).expanduser()
+        if not path.is_dir():
+            raise UserError(f"data.path {cfg.path} is not a directory; expected {LAYOUT}.")
+        splits, _ = load_local_splits(path, ("train", "test"), LAYOUT)
+        source = str(path)
+    else:
+        source = cfg.hub_id or DEFAULT_HUB_ID
+        splits = load_hub_splits(source, None, ("train", "test"), opts["revision"])  # type: ignore[arg-type]
+    sizes = {
+        "train": cfg.train_per_group * num_clients if explicitly_set(cfg, "train_per_group") else len(splits["train"]),
+        "test": cfg.test_per_group * num_clients if explicitly_set(cfg, "test_per_group") else len(splits["test"]),
+    }
+    train, names = _split_examples(splits["train"], sizes["train"], stable_seed(cfg.seed, "cifar", "train"), "train")
+    test, _ = _split_examples(splits["test"], sizes["test"], stable_seed(cfg.seed, "cifar", "test"), "test")
+    label_names = names or [str(i) for i in range(100)]
+    shards = label_skewed_clients(
+        train, test, num_clients, cfg.partition, cfg.dirichlet_alpha, stable_seed(cfg.seed, "cifar"), "CIFAR-100"
+    )
+    clients = []
+    for index, (client_train, client_test) in enumerate(shards):
+        group = f"client-{index:02d}"
+        clients.append(
+            ClientData(
+                group,
+                group,
+                "seen",
+                [{**ex, "group": group} for ex in client_train],
+                [{**ex, "group": group} for ex in client_test],
+            )
+        )
+    info = {
+        "source": source,
+        "label_skew": f"Dirichlet({cfg.dirichlet_alpha}) over the fine labels, train and test together",
+        "train_per_client": {c.group: len(c.train) for c in clients},
+        "test_per_client": {c.group: len(c.test) for c in clients},
+    }
+    return FederatedData("cifar100", "classification", label_names, [c.group for c in clients], clients, [], info)

@@ -1,0 +1,112 @@
+"""Eight FLAN tasks, one per client (the extreme task heterogeneity of FedDPA, FedALT and Potara's FLAN-8).
+
+Tasks: ``arc_challenge`` (closed-book QA), ``cosmos_qa`` (reading comprehension with commonsense),
+``definite_pronoun_resolution`` (coreference), ``glue_qqp`` (paraphrase), ``hellaswag`` (commonsense), ``mnli``
+(NLI), ``squad_v1`` (reading comprehension), ``sst2`` (sentiment). Examples are FLAN's templated instruction
+(``inputs``) and answer (``targets``) as generation prompt and response; scored with ROUGE (the paper reports
+ROUGE-1). Each client gets ``train_per_group`` / ``test_per_group`` examples (2,000 / 300) of its task.
+
+Sources: ``data.path`` with one directory per task holding ``train`` and ``test`` files with columns ``inputs``
+and ``targets`` (also accepted: ``input``/``output``, ``prompt``/``response``), e.g. exported from the FLAN
+collection; or ``data.hub_id`` (default ``Muennighoff/flan``, FLAN 2021 with 10 templates per task), read with
+``datasets.load_dataset(hub_id, data_files=...)`` from the files ``options.hub_files`` names (default
+``{split}/{task}_10templates.json``); ``options.hub_task_names`` maps our task names to the file names of a copy
+(default: ``mnli`` -> ``mnli_matched``).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from fedpeft.config import DataConfig
+from fedpeft.data.real._common import explicitly_set, load_local_splits, read_options, stable_seed, text_of
+from fedpeft.data.types import ClientData, Example, FederatedData
+from fedpeft.errors import UserError
+from fedpeft.registry import DATASETS
+
+TASKS = (
+    "arc_challenge", "cosmos_qa", "definite_pronoun_resolution", "glue_qqp", "hellaswag", "mnli", "squad_v1", "sst2",
+)  # fmt: skip
+DEFAULT_HUB_ID = "Muennighoff/flan"
+COLUMN_PAIRS = (("inputs", "targets"), ("input", "output"), ("prompt", "response"))
+OPTIONS: dict[str, Any] = {
+    "hub_files": "{split}/{task}_10templates.json",
+    "hub_task_names": {"mnli": "mnli_matched"},
+    "test_split": "test",
+}
+DEFAULT_TRAIN, DEFAULT_TEST = 2000, 300
+LAYOUT = "<path>/<task>/{train,test}.{jsonl,json,csv,tsv,parquet} with columns inputs and targets"
+
+
+def _hub_splits(cfg: DataConfig, opts: dict[str, Any], task: str) -> dict[str, datasets.Dataset]:
+    name = dict(opts["hub_task_names"]).get(task, task)
+    hub_id = cfg.hub_id or DEFAULT_HUB_ID
+    files = {
+        "train": opts["hub_files"].format(split="train", task=name),
+        "test": opts["hub_files"].format(split=opts["test_split"], task=name),
+    }
+    try:
+        loaded = datasets.load_dataset(hub_id, data_files=files)
+    except (OSError, ValueError, RuntimeError, datasets.exceptions.DatasetsError) as err:
+        raise UserError(
+            f"Could not load {task} of {hub_id} (files {files['train']}, {files['test']}) from the Hugging Face "
+            f"cache or the Hub ({type(err).__name__}); set data.options.hub_files / hub_task_names to the copy's "
+            "file names, or data.path to a local copy (see docs/real-data.md)."
+        ) from err
+    return {"train": loaded["train"], "test": loaded["test"]}
+
+
+def _examples(ds: datasets.Dataset, task: str, where: str) -> list[Example]:
+    pair = next(((a, b) for a, b in COLUMN_PAIRS if a in ds.column_names and b in ds.column_names), None)
+    if pair is None:
+        raise UserError(f"{where} has columns {', '.join(ds.column_names)}; expected inputs and targets.")
+    examples = []
+    for row in ds:
+        prompt, response = text_of(row[pair[0]]).strip(), text_of(row[pair[1]]).strip()
+        if prompt and response:
+            examples.append({"prompt": prompt, "response": response, "group": task})
+    return examples
+
+
+@DATASETS.register("flan")
+def build(cfg: DataConfig) -> FederatedData:
+    """Build the FLAN-8 federation (one task per client).
+
+    Args:
+        cfg: ``groups`` (tasks; default all eight), ``train_per_group`` / ``test_per_group`` (per client, 2,000 /
+            300), ``seed``, ``path`` or ``hub_id``; ``options``: ``hub_files``, ``hub_task_names``, ``test_split``.
+    """
+    opts = read_options(cfg, "flan", OPTIONS)
+    tasks = list(cfg.groups) if cfg.groups else list(TASKS)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise UserError(f"Unknown FLAN task(s) {', '.join(unknown)} in data.groups; choose from: {', '.join(TASKS)}.")
+    n_train = cfg.train_per_group if explicitly_set(cfg, "train_per_group") else DEFAULT_TRAIN
+    n_test = cfg.test_per_group if explicitly_set(cfg, "test_per_group") else DEFAULT_TEST
+    clients = []
+    for task in tasks:
+        if cfg.path:
+            root = Path(cfg.path).expanduser()
+            if not (root / task).is_dir():
+                raise UserError(f"{root} has no directory {task}/; expected {LAYOUT}.")
+            splits, _ = load_local_splits(root / task, ("train", "test"), LAYOUT)
+        else:
+            splits = _hub_splits(cfg, opts, task)
+        drawn = {}
+        for split, size in (("train", n_train), ("test", n_test)):
+            pool = _examples(splits[split], task, f"FLAN {task} {split}")
+            random.Random(stable_seed(cfg.seed, "flan", task, split)).shuffle(pool)
+            if not pool:
+                raise UserError(f"FLAN {task} {split} has no usable example (empty inputs or targets).")
+            drawn[split] = pool[:size]
+        clients.append(ClientData(f"{task}-seen-00", task, "seen", drawn["train"], drawn["test"]))
+    info = {
+        "source": cfg.path or (cfg.hub_id or DEFAULT_HUB_ID),
+        "train_per_client": {c.group: len(c.train) for c in clients},
+        "test_per_client": {c.group: len(c.test) for c in clients},
+    }
+    return FederatedData("flan", "generation", None, tasks, clients, [], info)

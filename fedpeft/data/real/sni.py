@@ -1,0 +1,238 @@
+"""Super-NaturalInstructions with one client per task (the setup of "From Aggregation to Guidance", 2025).
+
+Y. Wang et al., "Super-NaturalInstructions: Generalization via Declarative Instructions on 1600+ NLP Tasks",
+EMNLP 2022. The ``num_tasks`` tasks with the most instances (ties: by task name) become the clients, one task
+each; every client gets ``test_per_client`` test, ``validation_per_client`` validation and up to
+``train_per_client`` training instances, drawn without overlap (seeded by ``data.seed`` and the task).
+
+Two layouts are read (details in docs/real-data.md):
+
+- the release (github.com/allenai/natural-instructions): a directory with ``tasks/taskNNN_<name>.json``, each
+  holding ``Definition`` (list of strings), ``Positive Examples`` and ``Instances``
+  ([{"id", "input", "output": [...]}]); the first output is the reference;
+- flat records, one row per instance, as on the hub (default ``Muennighoff/natural-instructions``: columns
+  ``task_name``, ``definition``, ``inputs``, ``targets``), from ``hub_id`` or local files (JSON Lines, JSON,
+  Parquet, CSV; one file, a directory of files, or a ``save_to_disk`` folder). All splits are pooled.
+
+The prompt is ``Definition: <definition>\\n\\n`` (unless ``definition: false``), up to ``positive_examples``
+worked examples, then ``Input: <input>\\nOutput:``; the response is the reference output.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import datasets
+from datasets.exceptions import DatasetsError
+from datasets.table import InMemoryTable
+
+from fedpeft.config import DataConfig
+from fedpeft.data.real._common import (
+    FILE_EXTENSIONS,
+    natural_key,
+    read_options,
+    read_tables,
+    stable_seed,
+)
+from fedpeft.data.types import ClientData, Example, FederatedData
+from fedpeft.errors import UserError
+from fedpeft.registry import DATASETS
+
+DEFAULT_HUB_ID = "Muennighoff/natural-instructions"
+LAYOUT = (
+    "the natural-instructions release (a directory with tasks/taskNNN_*.json) or flat records with the columns "
+    "task_name, definition, inputs, targets (JSON Lines, JSON, Parquet or CSV files, or a save_to_disk folder)"
+)
+FIELDS: dict[str, tuple[str, ...]] = {
+    "task": ("task_name", "task"),
+    "definition": ("definition", "Definition", "instruction"),
+    "input": ("inputs", "input"),
+    "output": ("targets", "output", "outputs"),
+}
+OPTIONS: dict[str, Any] = {
+    "num_tasks": 10,
+    "tasks": None,
+    "unseen_tasks": 0,
+    "train_per_client": 500,
+    "test_per_client": 50,
+    "validation_per_client": 0,
+    "evaluate_on": "test",
+    "definition": True,
+    "positive_examples": 0,
+}
+Task = dict[str, Any]  # {"definition": str, "examples": [(input, output)], "instances": [(input, output)]}
+
+
+@DATASETS.register("sni", aliases=("super-natural-instructions",))
+def build(cfg: DataConfig) -> FederatedData:
+    """Build the one-task-per-client federation from ``cfg.path`` or ``cfg.hub_id``.
+
+    Options: ``num_tasks`` (10), ``tasks`` (explicit task names instead of the largest), ``unseen_tasks`` (0: the
+    next-largest tasks as unseen clients; none with ``unseen_pool: false``), ``train_per_client`` (500),
+    ``test_per_client`` (50), ``validation_per_client`` (0), ``evaluate_on`` (``test`` or ``validation``: which
+    held-out split the clients are evaluated on, e.g. to tune alpha or beta without touching the test split),
+    ``definition`` (True) and ``positive_examples`` (0).
+    """
+    opts = read_options(cfg, "sni", OPTIONS)
+    if opts["evaluate_on"] not in ("test", "validation"):
+        raise UserError(f"data.options.evaluate_on={opts['evaluate_on']!r} must be 'test' or 'validation'.")
+    if opts["evaluate_on"] == "validation" and opts["validation_per_client"] < 1:
+        raise UserError("data.options.evaluate_on=validation needs data.options.validation_per_client >= 1.")
+    if not cfg.unseen_pool:
+        opts["unseen_tasks"] = 0
+    tasks, layout, source = _read_tasks(cfg, opts)
+    chosen, unseen = _choose_tasks(tasks, opts)
+    clients = []
+    for name in chosen + unseen:
+        train, test = _split_task(name, tasks[name], opts, cfg.seed)
+        clients.append(ClientData(name, name, "unseen" if name in unseen else "seen", train, test))
+    return FederatedData(
+        name="sni",
+        task="generation",
+        label_names=None,
+        groups=chosen + unseen,
+        clients=clients,
+        base_train=[],
+        info={
+            "source": source,
+            "layout": layout,
+            "tasks_available": len(tasks),
+            "instances_per_task": {name: len(tasks[name]["instances"]) for name in chosen + unseen},
+            "evaluate_on": opts["evaluate_on"],
+        },
+    )
+
+
+def _choose_tasks(tasks: dict[str, Task], opts: dict[str, Any]) -> tuple[list[str], list[str]]:
+    ranked = sorted(tasks, key=lambda t: (-len(tasks[t]["instances"]), natural_key(t)))
+    unseen_count = int(opts["unseen_tasks"])
+    if opts["tasks"] is not None:
+        missing = [t for t in opts["tasks"] if t not in tasks]
+        if missing:
+            raise UserError(f"data.options.tasks names task(s) {', '.join(missing)} that the source does not hold.")
+        chosen = list(dict.fromkeys(opts["tasks"]))
+    else:
+        chosen = ranked[: int(opts["num_tasks"])]
+    rest = [t for t in ranked if t not in chosen]
+    if (opts["tasks"] is None and len(chosen) < int(opts["num_tasks"])) or len(rest) < unseen_count:
+        raise UserError(
+            f"The source holds {len(tasks)} tasks, fewer than the {opts['num_tasks']} + {unseen_count} requested; "
+            "lower data.options.num_tasks or data.options.unseen_tasks."
+        )
+    return chosen, rest[:unseen_count]
+
+
+def _split_task(name: str, task: Task, opts: dict[str, Any], seed: int) -> tuple[list[Example], list[Example]]:
+    """Test first, then validation, then up to ``train_per_client`` training instances, all disjoint."""
+    instances = list(task["instances"])
+    random.Random(stable_seed(seed, "sni", name)).shuffle(instances)
+    n_test, n_val = int(opts["test_per_client"]), int(opts["validation_per_client"])
+    if len(instances) < n_test + n_val + 1:
+        raise UserError(
+            f"Task {name} has {len(instances)} instances, too few for {n_test} test + {n_val} validation + 1 "
+            "training; lower data.options.test_per_client or choose other tasks."
+        )
+    test, validation = instances[:n_test], instances[n_test : n_test + n_val]
+    train = instances[n_test + n_val : n_test + n_val + int(opts["train_per_client"])]
+    held_out = validation if opts["evaluate_on"] == "validation" else test
+    prefix = _prefix(task, opts)
+
+    def example(pair: tuple[str, str]) -> Example:
+        return {"prompt": f"{prefix}Input: {pair[0]}\nOutput:", "response": pair[1], "group": name}
+
+    return [example(p) for p in train], [example(p) for p in held_out]
+
+
+def _prefix(task: Task, opts: dict[str, Any]) -> str:
+    parts = [f"Definition: {task['definition']}\n\n"] if opts["definition"] and task["definition"] else []
+    for i, (inp, out) in enumerate(task["examples"][: int(opts["positive_examples"])], start=1):
+        parts.append(f"Positive Example {i}:\nInput: {inp}\nOutput: {out}\n\n")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------ sources
+
+
+def _read_tasks(cfg: DataConfig, opts: dict[str, Any]) -> tuple[dict[str, Task], str, str]:
+    if cfg.path:
+        path = Path(cfg.path).expanduser()
+        if not path.exists():
+            raise UserError(f"data.path {cfg.path} does not exist; point it at {LAYOUT}.")
+        task_dir = path / "tasks" if (path / "tasks").is_dir() else path
+        if path.is_dir() and any(task_dir.glob("task*.json")):
+            wanted = opts["tasks"] if not opts["unseen_tasks"] else None  # unseen tasks are the next-largest
+            return _read_release(task_dir, wanted), "release", str(path)
+        return _from_records(_local_records(path), str(path)), "records", str(path)
+    hub_id = cfg.hub_id or DEFAULT_HUB_ID
+    try:
+        loaded = datasets.load_dataset(hub_id)
+    except (OSError, ValueError, RuntimeError, DatasetsError) as err:
+        raise UserError(
+            f"Could not load {hub_id} from the Hugging Face cache or the Hub ({type(err).__name__}); download it "
+            "once with network access, or set data.path to a local copy (see docs/real-data.md)."
+        ) from err
+    splits = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    return _from_records(datasets.concatenate_datasets(splits), f"hub:{hub_id}"), "records", f"hub:{hub_id}"
+
+
+def _read_release(task_dir: Path, wanted: list[str] | None) -> dict[str, Task]:
+    """Every ``taskNNN_*.json`` (or only the ``wanted`` ones) of the release's ``tasks`` directory."""
+    files = sorted(task_dir.glob("task*.json"), key=lambda p: natural_key(p.stem))
+    if wanted is not None:
+        files = [f for f in files if f.stem in set(wanted)]
+    tasks: dict[str, Task] = {}
+    for file in files:
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+            instances = [(str(i["input"]), _first(i["output"])) for i in data["Instances"]]
+            examples = [(str(e["input"]), _first(e["output"])) for e in data.get("Positive Examples", [])]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise UserError(
+                f"{file} is not a natural-instructions task file ({type(err).__name__}); expected Definition, "
+                "Positive Examples and Instances with input and output."
+            ) from err
+        definition = data.get("Definition")
+        definition = " ".join(map(str, definition)) if isinstance(definition, list) else str(definition or "")
+        tasks[file.stem] = {"definition": definition, "examples": examples, "instances": [p for p in instances if p[1]]}
+    return tasks
+
+
+def _local_records(path: Path) -> datasets.Dataset:
+    if path.is_dir() and (path / "dataset_dict.json").is_file():
+        saved = datasets.load_from_disk(str(path))
+        return datasets.concatenate_datasets(list(saved.values()))
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_EXTENSIONS)
+        files = [p for p in files if p.name not in ("dataset_info.json", "state.json")]
+    if not files:
+        raise UserError(f"{path} holds no task file or data file; expected {LAYOUT}.")
+    return datasets.Dataset(InMemoryTable(read_tables(files)))
+
+
+def _from_records(ds: datasets.Dataset, where: str) -> dict[str, Task]:
+    columns = {}
+    for role, names in FIELDS.items():
+        found = next((n for n in names if n in ds.column_names), None)
+        if found is None:
+            raise UserError(f"{where} has no {role} column (tried {', '.join(names)}); expected {LAYOUT}.")
+        columns[role] = found
+    tasks: dict[str, Task] = {}
+    rows = zip(*(ds[columns[r]] for r in ("task", "definition", "input", "output")), strict=True)
+    for task, definition, inp, out in rows:
+        entry = tasks.setdefault(str(task), {"definition": _first(definition), "examples": [], "instances": []})
+        target = _first(out)
+        if target:
+            entry["instances"].append((str(inp), target))
+    return tasks
+
+
+def _first(value: Any) -> str:
+    """The first reference of a list of outputs (or the value itself)."""
+    if isinstance(value, list):
+        return str(value[0]).strip() if value else ""
+    return "" if value is None else str(value).strip()

@@ -1,0 +1,147 @@
+"""English instructions in eight categories, each with one correct response (for ``synthetic-instructions``).
+
+Words are the English glosses of the concept inventory (:mod:`concepts`); every response follows from the
+instruction, its input and a small world table, and is unique, so ROUGE-L against it measures correctness:
+
+| category | instruction (input) | response |
+|---|---|---|
+| ``qualities`` | What are the qualities of a dog? | loud and fast |
+| ``closed_qa`` | Who sees the cat? (the old dog sees the cat in the market.) | the old dog |
+| ``topic`` | Classify the topic of the headline. (doctor treats patient) | health |
+| ``nouns`` | List the nouns in the sentence. (the dog sees the cat in the market.) | dog, cat, market |
+| ``count`` | How many times does the word dog occur? (dog cat dog boat) | two |
+| ``opposite`` | Give the opposite of the word. (big) | small |
+| ``negate`` | Rewrite the sentence in the negative. (the dog sees the cat.) | the dog does not see the cat. |
+| ``plural`` | Give the plural of the phrase. (the big dog) | the big dogs |
+
+:func:`knowledge_text` writes the facts behind them as plain sentences (a base corpus that teaches the
+world table and the grammar without the instruction format).
+"""
+
+from __future__ import annotations
+
+import random
+
+from fedpeft.data.synthetic.concepts import (
+    ADJECTIVES,
+    ANIMATES,
+    ANTONYMS,
+    ATTRIBUTES_OF,
+    NUMERALS,
+    PLACES,
+    THINGS,
+    TOPICS,
+)
+
+CATEGORIES = ("qualities", "closed_qa", "topic", "nouns", "count", "opposite", "negate", "plural")
+_NOUNS = tuple(n for n in ANIMATES + THINGS if n != "bread")
+_VERBS = ("see", "like", "hate", "buy", "sell", "open", "close", "find", "lose", "carry", "call", "help", "wash",
+          "pull", "push", "build", "break")  # fmt: skip
+_CONTRASTIVE = tuple(a for a in ADJECTIVES if a in ANTONYMS)
+_IRREGULAR_PLURALS = {"child": "children", "woman": "women", "man": "men", "fish": "fish"}
+_GLOSS = {"cup_trophy": "trophy"}
+
+
+def plural(noun: str) -> str:
+    """The English plural of a concept noun."""
+    if noun in _IRREGULAR_PLURALS:
+        return _IRREGULAR_PLURALS[noun]
+    return noun + ("es" if noun.endswith(("s", "sh", "ch", "x")) else "s")
+
+
+def third_person(verb: str) -> str:
+    """``see`` -> ``sees``, ``carry`` -> ``carries``, ``wash`` -> ``washes``."""
+    if verb.endswith("y") and verb[-2] not in "aeiou":
+        return verb[:-1] + "ies"
+    return verb + ("es" if verb.endswith(("s", "sh", "ch", "x")) else "s")
+
+
+def _phrase(rng: random.Random, noun: str) -> str:
+    return f"the {rng.choice(ADJECTIVES)} {noun}" if rng.random() < 0.4 else f"the {noun}"
+
+
+def _clause(rng: random.Random) -> tuple[str, str, str, str | None, str, str]:
+    """(subject phrase, verb, object phrase, place or None, subject noun, object noun)."""
+    subject, obj = rng.sample(ANIMATES, 1)[0], rng.choice(_NOUNS)
+    place = rng.choice(PLACES) if rng.random() < 0.5 else None
+    return _phrase(rng, subject), rng.choice(_VERBS), _phrase(rng, obj), place, subject, obj
+
+
+def _sentence(subject: str, verb: str, obj: str, place: str | None, negated: bool = False) -> str:
+    action = f"does not {verb}" if negated else third_person(verb)
+    where = f" in the {place}" if place else ""
+    return f"{subject} {action} {obj}{where}."
+
+
+def make_example(rng: random.Random, category: str) -> tuple[str, str, str]:
+    """(instruction, input, response) of one ``category`` instruction (input may be empty)."""
+    if category == "qualities":
+        noun = rng.choice(tuple(ATTRIBUTES_OF))
+        first, second = ATTRIBUTES_OF[noun]
+        return f"What are the qualities of a {noun}?", "", f"{first} and {second}"
+    if category == "closed_qa":
+        subject, verb, obj, place, _, _ = _clause(rng)
+        context = _sentence(subject, verb, obj, place)
+        asks = ["who", "what"] + (["where"] if place else [])
+        ask = rng.choice(asks)
+        if ask == "who":
+            return f"Who {third_person(verb)} {obj}?", context, subject
+        if ask == "what":
+            return f"What does {subject} {verb}?", context, obj
+        return f"Where does {subject} {verb} {obj}?", context, f"in the {place}"
+    if category == "topic":
+        topic = rng.choice(tuple(TOPICS))
+        first, second = rng.sample(TOPICS[topic]["nouns"], 2)
+        verb = rng.choice(TOPICS[topic]["verbs"])
+        headline = f"{_GLOSS.get(first, first)} {third_person(verb)} {_GLOSS.get(second, second)}"
+        return "Classify the topic of the headline.", headline, topic
+    if category == "nouns":
+        subject, verb, obj, place, subject_noun, obj_noun = _clause(rng)
+        nouns = [subject_noun, obj_noun] + ([place] if place else [])
+        return "List the nouns in the sentence.", _sentence(subject, verb, obj, place), ", ".join(nouns)
+    if category == "count":
+        target, *others = rng.sample(_NOUNS, 3)
+        count = rng.randint(0, 5)
+        items = [target] * count + [rng.choice(others) for _ in range(rng.randint(max(1, 3 - count), 4))]
+        rng.shuffle(items)
+        return f"How many times does the word {target} occur?", " ".join(items), NUMERALS[count]
+    if category == "opposite":
+        adjective = rng.choice(_CONTRASTIVE)
+        return "Give the opposite of the word.", adjective, ANTONYMS[adjective]
+    if category == "negate":
+        subject, verb, obj, place, _, _ = _clause(rng)
+        return (
+            "Rewrite the sentence in the negative.",
+            _sentence(subject, verb, obj, place),
+            _sentence(subject, verb, obj, place, negated=True),
+        )
+    if category == "plural":
+        noun = rng.choice(_NOUNS)
+        adjective = f"{rng.choice(ADJECTIVES)} " if rng.random() < 0.5 else ""
+        return "Give the plural of the phrase.", f"the {adjective}{noun}", f"the {adjective}{plural(noun)}"
+    raise ValueError(f"unknown category {category!r}")
+
+
+def knowledge_text(rng: random.Random) -> str:
+    """One plain sentence (or two) of the facts and grammar behind the categories."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        noun = rng.choice(tuple(ATTRIBUTES_OF))
+        first, second = ATTRIBUTES_OF[noun]
+        return f"a {noun} is {first} and {second}."
+    if kind == 1:
+        adjective = rng.choice(_CONTRASTIVE)
+        return f"the opposite of {adjective} is {ANTONYMS[adjective]}."
+    if kind == 2:
+        noun = rng.choice(_NOUNS)
+        count = rng.randint(2, 9)
+        return f"one {noun}, {NUMERALS[count]} {plural(noun)}."
+    if kind == 3:
+        subject, verb, obj, place, _, _ = _clause(rng)
+        return f"{_sentence(subject, verb, obj, place)} then {_sentence(subject, verb, obj, place, negated=True)}"
+    if kind == 4:
+        topic = rng.choice(tuple(TOPICS))
+        word = rng.choice(TOPICS[topic]["nouns"] + TOPICS[topic]["verbs"])
+        return f"{_GLOSS.get(word, word)} is a word about {topic}."
+    subject, verb, obj, place, _, _ = _clause(rng)
+    return _sentence(subject, verb, obj, place)

@@ -1,0 +1,114 @@
+"""``bayestune_lora``: each client learns its own LoRA rank structure with BayesTune-LoRA, no federation.
+
+The non-federated rank-selection baseline of "Federated Learning to Personalize PEFT for Multilingual LLMs"
+(FedP2EFT; Lee et al., AAAI 2026, https://arxiv.org/abs/2502.04387), Section 3.2 and Appendix A.4. Every client
+trains a rank-r_init LoRA on all linear layers together with rank-wise scales lambda on Eq. 1 for 2 epochs, once;
+then, for each budget r <= r_max, keeps the top-(r * L) scales, re-trains a fresh LoRA of that structure with
+lambda frozen (2 epochs) and exports it as a plain PEFT LoRA with lambda folded into A. It uses FedP2EFT's
+hyperparameters, so it measures what learning the scales federatedly adds. The math is in
+:mod:`fedpeft.adapters.bayestune`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedpeft.adapters.bayestune import ClientScales, check_budget, finetune_pruned, train_scales
+from fedpeft.adapters.scale_analysis import ScaleRecord, save_client_scales, scales_path
+from fedpeft.data.types import ClientData
+from fedpeft.methods.base import Method, MethodConfig
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ServerState
+
+
+class BayesTuneSettings(MethodConfig):
+    """BayesTune-LoRA's knobs, shared by ``bayestune_lora`` and ``fedp2eft`` (defaults: the paper's)."""
+
+    r_max: int = 16
+    rank_multiplier: int = 2
+    alpha_multiplier: float = 2.0
+    dropout: float = 0.0
+    lr: float = 1e-4
+    lambda_lr: float = 1e-2
+    lambda_init: float = 1e-4
+    alpha_s: float = 100.0
+    alpha_p: float = 0.01
+    batch_size: int = 16
+    finetune_epochs: float = 2.0
+    finetune_lr: float | None = None
+
+    @property
+    def r_init(self) -> int:
+        """The rank of every module before pruning: rank_multiplier * r_max."""
+        return self.rank_multiplier * self.r_max
+
+
+class BayesTuneMethod(Method):
+    """What both BayesTune-LoRA methods share: one set of scales per client, pruned to each budget."""
+
+    uses_budget = True
+    cfg: Any
+
+    def check_budgets(self, budgets: list[int]) -> None:
+        """Refuse, before any training, a budget the scales cannot serve."""
+        for budget in budgets:
+            check_budget(budget, self.cfg.r_max)
+
+    def client_scales(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+    ) -> ClientScales:
+        raise NotImplementedError
+
+    def prepare_personalization(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+    ) -> ClientScales:
+        """The client's scales, computed once and handed to :meth:`personalize` for every budget."""
+        return self.client_scales(runtime, client, state, client_state, seed)
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        rank = check_budget(budget, self.cfg.r_max)
+        if not isinstance(client_state, ClientScales):
+            client_state = self.client_scales(runtime, client, state, client_state, seed)
+        return finetune_pruned(runtime, client.train, client_state.scales, rank, self.cfg, seed=seed)
+
+    def save_client_artifacts(
+        self, prepared: ClientScales, client: ClientData, run_dir: Path, label: str, seed: int
+    ) -> None:
+        """Keep the client's scales for the rank-structure and language-distance plots."""
+        record = ScaleRecord(
+            label, seed, client.client_id, client.group, client.pool, prepared.modules, self.cfg.r_max, prepared.scales
+        )
+        save_client_scales(scales_path(run_dir, label, seed, client.client_id), record)
+
+
+class BayesTuneLoraConfig(BayesTuneSettings):
+    epochs: float = 2.0
+
+
+@METHODS.register("bayestune_lora", aliases=("bayestune",))
+class BayesTuneLora(BayesTuneMethod):
+    """Each client trains its own rank scales (Eq. 1, ``epochs`` epochs) and prunes them to every budget."""
+
+    name = "bayestune_lora"
+    Config = BayesTuneLoraConfig
+    federated = False
+
+    def client_scales(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+    ) -> ClientScales:
+        modules = [name for name, _ in runtime.target_modules]
+        initial = torch.full((len(modules), self.cfg.r_init), self.cfg.lambda_init)
+        scales, metrics = train_scales(runtime, client.train, initial, self.cfg, seed=seed, epochs=self.cfg.epochs)
+        return ClientScales(scales, modules, metrics)

@@ -1,0 +1,198 @@
+"""FedALT: an individual LoRA trained locally beside a frozen rest-of-world LoRA, mixed per input.
+
+J. Bian, L. Wang, L. Zhang, J. Xu, "FedALT: Federated Fine-Tuning through Adaptive Local Training with
+Rest-of-World LoRA", AAAI 2026, https://arxiv.org/abs/2503.11880.
+
+Every client keeps training its own individual LoRA from round to round (it is never replaced by an aggregate).
+Each round the server sends it the rest-of-world (RoW) LoRA: the data-size-weighted mean of the other clients'
+latest individual LoRAs. The client trains its individual LoRA and a small mixer with the RoW LoRA frozen, then
+uploads the individual LoRA. At every LoRA layer the mixer maps the layer's input x (per token) to two softmax
+weights, and the layer computes W x + g_ind(x) * B_i A_i x + g_row(x) * B_row A_row x (both scaled by
+alpha / r). The mixer starts at zero (weights 1/2, 1/2); the task head of classification models is individual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from peft.tuners.lora import LoraLayer
+from pydantic import Field
+
+from fedpeft.data.types import ClientData
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
+from fedpeft.methods.lora_parts import is_lora, only, target_spec
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
+
+
+def rest_of_world(individuals: dict[str, tuple[float, StateDict]], client_id: str) -> StateDict:
+    """Weighted mean of every stored individual LoRA except ``client_id``'s (all of them when it is alone)."""
+    others = [v for cid, v in individuals.items() if cid != client_id] or list(individuals.values())
+    total = sum(w for w, _ in others)
+    keys = others[0][1]
+    return {k: sum(w * t[k].double() for w, t in others).div(total).to(keys[k].dtype) for k in keys}
+
+
+class Mixer(torch.nn.Module):
+    """One linear gate (input features -> 2 logits) per LoRA layer, zero-initialized."""
+
+    def __init__(self, layers: dict[str, int]) -> None:
+        super().__init__()
+        self.gates = torch.nn.ModuleDict({name.replace(".", "/"): torch.nn.Linear(d, 2) for name, d in layers.items()})
+        for gate in self.gates.values():
+            torch.nn.init.zeros_(gate.weight)
+            torch.nn.init.zeros_(gate.bias)
+
+    def weights(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.gates[name.replace(".", "/")](x), dim=-1)
+
+
+def _lora_layers(runtime: ModelRuntime) -> dict[str, LoraLayer]:
+    name = runtime.active.key  # type: ignore[union-attr]
+    return {n: m for n, m in runtime.peft.named_modules() if isinstance(m, LoraLayer) and name in m.lora_A}  # type: ignore[union-attr]
+
+
+def mixture(row: StateDict, mixer: Mixer) -> Callable[[ModelRuntime], Callable[[], None]]:
+    """The ``ClientModel.attach`` that adds the gated RoW LoRA and gates the individual one at every layer."""
+
+    def attach(runtime: ModelRuntime) -> Callable[[], None]:
+        adapter = runtime.active.key  # type: ignore[union-attr]
+        handles = []
+        for name, layer in _lora_layers(runtime).items():
+            a_row = row[f"{name}.lora_A.weight"].to(runtime.device)
+            b_row = row[f"{name}.lora_B.weight"].to(runtime.device)
+            gates: dict[str, torch.Tensor] = {}
+
+            def gate(module, args, name=name, gates=gates):  # noqa: ANN001, ANN202
+                gates["w"] = mixer.weights(name, args[0])
+
+            def scale_individual(module, args, output, gates=gates):  # noqa: ANN001, ANN202
+                return output * gates["w"][..., :1]
+
+            def add_row(module, args, output, layer=layer, a=a_row, b=b_row, gates=gates):  # noqa: ANN001, ANN202
+                x = layer.lora_dropout[adapter](args[0])
+                return output + gates["w"][..., 1:] * ((x @ a.T) @ b.T) * layer.scaling[adapter]
+
+            handles.append(layer.register_forward_pre_hook(gate))
+            handles.append(layer.lora_B[adapter].register_forward_hook(scale_individual))
+            handles.append(layer.register_forward_hook(add_row))
+
+        def detach() -> None:
+            for handle in handles:
+                handle.remove()
+
+        return detach
+
+    return attach
+
+
+class FedALTConfig(FederatedConfig, LoraConfigMixin):
+    lr: float = 1e-4
+    mixer_lr: float | None = None
+    unseen_steps: int = Field(0, ge=0)
+
+
+@METHODS.register("fedalt")
+class FedALT(Method):
+    """Individual LoRA + frozen rest-of-world LoRA, combined by a learned per-input mixer."""
+
+    name = "fedalt"
+    Config = FedALTConfig
+    private_keys = ("classifier", "score", "pooler", "gates")
+
+    def spec(self, runtime: ModelRuntime) -> LoraSpec:
+        return target_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        init_seed = derive_seed(seed, self.name, "init")
+        runtime.install(ClientModel(lora=self.spec(runtime)), seed=init_seed)
+        tensors = only(runtime.adapter_state(), is_lora)
+        return ServerState(tensors=tensors, extra={"init_seed": init_seed, "individual": {}})
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        individuals = state.extra["individual"]
+        row = rest_of_world(individuals, client_id) if individuals else state.tensors
+        return Payload(tensors=row, config={"init_seed": state.extra["init_seed"]})
+
+    def _new_mixer(self, runtime: ModelRuntime, saved: StateDict | None) -> Mixer:
+        layers = {n: layer.in_features for n, layer in _lora_layers(runtime).items()}
+        mixer = Mixer(layers).to(runtime.device)
+        if saved:
+            mixer.load_state_dict(saved)
+        return mixer
+
+    def _train(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        row: StateDict,
+        saved: dict | None,
+        init_seed: int,
+        seed: int,
+        steps: int | None,
+    ) -> tuple[StateDict, StateDict, Metrics]:
+        cfg = self.cfg
+        spec = self.spec(runtime)
+        runtime.install(ClientModel(lora=spec, adapter=(saved or {}).get("individual", {})), seed=init_seed)
+        mixer = self._new_mixer(runtime, (saved or {}).get("mixer"))
+        runtime.install(ClientModel(lora=spec, adapter=runtime.adapter_state(), attach=mixture(row, mixer)))
+        metrics = runtime.train(
+            client.train,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            epochs=cfg.local_epochs if steps is None else None,
+            steps=steps,
+            weight_decay=cfg.weight_decay,
+            optimizer_groups=[{"params": list(mixer.parameters()), "lr": cfg.mixer_lr or cfg.lr}],
+        )
+        mixer_state = {k: v.detach().clone() for k, v in mixer.state_dict().items()}
+        return runtime.adapter_state(), mixer_state, metrics
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        steps = self.cfg.local_steps if self.cfg.local_epochs is None else None
+        individual, mixer, metrics = self._train(
+            runtime, client, payload.tensors, client_state, payload.config["init_seed"], seed, steps
+        )
+        update = ClientUpdate(client.client_id, only(individual, is_lora), float(len(client.train)), metrics)
+        return update, {"individual": individual, "mixer": mixer}
+
+    def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
+        individuals = dict(state.extra["individual"])
+        losses = []
+        for update in updates:
+            individuals[update.client_id] = (float(update.weight), update.tensors)
+            losses.append(update.metrics.get("loss", 0.0))
+        metrics = {"clients": float(len(losses))}
+        if not losses:
+            return state, metrics
+        metrics["train_loss"] = sum(losses) / len(losses)
+        extra = {**state.extra, "individual": individuals}
+        tensors = rest_of_world(individuals, "")
+        return ServerState(tensors=tensors, round=state.round + 1, extra=extra), metrics
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        init_seed = int(state.extra.get("init_seed", seed))
+        row = self.payload(state, client.client_id).tensors if state.extra else state.tensors
+        saved = client_state
+        if saved is None:
+            # A client that never took part (unseen) trains its individual LoRA and mixer here.
+            individual, mixer_state, _ = self._train(runtime, client, row, None, init_seed, seed, self.cfg.unseen_steps)
+            saved = {"individual": individual, "mixer": mixer_state}
+        spec = self.spec(runtime)
+        runtime.install(ClientModel(lora=spec), seed=init_seed)
+        mixer = self._new_mixer(runtime, saved["mixer"])
+        return ClientModel(lora=spec, adapter=saved["individual"], attach=mixture(row, mixer))

@@ -1,0 +1,250 @@
+"""FedDPA-T: a global and a local LoRA per client, mixed per test instance.
+
+Y. Yang, G. Long, T. Shen, J. Jiang, M. Blumenstein, "Dual-Personalizing Adapter for Federated Foundation
+Models", NeurIPS 2024, https://arxiv.org/abs/2403.19211. Every client holds a global LoRA (federated: trained
+alone, uploaded, averaged together with the task head) and a local LoRA (never leaves the client). In each round
+a sampled client first trains its local LoRA with the received global LoRA frozen, the two mixed with weights
+(1 - a, a), a = ``local_weight``; then it trains the global LoRA alone and uploads it (FedDPA-T, the variant that
+trains both adapters in every round). At inference the mixing weight of an instance x is
+alpha(x) = ``max_weight`` * mean_s cos(e(x), e(s)) over ``reference_instances`` random training instances s of
+the client (e = mean-pooled last hidden state of the model with the local LoRA), clamped to [0, max_weight]:
+the output is W0 x + (1 - alpha) dW_global x + alpha dW_local x.
+
+Registered as ``feddpa`` (alias ``feddpa_t``). As a base stage (FedP2EFT, 2025) each client's base model is
+W0 + (1 - a) dW_global + a dW_local with the global head; an unseen client trains its local LoRA on that shared
+part first. Defaults follow FedP2EFT: LoRA on q and v, r = 8, alpha = 8, dropout 0.05, lr 5e-5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from peft import get_peft_model_state_dict
+
+from fedpeft import evaluation
+from fedpeft.base_models import ClientBase, merged_base, resolve_targets
+from fedpeft.data.types import ClientData, Example
+from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
+
+
+class FedDPAConfig(FederatedConfig):
+    rounds: int = 100
+    lr: float = 5e-5
+    rank: int = 8
+    alpha: float = 8.0
+    dropout: float = 0.05
+    targets: str | list[str] = "qv"
+    local_weight: float = 0.5
+    max_weight: float = 0.5
+    reference_instances: int = 5
+    unseen_local_epochs: float = 1.0
+
+
+@dataclass
+class DualAdapterModel(ClientModel):
+    """A client's global LoRA (``lora``/``adapter``, with the head) plus its local LoRA, mixed per instance."""
+
+    local_lora: LoraSpec | None = None
+    local_adapter: StateDict = field(default_factory=dict)
+
+
+def instance_weights(
+    queries: torch.Tensor, references: torch.Tensor, *, max_weight: float, sample: int, seed: int
+) -> torch.Tensor:
+    """FedDPA's mixing weight of each query: ``max_weight`` times its mean cosine similarity to ``sample`` random
+    references (drawn per query), clamped to [0, max_weight]."""
+    similarity = torch.nn.functional.cosine_similarity(queries[:, None, :], references[None, :, :], dim=-1)
+    generator = torch.Generator().manual_seed(seed)
+    count = min(sample, references.shape[0])
+    chosen = torch.stack([torch.randperm(references.shape[0], generator=generator)[:count] for _ in queries])
+    mean = similarity.gather(1, chosen).mean(dim=1)
+    return (max_weight * mean).clamp(0.0, max_weight)
+
+
+@contextmanager
+def mixed_adapters(runtime: ModelRuntime, weights: dict[LoraSpec, Any]) -> Iterator[dict[str, Any]]:
+    """Make several installed adapters active together, each LoRA update scaled by its weight.
+
+    A weight is a number or a tensor of one weight per batch row; the yielded mapping (adapter name -> weight)
+    may be changed between forward passes. The first adapter is the runtime's active one (its head is used).
+    """
+    specs = list(weights)
+    runtime.activate(specs[0])
+    assert runtime.peft is not None
+    runtime.peft.base_model.set_adapter([s.key for s in specs])
+    scales = {s.key: w for s, w in weights.items()}
+
+    def hook_for(key: str):  # noqa: ANN202
+        def scale(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+            weight = scales[key]
+            if isinstance(weight, torch.Tensor) and weight.dim() == 1:
+                weight = weight.to(output).view(-1, *([1] * (output.dim() - 1)))
+            return output * weight
+
+        return scale
+
+    handles = [
+        module.lora_B[key].register_forward_hook(hook_for(key))
+        for module in runtime.peft.modules()
+        if hasattr(module, "lora_B") and isinstance(module.lora_B, torch.nn.ModuleDict)
+        for key in scales
+        if key in module.lora_B
+    ]
+    try:
+        yield scales
+    finally:
+        for handle in handles:
+            handle.remove()
+        runtime.activate(specs[0])
+
+
+@torch.no_grad()
+def representations(runtime: ModelRuntime, examples: list[Example]) -> torch.Tensor:
+    """Mean-pooled last hidden states of the inputs (prompts, for generation) under the runtime's active model."""
+    model = runtime.activate(runtime.active)
+    model.eval()
+    rows = []
+    for start in range(0, len(examples), runtime.eval_batch_size):
+        chunk = examples[start : start + runtime.eval_batch_size]
+        if runtime.task == "classification":
+            batch = runtime.encode(chunk)
+            batch.pop("labels")
+        else:
+            batch = runtime.tokenizer(
+                [ex["prompt"] for ex in chunk],
+                truncation=True,
+                max_length=runtime.max_length // 2,
+                padding=True,
+                return_tensors="pt",
+            )
+        batch = {k: v.to(runtime.device) for k, v in batch.items()}
+        with runtime._adapter_context():
+            hidden = model(**batch, output_hidden_states=True).hidden_states[-1]
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        rows.append((hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0))
+    return torch.cat(rows).float().cpu()
+
+
+@METHODS.register("feddpa", aliases=("feddpa_t",))
+class FedDPA(Method):
+    """Global LoRA federated, local LoRA kept; instance-wise mixing of the two at inference."""
+
+    name = "feddpa"
+    Config = FedDPAConfig
+    base_stage = True
+    per_client_base = True
+
+    def specs(self, runtime: ModelRuntime) -> tuple[LoraSpec, LoraSpec]:
+        """The global LoRA (with the head) and the local LoRA (without) of every client."""
+        cfg = self.cfg
+        targets = resolve_targets(runtime, cfg.targets)
+        shape = {"rank": cfg.rank, "alpha": cfg.alpha, "targets": targets, "dropout": cfg.dropout}
+        return LoraSpec(**shape, slot="global"), LoraSpec(**shape, slot="local", head=False)
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        glob, _ = self.specs(runtime)
+        runtime.install(ClientModel(lora=glob), seed=seed)
+        return ServerState(tensors=runtime.adapter_state())
+
+    def train_local(
+        self, runtime: ModelRuntime, examples: list[Example], weights: dict[LoraSpec, float], seed: int, **length
+    ) -> StateDict:
+        """Train the local LoRA (the last of ``weights``) with the other adapters frozen, mixed by ``weights``."""
+        local = list(weights)[-1]
+        with mixed_adapters(runtime, weights):
+            assert runtime.peft is not None
+            params = {n: p for n, p in runtime.peft.named_parameters() if f".{local.key}." in n}
+            runtime.train(examples, params, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **length)
+            state = get_peft_model_state_dict(runtime.peft, adapter_name=local.key)
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def _length(self, epochs: float | None = None) -> dict[str, Any]:
+        if epochs is not None:
+            return {"epochs": epochs}
+        if self.cfg.local_epochs is not None:
+            return {"epochs": self.cfg.local_epochs}
+        return {"steps": self.cfg.local_steps}
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        glob, local = self.specs(runtime)
+        a = self.cfg.local_weight
+        runtime.install(ClientModel(lora=local, adapter=client_state or {}), seed=seed)
+        runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
+        local_state = self.train_local(runtime, client.train, {glob: 1.0 - a, local: a}, seed, **self._length())
+        runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
+        metrics = runtime.train(
+            client.train, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **self._length()
+        )
+        update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
+        return update, local_state
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        glob, local = self.specs(runtime)
+        local_state = client_state
+        if local_state is None:  # an unseen client trains its local LoRA beside the final global one
+            a = self.cfg.local_weight
+            runtime.install(ClientModel(lora=local), seed=seed)
+            runtime.install(ClientModel(lora=glob, adapter=state.tensors), seed=seed)
+            epochs = self.cfg.unseen_local_epochs
+            local_state = self.train_local(runtime, client.train, {glob: 1.0 - a, local: a}, seed, epochs=epochs)
+        return DualAdapterModel(lora=glob, adapter=state.tensors, local_lora=local, local_adapter=local_state)
+
+    def evaluate(self, runtime: ModelRuntime, client: ClientData, model: ClientModel, seed: int) -> Metrics:
+        if not isinstance(model, DualAdapterModel) or model.local_lora is None:
+            return super().evaluate(runtime, client, model, seed)
+        runtime.install(ClientModel(lora=model.local_lora, adapter=model.local_adapter), seed=seed)
+        references = representations(runtime, client.train)
+        alphas = instance_weights(
+            representations(runtime, client.test),
+            references,
+            max_weight=self.cfg.max_weight,
+            sample=self.cfg.reference_instances,
+            seed=seed,
+        )
+        runtime.install(ClientModel(lora=model.lora, adapter=model.adapter), seed=seed)
+        predictions: list[Any] = []
+        assert model.lora is not None
+        with mixed_adapters(runtime, {model.lora: 1.0, model.local_lora: 0.0}) as scales:
+            for start in range(0, len(client.test), runtime.eval_batch_size):
+                alpha = alphas[start : start + runtime.eval_batch_size]
+                scales[model.lora.key], scales[model.local_lora.key] = 1.0 - alpha, alpha
+                predictions += runtime.predict(client.test[start : start + runtime.eval_batch_size])
+        return score(runtime, predictions, client.test)
+
+    # ------------------------------------------------------------------ as a base stage
+    def export_base(self, runtime: ModelRuntime, state: ServerState) -> StateDict:
+        glob, _ = self.specs(runtime)
+        return merged_base(runtime, glob, state.tensors, scale=1.0 - self.cfg.local_weight)
+
+    def client_base(self, runtime: ModelRuntime, client: ClientData, client_state: Any, seed: int) -> ClientBase:
+        _, local = self.specs(runtime)
+        local_state = client_state
+        if local_state is None:  # unseen: the shared base already holds (1 - a) of the global LoRA
+            runtime.install(ClientModel(lora=local), seed=seed)
+            epochs = self.cfg.unseen_local_epochs
+            local_state = self.train_local(runtime, client.train, {local: self.cfg.local_weight}, seed, epochs=epochs)
+        return ClientBase(lora=local, adapter=local_state, scale=self.cfg.local_weight)
+
+
+def score(runtime: ModelRuntime, predictions: list[Any], examples: list[Example]) -> Metrics:
+    """The task metrics of ``predictions`` (as :meth:`ModelRuntime.evaluate` computes them)."""
+    if runtime.task == "classification":
+        return {"accuracy": evaluation.accuracy(predictions, [int(ex["label"]) for ex in examples])}
+    return evaluation.generation_metrics(predictions, [ex["response"] for ex in examples])

@@ -1,0 +1,284 @@
+"""FedL2P: federated learning to personalize, here the per-module learning rates of a LoRA fine-tuning.
+
+R. Lee, M. Kim, D. Li, X. Qiu, T. Hospedales, F. Huszar, N. D. Lane, "FedL2P: Federated Learning to
+Personalize", NeurIPS 2023, https://arxiv.org/abs/2310.02420; as adapted to LoRA by FedP2EFT (2025, appendix A.4).
+A federated MLP maps a client's feature statistics (mean and SD of every LoRA-targeted layer's input) to one
+learning-rate multiplier per LoRA module (each lora_A, lora_B and head module), times a learnable per-module
+post-multiplier. Meta-learning on each sampled client, for 3 outer steps: fine-tune a fresh rank-r LoRA with those
+rates on 80 % of its training data for ``local_steps`` steps (inner loop), then update the MLP and the
+post-multipliers with the implicit-function-theorem hypergradient of the loss on the held-out 20 % (Neumann series,
+Q = 3, psi = 0.1, clamped to [-1, 1]). The rates reach the fine-tuned weights through the last inner step,
+w = w' + eta * u (u = that step's update per unit rate), as in FedL2P. The server averages the MLP (FedAvg) and
+stops early when the clients' validation loss has not improved for ``patience`` rounds, keeping the best MLP. One
+federated run per budget r. Personalization: statistics -> MLP -> rates -> fine-tune a fresh LoRA for 2 epochs ->
+evaluate.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from fedpeft.adapters import feature_statistics
+from fedpeft.data.types import ClientData, Example
+from fedpeft.hypergradient import ift_hypergradient
+from fedpeft.methods.base import FederatedConfig, Method, weighted_mean
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
+
+try:  # double backward needs the math kernel of scaled-dot-product attention
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def _differentiable_attention():  # noqa: ANN202
+        return sdpa_kernel(SDPBackend.MATH)
+except ImportError:  # pragma: no cover - torch < 2.3
+
+    def _differentiable_attention():  # noqa: ANN202
+        return nullcontext()
+
+
+POST = "post_multiplier"
+
+
+class FedL2PConfig(FederatedConfig):
+    rounds: int = 150
+    lr: float = 1e-4  # initial post-multiplier: the fine-tuning rate the multipliers scale
+    mlp_lr: float = 1e-4
+    post_lr: float = 1e-6
+    hidden: int = 100
+    max_multiplier: float = 1000.0
+    outer_steps: int = 3
+    outer_batch_size: int = 16
+    neumann_steps: int = 3
+    psi: float = 0.1
+    clamp: float = 1.0
+    val_fraction: float = 0.2
+    patience: int = 50
+    finetune_epochs: float = 2.0
+    alpha_multiplier: float = 2.0
+    dropout: float = 0.0
+    default_rank: int = 8
+
+
+class _ClampSTE(torch.autograd.Function):
+    """Clamp in the forward pass, identity in the backward pass (FedL2P's straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, low: float, high: float) -> torch.Tensor:  # noqa: ANN401
+        return x.clamp(low, high)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN401
+        return grad, None, None
+
+
+def rate_network(inputs: int, outputs: int, hidden: int) -> torch.nn.Sequential:
+    """FedL2P's learning-rate MLP: two hidden layers of ``hidden`` units with ReLU."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(inputs, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, outputs),
+    )
+
+
+def module_groups(runtime: ModelRuntime) -> list[list[str]]:
+    """The active adapter's trainable parameters grouped by module (each lora_A, lora_B, head module)."""
+    groups: dict[str, list[str]] = {}
+    for name in runtime.adapter_parameters():
+        groups.setdefault(name.rsplit(".", 1)[0], []).append(name)
+    return list(groups.values())
+
+
+def split_validation(examples: list[Example], fraction: float, key: str) -> tuple[list[Example], list[Example]]:
+    """A fixed (train, validation) split of a client's training data, ``fraction`` held out (at least one)."""
+    order = list(range(len(examples)))
+    random.Random(derive_seed(0, "fedl2p-split", key)).shuffle(order)
+    held = min(len(examples) - 1, max(1, round(fraction * len(examples))))
+    return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
+
+
+@METHODS.register("fedl2p")
+class FedL2P(Method):
+    """A federated MLP from client statistics to per-LoRA-module learning rates, meta-learned with IFT."""
+
+    name = "fedl2p"
+    Config = FedL2PConfig
+    uses_budget = True
+    federated_per_budget = True
+
+    def spec(self, runtime: ModelRuntime, rank: int) -> LoraSpec:
+        return LoraSpec(
+            rank=rank,
+            alpha=float(self.cfg.alpha_multiplier * rank),
+            targets=tuple(runtime.loaded.lora_targets),
+            dropout=self.cfg.dropout,
+        )
+
+    # ------------------------------------------------------------------ the rate network
+    def rates(self, tensors: StateDict, stats: torch.Tensor) -> torch.Tensor:
+        """Per-module learning rates: clamp(MLP(stats)) * post-multiplier, differentiable in ``tensors``."""
+        mlp = {k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")}
+        outputs = tensors[POST].numel()
+        net = rate_network(stats.numel(), outputs, self.cfg.hidden)
+        multipliers = torch.func.functional_call(net, mlp, (stats,))
+        return _ClampSTE.apply(multipliers, 0.0, self.cfg.max_multiplier) * tensors[POST]
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        return self.init_server_for_budget(runtime, seed, self.cfg.default_rank)
+
+    def init_server_for_budget(self, runtime: ModelRuntime, seed: int, budget: int) -> ServerState:
+        runtime.activate(self.spec(runtime, budget))
+        outputs = len(module_groups(runtime))
+        net = rate_network(2 * len(runtime.target_modules), outputs, self.cfg.hidden)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, self.name, "init", budget))
+            for layer in net:
+                if isinstance(layer, torch.nn.Linear):  # multipliers start near 1
+                    torch.nn.init.xavier_normal_(layer.weight, gain=0.1)
+                    torch.nn.init.constant_(layer.bias, 1.0)
+        tensors = {f"mlp.{k}": v.detach().clone() for k, v in net.state_dict().items()}
+        tensors[POST] = torch.full((outputs,), self.cfg.lr)
+        return ServerState(tensors=tensors, extra={"budget": budget})
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        return Payload(tensors=state.tensors, config={"budget": state.extra.get("budget", self.cfg.default_rank)})
+
+    # ------------------------------------------------------------------ inner loop
+    def fine_tune(
+        self, runtime: ModelRuntime, spec: LoraSpec, examples: list[Example], rates: torch.Tensor, seed: int, **length
+    ) -> tuple[dict[str, torch.nn.Parameter], dict[str, torch.Tensor]]:
+        """Fine-tune a fresh LoRA with per-module ``rates``; returns its parameters and the last step per unit rate."""
+        runtime.install(ClientModel(lora=spec), seed=seed)
+        params = runtime.adapter_parameters()
+        groups = module_groups(runtime)
+        values = [float(r) for r in rates]
+        optimizer_groups = [{"params": [params[n] for n in g], "lr": v} for g, v in zip(groups, values, strict=True)]
+        total = runtime.steps_for(len(examples), self.cfg.batch_size, length.get("epochs"), length.get("steps"))
+        before: dict[str, torch.Tensor] = {}
+
+        def remember(step: int) -> None:
+            if step == total - 1:
+                before.update({n: p.detach().clone() for n, p in params.items()})
+
+        runtime.train(
+            examples,
+            {},
+            lr=0.0,
+            batch_size=self.cfg.batch_size,
+            seed=seed,
+            steps=total,
+            optimizer_groups=optimizer_groups,
+            after_backward=remember,
+        )
+        last: dict[str, torch.Tensor] = {}
+        for group, value in zip(groups, values, strict=True):
+            for n in group:
+                step = params[n].detach() - before[n]
+                last[n] = step / value if value > 0 else torch.zeros_like(step)
+        return params, last
+
+    def meta_step(
+        self,
+        runtime: ModelRuntime,
+        tensors: dict[str, torch.nn.Parameter],
+        stats: torch.Tensor,
+        spec: LoraSpec,
+        train: list[Example],
+        val: list[Example],
+        seed: int,
+    ) -> float:
+        """One outer step: inner fine-tuning, then the hypergradient into ``tensors[...].grad``; returns L_V."""
+        rates = self.rates(dict(tensors), stats)
+        length = {"steps": self.cfg.local_steps} if self.cfg.local_epochs is None else {"epochs": self.cfg.local_epochs}
+        params, last = self.fine_tune(runtime, spec, train, rates.detach(), seed, **length)
+        groups = module_groups(runtime)
+        moved = rates - rates.detach()  # zero, with the rates' gradient
+        weights = {n: params[n].detach() + moved[i] * last[n] for i, g in enumerate(groups) for n in g}
+        leaves = {n: w.detach().clone().requires_grad_(True) for n, w in weights.items()}
+        rng = random.Random(seed)
+        model = runtime.peft
+        assert model is not None
+        model.eval()
+        with _differentiable_attention():
+            outer = torch.func.functional_call(model, leaves, (), self._batch(runtime, val, rng))
+            val_grads = torch.autograd.grad(outer.loss, list(leaves.values()))
+            inner = torch.func.functional_call(model, weights, (), self._batch(runtime, train, rng))
+            train_grads = torch.autograd.grad(inner.loss, list(weights.values()), create_graph=True)
+            hparams = list(tensors.values())
+            hyper = ift_hypergradient(
+                val_grads,
+                train_grads,
+                list(weights.values()),
+                hparams,
+                steps=self.cfg.neumann_steps,
+                psi=self.cfg.psi,
+                clamp=self.cfg.clamp,
+            )
+        for p, g in zip(hparams, hyper, strict=True):
+            p.grad = g.detach()
+        return float(outer.loss.detach())
+
+    def _batch(self, runtime: ModelRuntime, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
+        chosen = rng.sample(examples, min(self.cfg.outer_batch_size, len(examples)))
+        return {k: v.to(runtime.device) for k, v in runtime.encode(chosen).items()}
+
+    # ------------------------------------------------------------------ federated phase
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        spec = self.spec(runtime, int(payload.config.get("budget", self.cfg.default_rank)))
+        train, val = split_validation(client.train, self.cfg.val_fraction, client.client_id)
+        stats = feature_statistics(runtime, train)
+        tensors = {k: torch.nn.Parameter(v.detach().clone()) for k, v in payload.tensors.items()}
+        mlp = [p for k, p in tensors.items() if k != POST]
+        optimizer = torch.optim.Adam(
+            [{"params": mlp, "lr": self.cfg.mlp_lr}, {"params": [tensors[POST]], "lr": self.cfg.post_lr}]
+        )
+        losses = []
+        for step in range(self.cfg.outer_steps):
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(self.meta_step(runtime, tensors, stats, spec, train, val, derive_seed(seed, "outer", step)))
+            optimizer.step()
+        upload = {k: p.detach().clone() for k, p in tensors.items()}
+        # The first outer loss measures the received MLP: the server's early-stopping signal.
+        metrics = {"val_loss": losses[0], "outer_loss": sum(losses) / len(losses)}
+        return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), client_state
+
+    def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
+        tensors, metrics = weighted_mean(updates)
+        if not tensors:
+            return state, metrics
+        extra = dict(state.extra)
+        loss = metrics.get("train_val_loss", math.inf)
+        if loss < extra.get("best_loss", math.inf):
+            extra.update(best_loss=loss, best_tensors=dict(state.tensors), since_best=0)
+        else:
+            extra["since_best"] = extra.get("since_best", 0) + 1
+        return ServerState(tensors=tensors, round=state.round + 1, extra=extra), metrics
+
+    def should_stop(self, state: ServerState) -> bool:
+        return state.extra.get("since_best", 0) >= self.cfg.patience
+
+    # ------------------------------------------------------------------ personalization
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        spec = self.spec(runtime, int(budget or state.extra.get("budget", self.cfg.default_rank)))
+        tensors = state.extra.get("best_tensors") or state.tensors
+        with torch.no_grad():
+            rates = self.rates(tensors, feature_statistics(runtime, client.train))
+        self.fine_tune(runtime, spec, client.train, rates, seed, epochs=self.cfg.finetune_epochs)
+        return ClientModel(lora=spec, adapter=runtime.adapter_state())

@@ -1,0 +1,111 @@
+"""``fedp2eft``: federated learning to personalize PEFT -- one PSG gives every client its LoRA rank structure.
+
+"Federated Learning to Personalize PEFT for Multilingual LLMs" -- R. Lee, M. Kim, F. Rezk, R. Li, S. Venieris,
+T. Hospedales, AAAI 2026, https://arxiv.org/abs/2502.04387.
+
+Federated phase (seen pool): each sampled client computes its data statistics with the frozen base model, lets the
+PSG (phi) predict its rank scales, trains a fresh BayesTune-LoRA initialized with them for ``bt_steps`` steps
+(stage 1), regresses the PSG toward the scales it reached with an L1 loss (stage 2), and uploads phi only; the LoRA
+is discarded. The server averages phi weighted by data size. Personalization (any client, seen or unseen, any
+budget r <= r_max, one trained PSG): statistics -> PSG -> top-(r * L) pruning -> fine-tuning with frozen scales
+-> a plain PEFT LoRA. The building blocks are in :mod:`fedpeft.adapters.bayestune` and :mod:`fedpeft.adapters.psg`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fedpeft.adapters.bayestune import ClientScales, initial_spec, train_scales
+from fedpeft.adapters.psg import make_generator, regress_toward, save_generator
+from fedpeft.adapters.statistics import feature_statistics
+from fedpeft.data.types import ClientData
+from fedpeft.methods.bayestune_lora import BayesTuneMethod, BayesTuneSettings
+from fedpeft.models.runtime import ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict, derive_seed
+
+PSG_DIR = "psg"
+
+
+class FedP2EFTConfig(BayesTuneSettings):
+    rounds: int = 150
+    fraction: float = 0.1
+    min_clients: int = 1
+    bt_steps: int = 10
+    psg_lr: float = 1e-4
+    psg_steps: int = 5
+    psg_gain: float = 1e-6
+    psg_bias: float = 1e-4
+    stats_batch_size: int = 64
+
+
+def psg_path(run_dir: Path, label: str, seed: int) -> Path:
+    """Where the trained PSG of a method label and seed lives (weights; metadata beside it as ``.json``)."""
+    return Path(run_dir) / PSG_DIR / label / f"seed{seed}.safetensors"
+
+
+@METHODS.register("fedp2eft")
+class FedP2EFT(BayesTuneMethod):
+    """Federated PSG training on the seen pool; per-client rank structures for every budget from one PSG."""
+
+    name = "fedp2eft"
+    Config = FedP2EFTConfig
+    private_keys = ("lora_",)
+
+    def _generator(self, runtime: ModelRuntime, seed: int, state: StateDict | None = None):  # noqa: ANN202
+        return make_generator(
+            len(runtime.target_modules),
+            self.cfg.r_init,
+            seed=derive_seed(seed, self.name, "psg"),
+            gain=self.cfg.psg_gain,
+            bias=self.cfg.psg_bias,
+            state=state,
+        )
+
+    def _statistics(self, runtime: ModelRuntime, client: ClientData, client_state: Any):  # noqa: ANN202
+        # The base model is frozen for the whole run, so a client's statistics are computed once and kept.
+        if isinstance(client_state, dict) and "statistics" in client_state:
+            return client_state["statistics"]
+        return feature_statistics(runtime, client.train, batch_size=self.cfg.stats_batch_size)
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        initial_spec(runtime, self.cfg.r_init, self.cfg.alpha_multiplier, self.cfg.dropout)  # validates r_init
+        generator = self._generator(runtime, seed)
+        tensors = {k: v.detach().clone() for k, v in generator.state_dict().items()}
+        return ServerState(tensors=tensors, extra={"modules": [name for name, _ in runtime.target_modules]})
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        statistics = self._statistics(runtime, client, client_state)
+        generator = self._generator(runtime, 0, payload.tensors)
+        initial = generator.scales(statistics).detach()
+        scales, metrics = train_scales(runtime, client.train, initial, self.cfg, seed=seed, steps=self.cfg.bt_steps)
+        before, after = regress_toward(generator, statistics, scales, steps=self.cfg.psg_steps, lr=self.cfg.psg_lr)
+        tensors = {k: v.detach().clone() for k, v in generator.state_dict().items()}
+        metrics = {**metrics, "psg_l1_before": before, "psg_l1_after": after}
+        update = ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics)
+        return update, {"statistics": statistics}
+
+    def client_scales(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+    ) -> ClientScales:
+        statistics = self._statistics(runtime, client, client_state)
+        generator = self._generator(runtime, seed, state.tensors or None)
+        scales = generator(statistics).detach()
+        return ClientScales(scales, [name for name, _ in runtime.target_modules], {})
+
+    def save_server_artifacts(self, state: ServerState, run_dir: Path, seed: int) -> Path:
+        """Write the trained PSG and what ``fedpeft personalize`` needs to use it."""
+        path = psg_path(run_dir, self.label, seed)
+        meta = {
+            "method": self.name,
+            "label": self.label,
+            "seed": seed,
+            "rounds": state.round,
+            "modules": list(state.extra.get("modules", [])),
+            "config": self.cfg.model_dump(mode="json"),
+        }
+        save_generator(path, state.tensors, meta)
+        return path

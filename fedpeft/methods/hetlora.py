@@ -1,0 +1,168 @@
+"""HetLoRA: heterogeneous LoRA ranks by truncation, zero-padding and norm-weighted averaging.
+
+Y. J. Cho, L. Liu, Z. Xu, A. Fahrezi, G. Joshi, "Heterogeneous LoRA for Federated Fine-tuning of On-Device
+Foundation Models", EMNLP 2024, https://arxiv.org/abs/2401.06432.
+
+The server keeps a global LoRA of the largest tier rank r_max. Client i receives the first r_i rank
+components (rows of A, columns of B; per expert for fused expert LoRA), trains them, and returns them. The
+server zero-pads every returned adapter to r_max and averages it with weights proportional to the Frobenius
+norm of the client's update ||B_i A_i||_F (per LoRA module, and per expert of a fused expert tensor),
+normalized over the clients; other tensors are averaged by data size. Optional local rank self-pruning: the
+client adds ``prune_lambda * ||B_tail A_tail||_F`` for the components beyond ``floor(prune_gamma * r_i)`` to
+its loss and, when that tail norm ends a round lower than it ended the client's previous round, drops the tail
+for good: its rank, kept in the client-state store, shrinks to ``floor(prune_gamma * r_i)`` (never below
+``min_rank``). A client's first round never prunes (B starts at zero, so there is nothing to compare with).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from fedpeft.adapters.expert_lora import (
+    LogWeightedMean,
+    join_a,
+    join_b,
+    module_key,
+    product_norms,
+    split_a,
+    split_b,
+    truncate,
+    zero_pad,
+)
+from fedpeft.data.types import ClientData
+from fedpeft.methods.tiers import PlainMean, RankTieredConfig, RankTieredMethod, mean_metrics
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.registry import METHODS
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState
+
+
+class HetLoraConfig(RankTieredConfig):
+    self_pruning: bool = False
+    prune_gamma: float = Field(default=0.9, gt=0.0, lt=1.0)
+    prune_lambda: float = Field(default=1e-3, ge=0.0)
+    min_rank: int = Field(default=1, ge=1)
+
+
+Factors = tuple[torch.Tensor, torch.Tensor]
+
+
+def hetlora_mean(factors: list[Factors], experts: int, rank: int, previous: Factors) -> Factors:
+    """Zero-pad every client's (A, B) to ``rank`` and average with weights ||B_i A_i||_F per expert.
+
+    An expert whose every update is zero keeps ``previous``.
+    """
+    mean_a, mean_b = LogWeightedMean(), LogWeightedMean()
+    for a, b in factors:
+        log_norm = torch.log(product_norms(a, b, experts))
+        a_pad, b_pad = zero_pad(a, b, experts, rank)
+        mean_a.add(split_a(a_pad, experts), log_norm)
+        mean_b.add(split_b(b_pad, experts), log_norm)
+    a_prev, b_prev = previous
+    return join_a(mean_a.result(split_a(a_prev, experts))), join_b(mean_b.result(split_b(b_prev, experts)))
+
+
+@METHODS.register("hetlora")
+class HetLora(RankTieredMethod):
+    """Truncated downloads, zero-padded uploads, ||B A||_F-weighted averaging; optional rank self-pruning."""
+
+    name = "hetlora"
+    Config = HetLoraConfig
+
+    def _rank(self, tier_rank: int, client_state: Any) -> int:
+        return min(tier_rank, int((client_state or {}).get("rank", tier_rank)))
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        if not self.cfg.self_pruning:
+            return super().client_update(runtime, client, payload, client_state, seed)
+        tier = self.tier_of(client.client_id)
+        rank = self._rank(int(payload.config.get("rank", tier.rank)), client_state)
+        spec = self.spec(runtime, rank)
+        runtime.activate(spec)
+        layout = self.modules(self.layout(runtime))
+        adapter = dict(payload.tensors)
+        for key, module in layout.items():
+            a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
+            adapter[a_key], adapter[b_key] = truncate(adapter[a_key], adapter[b_key], module.experts, rank)
+        routing = self.routing(runtime, self.train_top_k(runtime, tier))
+        runtime.install(ClientModel(lora=spec, adapter=adapter, routing=routing), seed=seed)
+        keep = max(self.cfg.min_rank, int(self.cfg.prune_gamma * rank))
+        params = runtime.adapter_parameters()
+        pairs = _factor_pairs(params, layout, spec.key)
+
+        def tail_norm() -> torch.Tensor:
+            return torch.stack([_tail(a, b, m.experts, keep) for a, b, m in pairs]).sum()
+
+        lam = self.cfg.prune_lambda
+        metrics = self.train_local(runtime, client, seed, extra_loss=lambda model, batch, out: lam * tail_norm())
+        with torch.no_grad():
+            after = float(tail_norm())
+        before = (client_state or {}).get("tail_norm")
+        new_rank = keep if keep < rank and before is not None and after < before else rank
+        state = runtime.adapter_state()
+        if new_rank < rank:
+            for key, module in layout.items():
+                a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
+                state[a_key], state[b_key] = truncate(state[a_key], state[b_key], module.experts, new_rank)
+        metrics["rank"] = float(new_rank)
+        update = ClientUpdate(client.client_id, state, float(len(client.train)), metrics)
+        # After pruning, the next round compares the tail of the smaller rank.
+        return update, {"rank": new_rank, "tail_norm": after if new_rank == rank else None}
+
+    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+        layout = self.modules(state.extra["lora_layout"])
+        rank = self.max_rank()
+        plain = PlainMean()
+        factors: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {k: [] for k in layout}
+        metrics: list[Metrics] = []
+        for update in updates:
+            metrics.append(update.metrics)
+            for key, tensor in update.tensors.items():
+                if module_key(key) is None:
+                    plain.add(key, tensor, float(update.weight))
+            for key in layout:
+                factors[key].append((update.tensors[f"{key}.lora_A.weight"], update.tensors[f"{key}.lora_B.weight"]))
+        if not metrics:
+            return state, mean_metrics(metrics)
+        tensors = plain.result(state.tensors)
+        for key, module in layout.items():
+            a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
+            previous = (state.tensors[a_key], state.tensors[b_key])
+            tensors[a_key], tensors[b_key] = hetlora_mean(factors[key], module.experts, rank, previous)
+        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), mean_metrics(metrics)
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | str | None,
+        seed: int,
+    ) -> ClientModel:
+        tier = self.tier_of(client.client_id)
+        rank = self._rank(tier.rank, client_state)
+        routing = self.routing(runtime, self.eval_top_k(runtime, tier))
+        return ClientModel(lora=self.spec(runtime, rank), adapter=self.adapter_for(state, rank), routing=routing)
+
+
+def _tail(a: torch.Tensor, b: torch.Tensor, experts: int, keep: int) -> torch.Tensor:
+    """sum over experts of ||B^j[:, keep:] A^j[keep:]||_F (differentiable)."""
+    a_tail, b_tail = split_a(a, experts)[:, keep:], split_b(b, experts)[:, :, keep:]
+    return torch.linalg.matrix_norm(b_tail @ a_tail).sum()
+
+
+def _factor_pairs(params: dict[str, torch.nn.Parameter], layout: dict, adapter: str) -> list[tuple[Any, Any, Any]]:
+    """(lora_A, lora_B, module) parameter pairs of the active adapter."""
+    pairs = []
+    for key, module in layout.items():
+        a = params.get(f"{key}.lora_A.{adapter}.weight")
+        b = params.get(f"{key}.lora_B.{adapter}.weight")
+        if a is not None and b is not None:
+            pairs.append((a, b, module))
+    return pairs

@@ -1,0 +1,377 @@
+"""Compute tiers shared by FLAME and the resource-adaptive LoRA baselines (trivial LoRA, HetLoRA, FlexLoRA).
+
+Every client belongs to one tier: its compute budget. A tier fixes the experts per token ``top_k`` a client
+of a mixture-of-experts model runs with, the LoRA ``rank`` the rank-compressing baselines give it, and
+optionally its own participation rate. The defaults are FLAME's four budgets beta_1 .. beta_4 (paper 004):
+top-k 8 / 4 / 2 / 1 and ranks 20 / 12 / 8 / 6.
+
+Which tier a client is in: ``client_tiers`` (client id -> tier name) when it names the client, else round-robin
+by the number at the end of the client id: index i -> tier ``i mod len(tiers)`` (``client-00`` -> tier1,
+``client-01`` -> tier2, ...). So 4 clients get one tier each and 40 clients ten per tier.
+
+Evaluation runs each client at its tier's compute: its tier's top-k (and rank, for the baselines). Records
+carry the tier name as their ``budget``. :meth:`TieredMethod.compute_costs` adds, per tier, the analytic
+forward FLOPs of ``compute_tokens`` tokens (2 x active parameters x tokens, LoRA unmerged) and the measured
+forward wall time of one sequence of that length with the adapter merged (the base model at the tier's top-k).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import re
+import statistics
+import time
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedpeft.adapters.expert_lora import LoraModule, lora_layout, module_key, truncate
+from fedpeft.data.types import ClientData
+from fedpeft.engine.common import sample_clients
+from fedpeft.errors import UserError
+from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.models.moe import Routing, forward_flops, lora_active_parameters
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS
+from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
+
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+class TierConfig(BaseModel):
+    """One compute budget: experts per token, LoRA rank of the rank-compressing methods, participation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    top_k: int | None = Field(default=None, ge=1)
+    rank: int = Field(default=8, ge=1)
+    participation: float | None = Field(default=None, gt=0.0, le=1.0)
+
+
+def default_tiers() -> list[TierConfig]:
+    """FLAME's budgets beta_1 (richest) .. beta_4: top-k 8 / 4 / 2 / 1, baseline ranks 20 / 12 / 8 / 6."""
+    budgets = ((8, 20), (4, 12), (2, 8), (1, 6))
+    return [TierConfig(name=f"tier{i + 1}", top_k=k, rank=r) for i, (k, r) in enumerate(budgets)]
+
+
+class TieredConfig(FederatedConfig):
+    """A federated LoRA phase with compute tiers; defaults follow paper 004 (Adam, lr 1.5e-4, batch 16, one
+    local epoch per round, 2 rounds, every client every round, alpha 16)."""
+
+    rounds: int = 2
+    fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    local_steps: int | None = None
+    local_epochs: float | None = 1.0
+    lr: float = 1.5e-4
+    alpha: float = 16.0
+    tiers: list[TierConfig] = Field(default_factory=default_tiers)
+    client_tiers: dict[str, str] = Field(default_factory=dict)
+    eval_tiers: list[str] | None = None
+    lora_router: bool = False
+    compute_tokens: int = Field(default=128, ge=1)
+    compute_repeats: int = Field(default=5, ge=1)
+
+    @model_validator(mode="after")
+    def _check_tiers(self) -> TieredConfig:
+        names = [t.name for t in self.tiers]
+        if not names or len(set(names)) != len(names):
+            raise ValueError("tiers must be a non-empty list with distinct names")
+        unknown = sorted({*self.client_tiers.values(), *(self.eval_tiers or [])} - set(names))
+        if unknown:
+            raise ValueError(f"unknown tier(s) {unknown}; the tiers are {names}")
+        return self
+
+
+class TieredMethod(Method):
+    """Shared machinery of tiered methods: tier lookup, sampling, LoRA shapes, routing, evaluation, costs."""
+
+    cfg: Any
+
+    # ------------------------------------------------------------------ tiers
+    def tier_of(self, client_id: str) -> TierConfig:
+        """The tier of ``client_id``: ``client_tiers`` or round-robin on the id's trailing number."""
+        tiers = {t.name: t for t in self.cfg.tiers}
+        if client_id in self.cfg.client_tiers:
+            return tiers[self.cfg.client_tiers[client_id]]
+        match = _TRAILING_NUMBER.search(client_id)
+        if match is None:
+            raise UserError(
+                f"Client {client_id!r} has no number at the end of its id to assign it a tier; list it in "
+                f"`client_tiers` of method {self.label}."
+            )
+        return self.cfg.tiers[int(match.group(1)) % len(self.cfg.tiers)]
+
+    def sample(self, client_ids: list[str], round_: int, seed: int) -> list[str]:
+        """The clients of one round: ``fraction`` of all clients, or per tier its own ``participation`` rate
+        (``ceil(rate * clients of the tier)``, at least one) when any tier sets one."""
+        if all(t.participation is None for t in self.cfg.tiers):
+            return sample_clients(client_ids, self.cfg.fraction, self.cfg.min_clients, seed, round_)
+        chosen: list[str] = []
+        for tier in self.cfg.tiers:
+            members = sorted(c for c in client_ids if self.tier_of(c).name == tier.name)
+            if not members:
+                continue
+            rate = tier.participation if tier.participation is not None else self.cfg.fraction
+            count = min(len(members), max(1, math.ceil(rate * len(members) - 1e-9)))
+            chosen += random.Random(derive_seed(seed, "sample", round_, tier.name)).sample(members, count)
+        return sorted(chosen)
+
+    def budgets_of(self, client: ClientData) -> list[str]:
+        """The budgets a client is evaluated at: its tier's name, or none if the tier is not in ``eval_tiers``."""
+        tier = self.tier_of(client.client_id).name
+        return [tier] if self.cfg.eval_tiers is None or tier in self.cfg.eval_tiers else []
+
+    # ------------------------------------------------------------------ shapes
+    def max_rank(self) -> int:
+        """Rank of the server's global adapter."""
+        return max(t.rank for t in self.cfg.tiers)
+
+    def rank_for(self, tier: TierConfig) -> int:
+        """LoRA rank a client of ``tier`` trains (the tier's rank unless a method fixes one)."""
+        return tier.rank
+
+    def alpha_for(self, rank: int) -> float:
+        """LoRA alpha at ``rank``: alpha * rank / max rank, so that every rank has the scaling of the global
+        adapter and the first r components of it mean the same update on every client."""
+        return self.cfg.alpha * rank / self.max_rank()
+
+    def spec(self, runtime: ModelRuntime, rank: int) -> LoraSpec:
+        """The LoRA of ``rank``: attention (and MLP) modules, plus fused experts and optionally the router."""
+        parameters = list(getattr(runtime.loaded, "lora_parameters", ()))
+        if self.cfg.lora_router:
+            router = FAMILY_ROUTER_PARAMETERS.get(runtime.loaded.family)
+            if not router:
+                raise UserError(f"lora_router needs a mixture-of-experts model; {runtime.loaded.name} has no router.")
+            parameters += router
+        if parameters and runtime.peft is not None:
+            # PEFT requires every adapter with target_parameters on one model to target the same parameters.
+            others = {tuple(sorted(c.target_parameters or ())) for c in runtime.peft.peft_config.values()} - {()}
+            if others and others != {tuple(sorted(parameters))}:
+                raise UserError(
+                    f"Method {self.label} puts LoRA on {sorted(parameters)} but another adapter on this model targets "
+                    f"{sorted(next(iter(others)))}; give every method the same lora_router setting."
+                )
+        return LoraSpec(
+            rank=rank,
+            alpha=float(self.alpha_for(rank)),
+            targets=tuple(runtime.loaded.lora_targets),
+            target_parameters=tuple(parameters),
+        )
+
+    def layout(self, runtime: ModelRuntime) -> dict[str, dict[str, Any]]:
+        """The active adapter's LoRA modules (see :func:`lora_layout`), as plain dicts for the server state."""
+        assert runtime.peft is not None and runtime.active is not None
+        blocks = [name for name, _, _ in runtime.moe.blocks] if runtime.moe is not None else []
+        return {k: m.to_dict() for k, m in lora_layout(runtime.peft, runtime.active.key, blocks).items()}
+
+    @staticmethod
+    def modules(layout: dict[str, dict[str, Any]]) -> dict[str, LoraModule]:
+        return {k: LoraModule(**v) for k, v in layout.items()}
+
+    # ------------------------------------------------------------------ routing
+    def train_top_k(self, runtime: ModelRuntime, tier: TierConfig) -> int | None:
+        """Experts per token in local training (``None``: the model's own)."""
+        return tier.top_k
+
+    def routing(self, runtime: ModelRuntime, top_k: int | None, scale: float = 1.0) -> Routing | None:
+        if runtime.moe is None:
+            return None
+        return Routing(top_k=top_k, scale=scale)
+
+    def train_local(self, runtime: ModelRuntime, client: ClientData, seed: int, **hooks: Any) -> Metrics:
+        """The one training loop with this method's local-training settings."""
+        cfg = self.cfg
+        return runtime.train(
+            client.train,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            epochs=cfg.local_epochs,
+            steps=cfg.local_steps if cfg.local_epochs is None else None,
+            weight_decay=cfg.weight_decay,
+            **hooks,
+        )
+
+    def check_model(self, runtime: ModelRuntime) -> None:
+        """Refuse tiers the model cannot run (top-k beyond its experts, ranks beyond its layers)."""
+        # The layers LoRA wraps, as captured before any adapter was injected.
+        limit = min(min(m.weight.shape) for _, m in runtime.target_modules) if runtime.target_modules else None
+        for tier in self.cfg.tiers:
+            if limit is not None and self.rank_for(tier) > limit:
+                raise UserError(
+                    f"Tier {tier.name} needs LoRA rank {self.rank_for(tier)} but this model allows at most {limit}; "
+                    "lower the tier's rank."
+                )
+            if runtime.moe is not None and tier.top_k is not None and tier.top_k > runtime.moe.num_experts:
+                raise UserError(
+                    f"Tier {tier.name} asks for top_k={tier.top_k} but the model has {runtime.moe.num_experts} "
+                    "experts; lower the tier's top_k."
+                )
+
+    # ------------------------------------------------------------------ costs
+    def eval_top_k(self, runtime: ModelRuntime, tier: TierConfig) -> int | None:
+        """Experts per token at evaluation: the tier's compute."""
+        return tier.top_k
+
+    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
+        """Per tier: top-k, rank, active parameters, analytic forward FLOPs and measured forward milliseconds of
+        one ``compute_tokens``-token sequence, as ``costs.jsonl`` records (phase ``compute``, budget = tier)."""
+        rows: list[dict] = []
+        tokens = self.cfg.compute_tokens
+        vocab = int(runtime.base_model.config.vocab_size)
+        ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed), device="cpu")
+        ids = ids.to(runtime.device)
+        for tier in self.cfg.tiers:
+            if self.cfg.eval_tiers is not None and tier.name not in self.cfg.eval_tiers:
+                continue
+            rank = self.rank_for(tier)
+            runtime.activate(self.spec(runtime, rank))
+            lora_state = runtime.adapter_state()
+            top_k = self.eval_top_k(runtime, tier) if runtime.moe is not None else None
+            experts = {k: m["experts"] for k, m in self.layout(runtime).items() if m["experts"] > 1}
+            k = top_k if top_k is not None else (runtime.moe.default_top_k if runtime.moe is not None else 1)
+            base = sum(p.numel() for p in runtime.base_params.values())
+            base -= runtime.moe.inactive_parameters(k) if runtime.moe is not None else 0
+            lora = lora_active_parameters(lora_state, experts, k)
+            model = runtime.install(ClientModel(routing=self.routing(runtime, top_k)))
+            # Timed without the adapter: a deployed LoRA is merged into the weights and costs nothing extra.
+            with runtime.peft.disable_adapter() if runtime.peft is not None else contextlib.nullcontext():
+                milliseconds = _forward_ms(model, ids, self.cfg.compute_repeats)
+            values = {
+                **({"top_k": float(k)} if runtime.moe is not None else {}),
+                "lora_rank": float(rank),
+                "active_params": float(base + lora),
+                "forward_flops": float(forward_flops(base + lora, tokens)),
+                "forward_ms": milliseconds,
+            }
+            rows += [
+                {"method": self.label, "seed": seed, "phase": "compute", "budget": tier.name, "metric": m, "value": v}
+                for m, v in values.items()
+            ]
+        runtime.install(ClientModel())
+        return rows
+
+
+class RankTieredConfig(TieredConfig):
+    """Tiered LoRA whose clients differ in rank; ``train_top_k``: experts per token in local training (``model``:
+    the model's own, as the paper runs the baselines; ``tier``: the tier's)."""
+
+    train_top_k: Literal["model", "tier"] = "model"
+
+
+class RankTieredMethod(TieredMethod):
+    """A tiered LoRA baseline: the server keeps a global adapter of the largest rank and each client trains
+    the first components up to its tier's rank (the rank-compressing methods); subclasses aggregate."""
+
+    Config = RankTieredConfig
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+        self.check_model(runtime)
+        runtime.activate(self.spec(runtime, self.max_rank()))
+        runtime.reset_adapter(derive_seed(seed, self.name, "init"))
+        return ServerState(tensors=runtime.adapter_state(), extra={"lora_layout": self.layout(runtime)})
+
+    def train_top_k(self, runtime: ModelRuntime, tier: TierConfig) -> int | None:
+        return tier.top_k if self.cfg.train_top_k == "tier" else None
+
+    def adapter_for(self, state: ServerState, rank: int) -> StateDict:
+        """The global adapter's first ``rank`` components (every tensor as is at the largest rank)."""
+        if rank == self.max_rank():
+            return dict(state.tensors)
+        layout = self.modules(state.extra["lora_layout"])
+        out = {k: v for k, v in state.tensors.items() if module_key(k) is None}
+        for key, module in layout.items():
+            a, b = truncate(state.tensors[f"{key}.lora_A.weight"], state.tensors[f"{key}.lora_B.weight"],
+                            module.experts, rank)  # fmt: skip
+            out[f"{key}.lora_A.weight"], out[f"{key}.lora_B.weight"] = a, b
+        return out
+
+    def payload(self, state: ServerState, client_id: str) -> Payload:
+        rank = self.rank_for(self.tier_of(client_id))
+        return Payload(tensors=self.adapter_for(state, rank), config={"rank": rank})
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        tier = self.tier_of(client.client_id)
+        rank = int(payload.config.get("rank", self.rank_for(tier)))
+        routing = self.routing(runtime, self.train_top_k(runtime, tier))
+        runtime.install(ClientModel(lora=self.spec(runtime, rank), adapter=payload.tensors, routing=routing), seed=seed)
+        metrics = self.train_local(runtime, client, seed)
+        return ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics), client_state
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | str | None,
+        seed: int,
+    ) -> ClientModel:
+        tier = self.tier_of(client.client_id)
+        rank = self.rank_for(tier)
+        routing = self.routing(runtime, self.eval_top_k(runtime, tier))
+        return ClientModel(lora=self.spec(runtime, rank), adapter=self.adapter_for(state, rank), routing=routing)
+
+
+@torch.no_grad()
+def _forward_ms(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> float:
+    """Median wall milliseconds of one forward pass (after one warm-up pass)."""
+    model.eval()
+    model(input_ids=ids)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model(input_ids=ids)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1000.0)
+    return float(statistics.median(times))
+
+
+def mean_metrics(metrics: Iterable[Metrics]) -> Metrics:
+    """The mean of every numeric training metric over clients, prefixed ``train_``, and the client count."""
+    sums: dict[str, float] = {}
+    count = 0
+    for entry in metrics:
+        count += 1
+        for key, value in entry.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    out = {f"train_{k}": v / count for k, v in sums.items()} if count else {}
+    out["clients"] = float(count)
+    return out
+
+
+class PlainMean:
+    """Streaming mean of tensors under linear weights (FedAvg of the tensors no special rule covers)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.weights: dict[str, float] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+
+    def add(self, key: str, tensor: torch.Tensor, weight: float) -> None:
+        self.dtypes.setdefault(key, tensor.dtype)
+        value = tensor.detach().to(torch.float64) * weight
+        self.sums[key] = self.sums[key] + value if key in self.sums else value
+        self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def result(self, previous: StateDict) -> StateDict:
+        out = {}
+        for key, total in self.sums.items():
+            weight = self.weights[key]
+            out[key] = (total / weight).to(self.dtypes[key]) if weight > 0 else previous[key].clone()
+        return out
+
+
+def updates_with_metrics(updates: Iterable[ClientUpdate], sink: list[Metrics]) -> Iterable[ClientUpdate]:
+    """Pass ``updates`` through, collecting each one's metrics into ``sink``."""
+    for update in updates:
+        sink.append(update.metrics)
+        yield update

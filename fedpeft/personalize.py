@@ -1,0 +1,177 @@
+"""``fedpeft personalize``: a client's personalized LoRA from a run's trained FedP2EFT PSG, in PEFT format.
+
+A run with a ``fedp2eft`` method keeps its trained PSG under ``psg/<method>/seed<k>.safetensors``. Given that run
+directory, a client's training data and a rank budget r, this rebuilds the run's base model, computes the
+client's statistics, lets the PSG choose the rank structure, fine-tunes it on the data and writes a LoRA adapter that
+``PeftModel.from_pretrained`` loads with no fedpeft code. The client is either a file of examples in the
+dataset's schema (JSONL or CSV: ``text``, optional ``text_pair``, ``label`` as index or name; or ``prompt``,
+``response`` for generation) or a client of the run's own dataset (``--client``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from fedpeft.adapters.bayestune import check_budget
+from fedpeft.adapters.psg import load_generator
+from fedpeft.config import load_config
+from fedpeft.data.types import ClientData, Example, FederatedData
+from fedpeft.engine.common import client_seed
+from fedpeft.errors import UserError
+from fedpeft.methods.fedp2eft import PSG_DIR
+from fedpeft.types import ServerState
+
+
+@dataclass
+class PersonalizedAdapter:
+    """What ``fedpeft personalize`` wrote."""
+
+    path: Path
+    client: str
+    budget: int
+    ranks: dict[str, int]
+    accuracy: float | None = None
+
+
+def find_psg(run_dir: Path, method: str | None, seed: int | None) -> tuple[Path, str, int]:
+    """The PSG file of ``method`` and ``seed`` in ``run_dir`` (defaults: the only method, its first seed)."""
+    found = sorted((run_dir / PSG_DIR).glob("*/seed*.safetensors"))
+    if not found:
+        raise UserError(f"Run {run_dir} has no trained PSG; run it with a `fedp2eft` method to completion first.")
+    labels = sorted({p.parent.name for p in found})
+    if method is None:
+        if len(labels) > 1:
+            raise UserError(f"Run {run_dir} has several PSGs ({', '.join(labels)}); choose one with --method.")
+        method = labels[0]
+    elif method not in labels:
+        raise UserError(f"Run {run_dir} has no PSG of method {method!r}; choose one of: {', '.join(labels)}.")
+    seeds = sorted(int(p.stem[4:]) for p in found if p.parent.name == method and p.stem[4:].isdigit())
+    if seed is None:
+        seed = seeds[0]
+    elif seed not in seeds:
+        raise UserError(f"Method {method!r} has no PSG of seed {seed}; choose one of: {seeds}.")
+    return run_dir / PSG_DIR / method / f"seed{seed}.safetensors", method, seed
+
+
+def read_examples(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL or CSV file as dicts."""
+    if not path.is_file():
+        raise UserError(f"Client data file {path} does not exist; give a JSONL or CSV file of examples.")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() in (".jsonl", ".json"):
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise UserError(f"{path} line {number} is not valid JSON; write one example per line.") from None
+        return rows
+    if path.suffix.lower() in (".csv", ".tsv"):
+        return list(csv.DictReader(text.splitlines(), delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+    raise UserError(f"Client data file {path} must end in .jsonl or .csv.")
+
+
+def client_from_file(path: Path, data: FederatedData) -> ClientData:
+    """A client of ``data``'s task and label set from a file of examples (every example is training data)."""
+    rows = read_examples(path)
+    if not rows:
+        raise UserError(f"Client data file {path} holds no examples.")
+    examples: list[Example] = []
+    if data.task == "generation":
+        for row in rows:
+            if not row.get("prompt") or not row.get("response"):
+                raise UserError(f"Every example of {path} needs `prompt` and `response` for this generation run.")
+            examples.append({"prompt": str(row["prompt"]), "response": str(row["response"]), "group": "local"})
+        return ClientData(path.stem, "local", "local", examples, [])
+    names = list(data.label_names or [])
+    raw_labels = [row.get("label") for row in rows]
+    by_name = {name: index for index, name in enumerate(names)}
+    labels = []
+    for value in raw_labels:
+        text = str(value).strip() if value is not None else ""
+        if text in by_name:
+            labels.append(by_name[text])
+        elif text.lstrip("-").isdigit() and 0 <= int(text) < len(names):
+            labels.append(int(text))
+        else:
+            unknown = sorted({str(v) for v in raw_labels if str(v).strip() not in by_name})[:5]
+            raise UserError(
+                f"Labels {unknown} of {path} are not the run's label set ({', '.join(names)}); "
+                f"use those names or indices 0-{len(names) - 1}."
+            )
+    for row, label in zip(rows, labels, strict=True):
+        if not row.get("text"):
+            raise UserError(f"Every example of {path} needs a `text` (and optionally `text_pair`) field.")
+        pair = row.get("text_pair") or None
+        examples.append({"text": str(row["text"]), "text_pair": pair, "label": label, "group": "local"})
+    return ClientData(path.stem, "local", "local", examples, [])
+
+
+def personalize_client(
+    run_dir: Path,
+    budget: int,
+    out: Path,
+    *,
+    data_file: Path | None = None,
+    client_id: str | None = None,
+    method: str | None = None,
+    seed: int | None = None,
+) -> PersonalizedAdapter:
+    """Personalize one client from a run's trained PSG and write its adapter in PEFT format to ``out``."""
+    from fedpeft.worker import Worker, build_data
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} holds no run (no config.yaml); pass a directory written by `fedpeft run`.")
+    if (data_file is None) == (client_id is None):
+        raise UserError("Give exactly one of --data (a file of examples) and --client (a client of the run).")
+    path, label, seed = find_psg(run_dir, method, seed)
+    tensors, meta = load_generator(path)
+    check_budget(budget, int(meta["config"]["r_max"]))
+    cfg = load_config(str(run_dir / "config.yaml"))
+    data = build_data(cfg)
+    if client_id is not None:
+        if client_id not in {c.client_id for c in data.clients}:
+            raise UserError(f"Run {run_dir} has no client {client_id!r}; see its results.jsonl for client ids.")
+        client = data.client(client_id)
+    else:
+        client = client_from_file(Path(data_file), data)  # type: ignore[arg-type]
+    worker = Worker(cfg, run_dir, data=data)
+    if label not in worker.methods:
+        raise UserError(f"Method {label!r} is not in the config of run {run_dir}.")
+    worker.use_base(seed)
+    runtime = worker.runtime
+    if meta["modules"] != [name for name, _ in runtime.target_modules]:
+        raise UserError(f"The PSG of {path} was trained for other LoRA modules than the run's model has.")
+    fedp2eft = worker.methods[label]
+    state = ServerState(tensors=tensors, round=int(meta["rounds"]), extra={"modules": meta["modules"]})
+    # The seed the run used for this client and budget: a client of the run gets the adapter the run saved.
+    pseed = client_seed(seed, fedp2eft.name, "personalize", budget, client.client_id)
+    scales = fedp2eft.client_scales(runtime, client, state, None, pseed)  # type: ignore[attr-defined]
+    model = fedp2eft.personalize(runtime, client, state, scales, budget, pseed)
+    runtime.install(model, seed=pseed)
+    accuracy = None
+    if client.test and runtime.task == "classification":
+        accuracy = runtime.evaluate(client.test)["accuracy"]
+    assert model.lora is not None
+    base = run_dir / "base_model"
+    write_adapter(runtime, Path(out), str(base.resolve()) if base.is_dir() else cfg.model.name)
+    return PersonalizedAdapter(Path(out), client.client_id, budget, dict(model.lora.rank_pattern), accuracy)
+
+
+def write_adapter(runtime: Any, target: Path, base_model: str) -> Path:
+    """Write the runtime's active adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``)."""
+    target.mkdir(parents=True, exist_ok=True)
+    config = runtime.active.to_peft(runtime.loaded.head_modules)
+    config.base_model_name_or_path = base_model
+    config.save_pretrained(str(target))
+    tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
+    save_file(tensors, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return target

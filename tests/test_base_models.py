@@ -1,0 +1,241 @@
+"""Base models personalization starts from: FedIT merged into the weights, FedDPA-T and DEPT(SPEC) per client."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fedpeft.base_models import ClientBase, client_base_tensors
+from fedpeft.config import ExperimentConfig, load_config
+from fedpeft.data.types import FederatedData
+from fedpeft.engine.common import CostMeter
+from fedpeft.engine.local import LocalEngine
+from fedpeft.engine.state import save_atomic
+from fedpeft.errors import UserError
+from fedpeft.methods.feddpa import instance_weights, mixed_adapters, representations
+from fedpeft.methods.fedit_merged import cosine_lr
+from fedpeft.models.runtime import ClientModel
+from fedpeft.runner import Experiment
+from fedpeft.types import ServerState, num_bytes
+from fedpeft.worker import BASE_STAGE_LABEL, Worker, build_method
+
+EMBEDDINGS = {"bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight"}
+
+
+def perturbed(tensors: dict[str, torch.Tensor], seed: int, size: float = 0.2) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {k: v + size * torch.randn(v.shape, generator=generator) for k, v in tensors.items()}
+
+
+def logits(runtime, examples) -> torch.Tensor:
+    """The logits of the model the runtime computes with right now (its active adapters, or none)."""
+    batch = runtime.encode(examples)
+    batch.pop("labels")
+    with torch.no_grad(), runtime._adapter_context():
+        return runtime._model().eval()(**batch).logits
+
+
+# ---------------------------------------------------------------------------------------------- Standard FL (LoRA)
+def test_fedit_merged_base_is_base_plus_scaled_b_a(toy_runtime):
+    method = build_method({"name": "fedit_merged", "rank": 2, "alpha": 6.0})
+    adapter = perturbed(method.init_server(toy_runtime, seed=0).tensors, seed=1)
+    base = toy_runtime.base_state()
+    merged = method.export_base(toy_runtime, ServerState(tensors=adapter))
+
+    assert set(merged) == set(base)
+    changed = set()
+    for layer in range(2):
+        for projection in ("query", "value"):  # the q, v placement of the recipe
+            name = f"bert.encoder.layer.{layer}.attention.self.{projection}"
+            a = adapter[f"base_model.model.{name}.lora_A.weight"]
+            b = adapter[f"base_model.model.{name}.lora_B.weight"]
+            torch.testing.assert_close(merged[f"{name}.weight"], base[f"{name}.weight"] + 3.0 * b @ a)
+            changed.add(f"{name}.weight")
+    for head in ("classifier.weight", "classifier.bias"):
+        torch.testing.assert_close(merged[head], adapter[f"base_model.model.{head}"])
+        changed.add(head)
+    for key in set(base) - changed:
+        assert torch.equal(merged[key], base[key]), key
+    for key, tensor in toy_runtime.base_state().items():  # the runtime's own weights are untouched
+        assert torch.equal(tensor, base[key]), key
+
+
+def test_cosine_learning_rate_schedule():
+    assert cosine_lr(0, 200, 2e-5, 1e-6) == pytest.approx(2e-5)
+    assert cosine_lr(100, 200, 2e-5, 1e-6) == pytest.approx(1.05e-5)
+    assert cosine_lr(200, 200, 2e-5, 1e-6) == pytest.approx(1e-6)
+    method = build_method({"name": "standard_fl_lora", "rounds": 200})
+    payload = method.payload(ServerState(round=50), "c0")
+    assert payload.config["lr"] == pytest.approx(1e-6 + 0.5 * 1.9e-5 * (1 + math.cos(math.pi / 4)))
+
+
+# ---------------------------------------------------------------------------------------------- DEPT(SPEC)
+def test_dept_spec_keeps_embeddings_home_and_aggregates_the_rest(toy_runtime, toy_clients):
+    method = build_method({"name": "dept_spec", "local_steps": 2, "lr": 1e-2})
+    pretrained = toy_runtime.base_state()
+    state = method.init_server(toy_runtime, seed=0)
+    assert set(state.tensors) == set(pretrained) - EMBEDDINGS
+
+    updates, own = [], {}
+    for client in toy_clients[:2]:
+        update, own[client.client_id] = method.client_update(
+            toy_runtime, client, method.payload(state, client.client_id), None, seed=1
+        )
+        updates.append(update)
+        assert set(update.tensors) == set(state.tensors) and set(own[client.client_id]) == EMBEDDINGS
+    word = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(own["c0"][word], pretrained[word]) and not torch.equal(own["c0"][word], own["c1"][word])
+
+    new_state, _ = method.aggregate(state, iter(updates))
+    key = "classifier.weight"
+    torch.testing.assert_close(new_state.tensors[key], (updates[0].tensors[key] + updates[1].tensors[key]) / 2)
+
+    seen = method.personalize(toy_runtime, toy_clients[0], new_state, own["c0"], None, seed=2)
+    unseen = method.personalize(toy_runtime, toy_clients[3], new_state, None, None, seed=2)
+    assert torch.equal(seen.base[word], own["c0"][word]) and torch.equal(unseen.base[word], pretrained[word])
+    assert torch.equal(seen.base[key], new_state.tensors[key])
+
+
+# ---------------------------------------------------------------------------------------------- FedDPA-T
+def test_feddpa_uploads_only_the_global_lora(toy_runtime, toy_clients):
+    method = build_method({"name": "feddpa", "rank": 2, "alpha": 4.0, "local_steps": 3, "lr": 5e-2})
+    state = method.init_server(toy_runtime, seed=0)
+    assert {k for k in state.tensors if "lora_" not in k} == {
+        "base_model.model.classifier.weight",
+        "base_model.model.classifier.bias",
+    }
+    assert all(".query." in k or ".value." in k for k in state.tensors if "lora_" in k)
+
+    update, local = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
+    assert set(update.tensors) == set(state.tensors) and num_bytes(update.tensors) == num_bytes(state.tensors)
+    assert set(local) == {k for k in state.tensors if "lora_" in k}  # the local LoRA has no head
+    for key in local:
+        if "lora_B" in key:  # both adapters left their zero start, to different places
+            assert local[key].abs().sum() > 0 and update.tensors[key].abs().sum() > 0
+            assert not torch.allclose(local[key], update.tensors[key])
+
+    # The next round starts the local LoRA from the kept one.
+    _, local_again = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), local, seed=2)
+    assert all(not torch.equal(local_again[k], local[k]) for k in local if "lora_B" in k)
+
+
+def test_instance_weight_is_max_weight_times_mean_cosine_similarity():
+    references = torch.tensor([[1.0, 0.0, 0.0], [2.0, 0.0, 0.0], [3.0, 0.0, 0.0]])
+    queries = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0], [-1.0, 0.0, 0.0]])
+    weights = instance_weights(queries, references, max_weight=0.5, sample=2, seed=0)
+    torch.testing.assert_close(weights, torch.tensor([0.5, 0.5 / math.sqrt(2.0), 0.0, 0.0]))
+
+    # Each query draws its own references: with one of two opposite references the weight is all or nothing.
+    references = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    draws = instance_weights(torch.tensor([[1.0, 0.0]] * 64), references, max_weight=1.0, sample=1, seed=3)
+    assert set(draws.tolist()) == {0.0, 1.0}
+    assert torch.equal(
+        draws, instance_weights(torch.tensor([[1.0, 0.0]] * 64), references, max_weight=1.0, sample=1, seed=3)
+    )
+
+
+def test_feddpa_mixes_per_instance_and_its_base_model_is_the_training_mixture(toy_runtime, toy_clients):
+    method = build_method({"name": "feddpa", "rank": 2, "alpha": 4.0, "local_weight": 0.5})
+    glob, local = method.specs(toy_runtime)
+    toy_runtime.install(ClientModel(lora=local), seed=1)
+    local_state = perturbed(toy_runtime.adapter_state(), seed=2, size=0.5)
+    global_state = perturbed(method.init_server(toy_runtime, seed=0).tensors, seed=3, size=0.5)
+    examples = toy_clients[0].test[:6]
+
+    pretrained = toy_runtime.base_state()
+    toy_runtime.install(ClientModel(lora=glob, adapter=global_state))
+    global_only = logits(toy_runtime, examples)
+    # The base model of a FedDPA base stage: W0 + (1 - a) dW_global + a dW_local, with the global head.
+    toy_runtime.set_initial_base(method.export_base(toy_runtime, ServerState(tensors=global_state)))
+    own = client_base_tensors(toy_runtime, ClientBase(lora=local, adapter=local_state, scale=0.5))
+    toy_runtime.install(ClientModel(base=own))
+    mixture = logits(toy_runtime, examples)
+    assert not torch.allclose(mixture, global_only, atol=1e-4)
+
+    # Instance-wise mixing on the pretrained base: alpha = 0 is the global adapter alone, alpha = a the mixture.
+    toy_runtime.set_initial_base(pretrained)
+    toy_runtime.install(ClientModel(lora=local, adapter=local_state))
+    toy_runtime.install(ClientModel(lora=glob, adapter=global_state))
+    alpha = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.5, 0.0])
+    with mixed_adapters(toy_runtime, {glob: 1.0 - alpha, local: alpha}):
+        mixed = logits(toy_runtime, examples)
+    torch.testing.assert_close(mixed[alpha == 0], global_only[alpha == 0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mixed[alpha > 0], mixture[alpha > 0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_instance_like_the_training_data_gets_more_local_weight(toy_runtime, toy_clients):
+    method = build_method({"name": "feddpa", "rank": 2, "alpha": 4.0, "reference_instances": 3})
+    familiar = toy_clients[0].train[0]
+    client = replace(toy_clients[0], train=[familiar] * 6, test=[familiar, toy_clients[1].test[0]])
+    glob, local = method.specs(toy_runtime)
+    toy_runtime.install(ClientModel(lora=local), seed=1)
+    local_state = perturbed(toy_runtime.adapter_state(), seed=2)
+    toy_runtime.install(ClientModel(lora=local, adapter=local_state))
+    weights = instance_weights(
+        representations(toy_runtime, client.test),
+        representations(toy_runtime, client.train),
+        max_weight=0.5,
+        sample=3,
+        seed=0,
+    )
+    assert weights[0] == pytest.approx(0.5, abs=1e-6) and weights[1] < weights[0]
+
+    model = method.personalize(toy_runtime, client, method.init_server(toy_runtime, 0), local_state, None, seed=4)
+    assert 0.0 <= method.evaluate(toy_runtime, client, model, seed=4)["accuracy"] <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------- per-client base
+@pytest.mark.parametrize("name", ["dept_spec", "feddpa"])
+def test_every_client_starts_from_its_own_base_model(name, toy_runtime, toy_clients, tmp_path):
+    clients = [*toy_clients[:3], replace(toy_clients[3], pool="unseen")]
+    data = FederatedData("toy", "classification", ["no", "yes"], ["g"], clients)
+    stage = {"name": name, "rounds": 1, "fraction": 1.0, "local_steps": 2, "lr": 5e-2}
+    if name == "feddpa":
+        stage.update(rank=2, alpha=4.0)
+    cfg = ExperimentConfig(base={"kind": "federated", "method": stage}, methods=[{"name": "lora"}], budgets=[2])
+    worker = Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
+    method = worker.methods[BASE_STAGE_LABEL]
+    assert worker.per_client_base
+    worker.use_base(None)
+    seen = [c.client_id for c in clients if c.pool == "seen"]
+    state = LocalEngine(worker).run_rounds(
+        BASE_STAGE_LABEL, method, method.init_server(toy_runtime, 0), seen, seed=0, meter=CostMeter()
+    )
+    shared = method.export_base(toy_runtime, state)
+    save_atomic({"tensors": shared}, worker.base_checkpoint(0))
+    for client in clients:
+        assert worker.prepare_client_base(0, client.client_id) > 0
+        assert worker.prepare_client_base(0, client.client_id) == 0  # kept once computed
+
+    bases = {}
+    for client in clients:
+        worker.use_client_base(0, client.client_id)
+        bases[client.client_id] = toy_runtime.base_state()
+    differs = [k for k in shared if not torch.equal(bases["c0"][k], bases["c1"][k])]
+    assert differs and all(not torch.equal(bases["c0"][k], shared[k]) for k in differs)
+    if name == "dept_spec":
+        assert set(differs) == EMBEDDINGS
+        assert all(torch.equal(bases["c3"][k], shared[k]) for k in shared)  # unseen: pretrained embeddings
+        own = worker.store(BASE_STAGE_LABEL, 0).get("c0")
+        assert all(torch.equal(bases["c0"][k], own[k]) for k in EMBEDDINGS)
+    else:
+        assert all(".query." in k or ".value." in k for k in differs)  # the local LoRA's layers
+        assert any(not torch.equal(bases["c3"][k], shared[k]) for k in shared)  # unseen: trained its local LoRA
+
+    worker.use_base(0)  # back to the shared base
+    assert all(torch.equal(v, shared[k]) for k, v in toy_runtime.base_state().items())
+    # The base row of a client is its own base model.
+    (record,) = worker.evaluate_base(0, "c1")
+    toy_runtime.install(ClientModel(base=bases["c1"]))
+    assert record["value"] == toy_runtime.evaluate(toy_clients[1].test)["accuracy"]
+    for client in clients:
+        worker.use_client_base(0, client.client_id)
+        assert all(torch.equal(v, bases[client.client_id][k]) for k, v in toy_runtime.base_state().items())
+
+
+def test_a_method_that_gives_no_base_model_is_refused(tmp_path):
+    with pytest.raises(UserError, match="cannot produce a base model; use one of: dept_spec, fedavg_full, feddpa"):
+        Experiment(load_config("smoke", ["base.kind=federated", "base.method={name: lora}"]), tmp_path / "run")

@@ -1,0 +1,203 @@
+"""BayesTune-LoRA and the PSG: penalties, straight-through clamp, pruning, hooks, export to plain PEFT."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from fedpeft.adapters.bayestune import (
+    SCALE_MIN,
+    RankScaleHooks,
+    bayestune_penalties,
+    check_budget,
+    clamp_st,
+    finetune_pruned,
+    fold_scales,
+    initial_spec,
+    lora_layers,
+    prune_to_budget,
+    pruned_spec,
+)
+from fedpeft.adapters.psg import make_generator, regress_toward
+from fedpeft.errors import UserError
+from fedpeft.methods.bayestune_lora import BayesTuneLoraConfig
+from fedpeft.models.runtime import ClientModel
+
+
+def test_penalties_match_a_hand_computation():
+    b1 = torch.tensor([[1.0, -2.0], [0.0, 3.0]])  # column L1 norms 1 and 5
+    b2 = torch.tensor([[-1.0], [1.0], [2.0]])  # column L1 norm 4
+    scales = [torch.tensor([0.5, 2.0]), torch.tensor([4.0])]
+    sparsity, prior = bayestune_penalties([b1, b2], scales)
+    # L_s = 1/0.5 + 5/2 + 4/4; L_p = log(0.5 * 2 * 4) + 100 * (0.5 + 2 + 4)
+    torch.testing.assert_close(sparsity, torch.tensor(5.5))
+    torch.testing.assert_close(prior, torch.tensor(math.log(4.0) + 650.0))
+    # With B0: only how far each column moved counts (column 0 of b1 did not move).
+    b1_init = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    sparsity, _ = bayestune_penalties([b1, b2], scales, [b1_init, torch.zeros(3, 1)])
+    torch.testing.assert_close(sparsity, torch.tensor(5.0 / 2.0 + 1.0))
+
+
+def test_penalties_use_clamped_scales_and_pass_gradients_straight_through():
+    raw = torch.tensor([-1.0, 0.5], requires_grad=True)
+    b = torch.tensor([[2.0, 1.0]])
+    sparsity, prior = bayestune_penalties([b], [raw])
+    # -1 is clamped to 1e-4 in the forward pass.
+    torch.testing.assert_close(sparsity, torch.tensor(2.0 / 1e-4 + 1.0 / 0.5))
+    torch.testing.assert_close(prior, torch.tensor(math.log(1e-4) + 0.01 + math.log(0.5) + 50.0))
+    (sparsity + prior).backward()
+    # d/dlambda (|B|/lambda + log lambda + 100 lambda) at the clamped value, passed to the raw value unchanged.
+    expected = torch.tensor([-2.0 / 1e-8 + 1e4 + 100.0, -1.0 / 0.25 + 2.0 + 100.0])
+    torch.testing.assert_close(raw.grad, expected)
+
+
+def test_straight_through_clamp():
+    values = torch.tensor([-0.5, 5e-5, 0.5, 2000.0], requires_grad=True)
+    clamped = clamp_st(values)
+    torch.testing.assert_close(clamped.detach(), torch.tensor([1e-4, 1e-4, 0.5, 1000.0]))
+    (clamped * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    torch.testing.assert_close(values.grad, torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+
+def test_pruning_keeps_the_top_r_times_l_and_drops_empty_modules():
+    scores = {
+        "a": torch.tensor([0.5, 0.1, 0.9]),
+        "b": torch.tensor([0.2, 0.3, 0.05]),
+        "c": torch.tensor([0.01, 0.02, 0.03]),
+    }
+    one = prune_to_budget(scores, 1)  # 3 ranks: 0.9, 0.5, 0.3
+    assert {k: v.tolist() for k, v in one.items()} == {"a": [0, 2], "b": [1]}
+    two = prune_to_budget(scores, 2)  # 6 ranks: c keeps none
+    assert {k: v.tolist() for k, v in two.items()} == {"a": [0, 1, 2], "b": [0, 1, 2]}
+    spec = pruned_spec(one, 1, 2.0, 0.0)
+    assert spec.targets == ("a", "b")
+    assert dict(spec.rank_pattern) == {"a": 2, "b": 1} and dict(spec.alpha_pattern) == {"a": 4.0, "b": 2.0}
+
+
+def test_one_set_of_scales_gives_nested_structures_of_exact_size():
+    generator = torch.Generator().manual_seed(0)
+    scores = {f"m{i}": torch.rand(8, generator=generator) for i in range(5)}
+    scores["m2"][:] = SCALE_MIN  # ties at the floor are broken by position, deterministically
+    previous: dict[str, set[int]] = {}
+    for budget in (1, 2, 3, 4, 8):
+        structure = prune_to_budget(scores, budget)
+        assert sum(v.numel() for v in structure.values()) == budget * 5
+        current = {k: set(v.tolist()) for k, v in structure.items()}
+        assert all(previous[k] <= current.get(k, set()) for k in previous)
+        previous = current
+
+
+def test_budget_outside_r_max_is_a_user_error():
+    assert check_budget(16, 16) == 16
+    for bad in (0, 17, None):
+        with pytest.raises(UserError, match="r_max=16"):
+            check_budget(bad, 16)
+
+
+def test_psg_init_and_clamped_output():
+    generator = make_generator(3, 4, seed=0)
+    assert generator.hidden.weight.shape == (12, 6) and generator.output.weight.shape == (12, 12)
+    for layer in (generator.hidden, generator.output):
+        # Xavier normal with gain 1e-6: std = 1e-6 * sqrt(2 / (fan_in + fan_out)).
+        std = 1e-6 * math.sqrt(2.0 / sum(layer.weight.shape))
+        assert float(layer.weight.detach().abs().max()) < 6 * std
+        assert float(layer.weight.detach().std()) == pytest.approx(std, rel=0.5)
+        torch.testing.assert_close(layer.bias, torch.full_like(layer.bias, 1e-4))
+    statistics = torch.tensor([0.1, 1.0, -0.2, 0.8, 0.0, 1.2])
+    # A fresh PSG outputs 1e-4 (the scales' initial value) up to the tiny weights' contribution.
+    torch.testing.assert_close(generator.scales(statistics), torch.full((3, 4), 1e-4), atol=1e-9, rtol=0)
+    with torch.no_grad():
+        generator.output.bias.fill_(-1.0)
+    assert torch.all(generator.scales(statistics) == 1e-4)  # clamped output
+    generator.scales(statistics).sum().backward()
+    assert torch.all(generator.output.bias.grad == 1.0)  # straight-through gradient below the floor
+    same = make_generator(3, 4, seed=0)
+    other = make_generator(3, 4, seed=1)
+    assert torch.equal(make_generator(3, 4, seed=0).hidden.weight, same.hidden.weight)
+    assert not torch.equal(other.hidden.weight, same.hidden.weight)
+
+
+def test_regression_moves_the_psg_toward_the_target():
+    generator = make_generator(2, 3, seed=0)
+    statistics = torch.tensor([0.5, 1.0, -0.5, 2.0])
+    target = torch.tensor([[0.02, 0.001, -3.0], [0.01, 0.03, 0.004]])
+    before, after = regress_toward(generator, statistics, target, steps=20, lr=1e-3)
+    goal = target.clamp_min(1e-4)
+    assert before == pytest.approx(float((goal - 1e-4).abs().mean()), rel=1e-3)
+    assert after < 0.5 * before
+
+
+def test_hooks_scale_each_rank_and_fold_into_a_gives_the_same_function(toy_runtime, toy_clients):
+    rt = toy_runtime
+    spec = initial_spec(rt, 4, 2.0, 0.0)
+    rt.install(ClientModel(lora=spec), seed=0)
+    with torch.no_grad():
+        for name, p in rt.adapter_parameters().items():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    names = list(lora_layers(rt))
+    scales = torch.tensor([[0.5, -1.0, 2.0, 1.0]] * len(names))
+    batch = rt.encode(toy_clients[0].test)
+    batch.pop("labels")
+    model = rt.activate(spec).eval()
+    with torch.no_grad():
+        plain = model(**batch).logits
+        with RankScaleHooks(rt, list(scales)):
+            hooked = model(**batch).logits
+        after = model(**batch).logits
+    assert not torch.allclose(hooked, plain)
+    torch.testing.assert_close(after, plain)  # the hooks are gone on exit
+    kept = {name: scales[i].clamp_min(SCALE_MIN) for i, name in enumerate(names)}
+    rt.load_adapter(fold_scales(rt.adapter_state(), kept))
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, hooked)
+
+
+def test_trainable_scales_receive_gradients_through_the_hooks(toy_runtime, toy_clients):
+    rt = toy_runtime
+    rt.install(ClientModel(lora=initial_spec(rt, 4, 2.0, 0.0)), seed=0)
+    with torch.no_grad():
+        for name, p in rt.adapter_parameters().items():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    scales = torch.nn.Parameter(torch.full((len(rt.target_modules), 4), 0.5))
+    scales.data[0, 1] = -2.0  # below the floor: clamped forward, gradient straight through
+    batch = rt.encode(toy_clients[0].train[:8])
+    with RankScaleHooks(rt, scales):
+        rt.activate(rt.active).train()(**batch).loss.backward()
+    assert scales.grad is not None and scales.grad[0, 1] != 0 and bool(torch.all(scales.grad.abs().sum(1) > 0))
+
+
+def test_exported_adapter_with_removed_modules_loads_with_plain_peft(toy_runtime, toy_clients, tmp_path):
+    from peft import PeftModel
+
+    from fedpeft.config import ExperimentConfig
+    from fedpeft.data.types import FederatedData
+    from fedpeft.worker import Worker
+
+    rt = toy_runtime
+    pristine = copy.deepcopy(rt.base_model)
+    cfg = BayesTuneLoraConfig(name="bayestune_lora", r_max=2, lr=1e-2, finetune_epochs=1.0)
+    # Module 1 and 3 hold only the smallest scales: at budget 1 they are removed.
+    scales = torch.tensor([[0.9, 0.8, 0.1, 0.1], [1e-3] * 4, [0.7, 0.6, 0.5, 0.1], [-1.0] * 4])
+    model = finetune_pruned(rt, toy_clients[0].train, scales, 1, cfg, seed=3)
+    names = [name for name, _ in rt.target_modules]
+    assert model.lora is not None and dict(model.lora.rank_pattern) == {names[0]: 2, names[2]: 2}
+    rt.install(model)
+    test = toy_clients[0].test
+    batch = rt.encode(test)
+    batch.pop("labels")
+    with torch.no_grad():
+        expected = rt.activate(model.lora).eval()(**batch).logits
+
+    data = FederatedData("toy", "classification", ["no", "yes"], ["g"], toy_clients)
+    worker = Worker(ExperimentConfig(methods=[{"name": "lora"}], budgets=[1]), tmp_path, data=data, runtime=rt)
+    target = worker.save_adapter("bayestune_lora", 1, "c0")
+    loaded = PeftModel.from_pretrained(pristine, target).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, expected, rtol=1e-5, atol=1e-5)
+    wrapped = {n.removeprefix("base_model.model.") for n, m in loaded.named_modules() if hasattr(m, "lora_A")}
+    assert wrapped == {names[0], names[2]}  # removed modules carry no LoRA at all
