@@ -487,7 +487,11 @@ def test_flame_pipeline_records_tiers_and_compute(tmp_path):
     worker.use_base(0)
     flame = worker.methods["flame"]
     model = worker.runtime.install(
-        ClientModel(flame.spec(worker.runtime, 20), load_file(adapter_dir / "adapter_model.safetensors"), None, routing)
+        ClientModel(
+            lora=flame.spec(worker.runtime, 20),
+            adapter=load_file(adapter_dir / "adapter_model.safetensors"),
+            routing=routing,
+        )
     )
     batch = worker.runtime.encode(worker.clients["client-03"].test)
     with torch.no_grad():

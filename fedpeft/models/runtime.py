@@ -92,11 +92,11 @@ class ClientModel:
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
-    extension: Any = None
     routing: Routing | None = None
     attach: Callable[[ModelRuntime], Callable[[], None]] | None = None
     variants: dict[str, ClientModel] = field(default_factory=dict)
     info: Metrics = field(default_factory=dict)
+    extension: Any = None
 
 
 class ModelRuntime:
