@@ -14,6 +14,7 @@ alpha / r). The mixer starts at zero (weights 1/2, 1/2); the task head of classi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,10 +56,16 @@ def _lora_layers(runtime: ModelRuntime) -> dict[str, LoraLayer]:
     return {n: m for n, m in runtime.peft.named_modules() if isinstance(m, LoraLayer) and name in m.lora_A}  # type: ignore[union-attr]
 
 
-def mixture(row: StateDict, mixer: Mixer) -> Callable[[ModelRuntime], Callable[[], None]]:
-    """The ``ClientModel.attach`` that adds the gated RoW LoRA and gates the individual one at every layer."""
+@dataclass
+class Mixture:
+    """The :class:`~fedpeft.models.runtime.Extension` that adds the gated RoW LoRA and gates the individual one
+    at every LoRA layer of the active adapter."""
 
-    def attach(runtime: ModelRuntime) -> Callable[[], None]:
+    row: StateDict
+    mixer: Mixer
+
+    def attach(self, runtime: ModelRuntime) -> Callable[[], None]:
+        row, mixer = self.row, self.mixer
         adapter = runtime.active.key  # type: ignore[union-attr]
         handles = []
         for name, layer in _lora_layers(runtime).items():
@@ -86,7 +93,10 @@ def mixture(row: StateDict, mixer: Mixer) -> Callable[[ModelRuntime], Callable[[
 
         return detach
 
-    return attach
+
+def mixture(row: StateDict, mixer: Mixer) -> Mixture:
+    """The ``ClientModel.extension`` that mixes the individual LoRA with the frozen RoW LoRA ``row``."""
+    return Mixture(row, mixer)
 
 
 class FedALTConfig(FederatedConfig, LoraConfigMixin):
@@ -138,7 +148,7 @@ class FedALT(Method):
         spec = self.spec(runtime)
         runtime.install(ClientModel(lora=spec, adapter=(saved or {}).get("individual", {})), seed=init_seed)
         mixer = self._new_mixer(runtime, (saved or {}).get("mixer"))
-        runtime.install(ClientModel(lora=spec, adapter=runtime.adapter_state(), attach=mixture(row, mixer)))
+        runtime.install(ClientModel(lora=spec, adapter=runtime.adapter_state(), extension=mixture(row, mixer)))
         metrics = runtime.train(
             client.train,
             lr=cfg.lr,
@@ -195,4 +205,4 @@ class FedALT(Method):
         spec = self.spec(runtime)
         runtime.install(ClientModel(lora=spec), seed=init_seed)
         mixer = self._new_mixer(runtime, saved["mixer"])
-        return ClientModel(lora=spec, adapter=saved["individual"], attach=mixture(row, mixer))
+        return ClientModel(lora=spec, adapter=saved["individual"], extension=mixture(row, mixer))
