@@ -22,7 +22,7 @@ from peft.tuners.lora import LoraLayer
 from pydantic import Field
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
 from fedpeft.methods.lora_parts import is_lora, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
@@ -144,6 +144,8 @@ class FedALT(Method):
         seed: int,
         steps: int | None,
     ) -> tuple[StateDict, StateDict, Metrics]:
+        """Train the individual LoRA and the mixer beside the frozen RoW LoRA ``row`` (``steps``: ``None`` for
+        the configured local training)."""
         cfg = self.cfg
         spec = self.spec(runtime)
         runtime.install(ClientModel(lora=spec, adapter=(saved or {}).get("individual", {})), seed=init_seed)
@@ -151,13 +153,9 @@ class FedALT(Method):
         runtime.install(ClientModel(lora=spec, adapter=runtime.adapter_state(), extension=mixture(row, mixer)))
         metrics = runtime.train(
             client.train,
-            lr=cfg.lr,
-            batch_size=cfg.batch_size,
             seed=seed,
-            epochs=cfg.local_epochs if steps is None else None,
-            steps=steps,
-            weight_decay=cfg.weight_decay,
             optimizer_groups=[{"params": list(mixer.parameters()), "lr": cfg.mixer_lr or cfg.lr}],
+            **local_training(cfg, steps=steps),
         )
         mixer_state = {k: v.detach().clone() for k, v in mixer.state_dict().items()}
         return runtime.adapter_state(), mixer_state, metrics
@@ -165,9 +163,8 @@ class FedALT(Method):
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
-        steps = self.cfg.local_steps if self.cfg.local_epochs is None else None
         individual, mixer, metrics = self._train(
-            runtime, client, payload.tensors, client_state, payload.config["init_seed"], seed, steps
+            runtime, client, payload.tensors, client_state, payload.config["init_seed"], seed, None
         )
         update = ClientUpdate(client.client_id, only(individual, is_lora), float(len(client.train)), metrics)
         return update, {"individual": individual, "mixer": mixer}

@@ -28,7 +28,7 @@ from peft import get_peft_model_state_dict
 from fedpeft import evaluation
 from fedpeft.base_models import ClientBase, merged_base, resolve_targets
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.methods.base import FederatedConfig, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
@@ -165,13 +165,6 @@ class FedDPA(Method):
             state = get_peft_model_state_dict(runtime.peft, adapter_name=local.key)
         return {k: v.detach().clone() for k, v in state.items()}
 
-    def _length(self, epochs: float | None = None) -> dict[str, Any]:
-        if epochs is not None:
-            return {"epochs": epochs}
-        if self.cfg.local_epochs is not None:
-            return {"epochs": self.cfg.local_epochs}
-        return {"steps": self.cfg.local_steps}
-
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
@@ -179,11 +172,10 @@ class FedDPA(Method):
         a = self.cfg.local_weight
         runtime.install(ClientModel(lora=local, adapter=client_state or {}), seed=seed)
         runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
-        local_state = self.train_local(runtime, client.train, {glob: 1.0 - a, local: a}, seed, **self._length())
+        schedule = local_schedule(self.cfg)
+        local_state = self.train_local(runtime, client.train, {glob: 1.0 - a, local: a}, seed, **schedule)
         runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
-        metrics = runtime.train(
-            client.train, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **self._length()
-        )
+        metrics = runtime.train(client.train, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **schedule)
         update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
         return update, local_state
 

@@ -33,7 +33,7 @@ from fedpeft.adapters.expert_lora import LoraModule, lora_layout, module_key, tr
 from fedpeft.data.types import ClientData
 from fedpeft.engine.common import sample_clients
 from fedpeft.errors import UserError
-from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.methods.base import FederatedConfig, Method, local_training
 from fedpeft.models.moe import Routing, forward_flops, lora_active_parameters
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS
@@ -185,17 +185,7 @@ class TieredMethod(Method):
 
     def train_local(self, runtime: ModelRuntime, client: ClientData, seed: int, **hooks: Any) -> Metrics:
         """The one training loop with this method's local-training settings."""
-        cfg = self.cfg
-        return runtime.train(
-            client.train,
-            lr=cfg.lr,
-            batch_size=cfg.batch_size,
-            seed=seed,
-            epochs=cfg.local_epochs,
-            steps=cfg.local_steps if cfg.local_epochs is None else None,
-            weight_decay=cfg.weight_decay,
-            **hooks,
-        )
+        return runtime.train(client.train, seed=seed, **local_training(self.cfg), **hooks)
 
     def check_model(self, runtime: ModelRuntime) -> None:
         """Refuse tiers the model cannot run (top-k beyond its experts, ranks beyond its layers)."""
