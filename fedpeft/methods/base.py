@@ -199,3 +199,13 @@ def local_training(cfg: FederatedConfig, *, steps: int | None = None, lr: float 
         "weight_decay": cfg.weight_decay,
         **local_schedule(cfg, steps),
     }
+
+
+def fine_tune(
+    runtime: ModelRuntime, model: ClientModel, examples: list[Any], *, seed: int, **settings: Any
+) -> ClientModel:
+    """Install ``model`` (fresh LoRA weights from ``seed`` where it gives none), train its adapter on
+    ``examples`` (``settings``: the keyword arguments of ``ModelRuntime.train``) and return the trained model."""
+    runtime.install(model, seed=seed)
+    runtime.train(examples, seed=seed, **settings)
+    return ClientModel(lora=model.lora, adapter=runtime.adapter_state())

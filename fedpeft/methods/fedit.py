@@ -22,7 +22,15 @@ import torch
 
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training, lora_spec, weighted_mean
+from fedpeft.methods.base import (
+    FederatedConfig,
+    LoraConfigMixin,
+    Method,
+    fine_tune,
+    local_training,
+    lora_spec,
+    weighted_mean,
+)
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
@@ -99,15 +107,15 @@ class FedIT(Method):
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)
         if self.cfg.finetune_epochs <= 0:
             return model
-        runtime.install(model, seed=seed)
-        runtime.train(
+        return fine_tune(
+            runtime,
+            model,
             client.train,
+            seed=seed,
             lr=self.cfg.finetune_lr or self.cfg.lr,
             batch_size=self.cfg.batch_size,
-            seed=seed,
             epochs=self.cfg.finetune_epochs,
         )
-        return ClientModel(lora=model.lora, adapter=runtime.adapter_state())
 
 
 class FedProxConfig(FedITConfig):
