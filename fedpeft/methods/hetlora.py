@@ -33,8 +33,8 @@ from fedpeft.adapters.expert_lora import (
     zero_pad,
 )
 from fedpeft.data.types import ClientData
+from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
 from fedpeft.methods.tier_aggregation import collect_factors, mean_metrics
-from fedpeft.methods.tiers import RankTieredConfig, RankTieredMethod
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState

@@ -11,7 +11,8 @@ by the number at the end of the client id: index i -> tier ``i mod len(tiers)`` 
 
 Evaluation runs each client at its tier's compute: its tier's top-k (and rank, for the baselines). Records
 carry the tier name as their ``budget``. :meth:`TieredMethod.compute_costs` adds, per tier, the analytic
-forward FLOPs and the measured forward time of a client's model (:mod:`fedpeft.methods.tier_costs`).
+forward FLOPs and the measured forward time of a client's model (:mod:`fedpeft.methods.tier_costs`). The
+rank-compressing baselines build on :class:`~fedpeft.methods.rank_tiers.RankTieredMethod`.
 """
 
 from __future__ import annotations
@@ -19,20 +20,20 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedpeft.adapters.expert_lora import LoraModule, lora_layout, module_key, truncate
+from fedpeft.adapters.expert_lora import LoraModule, lora_layout
 from fedpeft.data.types import ClientData
 from fedpeft.engine.common import sample_clients
 from fedpeft.errors import UserError
 from fedpeft.methods.base import FederatedConfig, Method, local_training
 from fedpeft.methods.tier_costs import tier_costs
 from fedpeft.models.moe import Routing
-from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.models.runtime import LoraSpec, ModelRuntime
 from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
+from fedpeft.types import Metrics, derive_seed
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
@@ -207,66 +208,3 @@ class TieredMethod(Method):
         """Per tier: top-k, rank, active parameters, analytic forward FLOPs and measured forward milliseconds of
         one ``compute_tokens``-token sequence, as ``costs.jsonl`` records (phase ``compute``, budget = tier)."""
         return tier_costs(self, runtime, seed)
-
-
-class RankTieredConfig(TieredConfig):
-    """Tiered LoRA whose clients differ in rank; ``train_top_k``: experts per token in local training (``model``:
-    the model's own, as the paper runs the baselines; ``tier``: the tier's)."""
-
-    train_top_k: Literal["model", "tier"] = "model"
-
-
-class RankTieredMethod(TieredMethod):
-    """A tiered LoRA baseline: the server keeps a global adapter of the largest rank and each client trains
-    the first components up to its tier's rank (the rank-compressing methods); subclasses aggregate."""
-
-    Config = RankTieredConfig
-
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
-        self.check_model(runtime)
-        runtime.activate(self.spec(runtime, self.max_rank()))
-        runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        return ServerState(tensors=runtime.adapter_state(), extra={"lora_layout": self.layout(runtime)})
-
-    def train_top_k(self, runtime: ModelRuntime, tier: TierConfig) -> int | None:
-        return tier.top_k if self.cfg.train_top_k == "tier" else None
-
-    def adapter_for(self, state: ServerState, rank: int) -> StateDict:
-        """The global adapter's first ``rank`` components (every tensor as is at the largest rank)."""
-        if rank == self.max_rank():
-            return dict(state.tensors)
-        layout = self.modules(state.extra["lora_layout"])
-        out = {k: v for k, v in state.tensors.items() if module_key(k) is None}
-        for key, module in layout.items():
-            a, b = truncate(state.tensors[f"{key}.lora_A.weight"], state.tensors[f"{key}.lora_B.weight"],
-                            module.experts, rank)  # fmt: skip
-            out[f"{key}.lora_A.weight"], out[f"{key}.lora_B.weight"] = a, b
-        return out
-
-    def payload(self, state: ServerState, client_id: str) -> Payload:
-        rank = self.rank_for(self.tier_of(client_id))
-        return Payload(tensors=self.adapter_for(state, rank), config={"rank": rank})
-
-    def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
-        tier = self.tier_of(client.client_id)
-        rank = int(payload.config.get("rank", self.rank_for(tier)))
-        routing = self.routing(runtime, self.train_top_k(runtime, tier))
-        runtime.install(ClientModel(lora=self.spec(runtime, rank), adapter=payload.tensors, routing=routing), seed=seed)
-        metrics = self.train_local(runtime, client, seed)
-        return ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics), client_state
-
-    def personalize(
-        self,
-        runtime: ModelRuntime,
-        client: ClientData,
-        state: ServerState,
-        client_state: Any,
-        budget: int | str | None,
-        seed: int,
-    ) -> ClientModel:
-        tier = self.tier_of(client.client_id)
-        rank = self.rank_for(tier)
-        routing = self.routing(runtime, self.eval_top_k(runtime, tier))
-        return ClientModel(lora=self.spec(runtime, rank), adapter=self.adapter_for(state, rank), routing=routing)
