@@ -122,10 +122,6 @@ def install_adapter(runtime: Any, adapter: HookedAdapter) -> None:
     runtime.install(ClientModel(extension=adapter))
 
 
-def with_prefix(tensors: StateDict, prefix: str) -> StateDict:
-    return {f"{prefix}{k}": v for k, v in tensors.items()}
-
-
 _SHARED_KEY = re.compile(r"^pq\d+\.")
 
 
