@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fedpeft.adapters.alignment import (
@@ -13,14 +12,6 @@ from fedpeft.adapters.alignment import (
     regularized_cca,
 )
 from fedpeft.adapters.pq_lora import orthonormal_columns, orthonormal_rows
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def generator(seed: int) -> torch.Generator:

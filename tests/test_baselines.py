@@ -17,14 +17,6 @@ from fedpeft.worker import build_method
 from tests.test_federation import HETERO, generation_data
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_compute_matching_scales_local_steps_by_the_papers_ratios():
     steps = {
         n: matched_steps(build_method({"name": n, "local_steps": 100}).cfg)

@@ -6,21 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from fedpeft.config import DataConfig
 from fedpeft.continual import answer_accuracy, memory_view, normalize_answer, others_test, seen_test, stage_of_round
 from fedpeft.data.synthetic.mosaic import _generate
 from fedpeft.data.types import ClientData
 from fedpeft.report import continual_cells, continual_sections
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def stream_client(stages: int = 4, per_stage: int = 10) -> ClientData:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 
 from fedpeft.config import validate
@@ -15,14 +14,6 @@ from fedpeft.methods import rela
 from fedpeft.methods.hetero import example_batches, frozen_gradient, gradient_module, hooked_adapter
 from fedpeft.models.runtime import ClientModel
 from tests.test_federation import HETERO, generation_data
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_relevance_weights_match_a_hand_computed_softmax():

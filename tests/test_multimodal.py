@@ -20,14 +20,6 @@ from fedpeft.registry import DATASETS
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def drake(**fields):
     return DATASETS.get("drake")(DataConfig(name="drake", path=str(FIXTURES / "drake"), **fields))
 

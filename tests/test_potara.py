@@ -246,11 +246,11 @@ def test_fedalt_mixture_with_equal_parts_is_the_plain_lora_and_detaches(toy_runt
         layers = {n: m.in_features for n, m in toy_runtime.peft.named_modules() if hasattr(m, "lora_A") and m.lora_A}
         mixer = Mixer(layers)  # zero gates: weights 1/2, 1/2
         lora = {k: v for k, v in state.items() if is_lora(k)}
-        toy_runtime.install(ClientModel(lora=spec, adapter=state, attach=mixture(lora, mixer)))
+        toy_runtime.install(ClientModel(lora=spec, adapter=state, extension=mixture(lora, mixer)))
         mixed = toy_runtime.peft(**batch).logits
         torch.testing.assert_close(mixed, plain, rtol=1e-5, atol=1e-6)
         halved = {k: v * 0 if is_lora_b(k) else v for k, v in lora.items()}
-        toy_runtime.install(ClientModel(lora=spec, adapter=state, attach=mixture(halved, mixer)))
+        toy_runtime.install(ClientModel(lora=spec, adapter=state, extension=mixture(halved, mixer)))
         assert float((toy_runtime.peft(**batch).logits - plain).abs().max()) > 1e-4
         toy_runtime.install(ClientModel(lora=spec, adapter=state))  # the hooks are gone
         torch.testing.assert_close(toy_runtime.peft(**batch).logits, plain)
@@ -271,7 +271,7 @@ def test_fedalt_keeps_training_its_individual_lora(toy_runtime, toy_clients):
     assert max(changed) > 0
     assert any(float((kept2["mixer"][k] - kept["mixer"][k]).abs().max()) > 0 for k in kept["mixer"])
     model = method.personalize(toy_runtime, toy_clients[0], state, kept2, None, seed=3)
-    assert model.attach is not None
+    assert model.extension is not None
     toy_runtime.install(model)
     assert 0 <= toy_runtime.evaluate(toy_clients[0].test)["accuracy"] <= 1
 

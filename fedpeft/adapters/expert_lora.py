@@ -95,11 +95,6 @@ def join_b(blocks: torch.Tensor) -> torch.Tensor:
     return blocks.permute(1, 2, 0).reshape(out, rank * experts)
 
 
-def rank_of(a: torch.Tensor, experts: int) -> int:
-    """The per-expert rank of a ``lora_A`` tensor."""
-    return a.shape[0] // experts
-
-
 def truncate(a: torch.Tensor, b: torch.Tensor, experts: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``rank`` components of every expert (HetLoRA's and FlexLoRA's download to a smaller client)."""
     a_blocks, b_blocks = split_a(a, experts), split_b(b, experts)

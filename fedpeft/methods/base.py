@@ -180,3 +180,32 @@ def lora_spec(
         dropout=dropout,
         target_parameters=tuple(getattr(runtime.loaded, "lora_parameters", ())),
     )
+
+
+def local_schedule(cfg: FederatedConfig, steps: int | None = None) -> dict[str, Any]:
+    """How long a client trains in one round, as ``ModelRuntime.train``'s ``epochs`` and ``steps``: exactly
+    ``steps`` steps when given, else ``local_epochs`` epochs when set, else ``local_steps`` steps."""
+    if steps is not None:
+        return {"epochs": None, "steps": steps}
+    return {"epochs": cfg.local_epochs, "steps": cfg.local_steps if cfg.local_epochs is None else None}
+
+
+def local_training(cfg: FederatedConfig, *, steps: int | None = None, lr: float | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``ModelRuntime.train`` for one round of local training under ``cfg``: its
+    learning rate (or ``lr``), batch size, weight decay and :func:`local_schedule`."""
+    return {
+        "lr": cfg.lr if lr is None else lr,
+        "batch_size": cfg.batch_size,
+        "weight_decay": cfg.weight_decay,
+        **local_schedule(cfg, steps),
+    }
+
+
+def fine_tune(
+    runtime: ModelRuntime, model: ClientModel, examples: list[Any], *, seed: int, **settings: Any
+) -> ClientModel:
+    """Install ``model`` (fresh LoRA weights from ``seed`` where it gives none), train its adapter on
+    ``examples`` (``settings``: the keyword arguments of ``ModelRuntime.train``) and return the trained model."""
+    runtime.install(model, seed=seed)
+    runtime.train(examples, seed=seed, **settings)
+    return ClientModel(lora=model.lora, adapter=runtime.adapter_state())

@@ -17,7 +17,7 @@ from typing import Any
 
 from fedpeft.base_models import ClientBase, embedding_keys
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.methods.base import FederatedConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict
@@ -54,16 +54,7 @@ class DeptSpec(Method):
     ) -> tuple[ClientUpdate, Any]:
         embeddings = client_state if client_state is not None else starting_embeddings(runtime)
         runtime.install(ClientModel(base={**payload.tensors, **embeddings}))
-        metrics = runtime.train(
-            client.train,
-            "all",
-            lr=self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            seed=seed,
-            epochs=self.cfg.local_epochs,
-            steps=self.cfg.local_steps if self.cfg.local_epochs is None else None,
-            weight_decay=self.cfg.weight_decay,
-        )
+        metrics = runtime.train(client.train, "all", seed=seed, **local_training(self.cfg))
         weights = runtime.base_state()
         own = {k: weights.pop(k) for k in embeddings}
         return ClientUpdate(client.client_id, weights, float(len(client.train)), metrics), own

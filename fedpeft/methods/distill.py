@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fedpeft.adapters.hooked import HookedAdapter
-from fedpeft.data.types import Example
+from fedpeft.data.types import ClientData, Example
 from fedpeft.federation import federation_of
 from fedpeft.methods.base import weighted_mean
 from fedpeft.methods.hetero import (
@@ -127,7 +127,10 @@ class DistillationConfig(HeteroConfig):
 
 class PublicDistillation(BranchedLoraMethod):
     """A global LoRA per architecture (FedAvg within the group) improved on the server by distillation from the
-    clients' answers on public data; subclasses choose the targets (:meth:`distill_targets`)."""
+    clients' answers on public data; subclasses choose the targets (:meth:`distill_targets`).
+
+    A client trains the global branch and answers the round's public examples (:meth:`train_shared`); that is
+    the whole client update unless a subclass adds a personal step."""
 
     federation: Any = None
 
@@ -161,6 +164,22 @@ class PublicDistillation(BranchedLoraMethod):
             return knowledge(runtime, [public[i] for i in indices])
         finally:
             runtime.detach_extension()
+
+    def train_shared(
+        self, runtime: Any, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[HookedAdapter, Metrics, dict[str, Any]]:
+        """The client's adapter with its global branch trained on the client's data, the training metrics, and
+        the client's answers on the round's public examples."""
+        adapter = self.client_adapter(runtime, payload.tensors, client_state)
+        metrics = self.train_branches(runtime, adapter, client.train, ("global",), ("global",), seed)
+        return adapter, metrics, self.public_knowledge(runtime, adapter, payload)
+
+    def client_update(
+        self, runtime: Any, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> tuple[ClientUpdate, Any]:
+        """Train the global branch, upload it with the answers on the public examples, keep it."""
+        adapter, metrics, answers = self.train_shared(runtime, client, payload, client_state, seed)
+        return self.shared_update(client, adapter, metrics, **answers), self.client_state(adapter)
 
     def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
         """Target lists to distil ``architecture``'s global adapter from; one list: plain distillation, several:

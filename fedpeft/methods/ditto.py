@@ -14,10 +14,10 @@ from typing import Any
 from pydantic import Field
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig, proximal
+from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
 from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, derive_seed
+from fedpeft.types import ClientUpdate, Payload
 
 
 class DittoConfig(HeteroConfig):
@@ -37,16 +37,6 @@ class Ditto(BranchedLoraMethod):
     ) -> tuple[ClientUpdate, Any]:
         adapter = self.client_adapter(runtime, payload.tensors, client_state)
         metrics = self.train_branches(runtime, adapter, client.train, ("global",), ("global",), seed)
-        anchors = {f"local/{k}": v for k, v in payload.tensors.items()}
-        params = adapter.trainable(["local/"])
-        personal = self.train_branches(
-            runtime,
-            adapter,
-            client.train,
-            ("local",),
-            ("local",),
-            derive_seed(seed, "personal"),
-            extra_loss=proximal(params, anchors, self.cfg.lam),
-        )
+        personal = self.train_personal(runtime, adapter, client.train, payload.tensors, self.cfg.lam, seed)
         metrics = {**metrics, "personal_loss": personal["loss"]}
         return self.shared_update(client, adapter, metrics), self.client_state(adapter)

@@ -14,6 +14,7 @@ alpha / r). The mixer starts at zero (weights 1/2, 1/2); the task head of classi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from peft.tuners.lora import LoraLayer
 from pydantic import Field
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
 from fedpeft.methods.lora_parts import is_lora, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
@@ -55,10 +56,16 @@ def _lora_layers(runtime: ModelRuntime) -> dict[str, LoraLayer]:
     return {n: m for n, m in runtime.peft.named_modules() if isinstance(m, LoraLayer) and name in m.lora_A}  # type: ignore[union-attr]
 
 
-def mixture(row: StateDict, mixer: Mixer) -> Callable[[ModelRuntime], Callable[[], None]]:
-    """The ``ClientModel.attach`` that adds the gated RoW LoRA and gates the individual one at every layer."""
+@dataclass
+class Mixture:
+    """The :class:`~fedpeft.models.runtime.Extension` that adds the gated RoW LoRA and gates the individual one
+    at every LoRA layer of the active adapter."""
 
-    def attach(runtime: ModelRuntime) -> Callable[[], None]:
+    row: StateDict
+    mixer: Mixer
+
+    def attach(self, runtime: ModelRuntime) -> Callable[[], None]:
+        row, mixer = self.row, self.mixer
         adapter = runtime.active.key  # type: ignore[union-attr]
         handles = []
         for name, layer in _lora_layers(runtime).items():
@@ -86,7 +93,10 @@ def mixture(row: StateDict, mixer: Mixer) -> Callable[[ModelRuntime], Callable[[
 
         return detach
 
-    return attach
+
+def mixture(row: StateDict, mixer: Mixer) -> Mixture:
+    """The ``ClientModel.extension`` that mixes the individual LoRA with the frozen RoW LoRA ``row``."""
+    return Mixture(row, mixer)
 
 
 class FedALTConfig(FederatedConfig, LoraConfigMixin):
@@ -134,20 +144,18 @@ class FedALT(Method):
         seed: int,
         steps: int | None,
     ) -> tuple[StateDict, StateDict, Metrics]:
+        """Train the individual LoRA and the mixer beside the frozen RoW LoRA ``row`` (``steps``: ``None`` for
+        the configured local training)."""
         cfg = self.cfg
         spec = self.spec(runtime)
         runtime.install(ClientModel(lora=spec, adapter=(saved or {}).get("individual", {})), seed=init_seed)
         mixer = self._new_mixer(runtime, (saved or {}).get("mixer"))
-        runtime.install(ClientModel(lora=spec, adapter=runtime.adapter_state(), attach=mixture(row, mixer)))
+        runtime.install(ClientModel(lora=spec, adapter=runtime.adapter_state(), extension=mixture(row, mixer)))
         metrics = runtime.train(
             client.train,
-            lr=cfg.lr,
-            batch_size=cfg.batch_size,
             seed=seed,
-            epochs=cfg.local_epochs if steps is None else None,
-            steps=steps,
-            weight_decay=cfg.weight_decay,
             optimizer_groups=[{"params": list(mixer.parameters()), "lr": cfg.mixer_lr or cfg.lr}],
+            **local_training(cfg, steps=steps),
         )
         mixer_state = {k: v.detach().clone() for k, v in mixer.state_dict().items()}
         return runtime.adapter_state(), mixer_state, metrics
@@ -155,9 +163,8 @@ class FedALT(Method):
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
-        steps = self.cfg.local_steps if self.cfg.local_epochs is None else None
         individual, mixer, metrics = self._train(
-            runtime, client, payload.tensors, client_state, payload.config["init_seed"], seed, steps
+            runtime, client, payload.tensors, client_state, payload.config["init_seed"], seed, None
         )
         update = ClientUpdate(client.client_id, only(individual, is_lora), float(len(client.train)), metrics)
         return update, {"individual": individual, "mixer": mixer}
@@ -195,4 +202,4 @@ class FedALT(Method):
         spec = self.spec(runtime)
         runtime.install(ClientModel(lora=spec), seed=init_seed)
         mixer = self._new_mixer(runtime, saved["mixer"])
-        return ClientModel(lora=spec, adapter=saved["individual"], attach=mixture(row, mixer))
+        return ClientModel(lora=spec, adapter=saved["individual"], extension=mixture(row, mixer))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.methods.base import FederatedConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict
@@ -38,19 +38,8 @@ class FedAvgFull(Method):
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
         runtime.install(ClientModel(base=payload.tensors))
-        metrics = runtime.train(
-            client.train,
-            "all",
-            lr=self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            seed=seed,
-            epochs=self.cfg.local_epochs,
-            steps=self.cfg.local_steps if self.cfg.local_epochs is None else None,
-            weight_decay=self.cfg.weight_decay,
-        )
-        return ClientUpdate(
-            client.client_id, runtime.base_state(), float(len(client.train)), metrics
-        ), client_state
+        metrics = runtime.train(client.train, "all", seed=seed, **local_training(self.cfg))
+        return ClientUpdate(client.client_id, runtime.base_state(), float(len(client.train)), metrics), client_state
 
     def personalize(
         self,

@@ -17,18 +17,16 @@ part first. Defaults follow FedP2EFT: LoRA on q and v, r = 8, alpha = 8, dropout
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from peft import get_peft_model_state_dict
 
 from fedpeft import evaluation
+from fedpeft.adapters.instance_mixing import instance_weights, mixed_adapters, representations
 from fedpeft.base_models import ClientBase, merged_base, resolve_targets
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import FederatedConfig, Method
+from fedpeft.methods.base import FederatedConfig, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
@@ -53,83 +51,6 @@ class DualAdapterModel(ClientModel):
 
     local_lora: LoraSpec | None = None
     local_adapter: StateDict = field(default_factory=dict)
-
-
-def instance_weights(
-    queries: torch.Tensor, references: torch.Tensor, *, max_weight: float, sample: int, seed: int
-) -> torch.Tensor:
-    """FedDPA's mixing weight of each query: ``max_weight`` times its mean cosine similarity to ``sample`` random
-    references (drawn per query), clamped to [0, max_weight]."""
-    similarity = torch.nn.functional.cosine_similarity(queries[:, None, :], references[None, :, :], dim=-1)
-    generator = torch.Generator().manual_seed(seed)
-    count = min(sample, references.shape[0])
-    chosen = torch.stack([torch.randperm(references.shape[0], generator=generator)[:count] for _ in queries])
-    mean = similarity.gather(1, chosen).mean(dim=1)
-    return (max_weight * mean).clamp(0.0, max_weight)
-
-
-@contextmanager
-def mixed_adapters(runtime: ModelRuntime, weights: dict[LoraSpec, Any]) -> Iterator[dict[str, Any]]:
-    """Make several installed adapters active together, each LoRA update scaled by its weight.
-
-    A weight is a number or a tensor of one weight per batch row; the yielded mapping (adapter name -> weight)
-    may be changed between forward passes. The first adapter is the runtime's active one (its head is used).
-    """
-    specs = list(weights)
-    runtime.activate(specs[0])
-    assert runtime.peft is not None
-    runtime.peft.base_model.set_adapter([s.key for s in specs])
-    scales = {s.key: w for s, w in weights.items()}
-
-    def hook_for(key: str):  # noqa: ANN202
-        def scale(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
-            weight = scales[key]
-            if isinstance(weight, torch.Tensor) and weight.dim() == 1:
-                weight = weight.to(output).view(-1, *([1] * (output.dim() - 1)))
-            return output * weight
-
-        return scale
-
-    handles = [
-        module.lora_B[key].register_forward_hook(hook_for(key))
-        for module in runtime.peft.modules()
-        if hasattr(module, "lora_B") and isinstance(module.lora_B, torch.nn.ModuleDict)
-        for key in scales
-        if key in module.lora_B
-    ]
-    try:
-        yield scales
-    finally:
-        for handle in handles:
-            handle.remove()
-        runtime.activate(specs[0])
-
-
-@torch.no_grad()
-def representations(runtime: ModelRuntime, examples: list[Example]) -> torch.Tensor:
-    """Mean-pooled last hidden states of the inputs (prompts, for generation) under the runtime's active model."""
-    model = runtime.activate(runtime.active)
-    model.eval()
-    rows = []
-    for start in range(0, len(examples), runtime.eval_batch_size):
-        chunk = examples[start : start + runtime.eval_batch_size]
-        if runtime.task == "classification":
-            batch = runtime.encode(chunk)
-            batch.pop("labels")
-        else:
-            batch = runtime.tokenizer(
-                [ex["prompt"] for ex in chunk],
-                truncation=True,
-                max_length=runtime.max_length // 2,
-                padding=True,
-                return_tensors="pt",
-            )
-        batch = {k: v.to(runtime.device) for k, v in batch.items()}
-        with runtime._adapter_context():
-            hidden = model(**batch, output_hidden_states=True).hidden_states[-1]
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        rows.append((hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0))
-    return torch.cat(rows).float().cpu()
 
 
 @METHODS.register("feddpa", aliases=("feddpa_t",))
@@ -165,13 +86,6 @@ class FedDPA(Method):
             state = get_peft_model_state_dict(runtime.peft, adapter_name=local.key)
         return {k: v.detach().clone() for k, v in state.items()}
 
-    def _length(self, epochs: float | None = None) -> dict[str, Any]:
-        if epochs is not None:
-            return {"epochs": epochs}
-        if self.cfg.local_epochs is not None:
-            return {"epochs": self.cfg.local_epochs}
-        return {"steps": self.cfg.local_steps}
-
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
@@ -179,11 +93,10 @@ class FedDPA(Method):
         a = self.cfg.local_weight
         runtime.install(ClientModel(lora=local, adapter=client_state or {}), seed=seed)
         runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
-        local_state = self.train_local(runtime, client.train, {glob: 1.0 - a, local: a}, seed, **self._length())
+        schedule = local_schedule(self.cfg)
+        local_state = self.train_local(runtime, client.train, {glob: 1.0 - a, local: a}, seed, **schedule)
         runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
-        metrics = runtime.train(
-            client.train, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **self._length()
-        )
+        metrics = runtime.train(client.train, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **schedule)
         update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
         return update, local_state
 

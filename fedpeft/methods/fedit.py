@@ -22,7 +22,15 @@ import torch
 
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, lora_spec, weighted_mean
+from fedpeft.methods.base import (
+    FederatedConfig,
+    LoraConfigMixin,
+    Method,
+    fine_tune,
+    local_training,
+    lora_spec,
+    weighted_mean,
+)
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
@@ -80,15 +88,9 @@ class FedIT(Method):
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
         runtime.install(ClientModel(lora=self.spec(runtime), adapter=payload.tensors), seed=seed)
+        lr = float(payload.config.get("lr", self.cfg.lr))  # a server-side schedule may set the round's lr
         metrics = runtime.train(
-            client.train,
-            lr=float(payload.config.get("lr", self.cfg.lr)),  # a server-side schedule may set the round's lr
-            batch_size=self.cfg.batch_size,
-            seed=seed,
-            epochs=self.cfg.local_epochs,
-            steps=self.cfg.local_steps if self.cfg.local_epochs is None else None,
-            weight_decay=self.cfg.weight_decay,
-            extra_loss=self.extra_loss(runtime, payload),
+            client.train, seed=seed, extra_loss=self.extra_loss(runtime, payload), **local_training(self.cfg, lr=lr)
         )
         update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
         return update, client_state
@@ -105,15 +107,15 @@ class FedIT(Method):
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)
         if self.cfg.finetune_epochs <= 0:
             return model
-        runtime.install(model, seed=seed)
-        runtime.train(
+        return fine_tune(
+            runtime,
+            model,
             client.train,
+            seed=seed,
             lr=self.cfg.finetune_lr or self.cfg.lr,
             batch_size=self.cfg.batch_size,
-            seed=seed,
             epochs=self.cfg.finetune_epochs,
         )
-        return ClientModel(lora=model.lora, adapter=runtime.adapter_state())
 
 
 class FedProxConfig(FedITConfig):

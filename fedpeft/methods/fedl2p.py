@@ -11,38 +11,33 @@ Q = 3, psi = 0.1, clamped to [-1, 1]). The rates reach the fine-tuned weights th
 w = w' + eta * u (u = that step's update per unit rate), as in FedL2P. The server averages the MLP (FedAvg) and
 stops early when the clients' validation loss has not improved for ``patience`` rounds, keeping the best MLP. One
 federated run per budget r. Personalization: statistics -> MLP -> rates -> fine-tune a fresh LoRA for 2 epochs ->
-evaluate.
+evaluate. The rate network's pieces are in :mod:`fedpeft.adapters.learning_rates`.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from fedpeft.adapters import feature_statistics
+from fedpeft.adapters.learning_rates import (
+    POST,
+    differentiable_attention,
+    initial_rate_tensors,
+    module_groups,
+    module_rates,
+    through_last_step,
+    unit_steps,
+)
 from fedpeft.data.types import ClientData, Example
 from fedpeft.hypergradient import ift_hypergradient
-from fedpeft.methods.base import FederatedConfig, Method, weighted_mean
+from fedpeft.methods.base import FederatedConfig, Method, local_schedule, weighted_mean
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
-
-try:  # double backward needs the math kernel of scaled-dot-product attention
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def _differentiable_attention():  # noqa: ANN202
-        return sdpa_kernel(SDPBackend.MATH)
-except ImportError:  # pragma: no cover - torch < 2.3
-
-    def _differentiable_attention():  # noqa: ANN202
-        return nullcontext()
-
-
-POST = "post_multiplier"
 
 
 class FedL2PConfig(FederatedConfig):
@@ -63,37 +58,6 @@ class FedL2PConfig(FederatedConfig):
     alpha_multiplier: float = 2.0
     dropout: float = 0.0
     default_rank: int = 8
-
-
-class _ClampSTE(torch.autograd.Function):
-    """Clamp in the forward pass, identity in the backward pass (FedL2P's straight-through estimator)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, low: float, high: float) -> torch.Tensor:  # noqa: ANN401
-        return x.clamp(low, high)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN401
-        return grad, None, None
-
-
-def rate_network(inputs: int, outputs: int, hidden: int) -> torch.nn.Sequential:
-    """FedL2P's learning-rate MLP: two hidden layers of ``hidden`` units with ReLU."""
-    return torch.nn.Sequential(
-        torch.nn.Linear(inputs, hidden),
-        torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden),
-        torch.nn.ReLU(),
-        torch.nn.Linear(hidden, outputs),
-    )
-
-
-def module_groups(runtime: ModelRuntime) -> list[list[str]]:
-    """The active adapter's trainable parameters grouped by module (each lora_A, lora_B, head module)."""
-    groups: dict[str, list[str]] = {}
-    for name in runtime.adapter_parameters():
-        groups.setdefault(name.rsplit(".", 1)[0], []).append(name)
-    return list(groups.values())
 
 
 def split_validation(examples: list[Example], fraction: float, key: str) -> tuple[list[Example], list[Example]]:
@@ -124,27 +88,16 @@ class FedL2P(Method):
     # ------------------------------------------------------------------ the rate network
     def rates(self, tensors: StateDict, stats: torch.Tensor) -> torch.Tensor:
         """Per-module learning rates: clamp(MLP(stats)) * post-multiplier, differentiable in ``tensors``."""
-        mlp = {k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")}
-        outputs = tensors[POST].numel()
-        net = rate_network(stats.numel(), outputs, self.cfg.hidden)
-        multipliers = torch.func.functional_call(net, mlp, (stats,))
-        return _ClampSTE.apply(multipliers, 0.0, self.cfg.max_multiplier) * tensors[POST]
+        return module_rates(tensors, stats, hidden=self.cfg.hidden, max_multiplier=self.cfg.max_multiplier)
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         return self.init_server_for_budget(runtime, seed, self.cfg.default_rank)
 
     def init_server_for_budget(self, runtime: ModelRuntime, seed: int, budget: int) -> ServerState:
         runtime.activate(self.spec(runtime, budget))
-        outputs = len(module_groups(runtime))
-        net = rate_network(2 * len(runtime.target_modules), outputs, self.cfg.hidden)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(seed, self.name, "init", budget))
-            for layer in net:
-                if isinstance(layer, torch.nn.Linear):  # multipliers start near 1
-                    torch.nn.init.xavier_normal_(layer.weight, gain=0.1)
-                    torch.nn.init.constant_(layer.bias, 1.0)
-        tensors = {f"mlp.{k}": v.detach().clone() for k, v in net.state_dict().items()}
-        tensors[POST] = torch.full((outputs,), self.cfg.lr)
+        inputs, outputs = 2 * len(runtime.target_modules), len(module_groups(runtime))
+        init_seed = derive_seed(seed, self.name, "init", budget)
+        tensors = initial_rate_tensors(inputs, outputs, self.cfg.hidden, self.cfg.lr, init_seed)
         return ServerState(tensors=tensors, extra={"budget": budget})
 
     def payload(self, state: ServerState, client_id: str) -> Payload:
@@ -177,12 +130,7 @@ class FedL2P(Method):
             optimizer_groups=optimizer_groups,
             after_backward=remember,
         )
-        last: dict[str, torch.Tensor] = {}
-        for group, value in zip(groups, values, strict=True):
-            for n in group:
-                step = params[n].detach() - before[n]
-                last[n] = step / value if value > 0 else torch.zeros_like(step)
-        return params, last
+        return params, unit_steps(params, before, groups, values)
 
     def meta_step(
         self,
@@ -196,17 +144,14 @@ class FedL2P(Method):
     ) -> float:
         """One outer step: inner fine-tuning, then the hypergradient into ``tensors[...].grad``; returns L_V."""
         rates = self.rates(dict(tensors), stats)
-        length = {"steps": self.cfg.local_steps} if self.cfg.local_epochs is None else {"epochs": self.cfg.local_epochs}
-        params, last = self.fine_tune(runtime, spec, train, rates.detach(), seed, **length)
-        groups = module_groups(runtime)
-        moved = rates - rates.detach()  # zero, with the rates' gradient
-        weights = {n: params[n].detach() + moved[i] * last[n] for i, g in enumerate(groups) for n in g}
+        params, last = self.fine_tune(runtime, spec, train, rates.detach(), seed, **local_schedule(self.cfg))
+        weights = through_last_step(params, last, module_groups(runtime), rates)
         leaves = {n: w.detach().clone().requires_grad_(True) for n, w in weights.items()}
         rng = random.Random(seed)
         model = runtime.peft
         assert model is not None
         model.eval()
-        with _differentiable_attention():
+        with differentiable_attention():
             outer = torch.func.functional_call(model, leaves, (), self._batch(runtime, val, rng))
             val_grads = torch.autograd.grad(outer.loss, list(leaves.values()))
             inner = torch.func.functional_call(model, weights, (), self._batch(runtime, train, rng))

@@ -15,12 +15,9 @@ from typing import Any
 
 from pydantic import Field
 
-from fedpeft.data.types import ClientData
 from fedpeft.methods.distill import DistillationConfig, PublicDistillation, lowest_loss
 from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
-from fedpeft.models.runtime import ModelRuntime
 from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload
 
 
 class FedMKTConfig(DistillationConfig):
@@ -35,14 +32,6 @@ class FedMKT(PublicDistillation):
     Config = FedMKTConfig
     branches = ("global",)
     personal_view = ("global",)
-
-    def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
-        adapter = self.client_adapter(runtime, payload.tensors, client_state)
-        metrics = self.train_branches(runtime, adapter, client.train, ("global",), ("global",), seed)
-        answers = self.public_knowledge(runtime, adapter, payload)
-        return self.shared_update(client, adapter, metrics, **answers), self.client_state(adapter)
 
     def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
         others = [u for name, uploads in by_architecture.items() if name != architecture for u in uploads]

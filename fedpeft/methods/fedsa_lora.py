@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
 from fedpeft.methods.lora_parts import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
@@ -42,24 +42,14 @@ class FedSALora(Method):
         return ServerState(tensors=only(runtime.adapter_state(), is_lora_a))
 
     def _train(self, runtime: ModelRuntime, client: ClientData, adapter: StateDict, seed: int, steps: int | None):  # noqa: ANN202
-        cfg = self.cfg
         install_partial(runtime, self.spec(runtime), adapter, seed)
-        return runtime.train(
-            client.train,
-            lr=cfg.lr,
-            batch_size=cfg.batch_size,
-            seed=seed,
-            epochs=cfg.local_epochs if steps is None else None,
-            steps=steps,
-            weight_decay=cfg.weight_decay,
-        )
+        return runtime.train(client.train, seed=seed, **local_training(self.cfg, steps=steps))
 
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
         # B = 0 and the base head on a client's first round (reset_adapter), its own B and head afterwards.
-        steps = self.cfg.local_steps if self.cfg.local_epochs is None else None
-        metrics = self._train(runtime, client, {**payload.tensors, **(client_state or {})}, seed, steps)
+        metrics = self._train(runtime, client, {**payload.tensors, **(client_state or {})}, seed, None)
         state = runtime.adapter_state()
         update = ClientUpdate(client.client_id, only(state, is_lora_a), float(len(client.train)), metrics)
         return update, only(state, lambda k: not is_lora_a(k))

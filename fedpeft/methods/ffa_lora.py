@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
 from fedpeft.methods.lora_parts import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
@@ -45,20 +45,10 @@ class FFALora(Method):
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
-        cfg = self.cfg
         # The shared init seed recreates A; the payload overwrites B and the head.
         install_partial(runtime, self.spec(runtime), payload.tensors, payload.config["init_seed"])
         trainable = {n: p for n, p in runtime.adapter_parameters().items() if ".lora_A." not in n}
-        metrics = runtime.train(
-            client.train,
-            trainable,
-            lr=cfg.lr,
-            batch_size=cfg.batch_size,
-            seed=seed,
-            epochs=cfg.local_epochs,
-            steps=cfg.local_steps if cfg.local_epochs is None else None,
-            weight_decay=cfg.weight_decay,
-        )
+        metrics = runtime.train(client.train, trainable, seed=seed, **local_training(self.cfg))
         tensors = only(runtime.adapter_state(), lambda k: not is_lora_a(k))
         return ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics), client_state
 

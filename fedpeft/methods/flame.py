@@ -33,7 +33,8 @@ from fedpeft.adapters.expert_lora import (
 )
 from fedpeft.data.types import ClientData
 from fedpeft.errors import UserError
-from fedpeft.methods.tiers import PlainMean, TierConfig, TieredConfig, TieredMethod, mean_metrics
+from fedpeft.methods.tier_aggregation import PlainMean, mean_metrics
+from fedpeft.methods.tiers import TierConfig, TieredConfig, TieredMethod
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed

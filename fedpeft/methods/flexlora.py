@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import torch
-
-from fedpeft.adapters.expert_lora import module_key, svd_factors
-from fedpeft.methods.tiers import PlainMean, RankTieredConfig, RankTieredMethod, mean_metrics
+from fedpeft.adapters.expert_lora import svd_factors
+from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, ServerState
 
@@ -33,24 +32,14 @@ class FlexLora(RankTieredMethod):
 
     def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
         layout = self.modules(state.extra["lora_layout"])
-        plain = PlainMean()
-        factors: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {k: [] for k in layout}
-        weights: list[float] = []
-        metrics: list[Metrics] = []
-        for update in updates:
-            metrics.append(update.metrics)
-            weights.append(float(update.weight))
-            for key, tensor in update.tensors.items():
-                if module_key(key) is None:
-                    plain.add(key, tensor, float(update.weight))
-            for key in layout:
-                factors[key].append((update.tensors[f"{key}.lora_A.weight"], update.tensors[f"{key}.lora_B.weight"]))
-        if not metrics or sum(weights) <= 0:
-            return state, mean_metrics(metrics)
-        tensors = plain.result(state.tensors)
+        collected = collect_factors(updates, layout)
+        if not collected.metrics or sum(collected.weights) <= 0:
+            return state, mean_metrics(collected.metrics)
+        tensors = collected.plain.result(state.tensors)
         rank = self.max_rank()
         for key, module in layout.items():
             a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
-            a, b = svd_factors(factors[key], weights, module.experts, rank)
+            a, b = svd_factors(collected.factors[key], collected.weights, module.experts, rank)
             tensors[a_key], tensors[b_key] = a.to(state.tensors[a_key].dtype), b.to(state.tensors[b_key].dtype)
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), mean_metrics(metrics)
+        metrics = mean_metrics(collected.metrics)
+        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics

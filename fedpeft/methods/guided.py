@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from fedpeft import guidance
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, lora_pairs, merge_lora_states
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, weighted_mean
+from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training, weighted_mean
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
@@ -134,18 +134,7 @@ class Guided(Method):
             metrics.update(beta=beta, similarity=similarity)
             if beta > 0:
                 extra_loss = self._guidance_loss(runtime, spec, global_, beta, seed)
-        metrics.update(
-            runtime.train(
-                client.train,
-                lr=cfg.lr,
-                batch_size=cfg.batch_size,
-                seed=seed,
-                epochs=cfg.local_epochs,
-                steps=cfg.local_steps if cfg.local_epochs is None else None,
-                weight_decay=cfg.weight_decay,
-                extra_loss=extra_loss,
-            )
-        )
+        metrics.update(runtime.train(client.train, seed=seed, extra_loss=extra_loss, **local_training(cfg)))
         adapter = runtime.adapter_state()
         update = ClientUpdate(client.client_id, adapter, float(len(client.train)), metrics)
         return update, {"adapter": adapter, "folds": len(folds)}

@@ -122,10 +122,6 @@ def install_adapter(runtime: Any, adapter: HookedAdapter) -> None:
     runtime.install(ClientModel(extension=adapter))
 
 
-def with_prefix(tensors: StateDict, prefix: str) -> StateDict:
-    return {f"{prefix}{k}": v for k, v in tensors.items()}
-
-
 _SHARED_KEY = re.compile(r"^pq\d+\.")
 
 
@@ -217,6 +213,17 @@ class BranchedLoraMethod(Method):
             )
         finally:
             runtime.detach_extension()
+
+    def train_personal(
+        self, runtime: Any, adapter: HookedAdapter, examples: list[Example], received: StateDict, lam: float, seed: int
+    ) -> Metrics:
+        """Ditto's personal step: the ``local`` branch alone, with ``lam / 2 ||v - w||^2`` toward the global
+        branch ``received`` from the server (its own seed, derived from ``seed``)."""
+        params = adapter.trainable(["local/"])
+        anchors = {f"local/{k}": v for k, v in received.items()}
+        term = proximal(params, anchors, lam)
+        personal_seed = derive_seed(seed, "personal")
+        return self.train_branches(runtime, adapter, examples, ("local",), ("local",), personal_seed, term)
 
     def client_state(self, adapter: HookedAdapter) -> dict[str, Any]:
         state: dict[str, Any] = {b: adapter.branch(b) for b in self.branches if b != self.shared}

@@ -26,7 +26,6 @@ from fedpeft.adapters.expert_lora import (
     LogWeightedMean,
     join_a,
     join_b,
-    module_key,
     product_norms,
     split_a,
     split_b,
@@ -34,7 +33,8 @@ from fedpeft.adapters.expert_lora import (
     zero_pad,
 )
 from fedpeft.data.types import ClientData
-from fedpeft.methods.tiers import PlainMean, RankTieredConfig, RankTieredMethod, mean_metrics
+from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState
@@ -117,24 +117,16 @@ class HetLora(RankTieredMethod):
     def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
         layout = self.modules(state.extra["lora_layout"])
         rank = self.max_rank()
-        plain = PlainMean()
-        factors: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {k: [] for k in layout}
-        metrics: list[Metrics] = []
-        for update in updates:
-            metrics.append(update.metrics)
-            for key, tensor in update.tensors.items():
-                if module_key(key) is None:
-                    plain.add(key, tensor, float(update.weight))
-            for key in layout:
-                factors[key].append((update.tensors[f"{key}.lora_A.weight"], update.tensors[f"{key}.lora_B.weight"]))
-        if not metrics:
-            return state, mean_metrics(metrics)
-        tensors = plain.result(state.tensors)
+        collected = collect_factors(updates, layout)
+        if not collected.metrics:
+            return state, mean_metrics(collected.metrics)
+        tensors = collected.plain.result(state.tensors)
         for key, module in layout.items():
             a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
             previous = (state.tensors[a_key], state.tensors[b_key])
-            tensors[a_key], tensors[b_key] = hetlora_mean(factors[key], module.experts, rank, previous)
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), mean_metrics(metrics)
+            tensors[a_key], tensors[b_key] = hetlora_mean(collected.factors[key], module.experts, rank, previous)
+        metrics = mean_metrics(collected.metrics)
+        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
 
     def personalize(
         self,

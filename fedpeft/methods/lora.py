@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import LoraConfigMixin, Method, MethodConfig, lora_spec
+from fedpeft.methods.base import LoraConfigMixin, Method, MethodConfig, fine_tune, lora_spec
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.registry import METHODS
 from fedpeft.types import ServerState
@@ -25,21 +25,6 @@ class LoraBaselineConfig(MethodConfig):
     batch_size: int = 16
     alpha_multiplier: float = 2.0
     dropout: float = 0.0
-
-
-def _train_fresh_lora(
-    runtime: ModelRuntime,
-    client: ClientData,
-    spec: Any,
-    *,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    **length: Any,
-) -> ClientModel:
-    runtime.install(ClientModel(lora=spec), seed=seed)
-    runtime.train(client.train, lr=lr, batch_size=batch_size, seed=seed, **length)
-    return ClientModel(lora=spec, adapter=runtime.adapter_state())
 
 
 @METHODS.register("lora")
@@ -62,13 +47,13 @@ class LoraBaseline(Method):
     ) -> ClientModel:
         rank = int(budget or 8)
         spec = lora_spec(runtime, rank, self.cfg.alpha_multiplier * rank, self.cfg.dropout)
-        return _train_fresh_lora(
+        return fine_tune(
             runtime,
-            client,
-            spec,
+            ClientModel(lora=spec),
+            client.train,
+            seed=seed,
             lr=self.cfg.lr,
             batch_size=self.cfg.batch_size,
-            seed=seed,
             epochs=self.cfg.epochs,
         )
 
@@ -99,6 +84,12 @@ class Local(Method):
     ) -> ClientModel:
         spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
         steps = self.cfg.rounds * self.cfg.local_steps
-        return _train_fresh_lora(
-            runtime, client, spec, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, steps=steps
+        return fine_tune(
+            runtime,
+            ClientModel(lora=spec),
+            client.train,
+            seed=seed,
+            lr=self.cfg.lr,
+            batch_size=self.cfg.batch_size,
+            steps=steps,
         )

@@ -17,10 +17,10 @@ from pydantic import Field
 
 from fedpeft.data.types import ClientData
 from fedpeft.methods.distill import DistillationConfig, PublicDistillation, vote
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, proximal
+from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
 from fedpeft.models.runtime import ModelRuntime
 from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, derive_seed
+from fedpeft.types import ClientUpdate, Payload
 
 
 class PerAdaConfig(DistillationConfig):
@@ -38,14 +38,8 @@ class PerAda(PublicDistillation):
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
-        adapter = self.client_adapter(runtime, payload.tensors, client_state)
-        metrics = self.train_branches(runtime, adapter, client.train, ("global",), ("global",), seed)
-        answers = self.public_knowledge(runtime, adapter, payload)
-        params = adapter.trainable(["local/"])
-        anchors = {f"local/{k}": v for k, v in payload.tensors.items()}
-        term = proximal(params, anchors, self.cfg.lam)
-        personal_seed = derive_seed(seed, "personal")
-        personal = self.train_branches(runtime, adapter, client.train, ("local",), ("local",), personal_seed, term)
+        adapter, metrics, answers = self.train_shared(runtime, client, payload, client_state, seed)
+        personal = self.train_personal(runtime, adapter, client.train, payload.tensors, self.cfg.lam, seed)
         metrics = {**metrics, "personal_loss": personal["loss"]}
         return self.shared_update(client, adapter, metrics, **answers), self.client_state(adapter)
 

@@ -11,33 +11,29 @@ by the number at the end of the client id: index i -> tier ``i mod len(tiers)`` 
 
 Evaluation runs each client at its tier's compute: its tier's top-k (and rank, for the baselines). Records
 carry the tier name as their ``budget``. :meth:`TieredMethod.compute_costs` adds, per tier, the analytic
-forward FLOPs of ``compute_tokens`` tokens (2 x active parameters x tokens, LoRA unmerged) and the measured
-forward wall time of one sequence of that length with the adapter merged (the base model at the tier's top-k).
+forward FLOPs and the measured forward time of a client's model (:mod:`fedpeft.methods.tier_costs`). The
+rank-compressing baselines build on :class:`~fedpeft.methods.rank_tiers.RankTieredMethod`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import re
-import statistics
-import time
-from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedpeft.adapters.expert_lora import LoraModule, lora_layout, module_key, truncate
+from fedpeft.adapters.expert_lora import LoraModule, lora_layout
 from fedpeft.data.types import ClientData
 from fedpeft.engine.common import sample_clients
 from fedpeft.errors import UserError
-from fedpeft.methods.base import FederatedConfig, Method
-from fedpeft.models.moe import Routing, forward_flops, lora_active_parameters
-from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.methods.base import FederatedConfig, Method, local_training
+from fedpeft.methods.tier_costs import tier_costs
+from fedpeft.models.moe import Routing
+from fedpeft.models.runtime import LoraSpec, ModelRuntime
 from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
+from fedpeft.types import Metrics, derive_seed
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
@@ -185,17 +181,7 @@ class TieredMethod(Method):
 
     def train_local(self, runtime: ModelRuntime, client: ClientData, seed: int, **hooks: Any) -> Metrics:
         """The one training loop with this method's local-training settings."""
-        cfg = self.cfg
-        return runtime.train(
-            client.train,
-            lr=cfg.lr,
-            batch_size=cfg.batch_size,
-            seed=seed,
-            epochs=cfg.local_epochs,
-            steps=cfg.local_steps if cfg.local_epochs is None else None,
-            weight_decay=cfg.weight_decay,
-            **hooks,
-        )
+        return runtime.train(client.train, seed=seed, **local_training(self.cfg), **hooks)
 
     def check_model(self, runtime: ModelRuntime) -> None:
         """Refuse tiers the model cannot run (top-k beyond its experts, ranks beyond its layers)."""
@@ -221,157 +207,4 @@ class TieredMethod(Method):
     def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
         """Per tier: top-k, rank, active parameters, analytic forward FLOPs and measured forward milliseconds of
         one ``compute_tokens``-token sequence, as ``costs.jsonl`` records (phase ``compute``, budget = tier)."""
-        rows: list[dict] = []
-        tokens = self.cfg.compute_tokens
-        vocab = int(runtime.base_model.config.vocab_size)
-        ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed), device="cpu")
-        ids = ids.to(runtime.device)
-        for tier in self.cfg.tiers:
-            if self.cfg.eval_tiers is not None and tier.name not in self.cfg.eval_tiers:
-                continue
-            rank = self.rank_for(tier)
-            runtime.activate(self.spec(runtime, rank))
-            lora_state = runtime.adapter_state()
-            top_k = self.eval_top_k(runtime, tier) if runtime.moe is not None else None
-            experts = {k: m["experts"] for k, m in self.layout(runtime).items() if m["experts"] > 1}
-            k = top_k if top_k is not None else (runtime.moe.default_top_k if runtime.moe is not None else 1)
-            base = sum(p.numel() for p in runtime.base_params.values())
-            base -= runtime.moe.inactive_parameters(k) if runtime.moe is not None else 0
-            lora = lora_active_parameters(lora_state, experts, k)
-            model = runtime.install(ClientModel(routing=self.routing(runtime, top_k)))
-            # Timed without the adapter: a deployed LoRA is merged into the weights and costs nothing extra.
-            with runtime.peft.disable_adapter() if runtime.peft is not None else contextlib.nullcontext():
-                milliseconds = _forward_ms(model, ids, self.cfg.compute_repeats)
-            values = {
-                **({"top_k": float(k)} if runtime.moe is not None else {}),
-                "lora_rank": float(rank),
-                "active_params": float(base + lora),
-                "forward_flops": float(forward_flops(base + lora, tokens)),
-                "forward_ms": milliseconds,
-            }
-            rows += [
-                {"method": self.label, "seed": seed, "phase": "compute", "budget": tier.name, "metric": m, "value": v}
-                for m, v in values.items()
-            ]
-        runtime.install(ClientModel())
-        return rows
-
-
-class RankTieredConfig(TieredConfig):
-    """Tiered LoRA whose clients differ in rank; ``train_top_k``: experts per token in local training (``model``:
-    the model's own, as the paper runs the baselines; ``tier``: the tier's)."""
-
-    train_top_k: Literal["model", "tier"] = "model"
-
-
-class RankTieredMethod(TieredMethod):
-    """A tiered LoRA baseline: the server keeps a global adapter of the largest rank and each client trains
-    the first components up to its tier's rank (the rank-compressing methods); subclasses aggregate."""
-
-    Config = RankTieredConfig
-
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
-        self.check_model(runtime)
-        runtime.activate(self.spec(runtime, self.max_rank()))
-        runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        return ServerState(tensors=runtime.adapter_state(), extra={"lora_layout": self.layout(runtime)})
-
-    def train_top_k(self, runtime: ModelRuntime, tier: TierConfig) -> int | None:
-        return tier.top_k if self.cfg.train_top_k == "tier" else None
-
-    def adapter_for(self, state: ServerState, rank: int) -> StateDict:
-        """The global adapter's first ``rank`` components (every tensor as is at the largest rank)."""
-        if rank == self.max_rank():
-            return dict(state.tensors)
-        layout = self.modules(state.extra["lora_layout"])
-        out = {k: v for k, v in state.tensors.items() if module_key(k) is None}
-        for key, module in layout.items():
-            a, b = truncate(state.tensors[f"{key}.lora_A.weight"], state.tensors[f"{key}.lora_B.weight"],
-                            module.experts, rank)  # fmt: skip
-            out[f"{key}.lora_A.weight"], out[f"{key}.lora_B.weight"] = a, b
-        return out
-
-    def payload(self, state: ServerState, client_id: str) -> Payload:
-        rank = self.rank_for(self.tier_of(client_id))
-        return Payload(tensors=self.adapter_for(state, rank), config={"rank": rank})
-
-    def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
-        tier = self.tier_of(client.client_id)
-        rank = int(payload.config.get("rank", self.rank_for(tier)))
-        routing = self.routing(runtime, self.train_top_k(runtime, tier))
-        runtime.install(ClientModel(lora=self.spec(runtime, rank), adapter=payload.tensors, routing=routing), seed=seed)
-        metrics = self.train_local(runtime, client, seed)
-        return ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics), client_state
-
-    def personalize(
-        self,
-        runtime: ModelRuntime,
-        client: ClientData,
-        state: ServerState,
-        client_state: Any,
-        budget: int | str | None,
-        seed: int,
-    ) -> ClientModel:
-        tier = self.tier_of(client.client_id)
-        rank = self.rank_for(tier)
-        routing = self.routing(runtime, self.eval_top_k(runtime, tier))
-        return ClientModel(lora=self.spec(runtime, rank), adapter=self.adapter_for(state, rank), routing=routing)
-
-
-@torch.no_grad()
-def _forward_ms(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> float:
-    """Median wall milliseconds of one forward pass (after one warm-up pass)."""
-    model.eval()
-    model(input_ids=ids)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        model(input_ids=ids)
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - started) * 1000.0)
-    return float(statistics.median(times))
-
-
-def mean_metrics(metrics: Iterable[Metrics]) -> Metrics:
-    """The mean of every numeric training metric over clients, prefixed ``train_``, and the client count."""
-    sums: dict[str, float] = {}
-    count = 0
-    for entry in metrics:
-        count += 1
-        for key, value in entry.items():
-            sums[key] = sums.get(key, 0.0) + float(value)
-    out = {f"train_{k}": v / count for k, v in sums.items()} if count else {}
-    out["clients"] = float(count)
-    return out
-
-
-class PlainMean:
-    """Streaming mean of tensors under linear weights (FedAvg of the tensors no special rule covers)."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.weights: dict[str, float] = {}
-        self.dtypes: dict[str, torch.dtype] = {}
-
-    def add(self, key: str, tensor: torch.Tensor, weight: float) -> None:
-        self.dtypes.setdefault(key, tensor.dtype)
-        value = tensor.detach().to(torch.float64) * weight
-        self.sums[key] = self.sums[key] + value if key in self.sums else value
-        self.weights[key] = self.weights.get(key, 0.0) + weight
-
-    def result(self, previous: StateDict) -> StateDict:
-        out = {}
-        for key, total in self.sums.items():
-            weight = self.weights[key]
-            out[key] = (total / weight).to(self.dtypes[key]) if weight > 0 else previous[key].clone()
-        return out
-
-
-def updates_with_metrics(updates: Iterable[ClientUpdate], sink: list[Metrics]) -> Iterable[ClientUpdate]:
-    """Pass ``updates`` through, collecting each one's metrics into ``sink``."""
-    for update in updates:
-        sink.append(update.metrics)
-        yield update
+        return tier_costs(self, runtime, seed)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fedpeft.methods.base import weighted_mean
-from fedpeft.methods.tiers import RankTieredConfig, RankTieredMethod, TierConfig
+from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.tiers import TierConfig
 from fedpeft.registry import METHODS
 from fedpeft.types import ClientUpdate, Metrics, ServerState
 

@@ -44,30 +44,16 @@ def build_tiny_llava(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A tiny LLaVA (ViT + projector + Llama) with a tokenizer trained on the corpus plus ``<image>``."""
-    from fedpeft.models.zoo import apply_overrides, seeded_init
+    from fedpeft.models.zoo import TINY_LLAMA_SHAPE, apply_overrides, require_corpus, seeded_model, tiny_decoder_config
 
     if task != "generation":
         raise UserError("tiny-llava answers questions about images: use it with a generation dataset.")
-    if corpus is None:
-        raise UserError("tiny-llava trains its tokenizer on the dataset's texts; pass corpus= to load_model.")
-    tokenizer = train_tokenizer(corpus(), cfg.vocab_size, kind="bpe")
+    tokenizer = train_tokenizer(require_corpus(corpus, "tiny-llava"), cfg.vocab_size, kind="bpe")
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     vision = ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=16, patch_size=4
     )
-    text = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=max(2048, 4 * cfg.max_length),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-    )
+    text = tiny_decoder_config(LlamaConfig, tokenizer, cfg.max_length, **TINY_LLAMA_SHAPE)
     apply_overrides(
         vision, {k[len("vision_") :]: v for k, v in cfg.overrides.items() if k.startswith("vision_")}, cfg.name
     )
@@ -80,9 +66,7 @@ def build_tiny_llava(
         projector_hidden_act="gelu",
     )
     config.pad_token_id = tokenizer.pad_token_id
-    with seeded_init():
-        model = LlavaForConditionalGeneration(config)
-    return model, tokenizer
+    return seeded_model(LlavaForConditionalGeneration, config), tokenizer
 
 
 def load_image_text_checkpoint(

@@ -13,7 +13,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -70,19 +70,33 @@ class LoraSpec:
         )
 
 
+class Extension(Protocol):
+    """Computation a client's model adds that a PEFT adapter cannot express.
+
+    PQ-LoRA and gated dual adapters (:class:`fedpeft.adapters.hooked.HookedAdapter`), or a per-input mixer of two
+    LoRAs (FedALT), live outside PEFT and join the model through forward hooks. ``attach`` adds them to the
+    runtime's model once the client's base weights and adapter are in place and returns the function that removes
+    them again; the runtime calls it at the next :meth:`ModelRuntime.install` or
+    :meth:`ModelRuntime.detach_extension`, so activating another adapter in between keeps them. An extension that
+    can be written to disk also has ``save(directory)``; the worker calls it when adapters are saved and the
+    client's model has no PEFT adapter to save.
+    """
+
+    def attach(self, runtime: ModelRuntime) -> Callable[[], None]:
+        """Add the extension to ``runtime``'s model and return the function that removes it."""
+        ...
+
+
 @dataclass
 class ClientModel:
     """The model a client keeps: optional full-weight base overrides plus an optional adapter.
 
-    ``extension`` is an adapter kind PEFT lacks (PQ-LoRA, gated dual adapters): an object with
-    ``attach(runtime) -> detach`` that adds its computation to the base model (forward hooks) until ``detach()``.
     ``routing`` sets how a mixture-of-experts model runs for this client (experts per token, output rescaler);
     ``None`` runs it as loaded. Dense models ignore it.
     Optional extras (all default to nothing):
 
-    - ``attach``: installs what a single PEFT adapter cannot express (forward hooks, mixer modules) after the
-      adapter is loaded, and returns the function that removes it again; the runtime removes it before the
-      next adapter is activated.
+    - ``extension``: what a PEFT adapter cannot express (see :class:`Extension`), attached after the adapter is
+      loaded and removed at the next :meth:`ModelRuntime.install`.
     - ``variants``: other models the method built on the way (e.g. the two parts of a merge); the worker
       evaluates each and records it as the method ``<label>-<variant name>``.
     - ``info``: facts about how the model was built (a mixing weight, seconds spent merging), recorded in
@@ -93,10 +107,9 @@ class ClientModel:
     adapter: StateDict = field(default_factory=dict)
     base: StateDict | None = None
     routing: Routing | None = None
-    attach: Callable[[ModelRuntime], Callable[[], None]] | None = None
+    extension: Extension | None = None
     variants: dict[str, ClientModel] = field(default_factory=dict)
     info: Metrics = field(default_factory=dict)
-    extension: Any = None
 
 
 class ModelRuntime:
@@ -140,10 +153,10 @@ class ModelRuntime:
         # (``fedpeft.federation.Federation``), set by the worker.
         self.architecture: str = "default"
         self.federation: Any = None
+        # Removes the installed client model's extension (forward hooks); None when it has none.
         self._detach_extension: Callable[[], None] | None = None
         # Top-k, rescaler and activation counts of a mixture-of-experts model (None for dense models).
         self.moe: MoeControl | None = MoeControl.of(self.base_model)
-        self._detach: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ weights
     def base_state(self) -> StateDict:
@@ -165,12 +178,9 @@ class ModelRuntime:
     def activate(self, spec: LoraSpec | None) -> torch.nn.Module:
         """Make the adapter of shape ``spec`` the active one (creating it once) and return the model to call.
 
-        ``None`` deactivates adapters: the returned model computes with the base weights only. Whatever a
-        client model's ``attach`` installed is removed first.
+        ``None`` deactivates adapters: the returned model computes with the base weights only. An installed
+        extension stays attached (it is removed by :meth:`install` or :meth:`detach_extension`).
         """
-        if self._detach is not None:
-            detach, self._detach = self._detach, None
-            detach()
         if spec is None:
             self.active = None
             return self.base_model if self.peft is None else self.peft
@@ -193,8 +203,6 @@ class ModelRuntime:
         """Context in which the model computes without any adapter."""
         if self.active is None and self.peft is not None:
             return self.peft.disable_adapter()
-        import contextlib
-
         return contextlib.nullcontext()
 
     def adapter_state(self) -> StateDict:
@@ -227,7 +235,10 @@ class ModelRuntime:
                     to_save[name].load_state_dict(module.original_module.state_dict())
 
     def install(self, client_model: ClientModel, *, seed: int = 0) -> torch.nn.Module:
-        """Install a client's model (base overrides, adapter, extension) and return the model to call."""
+        """Install a client's model (base overrides, adapter, extension) and return the model to call.
+
+        The previous client model's extension is removed first, before any weights change.
+        """
         self.detach_extension()
         if client_model.base is not None and len(client_model.base) < len(self.base_params):
             self.load_base(None)  # a partial override applies on top of the initial weights, not the last client's
@@ -239,14 +250,12 @@ class ModelRuntime:
             self.reset_adapter(seed)
             if client_model.adapter:
                 self.load_adapter(client_model.adapter)
-        if client_model.attach is not None:
-            self._detach = client_model.attach(self)
         if client_model.extension is not None:
             self._detach_extension = client_model.extension.attach(self)
         return model
 
     def detach_extension(self) -> None:
-        """Remove the installed extension (if any) from the model."""
+        """Remove the installed client model's extension (if any); :meth:`install` calls it first."""
         if self._detach_extension is not None:
             self._detach_extension()
             self._detach_extension = None
@@ -386,9 +395,7 @@ class ModelRuntime:
         label_t = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
         return {"input_ids": input_ids, "attention_mask": attention, "labels": label_t}
 
-    def batches(
-        self, examples: list[Example], batch_size: int, seed: int
-    ) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self, examples: list[Example], batch_size: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
         """An endless stream of shuffled minibatches; each pass over the data is a new permutation."""
         generator = torch.Generator().manual_seed(seed)
         while True:
@@ -481,8 +488,7 @@ class ModelRuntime:
         tok = self.tokenizer
         bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
         prompts = [
-            (bos + tok(ex["prompt"], add_special_tokens=False)["input_ids"])[: self.max_length // 2]
-            for ex in examples
+            (bos + tok(ex["prompt"], add_special_tokens=False)["input_ids"])[: self.max_length // 2] for ex in examples
         ]
         width = max(len(p) for p in prompts)
         pad = tok.pad_token_id
@@ -518,9 +524,7 @@ class ModelRuntime:
 
         limit = max_rank(self.base_model, self.loaded.lora_targets)
         if rank > limit:
-            raise UserError(
-                f"Budget r={rank} exceeds the largest rank this model allows ({limit}); use r <= {limit}."
-            )
+            raise UserError(f"Budget r={rank} exceeds the largest rank this model allows ({limit}); use r <= {limit}.")
 
 
 def unload_adapters(model: PeftModel) -> torch.nn.Module:

@@ -48,7 +48,7 @@ def build_tiny_vit(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Any
 ) -> tuple[PreTrainedModel, ViTImageProcessorPil]:
     """The tiny ViT (overrides from ``model.overrides``) and its image processor."""
-    from fedpeft.models.zoo import apply_overrides, seeded_init
+    from fedpeft.models.zoo import apply_overrides, seeded_model
 
     config = ViTConfig(
         image_size=TINY_VIT_IMAGE_SIZE,
@@ -60,9 +60,7 @@ def build_tiny_vit(
         num_labels=num_labels,
     )
     apply_overrides(config, cfg.overrides, cfg.name)
-    with seeded_init():
-        model = ViTForImageClassification(config)
-    return model, image_processor(int(config.image_size))
+    return seeded_model(ViTForImageClassification, config), image_processor(int(config.image_size))
 
 
 def load_image_checkpoint(

@@ -178,19 +178,71 @@ def _set_labels(config: PretrainedConfig, task: str, num_labels: int) -> None:
         config.num_labels = num_labels
 
 
-def _require_corpus(corpus: Corpus | None, name: str) -> list[str]:
+def require_corpus(corpus: Corpus | None, name: str) -> list[str]:
+    """The federation's texts, for a model whose tokenizer is trained on them."""
     if corpus is None:
         raise UserError(f"{name} trains its tokenizer on the dataset's texts; pass corpus= to load_model.")
     return corpus()
 
 
+def seeded_model(
+    model_class: Callable[[PretrainedConfig], PreTrainedModel], config: PretrainedConfig
+) -> PreTrainedModel:
+    """A freshly initialized ``model_class(config)``, its weights drawn inside :func:`seeded_init`."""
+    with seeded_init():
+        return model_class(config)
+
+
 # ----------------------------------------------------------------------------------------------- tiny models
+
+TINY_LLAMA_SHAPE: dict[str, Any] = {"num_key_value_heads": 2, "intermediate_size": 128}
+"""What tiny-llama (and tiny-llava's language model) adds to :func:`tiny_decoder_config`: GQA 4/2, MLP 128."""
+
+
+def tiny_decoder_config(
+    config_class: type[PretrainedConfig], tokenizer: PreTrainedTokenizerBase, max_length: int, **shape: Any
+) -> PretrainedConfig:
+    """A 2-layer decoder config (hidden 64, 4 heads, untied embeddings) over ``tokenizer``'s vocabulary.
+
+    ``shape`` gives the family's own sizes (key/value heads, MLP width, experts).
+    """
+    return config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        # Rotary positions have no parameters, so a generous limit costs nothing.
+        max_position_embeddings=max(2048, 4 * max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        **shape,
+    )
+
+
+def _tiny_decoder(
+    config_class: type[PretrainedConfig],
+    cfg: ModelConfig,
+    task: str,
+    num_labels: int,
+    corpus: Corpus | None,
+    *,
+    vocab_size: int | None = None,
+    **shape: Any,
+) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
+    """A tiny decoder's config (``model.overrides`` applied) and its BPE tokenizer trained on the corpus."""
+    tokenizer = train_tokenizer(require_corpus(corpus, cfg.name), vocab_size or cfg.vocab_size, kind="bpe")
+    config = tiny_decoder_config(config_class, tokenizer, cfg.max_length, **shape)
+    apply_overrides(config, cfg.overrides, cfg.name)
+    _set_labels(config, task, num_labels)
+    return config, tokenizer
 
 
 def _build_tiny_bert(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="wordpiece")
+    tokenizer = train_tokenizer(require_corpus(corpus, cfg.name), cfg.vocab_size, kind="wordpiece")
     config = BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -203,35 +255,15 @@ def _build_tiny_bert(
     )
     apply_overrides(config, cfg.overrides, cfg.name)
     _set_labels(config, task, num_labels)
-    with seeded_init():
-        model = BertForSequenceClassification(config)
-    return model, tokenizer
+    return seeded_model(BertForSequenceClassification, config), tokenizer
 
 
 def _build_tiny_llama(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        # Rotary positions have no parameters, so a generous limit costs nothing.
-        max_position_embeddings=max(2048, 4 * cfg.max_length),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-    )
-    apply_overrides(config, cfg.overrides, cfg.name)
-    _set_labels(config, task, num_labels)
+    config, tokenizer = _tiny_decoder(LlamaConfig, cfg, task, num_labels, corpus, **TINY_LLAMA_SHAPE)
     model_class = LlamaForSequenceClassification if task == "classification" else LlamaForCausalLM
-    with seeded_init():
-        model = model_class(config)
-    return model, tokenizer
+    return seeded_model(model_class, config), tokenizer
 
 
 TINY_OLMOE_EXPERTS = 16
@@ -242,51 +274,35 @@ TINY_OLMOE_EXPERT_WIDTH = 32
 def _build_tiny_olmoe(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
-    config = OlmoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
+    config, tokenizer = _tiny_decoder(
+        OlmoeConfig,
+        cfg,
+        task,
+        num_labels,
+        corpus,
         intermediate_size=TINY_OLMOE_EXPERT_WIDTH,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         num_key_value_heads=4,
         num_experts=TINY_OLMOE_EXPERTS,
         num_experts_per_tok=TINY_OLMOE_TOP_K,
         norm_topk_prob=False,
-        max_position_embeddings=max(2048, 4 * cfg.max_length),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
     )
-    apply_overrides(config, cfg.overrides, cfg.name)
-    with seeded_init():
-        model = OlmoeForCausalLM(config)
-    return model, tokenizer
+    return seeded_model(OlmoeForCausalLM, config), tokenizer
 
 
 def _build_tiny_olmo(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), cfg.vocab_size, kind="bpe")
-    config = OlmoConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
+    config, tokenizer = _tiny_decoder(
+        OlmoConfig,
+        cfg,
+        task,
+        num_labels,
+        corpus,
         # As wide as the tiny OLMoE's active experts together: the same active parameters per token.
         intermediate_size=TINY_OLMOE_TOP_K * TINY_OLMOE_EXPERT_WIDTH,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=max(2048, 4 * cfg.max_length),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
     )
-    apply_overrides(config, cfg.overrides, cfg.name)
-    with seeded_init():
-        model = OlmoForCausalLM(config)
-    return model, tokenizer
+    return seeded_model(OlmoForCausalLM, config), tokenizer
 
 
 QWEN2_VOCAB_FACTOR = 1.25
@@ -298,29 +314,21 @@ def _build_tiny_qwen2(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     vocab_size = round(QWEN2_VOCAB_FACTOR * cfg.vocab_size)
-    tokenizer = train_tokenizer(_require_corpus(corpus, cfg.name), vocab_size, kind="bpe")
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+    config, tokenizer = _tiny_decoder(
+        Qwen2Config,
+        cfg,
+        task,
+        num_labels,
+        corpus,
+        vocab_size=vocab_size,
         num_key_value_heads=2,
         intermediate_size=128,
-        max_position_embeddings=max(2048, 4 * cfg.max_length),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
         use_sliding_window=False,
     )
-    apply_overrides(config, cfg.overrides, cfg.name)
     # The per-layer attention kinds are derived from the depth at construction; an overridden depth needs them anew.
     config.layer_types = ["full_attention"] * config.num_hidden_layers
-    _set_labels(config, task, num_labels)
     model_class = Qwen2ForSequenceClassification if task == "classification" else Qwen2ForCausalLM
-    with seeded_init():
-        model = model_class(config)
-    return model, tokenizer
+    return seeded_model(model_class, config), tokenizer
 
 
 # ------------------------------------------------------------------------------------ pretrained checkpoints

@@ -1,0 +1,74 @@
+"""Per-tier compute costs of the tiered methods: what a client of each tier spends on one forward pass.
+
+For every tier (in ``eval_tiers``, when set) :func:`tier_costs` records the experts per token, the LoRA rank,
+the active parameters (base model at the tier's top-k plus the active LoRA), the analytic forward FLOPs of
+``compute_tokens`` tokens (2 x active parameters x tokens, LoRA unmerged) and the measured forward wall time
+of one sequence of that length with the adapter merged (timed as the base model at the tier's top-k).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from fedpeft.models.moe import forward_flops, lora_active_parameters
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+
+
+def tier_costs(method: Any, runtime: ModelRuntime, seed: int) -> list[dict]:
+    """``costs.jsonl`` records (phase ``compute``, budget = tier) of every evaluated tier of ``method`` (a
+    :class:`~fedpeft.methods.tiers.TieredMethod`)."""
+    cfg = method.cfg
+    rows: list[dict] = []
+    tokens = cfg.compute_tokens
+    vocab = int(runtime.base_model.config.vocab_size)
+    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed), device="cpu")
+    ids = ids.to(runtime.device)
+    for tier in cfg.tiers:
+        if cfg.eval_tiers is not None and tier.name not in cfg.eval_tiers:
+            continue
+        rank = method.rank_for(tier)
+        runtime.activate(method.spec(runtime, rank))
+        lora_state = runtime.adapter_state()
+        top_k = method.eval_top_k(runtime, tier) if runtime.moe is not None else None
+        experts = {k: m["experts"] for k, m in method.layout(runtime).items() if m["experts"] > 1}
+        k = top_k if top_k is not None else (runtime.moe.default_top_k if runtime.moe is not None else 1)
+        base = sum(p.numel() for p in runtime.base_params.values())
+        base -= runtime.moe.inactive_parameters(k) if runtime.moe is not None else 0
+        lora = lora_active_parameters(lora_state, experts, k)
+        model = runtime.install(ClientModel(routing=method.routing(runtime, top_k)))
+        # Timed without the adapter: a deployed LoRA is merged into the weights and costs nothing extra.
+        with runtime.peft.disable_adapter() if runtime.peft is not None else contextlib.nullcontext():
+            milliseconds = forward_ms(model, ids, cfg.compute_repeats)
+        values = {
+            **({"top_k": float(k)} if runtime.moe is not None else {}),
+            "lora_rank": float(rank),
+            "active_params": float(base + lora),
+            "forward_flops": float(forward_flops(base + lora, tokens)),
+            "forward_ms": milliseconds,
+        }
+        rows += [
+            {"method": method.label, "seed": seed, "phase": "compute", "budget": tier.name, "metric": m, "value": v}
+            for m, v in values.items()
+        ]
+    runtime.install(ClientModel())
+    return rows
+
+
+@torch.no_grad()
+def forward_ms(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> float:
+    """Median wall milliseconds of one forward pass (after one warm-up pass)."""
+    model.eval()
+    model(input_ids=ids)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model(input_ids=ids)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1000.0)
+    return float(statistics.median(times))
