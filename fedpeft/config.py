@@ -211,7 +211,8 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
 def load_raw(source: str) -> dict[str, Any]:
     """The raw mapping of a preset name or a YAML file path."""
     path = Path(source)
-    if source.endswith((".yaml", ".yml")) or path.exists():
+    # A preset name wins over a directory of that name (a run's output directory, say, under the working directory).
+    if source.endswith((".yaml", ".yml")) or path.is_file() or (path.exists() and source not in preset_names()):
         if not path.is_file():
             raise UserError(f"Config file {source} does not exist; give a preset name or an existing YAML path.")
         return _read_yaml(path.read_text(), str(path))

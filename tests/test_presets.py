@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedpeft.config import load_config, preset_names
+from fedpeft.errors import UserError
 from fedpeft.worker import build_data, build_method
 
 
@@ -27,3 +28,13 @@ def test_synthetic_preset_data_builds(preset):
     assert all(c.train and c.test for c in data.clients)
     if cfg.base.kind == "centralized":
         assert data.base_train, f"{preset} trains a centralized base but its dataset has no base corpus"
+
+
+def test_a_preset_name_wins_over_a_directory_of_that_name(tmp_path, monkeypatch):
+    """A run's output directory named after its preset (runs/quickstart, cd runs) does not hide the preset."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart").mkdir()
+    assert load_config("quickstart").name == "quickstart"
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(UserError, match="does not exist"):
+        load_config("mine")
