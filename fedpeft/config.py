@@ -253,3 +253,18 @@ def dump_given(cfg: ExperimentConfig) -> str:
     given keys, so it builds the same data; one rebuilt from :func:`dump_config` would mark every key as given.
     """
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True), sort_keys=False)
+
+
+GIVEN_CONFIG_FILE = "config.given.yaml"
+"""Beside a run's ``config.yaml``: its configuration as given (:func:`dump_given`), from which the run's data and
+model are rebuilt in a later process (``fedpeft personalize``)."""
+
+
+def load_run_config(run_dir: Path) -> ExperimentConfig:
+    """The configuration of the run in ``run_dir``, with the keys it was given marked as given.
+
+    Reads ``config.given.yaml`` (written by runs since it exists) so that datasets with defaults of their own
+    rebuild the run's data; older runs have only the resolved ``config.yaml``.
+    """
+    given = Path(run_dir) / GIVEN_CONFIG_FILE
+    return load_config(str(given if given.is_file() else Path(run_dir) / "config.yaml"))

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from fedpeft.adapters.bayestune import check_budget
 from fedpeft.adapters.psg import load_generator
-from fedpeft.config import load_config
+from fedpeft.config import load_run_config
 from fedpeft.data.types import ClientData, Example, FederatedData
 from fedpeft.engine.common import client_seed
 from fedpeft.errors import UserError
@@ -135,7 +135,7 @@ def personalize_client(
     path, label, seed = find_psg(run_dir, method, seed)
     tensors, meta = load_generator(path)
     check_budget(budget, int(meta["config"]["r_max"]))
-    cfg = load_config(str(run_dir / "config.yaml"))
+    cfg = load_run_config(run_dir)
     data = build_data(cfg)
     if client_id is not None:
         if client_id not in {c.client_id for c in data.clients}:

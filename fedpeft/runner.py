@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from fedpeft.config import ExperimentConfig, dump_config
+from fedpeft.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.common import CostMeter
 from fedpeft.engine.state import save_atomic
@@ -120,6 +120,7 @@ class Experiment:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "parts").mkdir(exist_ok=True)
         config_path.write_text(text)
+        (self.out / GIVEN_CONFIG_FILE).write_text(dump_given(self.cfg))
 
     def _unit(self, name: str, work: Any) -> None:
         part = self.out / "parts" / f"{name}.jsonl"
@@ -142,6 +143,10 @@ class Experiment:
         """Produce the base model of this seed (unless there is nothing to train or it exists already)."""
         base = self.cfg.base
         if base.kind == "pretrained":
+            # Saved adapters name base_model/ as their base: it holds the loaded weights (a pretrained model's
+            # fresh task head included), written once per run.
+            if self.cfg.output.save_adapters and not (self.out / "base_model" / "model.safetensors").is_file():
+                self._save_base_model(self.worker.pretrained)
             return
         shared = base.kind == "centralized"
         name = "base-stage" if shared else f"base-stage-seed{seed}"

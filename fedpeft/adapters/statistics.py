@@ -52,6 +52,7 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
         return hook
 
     handles = [module.register_forward_pre_hook(hook_for(i)) for i, module in enumerate(modules)]
+    body = statistics_module(runtime.base_model, modules)
     previous = runtime.active
     model = runtime.activate(None)
     was_training = model.training
@@ -63,7 +64,7 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
                 batch = {k: v.to(runtime.device) for k, v in encoded.items()}
                 batch.pop("labels", None)
                 mask["tokens"] = batch["attention_mask"].bool()
-                model(**batch)
+                body(**batch)
     finally:
         for handle in handles:
             handle.remove()
@@ -73,3 +74,18 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
     mean = sums / sizes.clamp_min(1.0)
     variance = (squares / sizes.clamp_min(1.0) - mean * mean).clamp_min(0.0)
     return torch.stack([mean, variance.sqrt()], dim=1).reshape(-1).to(torch.float32)
+
+
+def statistics_module(model: torch.nn.Module, targets: list[torch.nn.Module]) -> torch.nn.Module:
+    """The part of ``model`` the statistics run: its transformer body (transformers' ``base_model``, e.g. the
+    decoder of a causal LM, the encoder of a classifier) when every targeted layer lies inside it, else all of it.
+
+    The statistics read the inputs of the body's layers only. Skipping the task head matters for causal LMs with
+    large vocabularies: Gemma 3's output projection onto 262,144 tokens costs more than its 18 blocks together,
+    and its logits (batch x length x 262,144 floats) are thrown away.
+    """
+    body = getattr(model, "base_model", model)
+    if body is model or not isinstance(body, torch.nn.Module):
+        return model
+    inside = {id(module) for module in body.modules()}
+    return body if all(id(module) in inside for module in targets) else model
