@@ -33,7 +33,7 @@ GENERATION_METRICS = ("meteor", "rouge1", "rougeL")
 GENERATION_MIN_BEST = 2
 
 _RESULT_KEY = ("method", "budget", "pool", "client", "seed", "split", "metric")
-_COST_KEY = ("method", "seed", "phase", "metric")
+_COST_KEY = ("method", "budget", "seed", "phase", "metric")  # budget: per-tier compute records
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from fedpeft.report import (
     gain_over_base,
     group_table,
     read_records,
+    render_compute_table,
     render_cost_tables,
     render_group_table,
     write_plots,
@@ -189,6 +190,20 @@ def test_read_records_merges_later_dir_wins(tmp_path):
     results, _ = read_records([second, first])
     lora_en0 = [r for r in results if r["method"] == "lora" and r["client"] == "en-0" and r["budget"] == 2]
     assert [r["value"] for r in lora_en0 if r["seed"] == 0] == [0.6]
+
+
+def test_read_records_keeps_compute_records_of_every_budget(tmp_path):
+    """Per-tier compute records differ only in their budget: each tier keeps its own row."""
+    compute = [
+        {**cost("flame", 0, "compute", "forward_flops", flops), "budget": tier}
+        for tier, flops in (("tier1", 8e6), ("tier2", 4e6), ("tier4", 1e6))
+    ]
+    run = write_run(tmp_path / "r", [result("flame", "tier1", "en-0", 0, 0.5)], compute)
+    _, costs = read_records([run])
+    assert sorted((c["budget"], c["value"]) for c in costs) == [("tier1", 8e6), ("tier2", 4e6), ("tier4", 1e6)]
+    table = render_compute_table(costs)
+    assert "| flame | tier2 | — | — | — | 0.004 G | 50.0 % | — |" in table
+    assert "| flame | tier4 | — | — | — | 0.001 G | 12.5 % | — |" in table
 
 
 def test_read_records_keeps_latest_round_within_a_run(tmp_path):
