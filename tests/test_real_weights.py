@@ -11,12 +11,12 @@ docs/models.md); later loads read the cache under the default cache root.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_fedp2eft import cli
 
 from fedpeft.adapters import statistics
 from fedpeft.adapters.statistics import feature_statistics, statistics_module
@@ -198,19 +198,11 @@ def test_minilm_adapters_load_with_plain_peft_and_reproduce_accuracy(minilm_run)
 @pytest.mark.slow
 def test_personalize_cli_on_the_minilm_run(minilm_run, tmp_path, monkeypatch, capsys):
     """``fedpeft personalize`` rebuilds the run's base model and gives a client of the run its saved adapter."""
-    from fedpeft.cli import main
-
     target = tmp_path / "adapter"
     args = ["personalize", str(minilm_run.out), "--budget", "2", "--client", "lat1-unseen-01", "--out", str(target)]
-    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert "lat1-unseen-01" in captured.out
+    code, out, err = cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert "lat1-unseen-01" in out
     saved = minilm_run.out / "adapters" / "fedp2eft" / "r2" / "lat1-unseen-01"
     expected = load_file(saved / "adapter_model.safetensors")
     written = load_file(target / "adapter_model.safetensors")
