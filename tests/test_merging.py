@@ -242,6 +242,37 @@ def test_ab_space_scales_b_by_alpha_and_weights_uniformly_on_request():
     torch.testing.assert_close(merged[b_key], states[0][b_key] + states[1][b_key])
 
 
+def test_task_arithmetic_with_weights_one_over_k_returns_identical_adapters_in_both_spaces():
+    state = adapter_states(13, k=1)[0]
+    copies = [{k: v.clone() for k, v in state.items()} for _ in range(4)]
+    for space in ("ab", "knots"):
+        cfg = MergeConfig(operator="task_arithmetic", space=space, alpha=0.25, weighting="uniform")
+        merged = merge_lora_states(copies, [1.0] * 4, cfg, scaling=2.0)
+        for module in ("l0.q", "l0.v"):
+            torch.testing.assert_close(product(merged, module), product(state, module), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("operator", ["task_arithmetic", "iso_c"])
+def test_summing_operators_in_ab_space_keep_the_scale_of_a_over_rounds(operator):
+    # Clients start each round from the merged A; a sum of the A's would grow x K per round.
+    states = adapter_states(14, k=5, r=2)
+    a_key, b_key = "base_model.model.l0.q.lora_A.weight", "base_model.model.l0.q.lora_B.weight"
+    start = max(float(s[a_key].norm()) for s in states)
+    cfg = MergeConfig(operator=operator, space="ab", alpha=0.2)
+    for _ in range(4):
+        merged = merge_lora_states(states, [1.0] * 5, cfg)
+        states = [{k: v.clone() for k, v in merged.items()} for _ in range(5)]
+    assert float(merged[a_key].norm()) <= start
+    # B carries the sum: K identical B's times alpha = 1 / K give that B back.
+    torch.testing.assert_close(merged[b_key], states[0][b_key])
+    if operator == "task_arithmetic":
+        # A is the weighted mean: with sizes 1 and 3 the data weights are 1/4 and 3/4.
+        pair = adapter_states(15, k=2, r=2)
+        merged = merge_lora_states(pair, [1.0, 3.0], MergeConfig(operator=operator, space="ab"))
+        torch.testing.assert_close(merged[a_key], 0.25 * pair[0][a_key] + 0.75 * pair[1][a_key])
+        torch.testing.assert_close(merged[b_key], 0.5 * pair[0][b_key] + 1.5 * pair[1][b_key])
+
+
 def test_iso_c_in_knots_keeps_the_strongest_directions_of_the_sum_with_a_flat_spectrum():
     states = adapter_states(12, k=3, r=2)
     merged = merge_lora_states(states, [1.0, 1.0, 1.0], MergeConfig(operator="iso_c", space="knots", alpha=0.5))

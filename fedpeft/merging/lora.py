@@ -3,6 +3,8 @@
 For a LoRA module with scaling s = lora_alpha / r the update is Delta = s B A. Given the K clients' adapters:
 
 - ``ab`` space (FedIT's): the operator merges the A's and the B's separately; A_G = M({A_k}), B_G = alpha M({B_k}).
+  A summing operator (task_arithmetic, iso_c) takes the A's with weights that sum to 1, so that A keeps its scale
+  from round to round and the sum lives in B alone (Delta_G is then on the scale of the sum, as in ``knots``).
 - ``knots`` space (KnOTS, Stoica et al., ICLR 2025): the stacked updates [Delta_1 .. Delta_K] = U S [V_1^T .. V_K^T]
   share one left basis U; the operator merges the per-client blocks S V_k^T, Delta_G = alpha U M({S V_k^T}), and a
   truncated SVD gives back (B_G, A_G) of rank r (FlexLoRA's step). The SVD runs on QR factors of [s_1 B_1 .. s_K B_K]
@@ -19,7 +21,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.merging.operators import OPERATOR_NAMES, apply_operator, operator_weights
+from fedpeft.merging.operators import OPERATOR_NAMES, SUMMING_OPERATORS, apply_operator, operator_weights
 from fedpeft.types import StateDict, derive_seed
 
 Split = Literal["sqrt", "a", "b"]
@@ -191,6 +193,9 @@ def merge_lora_states(
     counts = list(sizes) if cfg.weighting == "data" else [1.0] * len(states)
     weights = operator_weights(cfg.operator, counts)
     mean_weights = operator_weights("mean", counts)
+    # In the A/B space a summing operator sums the B's only: the A's are points near a shared random init, not
+    # updates, and a sum of A's would multiply their scale by K every round (the clients start from A_G).
+    a_weights = mean_weights if cfg.operator in SUMMING_OPERATORS else weights
     pairs = lora_pairs(states[0])
     lora_keys = {k for pair in pairs.values() for k in pair}
     merged: StateDict = {}
@@ -205,7 +210,7 @@ def merge_lora_states(
         As = [s[a_key].to(_working_dtype(dtype)) for s in states]
         Bs = [s[b_key].to(_working_dtype(dtype)) for s in states]
         if cfg.space == "ab":
-            A = apply_operator(cfg.operator, As, weights, seed=derive_seed(module_seed, "A"), **options)
+            A = apply_operator(cfg.operator, As, a_weights, seed=derive_seed(module_seed, "A"), **options)
             B = apply_operator(cfg.operator, Bs, weights, seed=derive_seed(module_seed, "B"), **options)
             B = cfg.alpha * B
         else:

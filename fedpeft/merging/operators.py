@@ -156,6 +156,10 @@ WEIGHT_NORMALIZATION: dict[str, Literal["sum", "mean"]] = {
 }
 
 
+# Operators whose output is a (weighted) sum of the inputs rather than an average: their scale grows with K.
+SUMMING_OPERATORS = frozenset({"task_arithmetic", "iso_c"})
+
+
 def operator_weights(name: str, sizes: Sequence[float]) -> list[float]:
     """The weights operator ``name`` gets for clients with ``sizes`` samples (see WEIGHT_NORMALIZATION)."""
     total = float(sum(sizes))
