@@ -48,6 +48,17 @@ def test_client_count_options():
         build(groups=["juggle"])
 
 
+def test_validation_split_replaces_the_test_examples_and_keeps_the_training_data():
+    data = build()
+    held_out = build(options={"evaluate_on": "validation"})
+    assert held_out.info["evaluate_on"] == "validation"
+    for plain, tuned in zip(data.clients, held_out.clients, strict=True):
+        assert tuned.train == plain.train and len(tuned.test) == len(plain.test)
+        assert tuned.test != plain.test
+    with pytest.raises(UserError, match="evaluate_on"):
+        build(options={"evaluate_on": "train"})
+
+
 def _numbers(words: list[str]) -> list[int]:
     return [int("".join(part.split())) for part in " ".join(words).split(" , " if "," in words else " + ")]
 

@@ -51,6 +51,7 @@ OPTIONS: dict[str, Any] = {
     "task_hint": True,
     "source_language": "lat1",
     "target_language": "cyr1",
+    "evaluate_on": "test",
 }
 DEFAULT_TRAIN, DEFAULT_TEST, BASE_PER_TASK = 1000, 500, 300
 NOUNS = ANIMATES + THINGS
@@ -187,6 +188,8 @@ def _generate(cfg: DataConfig) -> FederatedData:
             raise UserError(f"data.options.{key} {options[key]!r} is unknown; choose from: {', '.join(INVENTORY)}.")
     if options["source_language"] == options["target_language"]:
         raise UserError("data.options.source_language and target_language must differ.")
+    if options["evaluate_on"] not in ("test", "validation"):
+        raise UserError(f"data.options.evaluate_on={options['evaluate_on']!r} must be 'test' or 'validation'.")
     tasks, per_task = _tasks(cfg, options)
     n_train = int(setting(cfg, "train_per_group", DEFAULT_TRAIN))
     n_test = int(setting(cfg, "test_per_group", DEFAULT_TEST))
@@ -207,6 +210,10 @@ def _generate(cfg: DataConfig) -> FederatedData:
                 rng = random.Random(derive_seed(cfg.seed, NAME, client_id))
                 train = [writer.example(rng, task) for _ in range(n_train)]
                 test = [writer.example(rng, task) for _ in range(n_test)]
+                if options["evaluate_on"] == "validation":
+                    # A held-out stream of the same size: tune on it without touching the test examples.
+                    held_out = random.Random(derive_seed(cfg.seed, NAME, client_id, "validation"))
+                    test = [writer.example(held_out, task) for _ in range(n_test)]
                 clients.append(ClientData(client_id, task, pool, train, test))
     base_total = cfg.base_samples if cfg.base_samples is not None else BASE_PER_TASK * len(tasks)
     base_train, base_per_group = base_corpus(writer, tasks, base_total, rng_for(cfg.seed, "tasks-base"))
@@ -219,6 +226,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
         "task_hint": bool(options["task_hint"]),
         "resource_level": {t: BASE_LEVEL[t] for t in tasks},
         "base_per_group": base_per_group,
+        "evaluate_on": options["evaluate_on"],
     }
     return FederatedData(NAME, "generation", None, tasks, clients, base_train, info)
 
@@ -232,7 +240,9 @@ def build(cfg: DataConfig) -> FederatedData:
             ``train_per_group`` / ``test_per_group`` (examples per client; 1,000 / 500), ``seed``,
             ``unseen_pool`` (off unless set: one more client per family, evaluated only), ``base_samples``
             (300 per family); ``options``: ``num_clients`` (8), ``clients_per_task`` (1), ``task_hint`` (the
-            family's name starts the prompt; true), ``source_language`` (lat1), ``target_language`` (cyr1).
+            family's name starts the prompt; true), ``source_language`` (lat1), ``target_language`` (cyr1),
+            ``evaluate_on`` (``test``, or ``validation``: the clients are evaluated on a held-out stream of
+            ``test_per_group`` examples instead, to tune alpha or beta without touching the test split).
 
     Returns:
         The federation (generation task, group = task family) and its raw-text base corpus.
