@@ -475,6 +475,17 @@ def render_cost_tables(costs: Sequence[Record]) -> str:
     return "\n\n".join(parts)
 
 
+def render_failures(costs: Sequence[Record]) -> str:
+    """A warning line per method and seed whose federated phase left clients out because they failed."""
+    lines = [
+        f"- **{c['method']}**, seed {c['seed']}: {int(c['value'])} client-round(s) failed and were left out of "
+        "the aggregation (the run's log names them); its numbers come from fewer updates than configured."
+        for c in costs
+        if c.get("metric") == "failed_client_rounds" and c.get("value", 0) > 0
+    ]
+    return "\n".join(lines)
+
+
 def render_compute_table(costs: Sequence[Record]) -> str:
     """Markdown of the per-budget compute records (phase ``compute``): per method and budget (a compute tier),
     experts per token, LoRA rank, active parameters, analytic forward FLOPs, their share of the method's first
@@ -631,6 +642,9 @@ def write_summary(
         intro = "Weight of the federated model per client (alpha; fisher_weight_mean: mean per-coordinate weight)."
         parts += ["## Mixing weights", intro, merge_facts]
     parts += continual_sections(read_round_records(run_dirs))
+    failures = render_failures(costs)
+    if failures:
+        parts += ["## Failed clients", failures]
     if costs:
         parts += [
             "## Costs",

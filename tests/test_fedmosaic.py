@@ -152,6 +152,28 @@ def test_heterogeneous_federation_end_to_end(tmp_path):
     assert {r["metric"] for r in records} == {"meteor", "rouge1", "rougeL"}
 
 
+def test_vanilla_ablation_without_pq_lora_trains_every_client(tmp_path):
+    # pq: false sends no frames; the clients must still train (and not fail) in every round.
+    from fedpeft.worker import Worker
+
+    raw = {
+        **HETERO,
+        "methods": [{"name": "fedmosaic", "rounds": 2, "local_steps": 4, "rank": 2, "pq": False, "rela": False}],
+    }
+    worker = Worker(validate(raw), tmp_path, data=generation_data())
+    method = worker.methods["fedmosaic"]
+    state = method.init_server(worker.runtime, seed=0)
+    start = {k: v.clone() for k, v in state.tensors.items()}
+    assert start and not any(k.startswith("pq") for k in start)
+    meter = CostMeter()
+    state = LocalEngine(worker).run_rounds("fedmosaic", method, state, ["c0", "c1", "c2", "c3"], seed=0, meter=meter)
+    assert meter.failures == [] and meter.client_rounds == 8
+    b_keys = [k for k in start if k.endswith("lora_B")]
+    assert all(float(state.tensors[k].abs().max()) > 0 for k in b_keys)
+    weights = state.extra["relevance"]["weights"]
+    torch.testing.assert_close(weights, torch.full((4, 4), 0.25))  # rela: false -> equal weights
+
+
 def test_gate_starts_at_one_half_on_a_fresh_client(toy_runtime, toy_clients):
     from fedpeft.worker import build_method
 

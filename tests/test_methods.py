@@ -197,3 +197,25 @@ def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients, 
     )
     assert [m["clients"] for m in rounds_metrics] == [3.0, 3.0]
     assert len(meter.failures) == 2 and "c2" in meter.failures[0]
+    rows = {r["metric"]: r["value"] for r in meter.rows("fedit", 0, "federated")}
+    assert rows["failed_client_rounds"] == 2.0
+    assert "failed_client_rounds" not in {r["metric"] for r in CostMeter().rows("fedit", 0, "federated")}
+
+
+def test_a_round_in_which_every_client_fails_stops_the_run(toy_runtime, toy_clients, toy_worker_factory):
+    worker = toy_worker_factory([{"name": "fedit", **FAST, "fraction": 1.0}])
+    method = worker.methods["fedit"]
+
+    def broken(runtime, client, payload, client_state, seed):
+        raise TypeError("no frames")
+
+    method.client_update = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match=r"round 0: all 4 sampled clients failed.*no frames"):
+        LocalEngine(worker).run_rounds(
+            "fedit",
+            method,
+            method.init_server(toy_runtime, 0),
+            [c.client_id for c in toy_clients],
+            seed=0,
+            meter=CostMeter(),
+        )

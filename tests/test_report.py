@@ -255,7 +255,17 @@ def test_write_summary(tmp_path):
     assert "## Gain over base" in text
     assert "| lora | +12.50 ± 3.54 | +40.00 |" in text
     assert "## Costs" in text
+    assert "## Failed clients" not in text
     assert write_summary([run], tmp_path / "other.md") == (tmp_path / "other.md").read_text()
+
+
+def test_summary_warns_about_clients_left_out(tmp_path):
+    failed = [*COSTS, cost("lora", 1, "federated", "failed_client_rounds", 3.0)]
+    run = write_run(tmp_path / "run", classification_records(), failed)
+    text = write_summary([run], tmp_path / "out")
+    section = text.split("## Failed clients")[1].split("## Costs")[0]
+    assert "- **lora**, seed 1: 3 client-round(s) failed" in section
+    assert "fedp2eft" not in section
 
 
 def test_summary_of_generation_uses_combined_wins(tmp_path):

@@ -15,9 +15,7 @@ from typing import Any
 from fedpeft.types import derive_seed
 
 
-def sample_clients(
-    client_ids: list[str], fraction: float, min_clients: int, seed: int, round_: int
-) -> list[str]:
+def sample_clients(client_ids: list[str], fraction: float, min_clients: int, seed: int, round_: int) -> list[str]:
     """The clients of one round: ``max(min_clients, round(fraction * n))`` drawn without replacement, sorted."""
     ordered = sorted(client_ids)
     k = min(len(ordered), max(min_clients, math.ceil(fraction * len(ordered) - 1e-9)))
@@ -98,7 +96,19 @@ class CostMeter:
             )
         if self.clients:
             values["wall_s_per_client"] = self.client_seconds / self.clients
+        if self.failures:
+            values["failed_client_rounds"] = float(len(self.failures))
         return [
-            {"method": method, "seed": seed, "phase": phase, "metric": k, "value": float(v)}
-            for k, v in values.items()
+            {"method": method, "seed": seed, "phase": phase, "metric": k, "value": float(v)} for k, v in values.items()
         ]
+
+
+def check_round(round_: int, sampled: int, failures: list[str], failed_before: int) -> None:
+    """Stop the run when every client sampled in round ``round_`` failed: a round without a single update
+    means the method cannot train (a configuration or code error), and going on would report the untrained
+    model as the method's result."""
+    failed = len(failures) - failed_before
+    if sampled and failed >= sampled:
+        raise RuntimeError(
+            f"round {round_}: all {sampled} sampled clients failed; the first: {failures[failed_before]}"
+        )

@@ -41,7 +41,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.config import ExperimentConfig, dump_given, validate
-from fedpeft.engine.common import CostMeter, release_memory, sample_round
+from fedpeft.engine.common import CostMeter, check_round, release_memory, sample_round
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
 from fedpeft.progress import Progress
@@ -392,6 +392,7 @@ class GridEngine:
             sampled = sample_round(method, client_ids, seed, round_)
             started = time.perf_counter()
             tasks, bytes_down = [], {}
+            failed_before = len(meter.failures)
             for client_id in sampled:
                 payload = method.payload(state, client_id)
                 bytes_down[client_id] = num_bytes(payload.tensors)
@@ -408,6 +409,7 @@ class GridEngine:
                 meter.record_round(outcome.seconds, bytes_down[client_id], upload_bytes(update))
                 updates[client_id] = update
             # Sorted by client id: the order the local engine aggregates in, so the sums round alike.
+            check_round(round_, len(sampled), meter.failures, failed_before)
             state, metrics = method.aggregate(state, (updates[c] for c in sorted(updates)))
             state.round = round_ + 1
             meter.wall_seconds += time.perf_counter() - started

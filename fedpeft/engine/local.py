@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fedpeft.engine.common import CostMeter, release_memory, sample_round
+from fedpeft.engine.common import CostMeter, check_round, release_memory, sample_round
 from fedpeft.methods.base import Method
 from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes, upload_bytes
 from fedpeft.worker import Worker
@@ -44,8 +44,10 @@ class LocalEngine:
                 break
             sampled = sample_round(method, client_ids, seed, round_)
             started = time.perf_counter()
+            failed_before = len(meter.failures)
             updates = self._updates(label, method, state, sampled, seed, round_, meter)
             state, metrics = method.aggregate(state, updates)
+            check_round(round_, len(sampled), meter.failures, failed_before)
             state.round = round_ + 1
             meter.wall_seconds += time.perf_counter() - started
             if on_round_end is not None:

@@ -189,7 +189,7 @@ class FedMosaic(Method):
     ) -> tuple[ClientUpdate, Any]:
         cfg = self.cfg
         frames = {k: v for k, v in payload.tensors.items() if k.startswith("frame/")}
-        if not frames:
+        if not frames and client_state is not None:  # sent once; without PQ-LoRA (pq: false) there are none
             frames = client_state["frames"]
         global_ = {k: v for k, v in payload.tensors.items() if not k.startswith("frame/")}
         adapter = self._client_adapter(runtime, frames, global_, client_state)
