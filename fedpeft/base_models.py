@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedpeft.config import BaseStageConfig
+from fedpeft.data.types import Example
 from fedpeft.errors import UserError
+from fedpeft.models.moe import router_balancing
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.types import StateDict
+from fedpeft.types import Metrics, StateDict
 
 # The query and value projections of attention, per family (the "q, v" LoRA placement of FedIT and FedDPA).
 QUERY_VALUE_TARGETS: dict[str, tuple[str, ...]] = {
@@ -41,6 +44,20 @@ class ClientBase:
     lora: LoraSpec | None = None
     adapter: StateDict = field(default_factory=dict)
     scale: float = 1.0
+
+
+def train_centralized_base(runtime: ModelRuntime, examples: list[Example], base: BaseStageConfig) -> Metrics:
+    """A centralized base stage: train every base weight of ``runtime`` on ``examples`` (the base corpus).
+
+    A mixture-of-experts model can train with its router load-balancing loss added, as in MoE pretraining
+    (``base.router_aux_loss``; off by default). The trained weights stay in the runtime (read them with
+    ``runtime.base_state()``).
+    """
+    runtime.install(ClientModel())
+    with router_balancing(runtime.base_model, base.router_aux_loss):
+        return runtime.train(
+            examples, "all", lr=base.lr, batch_size=base.batch_size, seed=base.seed, epochs=base.epochs
+        )
 
 
 def resolve_targets(runtime: ModelRuntime, targets: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -59,6 +59,10 @@ class BaseStageConfig(_Strict):
     ``federated`` (run ``method`` on the seen pool and keep its
     global model; e.g. ``fedavg_full`` is the papers' "Standard FL" base model).
 
+    ``router_aux_loss``: in a centralized base stage of a mixture-of-experts model, the coefficient of the router
+    load-balancing loss added to the language-model loss, as in MoE pretraining (``0``, the default: none;
+    ``None``: the model config's own ``router_aux_loss_coef``, 0.01 for OLMoE). Dense models ignore it.
+
     Federated base methods: ``fedavg_full``, ``fedit_merged`` (LoRA merged into the weights), and ``feddpa`` and
     ``dept_spec``, which give every client a base model of its own (docs/base-models.md).
     """
@@ -68,6 +72,7 @@ class BaseStageConfig(_Strict):
     epochs: float = 1.0
     lr: float = 1e-3
     batch_size: int = 32
+    router_aux_loss: float | None = Field(default=0.0, ge=0.0)
     method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg_full"})
 
 

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from fedpeft.base_models import train_centralized_base
 from fedpeft.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.common import CostMeter
 from fedpeft.engine.state import save_atomic
 from fedpeft.errors import UserError
 from fedpeft.methods.base import Method
-from fedpeft.models.runtime import ClientModel
 from fedpeft.progress import Progress
 from fedpeft.types import Metrics, ServerState
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, build_method
@@ -165,15 +165,7 @@ class Experiment:
                 raise UserError(
                     f"Dataset {self.cfg.data.name} has no base corpus; use base.kind=pretrained or federated."
                 )
-            runtime.install(ClientModel())
-            runtime.train(
-                self.data.base_train,
-                "all",
-                lr=base.lr,
-                batch_size=base.batch_size,
-                seed=base.seed,
-                epochs=base.epochs,
-            )
+            train_centralized_base(runtime, self.data.base_train, base)
             tensors = runtime.base_state()
         else:
             method = self.worker.methods[BASE_STAGE_LABEL]

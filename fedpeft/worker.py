@@ -18,7 +18,7 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import save_file
 
-from fedpeft.base_models import client_base_tensors
+from fedpeft.base_models import client_base_tensors, train_centralized_base
 from fedpeft.config import ExperimentConfig, ModelConfig
 from fedpeft.continual import memory_view
 from fedpeft.data.types import ClientData, FederatedData
@@ -231,9 +231,7 @@ class Worker:
         if base.kind == "centralized":
             path = self.run_dir / "checkpoints" / f"base-centralized-{name}.pt"
             if not path.exists():
-                runtime.install(ClientModel())
-                settings = {"lr": base.lr, "batch_size": base.batch_size, "seed": base.seed, "epochs": base.epochs}
-                runtime.train(self.data.base_train, "all", **settings)
+                train_centralized_base(runtime, self.data.base_train, base)
                 save_atomic({"tensors": runtime.base_state()}, path)
             runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
         return runtime

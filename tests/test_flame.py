@@ -252,6 +252,68 @@ def test_lower_top_k_routes_fewer_expert_computations(toy_moe_runtime):
         moe.set_top_k(9)
 
 
+def balancing_loss(router_logits: list[torch.Tensor], mask: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Switch Transformer's load-balancing loss written out: E x sum_j f_j P_j over the real tokens of all
+    blocks together, f_j = tokens routed to expert j per token (summing to top-k), P_j = mean router probability."""
+    probs = torch.cat([logits.softmax(-1)[mask] for logits in router_logits])
+    chosen = torch.zeros_like(probs).scatter_(1, probs.topk(top_k, dim=-1).indices, 1.0)
+    return probs.shape[1] * (chosen.mean(0) * probs.mean(0)).sum()
+
+
+def test_router_balancing_adds_the_load_balancing_loss_and_restores_the_model():
+    from fedpeft.models.moe import router_balancing
+
+    model = toy_moe_model(num_experts=8, top_k=2, layers=2)
+    model.eval()
+    ids = tokens(None, n=5)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # padding is left out of the balance
+    logits: list[torch.Tensor] = []
+    handles = [
+        layer.mlp.gate.register_forward_hook(lambda m, a, out: logits.append(out[0])) for layer in model.model.layers
+    ]
+    try:
+        with torch.no_grad():
+            plain = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            logits.clear()
+            with router_balancing(model, 0.5) as coef:
+                balanced = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            assert coef == 0.5
+            expected = balancing_loss(logits, mask.reshape(-1).bool(), top_k=2)
+            torch.testing.assert_close(balanced, plain + 0.5 * expected)
+            with router_balancing(model) as coef:  # the config's own coefficient (OLMoE: 0.01)
+                assert coef == model.config.router_aux_loss_coef == 0.01
+            with router_balancing(model, 0.0) as coef:
+                torch.testing.assert_close(model(input_ids=ids, attention_mask=mask, labels=ids).loss, plain)
+            assert coef == 0.0
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert model.config.output_router_logits is False and model.router_aux_loss_coef == 0.01
+    dense = torch.nn.Linear(2, 2)
+    with router_balancing(dense, 0.5) as coef:  # a model without the loss is left alone
+        assert coef == 0.0
+
+
+def test_centralized_base_stage_adds_the_balance_loss_on_request(toy_moe_clients):
+    from fedpeft.base_models import train_centralized_base
+    from fedpeft.config import BaseStageConfig
+
+    examples = [ex for client in toy_moe_clients for ex in client.train]
+    trained = {}
+    for coef in (0.0, 1.0):
+        runtime = ModelRuntime(ToyMoeLoaded(toy_moe_model(top_k=2), toy_tokenizer()))
+        base = BaseStageConfig(kind="centralized", epochs=1, lr=1e-2, batch_size=16, router_aux_loss=coef)
+        metrics = train_centralized_base(runtime, examples, base)
+        assert metrics["steps"] == 6 and runtime.base_model.config.output_router_logits is False
+        trained[coef] = runtime.base_state()
+    router = "model.layers.0.mlp.gate.weight"
+    assert not torch.equal(trained[0.0][router], trained[1.0][router])  # the balance loss moved the router
+    assert BaseStageConfig().router_aux_loss == 0.0  # off unless asked for
+    with pytest.raises(ValueError):
+        BaseStageConfig(router_aux_loss=-1.0)
+
+
 def test_expert_never_routed_gets_no_gradient(toy_moe_runtime):
     runtime = toy_moe_runtime
     spec = method("flame").spec(runtime, 2)

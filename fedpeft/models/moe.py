@@ -8,6 +8,9 @@ A :class:`MoeControl` finds the routers and MoE blocks of a transformers model (
   is sent to). OLMoE does not renormalize the selected gate values, so fewer experts means less gate mass.
 - **rescaler**: a forward hook on every MoE block multiplies the block's output by one scalar ``scale`` (FLAME's
   s_i; 1.0 leaves the model unchanged). It is a tensor the training loop can optimize.
+- **load balancing**: :func:`router_balancing` makes the model's own training loss include its router
+  load-balancing loss (transformers' auxiliary loss of MoE causal LMs), for a base stage that stands in for
+  MoE pretraining.
 - **activation counts**: inside :meth:`MoeControl.counting`, a forward hook on every router adds, per block and
   expert, the number of tokens routed to the expert, and the number of tokens the block processed. Only real
   tokens count: positions the batch's ``attention_mask`` marks as padding are left out (they cost compute but
@@ -161,6 +164,31 @@ class MoeControl:
             yield counts
         finally:
             self._counts = None
+
+
+@contextlib.contextmanager
+def router_balancing(model: nn.Module, coef: float | None = None) -> Iterator[float]:
+    """Inside the block, ``model``'s loss includes its router load-balancing loss times ``coef``.
+
+    The loss is the one transformers' MoE causal LMs (OLMoE, Mixtral, Qwen-MoE) compute when their config has
+    ``output_router_logits`` set: per expert, the share of tokens routed to it times its mean router probability,
+    summed and multiplied by the number of experts (Switch Transformer's auxiliary loss, over real tokens only).
+    It keeps the router from sending every token to the same few experts, so the experts specialise. ``None``
+    uses the model config's own ``router_aux_loss_coef``; ``0`` adds nothing. Models without that loss (dense
+    models) are left unchanged. Yields the coefficient in effect (``0.0`` where nothing is added).
+    """
+    config = getattr(model, "config", None)
+    if not hasattr(config, "output_router_logits") or not hasattr(model, "router_aux_loss_coef"):
+        yield 0.0
+        return
+    saved = (config.output_router_logits, model.router_aux_loss_coef)
+    coef = float(saved[1] if coef is None else coef)
+    config.output_router_logits = coef > 0
+    model.router_aux_loss_coef = coef
+    try:
+        yield coef if coef > 0 else 0.0
+    finally:
+        config.output_router_logits, model.router_aux_loss_coef = saved
 
 
 # ---------------------------------------------------------------------------------------------- FLOPs
