@@ -173,6 +173,14 @@ def test_fedavg_full_uploads_every_weight(toy_runtime, toy_clients):
     assert set(update.tensors) == set(toy_runtime.base_params)
 
 
+def _run_rounds(worker, runtime, clients, meter, **hooks):
+    """Every round of the worker's fedit over ``clients`` with the local engine."""
+    method = worker.methods["fedit"]
+    state = method.init_server(runtime, 0)
+    ids = [c.client_id for c in clients]
+    return LocalEngine(worker).run_rounds("fedit", method, state, ids, seed=0, meter=meter, **hooks)
+
+
 def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients, toy_worker_factory):
     worker = toy_worker_factory([{"name": "fedit", **FAST, "fraction": 1.0}])
     method = worker.methods["fedit"]
@@ -186,15 +194,7 @@ def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients, 
     method.client_update = flaky  # type: ignore[method-assign]
     meter = CostMeter()
     rounds_metrics = []
-    LocalEngine(worker).run_rounds(
-        "fedit",
-        method,
-        method.init_server(toy_runtime, 0),
-        [c.client_id for c in toy_clients],
-        seed=0,
-        meter=meter,
-        on_round_end=lambda s, r, m: rounds_metrics.append(m),
-    )
+    _run_rounds(worker, toy_runtime, toy_clients, meter, on_round_end=lambda s, r, m: rounds_metrics.append(m))
     assert [m["clients"] for m in rounds_metrics] == [3.0, 3.0]
     assert len(meter.failures) == 2 and "c2" in meter.failures[0]
     rows = {r["metric"]: r["value"] for r in meter.rows("fedit", 0, "federated")}
@@ -211,11 +211,4 @@ def test_a_round_in_which_every_client_fails_stops_the_run(toy_runtime, toy_clie
 
     method.client_update = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match=r"round 0: all 4 sampled clients failed.*no frames"):
-        LocalEngine(worker).run_rounds(
-            "fedit",
-            method,
-            method.init_server(toy_runtime, 0),
-            [c.client_id for c in toy_clients],
-            seed=0,
-            meter=CostMeter(),
-        )
+        _run_rounds(worker, toy_runtime, toy_clients, CostMeter())

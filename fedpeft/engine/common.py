@@ -103,12 +103,9 @@ class CostMeter:
         ]
 
 
-def check_round(round_: int, sampled: int, failures: list[str], failed_before: int) -> None:
-    """Stop the run when every client sampled in round ``round_`` failed: a round without a single update
-    means the method cannot train (a configuration or code error), and going on would report the untrained
-    model as the method's result."""
-    failed = len(failures) - failed_before
-    if sampled and failed >= sampled:
-        raise RuntimeError(
-            f"round {round_}: all {sampled} sampled clients failed; the first: {failures[failed_before]}"
-        )
+def check_round(round_: int, sampled: int, failures: list[str]) -> None:
+    """Stop the run when every client sampled in round ``round_`` failed (``failures``: that round's messages):
+    a round without a single update means the method cannot train (a configuration or code error), and going
+    on would report the untrained model as the method's result."""
+    if sampled and len(failures) >= sampled:
+        raise RuntimeError(f"round {round_}: all {sampled} sampled clients failed; the first: {failures[0]}")

@@ -409,7 +409,7 @@ class GridEngine:
                 meter.record_round(outcome.seconds, bytes_down[client_id], upload_bytes(update))
                 updates[client_id] = update
             # Sorted by client id: the order the local engine aggregates in, so the sums round alike.
-            check_round(round_, len(sampled), meter.failures, failed_before)
+            check_round(round_, len(sampled), meter.failures[failed_before:])
             state, metrics = method.aggregate(state, (updates[c] for c in sorted(updates)))
             state.round = round_ + 1
             meter.wall_seconds += time.perf_counter() - started

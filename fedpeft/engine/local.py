@@ -47,7 +47,7 @@ class LocalEngine:
             failed_before = len(meter.failures)
             updates = self._updates(label, method, state, sampled, seed, round_, meter)
             state, metrics = method.aggregate(state, updates)
-            check_round(round_, len(sampled), meter.failures, failed_before)
+            check_round(round_, len(sampled), meter.failures[failed_before:])
             state.round = round_ + 1
             meter.wall_seconds += time.perf_counter() - started
             if on_round_end is not None:
