@@ -1,0 +1,112 @@
+"""Why FlexLoRA breaks the tiny OLMoE with 40 clients at lr 0.005 (docs/results/flame.md, 40-client section).
+
+Two probes on a FLAME preset's data and centralized base stage (default ``flame-cpu-40``, seed 0):
+
+1. ``scale``: loads a finished run's server checkpoint of one method (``--run DIR --method LABEL``) and scores
+   ROUGE-L x 100 of its global adapter at the largest rank and top-8, with the global update B A scaled by each
+   of ``--scales`` (B multiplied, A kept), mean over every fourth client. A sharp drop between two scales means
+   the update crossed a threshold rather than pointing the wrong way.
+2. ``a-norm``: reruns FlexLoRA (3 rounds, ``--lr``) with the redistributed factors rescaled after every
+   aggregation so that the rows of A have ``--a-row-norm`` (the initial LoRA A's is about 0.59) and B the inverse
+   factor: the global update B A is unchanged, only the clients' starting factors and so their Adam steps
+   differ. Writes a normal run to ``--out`` and prints the per-tier ROUGE-L.
+
+Usage:
+  python benchmarks/flexlora_update_scale.py scale --run runs/flame-cpu-40 --method flexlora
+  python benchmarks/flexlora_update_scale.py a-norm --out runs/flexlora-a-norm [--a-row-norm 0.59]
+      [--base-checkpoint runs/flame-cpu-40/checkpoints/base-centralized.pt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import torch
+
+from fedpeft.config import load_config
+from fedpeft.methods import flexlora
+from fedpeft.models.runtime import ClientModel
+from fedpeft.runner import Experiment
+from fedpeft.worker import build_data, build_method, build_runtime
+
+LABEL = "flexlora-a-norm"
+
+
+def scale_probe(preset: str, run: Path, method: str, seed: int, scales: list[float]) -> dict[str, float]:
+    """ROUGE-L x 100 of ``method``'s saved global adapter with B A scaled by each of ``scales``."""
+    cfg = load_config(str(run / "config.yaml") if (run / "config.yaml").exists() else preset, [])
+    entry = next(m for m in cfg.methods if m.get("label", m["name"]) == method)
+    data = build_data(cfg)
+    runtime = build_runtime(cfg, data)
+    runtime.set_initial_base(torch.load(run / "checkpoints" / "base-centralized.pt", weights_only=False)["tensors"])
+    tiered = build_method(dict(entry), cfg)
+    state = torch.load(run / "checkpoints" / method / f"seed{seed}.pt", weights_only=False)["state"]
+    spec = tiered.spec(runtime, tiered.max_rank())
+    clients = data.clients[::4]
+    out = {}
+    for scale in scales:
+        adapter = {k: v * scale if ".lora_B." in k else v for k, v in state.tensors.items()}
+        runtime.install(ClientModel(lora=spec, adapter=adapter))
+        out[str(scale)] = statistics.fmean(100 * runtime.evaluate(c.test)["rougeL"] for c in clients)
+        print(f"B A x {scale}: ROUGE-L {out[str(scale)]:.2f}", flush=True)
+    return out
+
+
+def a_norm_probe(preset: str, out: Path, lr: float, row_norm: float, base: Path | None) -> dict[str, float]:
+    """FlexLoRA for 3 rounds with A's rows rescaled to ``row_norm`` after every redistribution (``base``: a
+    centralized base-stage checkpoint to reuse instead of training one)."""
+    redistribute = flexlora.svd_factors
+
+    def rescaled(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = redistribute(*args, **kwargs)
+        return a * row_norm, b / row_norm
+
+    flexlora.svd_factors = rescaled
+    try:
+        cfg = load_config(preset, ["seeds=[0]"])
+        cfg = cfg.model_copy(update={"methods": [{"name": "flexlora", "label": LABEL, "rounds": 3, "lr": lr}]})
+        if base is not None:
+            (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+            shutil.copy(base, out / "checkpoints" / "base-centralized.pt")
+        Experiment(cfg, out).run()
+    finally:
+        flexlora.svd_factors = redistribute
+    scores: dict[str, list[float]] = {}
+    for line in (out / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("method") == LABEL and row.get("metric") == "rougeL":
+            scores.setdefault(row["budget"], []).append(100 * row["value"])
+    result = {tier: statistics.fmean(values) for tier, values in sorted(scores.items())}
+    print(" ".join(f"{tier} {value:.2f}" for tier, value in result.items()))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("probe", choices=["scale", "a-norm"])
+    parser.add_argument("--preset", default="flame-cpu-40")
+    parser.add_argument("--run", type=Path, help="scale: a finished run's directory")
+    parser.add_argument("--method", default="flexlora", help="scale: the method's label in that run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    parser.add_argument("--out", type=Path, help="a-norm: the run directory to write")
+    parser.add_argument("--lr", type=float, default=0.005)
+    parser.add_argument("--a-row-norm", type=float, default=0.59)
+    parser.add_argument("--base-checkpoint", type=Path, help="a-norm: reuse this base-stage checkpoint")
+    args = parser.parse_args()
+    if args.probe == "scale":
+        if args.run is None:
+            parser.error("scale needs --run")
+        scale_probe(args.preset, args.run, args.method, args.seed, args.scales)
+    else:
+        if args.out is None:
+            parser.error("a-norm needs --out")
+        a_norm_probe(args.preset, args.out, args.lr, args.a_row_norm, args.base_checkpoint)
+
+
+if __name__ == "__main__":
+    main()
