@@ -589,6 +589,7 @@ def test_temperature_sweep_plot(tmp_path):
      "flame-rescaler", "flame-dolly", "flame-dolly-dense", "flame-alpagasus", "flame-alpagasus-dense"],
 )  # fmt: skip
 def test_flame_presets_validate(name, tmp_path):
+    import fedpeft.data.catalog  # noqa: F401  (registers the dataset builders)
     from fedpeft.config import load_config
     from fedpeft.models.zoo import model_names
     from fedpeft.registry import DATASETS
