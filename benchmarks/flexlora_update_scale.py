@@ -26,23 +26,23 @@ import statistics
 from pathlib import Path
 
 import torch
+from moe_topk_sensitivity import base_runtime  # this directory's benchmark: the preset's trained base model
 
 from fedpeft.config import load_config
 from fedpeft.methods import flexlora
 from fedpeft.models.runtime import ClientModel
 from fedpeft.runner import Experiment
-from fedpeft.worker import build_data, build_method, build_runtime
+from fedpeft.worker import build_method
 
 LABEL = "flexlora-a-norm"
 
 
 def scale_probe(preset: str, run: Path, method: str, seed: int, scales: list[float]) -> dict[str, float]:
     """ROUGE-L x 100 of ``method``'s saved global adapter with B A scaled by each of ``scales``."""
-    cfg = load_config(str(run / "config.yaml") if (run / "config.yaml").exists() else preset, [])
+    source = str(run / "config.yaml") if (run / "config.yaml").exists() else preset
+    cfg = load_config(source)
     entry = next(m for m in cfg.methods if m.get("label", m["name"]) == method)
-    data = build_data(cfg)
-    runtime = build_runtime(cfg, data)
-    runtime.set_initial_base(torch.load(run / "checkpoints" / "base-centralized.pt", weights_only=False)["tensors"])
+    data, runtime = base_runtime(source, [], run / "checkpoints" / "base-centralized.pt")
     tiered = build_method(dict(entry), cfg)
     state = torch.load(run / "checkpoints" / method / f"seed{seed}.pt", weights_only=False)["state"]
     spec = tiered.spec(runtime, tiered.max_rank())
