@@ -15,7 +15,15 @@ import fedpeft.data.catalog  # noqa: F401  (registers the builders)
 from fedpeft.config import DataConfig
 from fedpeft.data.instruct import alpaca_prompt
 from fedpeft.data.real.alpagasus import instruction_type
-from fedpeft.data.synthetic.categories import CATEGORIES, make_example, plural, third_person
+from fedpeft.data.synthetic.categories import (
+    ARITHMETIC,
+    CATEGORIES,
+    knowledge_text,
+    make_example,
+    number_words,
+    plural,
+    third_person,
+)
 from fedpeft.data.types import FederatedData
 from fedpeft.errors import UserError
 from fedpeft.registry import DATASETS
@@ -79,6 +87,44 @@ def test_synthetic_instruction_answers_are_determined():
     assert seen == set(CATEGORIES)
     assert (plural("child"), plural("dog"), plural("fish")) == ("children", "dogs", "fish")
     assert (third_person("carry"), third_person("wash"), third_person("see")) == ("carries", "washes", "sees")
+
+
+def test_arithmetic_categories_are_opt_in_tables_of_facts():
+    import random
+
+    assert [number_words(n) for n in (0, 13, 20, 56, 81)] == ["zero", "thirteen", "twenty", "fifty six", "eighty one"]
+    words = {number_words(n): n for n in range(100)}
+    rng = random.Random(5)
+    for _ in range(200):
+        category = rng.choice(ARITHMETIC)
+        instruction, given, response = make_example(rng, category)
+        first, operator, second = instruction.removeprefix("What is ").removesuffix("?").split()
+        a, b = words[first], words[second]
+        assert given == "" and operator == ("plus" if category == "add" else "times")
+        assert words[response] == (a + b if category == "add" else a * b)
+        assert category == "add" or min(a, b) >= 2
+    # Without arithmetic categories the knowledge sentences are those of the eight-category version (golden).
+    plain = random.Random(7)
+    assert [knowledge_text(plain) for _ in range(3)] == [
+        "one child, eight children.",
+        "the small dog breaks the old bird.",
+        "the young man finds the bird in the field. then the young man does not find the bird in the field.",
+    ]
+    facts = [knowledge_text(rng, ("multiply",)) for _ in range(400)]
+    products = [f for f in facts if " times " in f]
+    assert 30 < len(products) < 90 and not any(" plus " in f for f in facts)
+    first, _, second, _, *result = products[0].removesuffix(".").split()
+    assert words[" ".join(result)] == words[first] * words[second]
+
+    fd = build(
+        "synthetic-instructions",
+        options={"categories": [*CATEGORIES, "add"], "base_categories": ["qualities", "add"], "samples": 900},
+    )
+    assert {ex["group"] for c in fd.clients for ex in c.train} == {*CATEGORIES, "add"}
+    assert {ex["group"] for ex in fd.base_train} == {"knowledge", "qualities", "add"}
+    assert any(" plus " in ex["response"] for ex in fd.base_train if ex["group"] == "knowledge")
+    default = build("synthetic-instructions", options={"samples": 900})
+    assert not any(" plus " in ex["response"] + ex["prompt"] for ex in default.base_train)
 
 
 def test_synthetic_instructions_federation():

@@ -34,12 +34,35 @@ from fedpeft.data.synthetic.concepts import (
 )
 
 CATEGORIES = ("qualities", "closed_qa", "topic", "nouns", "count", "opposite", "negate", "plural")
+ARITHMETIC = ("add", "multiply")  # opt-in categories: tables of facts that combine two input words
 _NOUNS = tuple(n for n in ANIMATES + THINGS if n != "bread")
 _VERBS = ("see", "like", "hate", "buy", "sell", "open", "close", "find", "lose", "carry", "call", "help", "wash",
           "pull", "push", "build", "break")  # fmt: skip
 _CONTRASTIVE = tuple(a for a in ADJECTIVES if a in ANTONYMS)
 _IRREGULAR_PLURALS = {"child": "children", "woman": "women", "man": "men", "fish": "fish"}
 _GLOSS = {"cup_trophy": "trophy"}
+
+
+_UNITS = NUMERALS + ("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+                     "eighteen", "nineteen")  # fmt: skip
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+
+
+def number_words(n: int) -> str:
+    """``56`` -> ``fifty six`` (0 to 99)."""
+    if n < 20:
+        return _UNITS[n]
+    tens, units = divmod(n, 10)
+    return _TENS[tens] + (f" {_UNITS[units]}" if units else "")
+
+
+def _arithmetic(rng: random.Random, category: str) -> tuple[str, str, str]:
+    """(first operand, operator word, result) of an ``add`` (0-9 plus 0-9) or ``multiply`` (2-9 times 2-9) fact."""
+    low = 0 if category == "add" else 2
+    a, b = rng.randint(low, 9), rng.randint(low, 9)
+    word = "plus" if category == "add" else "times"
+    result = a + b if category == "add" else a * b
+    return f"{NUMERALS[a]} {word} {NUMERALS[b]}", word, number_words(result)
 
 
 def plural(noun: str) -> str:
@@ -115,6 +138,9 @@ def make_example(rng: random.Random, category: str) -> tuple[str, str, str]:
             _sentence(subject, verb, obj, place),
             _sentence(subject, verb, obj, place, negated=True),
         )
+    if category in ARITHMETIC:
+        question, _, result = _arithmetic(rng, category)
+        return f"What is {question}?", "", result
     if category == "plural":
         noun = rng.choice(_NOUNS)
         adjective = f"{rng.choice(ADJECTIVES)} " if rng.random() < 0.5 else ""
@@ -122,9 +148,16 @@ def make_example(rng: random.Random, category: str) -> tuple[str, str, str]:
     raise ValueError(f"unknown category {category!r}")
 
 
-def knowledge_text(rng: random.Random) -> str:
-    """One plain sentence (or two) of the facts and grammar behind the categories."""
-    kind = rng.randrange(6)
+def knowledge_text(rng: random.Random, arithmetic: tuple[str, ...] = ()) -> str:
+    """One plain sentence (or two) of the facts and grammar behind the categories.
+
+    ``arithmetic`` names the opt-in :data:`ARITHMETIC` categories whose facts ("seven times eight is fifty six.")
+    join the six kinds of sentence, one kind each.
+    """
+    kind = rng.randrange(6 + len(arithmetic))
+    if kind >= 6:
+        question, _, result = _arithmetic(rng, arithmetic[kind - 6])
+        return f"{question} is {result}."
     if kind == 0:
         noun = rng.choice(tuple(ATTRIBUTES_OF))
         first, second = ATTRIBUTES_OF[noun]

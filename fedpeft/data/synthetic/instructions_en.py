@@ -19,7 +19,7 @@ from typing import Any
 
 from fedpeft.config import DataConfig
 from fedpeft.data.instruct import category_clients, instruction_example
-from fedpeft.data.synthetic.categories import CATEGORIES, knowledge_text, make_example
+from fedpeft.data.synthetic.categories import ARITHMETIC, CATEGORIES, knowledge_text, make_example
 from fedpeft.data.synthetic.common import cached, check_options, derive_seed, rng_for, setting
 from fedpeft.data.types import Example, FederatedData
 from fedpeft.errors import UserError
@@ -39,9 +39,10 @@ VERSION = 2  # bump when generation changes: it names the cache entries
 
 def _categories(value: Any, key: str) -> list[str]:
     names = [value] if isinstance(value, str) else list(value)
-    unknown = [c for c in names if c not in CATEGORIES]
+    unknown = [c for c in names if c not in CATEGORIES + ARITHMETIC]
     if unknown:
-        raise UserError(f"Unknown categories {unknown} in data.options.{key}; choose from: {', '.join(CATEGORIES)}.")
+        known = ", ".join(CATEGORIES + ARITHMETIC)
+        raise UserError(f"Unknown categories {unknown} in data.options.{key}; choose from: {known}.")
     return list(dict.fromkeys(names))
 
 
@@ -52,10 +53,11 @@ def _base_corpus(cfg: DataConfig, options: dict[str, Any], categories: list[str]
     if not 0.0 <= share <= 1.0:
         raise UserError("data.options.knowledge_share must lie between 0 and 1.")
     base_categories = [c for c in _categories(options["base_categories"], "base_categories") if c in categories]
+    arithmetic = tuple(c for c in categories if c in ARITHMETIC)
     corpus: list[Example] = []
     for index in range(total):
         if rng.random() < share or not base_categories:
-            corpus.append({"prompt": "", "response": knowledge_text(rng), "group": "knowledge"})
+            corpus.append({"prompt": "", "response": knowledge_text(rng, arithmetic), "group": "knowledge"})
             continue
         category = base_categories[index % len(base_categories)]
         corpus.append(instruction_example(*make_example(rng, category), category))
