@@ -4,7 +4,8 @@ Trains the centralized base stage of a FLAME preset (default ``flame-cpu-4``: sy
 examples, 6 epochs), or loads it from ``--checkpoint``, then
 
 1. scores ROUGE-L x 100 of the base model on each client's test split with every router at top-k = 8, 4, 2, 1
-   and with the MoE output switched off (``no MoE``: the blocks' output scaled by 0), mean over the clients;
+   and with the MoE output switched off (``no MoE``: the blocks' output scaled by 0), mean over the clients,
+   and per category (the clients' test examples pooled) at each top-k;
 2. prints routing diagnostics on 64 test sequences (real tokens only): per layer the mean norm of the attention
    output and of the MoE output, the router entropy (and its maximum, log E), the
    router probability mass of the top 1 / 2 / 4 / 8 experts, and at each lower top-k how much of the MoE
@@ -62,6 +63,20 @@ def scores_by_top_k(data: Any, runtime: Any) -> dict[str, float]:
     runtime.moe.scale = torch.tensor(1.0)
     runtime.moe.set_top_k(None)
     return scores
+
+
+def scores_by_category(data: Any, runtime: Any) -> dict[str, dict[str, float]]:
+    """Test ROUGE-L x 100 of each category (all clients' test examples pooled) at each top-k."""
+    tests = [ex for c in data.clients for ex in c.test]
+    categories = sorted({ex["group"] for ex in tests})
+    table: dict[str, dict[str, float]] = {}
+    for k in TOP_KS:
+        runtime.moe.set_top_k(k)
+        table[f"top-{k}"] = {
+            c: 100 * runtime.evaluate([ex for ex in tests if ex["group"] == c])["rougeL"] for c in categories
+        }
+    runtime.moe.set_top_k(None)
+    return table
 
 
 def diagnostics(data: Any, runtime: Any) -> list[dict[str, float]]:
@@ -137,12 +152,21 @@ def main() -> None:
         raise SystemExit(f"the model of {args.preset} is not a mixture of experts")
     scores = scores_by_top_k(data, runtime)
     print("ROUGE-L x 100, mean over clients: " + ", ".join(f"{k} {v:.2f}" for k, v in scores.items()))
+    by_category = scores_by_category(data, runtime)
+    for k, row in by_category.items():
+        print(f"{k}: " + ", ".join(f"{c} {v:.1f}" for c, v in row.items()))
     rows = diagnostics(data, runtime)
     for row in rows:
         print(", ".join(f"{k} {v:.3g}" for k, v in row.items()))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"preset": args.preset, "overrides": args.overrides, "scores": scores, "layers": rows}
+        payload = {
+            "preset": args.preset,
+            "overrides": args.overrides,
+            "scores": scores,
+            "by_category": by_category,
+            "layers": rows,
+        }
         args.out.write_text(json.dumps(payload, indent=1) + "\n")
 
 
