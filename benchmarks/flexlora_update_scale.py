@@ -1,6 +1,8 @@
 """Why FlexLoRA breaks the tiny OLMoE with 40 clients at lr 0.005 (docs/results/flame.md, 40-client section).
 
-Two probes on a FLAME preset's data and centralized base stage (default ``flame-cpu-40``, seed 0):
+Two probes on a FLAME preset's data and centralized base stage (seed 0; default
+``docs/results/flame/flex-lr.yaml``, the setting of ``flame-cpu-40`` in which the collapse was found: eight
+categories, 6 base epochs):
 
 1. ``scale``: loads a finished run's server checkpoint of one method (``--run DIR --method LABEL``) and scores
    ROUGE-L x 100 of its global adapter at the largest rank and top-8, with the global update B A scaled by each
@@ -14,7 +16,7 @@ Two probes on a FLAME preset's data and centralized base stage (default ``flame-
 Usage:
   python benchmarks/flexlora_update_scale.py scale --run runs/flame-cpu-40 --method flexlora
   python benchmarks/flexlora_update_scale.py a-norm --out runs/flexlora-a-norm [--a-row-norm 0.59]
-      [--base-checkpoint runs/flame-cpu-40/checkpoints/base-centralized.pt]
+      [--base-checkpoint runs/flex-lr/checkpoints/base-centralized.pt]
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def a_norm_probe(preset: str, out: Path, lr: float, row_norm: float, base: Path 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("probe", choices=["scale", "a-norm"])
-    parser.add_argument("--preset", default="flame-cpu-40")
+    parser.add_argument("--preset", default="docs/results/flame/flex-lr.yaml")
     parser.add_argument("--run", type=Path, help="scale: a finished run's directory")
     parser.add_argument("--method", default="flexlora", help="scale: the method's label in that run")
     parser.add_argument("--seed", type=int, default=0)

@@ -608,6 +608,16 @@ def test_flame_presets_validate(name, tmp_path):
             assert method.cfg.eval_tiers == ["tier1"] and max(t.rank for t in method.cfg.tiers) == 40
 
 
+@pytest.mark.parametrize("name", ["flame-cpu-4", "flame-cpu-40"])
+def test_dense_reference_presets_share_data_and_base_stage(name):
+    from fedpeft.config import load_config
+
+    moe, dense = load_config(name), load_config(f"{name}-dense")
+    assert moe.data == dense.data and moe.base == dense.base
+    assert {"add", "multiply"} <= set(moe.data.options["categories"]) & set(moe.data.options["base_categories"])
+    assert (moe.model.name, dense.model.name) == ("tiny-olmoe", "tiny-olmo")
+
+
 def test_flame_update_travels_in_a_flower_message(toy_moe_runtime, toy_moe_clients):
     from fedpeft.engine.flower import decode, encode
 
