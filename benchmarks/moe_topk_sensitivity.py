@@ -1,7 +1,7 @@
 """How much the tiny OLMoE's quality depends on its router's top-k, and why (docs/models.md, tiny-olmoe).
 
-Trains the centralized base stage of a FLAME preset (default ``flame-cpu-4``: synthetic-instructions, 4,000 base
-examples, 6 epochs), or loads it from ``--checkpoint``, then
+Trains the centralized base stage of a FLAME preset (default ``flame-cpu-4``: synthetic-instructions with the
+arithmetic categories, 4,000 base examples, 12 epochs), or loads it from ``--checkpoint``, then
 
 1. scores ROUGE-L x 100 of the base model on each client's test split with every router at top-k = 8, 4, 2, 1
    and with the MoE output switched off (``no MoE``: the blocks' output scaled by 0), mean over the clients,

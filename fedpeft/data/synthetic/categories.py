@@ -1,4 +1,5 @@
-"""English instructions in eight categories, each with one correct response (for ``synthetic-instructions``).
+"""English instructions in eight categories (plus two opt-in arithmetic ones), each with one correct response (for
+``synthetic-instructions``).
 
 Words are the English glosses of the concept inventory (:mod:`concepts`); every response follows from the
 instruction, its input and a small world table, and is unique, so ROUGE-L against it measures correctness:
@@ -13,6 +14,8 @@ instruction, its input and a small world table, and is unique, so ROUGE-L agains
 | ``opposite`` | Give the opposite of the word. (big) | small |
 | ``negate`` | Rewrite the sentence in the negative. (the dog sees the cat.) | the dog does not see the cat. |
 | ``plural`` | Give the plural of the phrase. (the big dog) | the big dogs |
+| ``add`` (opt-in) | What is seven plus five? | twelve |
+| ``multiply`` (opt-in) | What is seven times eight? | fifty six |
 
 :func:`knowledge_text` writes the facts behind them as plain sentences (a base corpus that teaches the
 world table and the grammar without the instruction format).
@@ -56,13 +59,13 @@ def number_words(n: int) -> str:
     return _TENS[tens] + (f" {_UNITS[units]}" if units else "")
 
 
-def _arithmetic(rng: random.Random, category: str) -> tuple[str, str, str]:
-    """(first operand, operator word, result) of an ``add`` (0-9 plus 0-9) or ``multiply`` (2-9 times 2-9) fact."""
+def _arithmetic(rng: random.Random, category: str) -> tuple[str, str]:
+    """("seven times eight", "fifty six"): an ``add`` (0-9 plus 0-9) or ``multiply`` (2-9 times 2-9) fact."""
     low = 0 if category == "add" else 2
     a, b = rng.randint(low, 9), rng.randint(low, 9)
     word = "plus" if category == "add" else "times"
     result = a + b if category == "add" else a * b
-    return f"{NUMERALS[a]} {word} {NUMERALS[b]}", word, number_words(result)
+    return f"{NUMERALS[a]} {word} {NUMERALS[b]}", number_words(result)
 
 
 def plural(noun: str) -> str:
@@ -139,7 +142,7 @@ def make_example(rng: random.Random, category: str) -> tuple[str, str, str]:
             _sentence(subject, verb, obj, place, negated=True),
         )
     if category in ARITHMETIC:
-        question, _, result = _arithmetic(rng, category)
+        question, result = _arithmetic(rng, category)
         return f"What is {question}?", "", result
     if category == "plural":
         noun = rng.choice(_NOUNS)
@@ -156,7 +159,7 @@ def knowledge_text(rng: random.Random, arithmetic: tuple[str, ...] = ()) -> str:
     """
     kind = rng.randrange(6 + len(arithmetic))
     if kind >= 6:
-        question, _, result = _arithmetic(rng, arithmetic[kind - 6])
+        question, result = _arithmetic(rng, arithmetic[kind - 6])
         return f"{question} is {result}."
     if kind == 0:
         noun = rng.choice(tuple(ATTRIBUTES_OF))

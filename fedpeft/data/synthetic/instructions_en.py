@@ -1,10 +1,10 @@
 """``synthetic-instructions``: categorized English instructions in the Alpaca template, Dolly-style.
 
 A CPU-scale stand-in for Dolly-15k and AlpaGasus in FLAME's experiments (paper 004). ``options.samples``
-instructions are drawn evenly from the eight categories of :mod:`categories` (every response determined by the
-instruction), written in the Alpaca prompt template, split over ``options.num_clients`` clients by a
-Dirichlet partition over the categories (``data.dirichlet_alpha``, default 5) and cut 80/10/10 per client
-(:func:`fedpeft.data.instruct.category_clients`).
+instructions are drawn evenly from ``options.categories`` (by default the eight of :mod:`categories`; ``add``
+and ``multiply`` on request; every response determined by the instruction), written in the Alpaca prompt
+template, split over ``options.num_clients`` clients by a Dirichlet partition over the categories
+(``data.dirichlet_alpha``, default 5) and cut 80/10/10 per client (:func:`fedpeft.data.instruct.category_clients`).
 
 The base corpus (``base_samples``, default 4000) stands in for pretraining: ``options.knowledge_share`` of it are
 plain sentences stating the facts and grammar behind every category ("a dog is loud and fast.", "the opposite
@@ -101,7 +101,8 @@ def build(cfg: DataConfig) -> FederatedData:
 
     Args:
         cfg: seed, partition (``dirichlet``, default alpha 5, or ``iid``), ``base_samples``; ``options``:
-            ``num_clients`` (4), ``samples`` (2000), ``categories`` (all 8), ``base_categories`` (4 of them)
-            and ``knowledge_share`` (0.5). The per-language size fields of ``DataConfig`` do not apply.
+            ``num_clients`` (4), ``samples`` (2000), ``categories`` (the 8 default ones; ``add``, ``multiply`` opt-in),
+            ``base_categories`` (4 of them) and ``knowledge_share`` (0.5). The per-language size fields of
+            ``DataConfig`` do not apply.
     """
     return cached(f"{NAME}-v{VERSION}", cfg, _generate)
