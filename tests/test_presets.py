@@ -1,6 +1,9 @@
-"""Every packaged preset is a valid experiment: its config validates, its methods build, its synthetic data builds."""
+"""Every packaged preset is a valid experiment: its config validates, its methods build, its synthetic data builds.
+So is every experiment file the results pages run (docs/results/**/*.yaml)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,20 @@ def test_preset_validates_and_its_methods_build(preset):
     labels = [build_method(entry).label for entry in cfg.methods]
     assert len(labels) == len(set(labels))
     build_method(cfg.base.method)
+
+
+RESULT_CONFIGS = sorted((Path(__file__).parents[1] / "docs" / "results").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RESULT_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_result_page_configs_validate(path):
+    cfg = load_config(str(path))
+    labels = [build_method(entry).label for entry in cfg.methods]
+    assert labels and len(labels) == len(set(labels))
+
+
+def test_result_page_configs_are_found():
+    assert len(RESULT_CONFIGS) >= 9
 
 
 SYNTHETIC = [p for p in preset_names() if load_config(p).data.name.startswith("synthetic-")]
