@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from fedpeft.base_models import train_centralized_base
 from fedpeft.config import load_config
+from fedpeft.evaluation import rouge
 from fedpeft.models.runtime import ClientModel
 from fedpeft.worker import build_data, build_runtime
 
@@ -52,31 +53,32 @@ def base_runtime(preset: str, overrides: list[str], checkpoint: Path | None) -> 
     return data, runtime
 
 
-def scores_by_top_k(data: Any, runtime: Any) -> dict[str, float]:
-    """Mean over clients of the test ROUGE-L x 100 at each top-k and with the MoE output off."""
-    scores = {}
+def scores_by_top_k(data: Any, runtime: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Test ROUGE-L x 100 at each top-k and with the MoE output off: the mean over clients, and per category (all
+    clients' test examples pooled; top-k rows only). Each client's answers are generated once per setting."""
+    tests = [ex for c in data.clients for ex in c.test]
+    categories = sorted({ex["group"] for ex in tests})
+    scores: dict[str, float] = {}
+    by_category: dict[str, dict[str, float]] = {}
     for k in (*TOP_KS, 0):
         runtime.moe.set_top_k(k or None)
         runtime.moe.scale = torch.tensor(0.0 if k == 0 else 1.0)
-        per_client = [100 * runtime.evaluate(c.test)["rougeL"] for c in data.clients]
-        scores[f"top-{k}" if k else "no MoE"] = sum(per_client) / len(per_client)
+        per_client = [runtime.predict(c.test) for c in data.clients]
+        client_scores = [
+            100 * rouge(answers, [ex["response"] for ex in c.test])["rougeL"]
+            for c, answers in zip(data.clients, per_client, strict=True)
+        ]
+        name = f"top-{k}" if k else "no MoE"
+        scores[name] = sum(client_scores) / len(client_scores)
+        if k:
+            answers = [a for client_answers in per_client for a in client_answers]
+            by_category[name] = {}
+            for category in categories:
+                picked = [(a, ex["response"]) for a, ex in zip(answers, tests, strict=True) if ex["group"] == category]
+                by_category[name][category] = 100 * rouge([p for p, _ in picked], [r for _, r in picked])["rougeL"]
     runtime.moe.scale = torch.tensor(1.0)
     runtime.moe.set_top_k(None)
-    return scores
-
-
-def scores_by_category(data: Any, runtime: Any) -> dict[str, dict[str, float]]:
-    """Test ROUGE-L x 100 of each category (all clients' test examples pooled) at each top-k."""
-    tests = [ex for c in data.clients for ex in c.test]
-    categories = sorted({ex["group"] for ex in tests})
-    table: dict[str, dict[str, float]] = {}
-    for k in TOP_KS:
-        runtime.moe.set_top_k(k)
-        table[f"top-{k}"] = {
-            c: 100 * runtime.evaluate([ex for ex in tests if ex["group"] == c])["rougeL"] for c in categories
-        }
-    runtime.moe.set_top_k(None)
-    return table
+    return scores, by_category
 
 
 def diagnostics(data: Any, runtime: Any) -> list[dict[str, float]]:
@@ -150,9 +152,8 @@ def main() -> None:
     data, runtime = base_runtime(args.preset, ["seeds=[0]", *args.overrides], args.checkpoint)
     if runtime.moe is None:
         raise SystemExit(f"the model of {args.preset} is not a mixture of experts")
-    scores = scores_by_top_k(data, runtime)
+    scores, by_category = scores_by_top_k(data, runtime)
     print("ROUGE-L x 100, mean over clients: " + ", ".join(f"{k} {v:.2f}" for k, v in scores.items()))
-    by_category = scores_by_category(data, runtime)
     for k, row in by_category.items():
         print(f"{k}: " + ", ".join(f"{c} {v:.1f}" for c, v in row.items()))
     rows = diagnostics(data, runtime)

@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from fedpeft.config import load_config, preset_names
+from fedpeft.config import ExperimentConfig, load_config, preset_names
 from fedpeft.errors import UserError
 from fedpeft.worker import build_data, build_method
+
+
+def method_labels(cfg: ExperimentConfig) -> list[str]:
+    """The labels of a config's methods, each built (which validates its settings)."""
+    return [build_method(entry).label for entry in cfg.methods]
 
 
 @pytest.mark.parametrize("preset", preset_names())
 def test_preset_validates_and_its_methods_build(preset):
     cfg = load_config(preset)
-    labels = [build_method(entry).label for entry in cfg.methods]
+    labels = method_labels(cfg)
     assert len(labels) == len(set(labels))
     build_method(cfg.base.method)
 
@@ -25,8 +30,7 @@ RESULT_CONFIGS = sorted((Path(__file__).parents[1] / "docs" / "results").rglob("
 
 @pytest.mark.parametrize("path", RESULT_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_result_page_configs_validate(path):
-    cfg = load_config(str(path))
-    labels = [build_method(entry).label for entry in cfg.methods]
+    labels = method_labels(load_config(str(path)))
     assert labels and len(labels) == len(set(labels))
 
 

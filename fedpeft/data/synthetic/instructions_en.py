@@ -39,10 +39,10 @@ VERSION = 2  # bump when generation changes: it names the cache entries
 
 def _categories(value: Any, key: str) -> list[str]:
     names = [value] if isinstance(value, str) else list(value)
-    unknown = [c for c in names if c not in CATEGORIES + ARITHMETIC]
+    known = CATEGORIES + ARITHMETIC
+    unknown = [c for c in names if c not in known]
     if unknown:
-        known = ", ".join(CATEGORIES + ARITHMETIC)
-        raise UserError(f"Unknown categories {unknown} in data.options.{key}; choose from: {known}.")
+        raise UserError(f"Unknown categories {unknown} in data.options.{key}; choose from: {', '.join(known)}.")
     return list(dict.fromkeys(names))
 
 
