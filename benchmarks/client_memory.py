@@ -44,7 +44,9 @@ def measure(clients_per_group: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = subprocess.run(
             [sys.executable, "-c", CHILD, str(clients_per_group), str(Path(tmp) / "run")],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         )
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -97,9 +97,16 @@ def run_local(out: Path) -> dict:
     whole = time.perf_counter() - started
     loops = loops_seconds(out) + timed_base.seconds
     wall, work = federated_ratio(out)
-    return {"engine": "local", "loops_s": loops, "client_work_s": clock.seconds, "ratio": loops / clock.seconds,
-            "federated_wall_s": wall, "federated_client_work_s": work, "federated_ratio": wall / work,
-            "whole_run_s": whole}
+    return {
+        "engine": "local",
+        "loops_s": loops,
+        "client_work_s": clock.seconds,
+        "ratio": loops / clock.seconds,
+        "federated_wall_s": wall,
+        "federated_client_work_s": work,
+        "federated_ratio": wall / work,
+        "whole_run_s": whole,
+    }
 
 
 def federated_ratio(out: Path) -> tuple[float, float]:
@@ -121,8 +128,13 @@ def run_flower(out: Path) -> dict:
     run_flower_simulation(cfg, out, resume=False)
     whole = time.perf_counter() - started
     wall, work = federated_ratio(out)
-    return {"engine": "flower-simulation", "federated_wall_s": wall, "federated_client_work_s": work,
-            "federated_ratio": wall / work, "whole_run_s": whole}
+    return {
+        "engine": "flower-simulation",
+        "federated_wall_s": wall,
+        "federated_client_work_s": work,
+        "federated_ratio": wall / work,
+        "whole_run_s": whole,
+    }
 
 
 def main() -> None:

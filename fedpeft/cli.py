@@ -13,9 +13,7 @@ from rich.markdown import Markdown
 
 from fedpeft.errors import UserError
 
-app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters."
-)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters.")
 console = Console()
 
 
@@ -39,9 +37,7 @@ def _setup_logging(verbose: bool) -> None:
 @app.command()
 def run(
     config: Annotated[str, typer.Argument(help="A preset name (see `fedpeft list presets`) or a YAML file.")],
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a key: --set data.seed=3")
-    ] = None,  # noqa: UP045
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set data.seed=3")] = None,  # noqa: UP045
     out: Annotated[Optional[Path], typer.Option(help="Output directory (default runs/<name>).")] = None,  # noqa: UP045
     engine: Annotated[Optional[str], typer.Option(help="local or flower (overrides engine.name).")] = None,  # noqa: UP045
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from where it stopped.")] = False,
@@ -101,9 +97,7 @@ def list_(
 @app.command()
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Run directories to merge into one summary.")],
-    out: Annotated[Path, typer.Option(help="Where to write the merged summary.md and plots.")] = Path(
-        "report"
-    ),
+    out: Annotated[Path, typer.Option(help="Where to write the merged summary.md and plots.")] = Path("report"),
 ) -> None:
     """Merge the results of several runs into one summary."""
     from fedpeft import report as reporting

@@ -59,9 +59,7 @@ def _round_rank(record: Record) -> int:
     return -1 if value is None else int(value)
 
 
-def _deduplicate(
-    records: Iterable[Record], key_fields: Sequence[str], *, by_round: bool
-) -> dict[tuple, Record]:
+def _deduplicate(records: Iterable[Record], key_fields: Sequence[str], *, by_round: bool) -> dict[tuple, Record]:
     unique: dict[tuple, Record] = {}
     for record in records:
         key = tuple(record.get(name) for name in key_fields)
@@ -93,9 +91,7 @@ def read_records(run_dirs: Sequence[Path]) -> tuple[list[Record], list[Record]]:
     for run_dir in map(Path, run_dirs):
         results_path = run_dir / RESULTS_FILE
         if not results_path.is_file():
-            raise UserError(
-                f"{results_path} does not exist; pass a directory written by `fedpeft run --out`."
-            )
+            raise UserError(f"{results_path} does not exist; pass a directory written by `fedpeft run --out`.")
         results.update(_deduplicate(_read_jsonl(results_path), _RESULT_KEY, by_round=True))
         costs_path = run_dir / COSTS_FILE
         if costs_path.is_file():
@@ -211,9 +207,7 @@ class GroupTable:
     wins: dict[str, int] = field(default_factory=dict)
 
 
-def _rows_for_budget(
-    records: Sequence[Record], budget: Budget
-) -> tuple[dict[str, list[Record]], dict[str, Budget]]:
+def _rows_for_budget(records: Sequence[Record], budget: Budget) -> tuple[dict[str, list[Record]], dict[str, Budget]]:
     """Each method's records at ``budget``, falling back to its budget-independent (``None``) records."""
     by_method: dict[str, dict[Budget, list[Record]]] = {}
     for record in records:
@@ -235,9 +229,7 @@ def _per_seed_means(records: Sequence[Record]) -> dict[str, dict[Any, float]]:
     for record in records:
         for column in (record["group"], MEAN_COLUMN):
             values.setdefault(column, {}).setdefault(record["seed"], []).append(float(record["value"]))
-    return {
-        column: {seed: statistics.fmean(v) for seed, v in seeds.items()} for column, seeds in values.items()
-    }
+    return {column: {seed: statistics.fmean(v) for seed, v in seeds.items()} for column, seeds in values.items()}
 
 
 def _best_methods(cells: Mapping[tuple[str, str], Cell], methods: Sequence[str], column: str) -> set[str]:
@@ -289,9 +281,7 @@ def combined_wins(tables: Sequence[GroupTable], min_best: int = GENERATION_MIN_B
     methods = _first_seen(m for table in tables for m in table.methods if m != BASE_METHOD)
     groups = _first_seen(g for table in tables for g in table.groups)
     return {
-        method: sum(
-            sum(method in table.best.get(group, set()) for table in tables) >= min_best for group in groups
-        )
+        method: sum(sum(method in table.best.get(group, set()) for table in tables) >= min_best for group in groups)
         for method in methods
     }
 
@@ -353,9 +343,7 @@ def gain_over_base(records: Sequence[Record], *, pool: str, metric: str) -> dict
         if record["method"] == BASE_METHOD or reference is None:
             continue
         key = (record["method"], record.get("budget"))
-        differences.setdefault(key, {}).setdefault(record["seed"], []).append(
-            float(record["value"]) - reference
-        )
+        differences.setdefault(key, {}).setdefault(record["seed"], []).append(float(record["value"]) - reference)
     return {
         key: over_seeds([statistics.fmean(values) for values in per_seed.values()])
         for key, per_seed in differences.items()
@@ -368,8 +356,7 @@ def _render_gain_table(gains: Mapping[tuple[str, Budget], Cell], records: Sequen
     if any(key[1] is None for key in gains):
         budgets.append(None)
     rows = [
-        [method, *(_format_cell(gains.get((method, budget)), signed=True) for budget in budgets)]
-        for method in methods
+        [method, *(_format_cell(gains.get((method, budget)), signed=True) for budget in budgets)] for method in methods
     ]
     return _markdown_table(["Method", *map(budget_label, budgets)], rows)
 
@@ -577,11 +564,7 @@ def _result_sections(results: Sequence[Record]) -> list[str]:
             for metric, table in tables.items():
                 if not table.methods:
                     continue
-                heading = (
-                    metric_label(metric)
-                    if budget is None
-                    else f"{budget_label(budget)} — {metric_label(metric)}"
-                )
+                heading = metric_label(metric) if budget is None else f"{budget_label(budget)} — {metric_label(metric)}"
                 sections.append(f"### {heading}")
                 sections.append(render_group_table(table, wins if metric in combined else None))
     return sections
@@ -625,9 +608,7 @@ def write_summary(
     run_dirs = [Path(d) for d in run_dirs]
     results, costs = read_records(run_dirs)
     if not results:
-        raise UserError(
-            f"No results in {', '.join(map(str, run_dirs))}; run `fedpeft run` to completion first."
-        )
+        raise UserError(f"No results in {', '.join(map(str, run_dirs))}; run `fedpeft run` to completion first.")
     title = title or "fedpeft results: " + ", ".join(d.name for d in run_dirs)
     seeds = ", ".join(map(str, _first_seen(r["seed"] for r in results)))
     runs = ", ".join(f"`{d}`" for d in run_dirs)
@@ -763,9 +744,7 @@ def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str
 
     methods = method_order(results)
     budgets: list[Budget] = budget_order(results) or [None]
-    figure = Figure(
-        figsize=(max(6.0, 0.5 * (len(budgets) + 1) * max(1, len(methods)) + 2.0), 3.5 * len(metrics))
-    )
+    figure = Figure(figsize=(max(6.0, 0.5 * (len(budgets) + 1) * max(1, len(methods)) + 2.0), 3.5 * len(metrics)))
     width = 0.8 / max(1, len(methods))
     for row, metric in enumerate(metrics):
         axes = figure.add_subplot(len(metrics), 1, row + 1)
@@ -776,9 +755,7 @@ def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str
             for method in table.methods:
                 if (method, MEAN_COLUMN) in table.cells:
                     slots.setdefault(table.row_budgets[method], {})[method] = table.cells[method, MEAN_COLUMN]
-        slot_order = [b for b in budgets if b in slots] + (
-            [None] if None in slots and None not in budgets else []
-        )
+        slot_order = [b for b in budgets if b in slots] + ([None] if None in slots and None not in budgets else [])
         labelled: set[str] = set()
         for position, budget in enumerate(slot_order):
             present = [method for method in methods if method in slots[budget]]

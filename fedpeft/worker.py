@@ -335,9 +335,7 @@ class Worker:
     def _budget_dir(budget: int | None) -> str:
         return "global" if budget is None else f"r{budget}"
 
-    def evaluate_round(
-        self, label: str, seed: int, round_: int, client_id: str, state: ServerState
-    ) -> list[dict]:
+    def evaluate_round(self, label: str, seed: int, round_: int, client_id: str, state: ServerState) -> list[dict]:
         """A client's current model after ``round_`` completed rounds of a federated phase: accuracy on its own
         test examples seen so far (``split: test``) and on the other clients' (``split: others``)."""
         from fedpeft import continual

@@ -87,9 +87,7 @@ def toy_clients():
 
     rng = random.Random(0)
     return [
-        ClientData(
-            f"c{i}", "g", "seen", [toy_example(rng) for _ in range(48)], [toy_example(rng) for _ in range(24)]
-        )
+        ClientData(f"c{i}", "g", "seen", [toy_example(rng) for _ in range(48)], [toy_example(rng) for _ in range(24)])
         for i in range(4)
     ]
 

@@ -66,9 +66,7 @@ def test_meteor_runs_offline_without_synonyms(monkeypatch, tmp_path):
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
     # WordNet would match car/automobile; without it only exact and stem matches count.
     assert meteor(["car"], ["automobile"]) == 0.0
-    assert meteor(["the dogs were running"], ["the dog was running"]) > meteor(
-        ["the cats were"], ["the dog was"]
-    )
+    assert meteor(["the dogs were running"], ["the dog was running"]) > meteor(["the cats were"], ["the dog was"])
     assert meteor(["running"], ["runs"]) == pytest.approx(0.5)  # one stem match in one chunk
     assert meteor([""], ["something"]) == 0.0
 

@@ -374,7 +374,7 @@ def test_flame_round_counts_only_what_the_client_routed(toy_moe_runtime, toy_moe
     flame = method("flame")
     state = flame.init_server(toy_moe_runtime, seed=0)
     update, _ = flame.client_update(toy_moe_runtime, toy_moe_clients[2], flame.payload(state, "c2"), None, seed=1)
-    (block, counts), = update.extras["expert_counts"].items()
+    ((block, counts),) = update.extras["expert_counts"].items()
     tokens_seen = update.extras["expert_tokens"][block]
     assert tokens_seen > 0 and counts.sum().item() == 2 * tokens_seen  # c2 is tier3: top-2
     assert set(update.tensors) == set(state.tensors)

@@ -113,12 +113,8 @@ def test_personalize_gives_an_evaluable_model(name, request):
 def test_personalization_is_deterministic(name, toy_runtime, toy_clients):
     method = make(name)
     budget = 2 if method.uses_budget else None
-    first = method.personalize(
-        toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5
-    )
-    second = method.personalize(
-        toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5
-    )
+    first = method.personalize(toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5)
+    second = method.personalize(toy_runtime, toy_clients[0], method.init_server(toy_runtime, 0), None, budget, 5)
     for key in first.adapter:
         torch.testing.assert_close(first.adapter[key], second.adapter[key])
 

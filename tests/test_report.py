@@ -207,9 +207,7 @@ def test_read_records_keeps_compute_records_of_every_budget(tmp_path):
 
 
 def test_read_records_keeps_latest_round_within_a_run(tmp_path):
-    run = write_run(
-        tmp_path / "r", [result("lora", 2, "en-0", 0, 0.8, round_=20), result("lora", 2, "en-0", 0, 0.4)]
-    )
+    run = write_run(tmp_path / "r", [result("lora", 2, "en-0", 0, 0.8, round_=20), result("lora", 2, "en-0", 0, 0.4)])
     results, costs = read_records([run])
     assert [r["value"] for r in results] == [0.8] and costs == []
 
@@ -286,9 +284,7 @@ def test_summary_of_generation_uses_combined_wins(tmp_path):
 def test_write_plots(tmp_path):
     # A metric measured in one pool only gets plots in that pool only.
     seen_only = result("lora", 2, "en-0", 0, 0.4, metric="meteor")
-    run = write_run(
-        tmp_path / "run", classification_records() + classification_records("unseen") + [seen_only]
-    )
+    run = write_run(tmp_path / "run", classification_records() + classification_records("unseen") + [seen_only])
     paths = write_plots([run], tmp_path / "run" / "plots")
     assert sorted(p.name for p in paths) == [
         "groups_seen_accuracy.png",

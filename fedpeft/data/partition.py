@@ -89,9 +89,7 @@ def partition_examples(
     return [partitioner.load_partition(pid).to_list() for pid in range(partitioner.num_partitions)]
 
 
-def split_train_test(
-    examples: list[Example], test_fraction: float, seed: int
-) -> tuple[list[Example], list[Example]]:
+def split_train_test(examples: list[Example], test_fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
     """Shuffle with ``seed`` and cut off ``test_fraction`` (at least one example each side when possible)."""
     shuffled = list(examples)
     random.Random(seed).shuffle(shuffled)

@@ -78,9 +78,7 @@ class LocalEngine:
                 release_memory()
                 if self.on_client is not None:
                     self.on_client()
-            meter.record_round(
-                time.perf_counter() - started, num_bytes(payload.tensors), upload_bytes(update)
-            )
+            meter.record_round(time.perf_counter() - started, num_bytes(payload.tensors), upload_bytes(update))
             yield update
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
