@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 
 from fedpeft.adapters.bayestune import initial_spec, train_scales
-from fedpeft.config import DataConfig, ModelConfig
+from fedpeft.core.config import DataConfig, ModelConfig
+from fedpeft.core.types import ServerState
 from fedpeft.data.synthetic.xnli import build as build_xnli
 from fedpeft.data.types import ClientData
 from fedpeft.methods.bayestune_lora import BayesTuneLoraConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.models.zoo import load_model
-from fedpeft.types import ServerState
 from fedpeft.worker import build_method
 
 SEQUENCES, TOKENS = 32, 128

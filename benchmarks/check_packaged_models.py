@@ -31,7 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from fedpeft.config import ModelConfig  # noqa: E402
+from fedpeft.core.config import ModelConfig  # noqa: F401
 from fedpeft.models import count_lora_modules, load_model, max_rank  # noqa: E402
 from fedpeft.models import gguf as gguf_cache  # noqa: E402
 from fedpeft.models.zoo import GEMMA3_270M_SHA256  # noqa: E402

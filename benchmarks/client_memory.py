@@ -21,8 +21,8 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, pickle
 from pathlib import Path
-from fedpeft.config import load_config
-from fedpeft.engine.common import peak_rss_mb
+from fedpeft.core.config import load_config
+from fedpeft.core.costs import peak_rss_mb
 from fedpeft.runner import Experiment
 clients, out = int(sys.argv[1]), Path(sys.argv[2])
 overrides = [

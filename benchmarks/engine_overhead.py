@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedpeft.config import load_config
+from fedpeft.core.config import load_config
 from fedpeft.worker import Worker
 
 OVERRIDES = [

@@ -26,10 +26,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fedpeft.adapters.pq_lora import plan_sites
-from fedpeft.config import load_config
-from fedpeft.engine.common import client_seed
+from fedpeft.core.config import load_config
+from fedpeft.core.seeds import client_seed
+from fedpeft.core.types import upload_bytes
 from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
-from fedpeft.types import upload_bytes
 from fedpeft.worker import Worker
 
 METHODS = ["sft_rounds", "fedit", "ditto", "fedsim", "feddat", "perada", "takfl", "fedmkt", "fedmosaic"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from moe_topk_sensitivity import base_runtime  # this directory's benchmark: the preset's trained base model
 
-from fedpeft.config import load_config
+from fedpeft.core.config import load_config
 from fedpeft.methods import flexlora
 from fedpeft.models.runtime import ClientModel
 from fedpeft.runner import Experiment

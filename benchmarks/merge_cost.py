@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from fedpeft.config import load_config
+from fedpeft.core.config import load_config
 from fedpeft.merging import MergeConfig, merge_lora_states
 from fedpeft.worker import Worker
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fedpeft.base_models import train_centralized_base
-from fedpeft.config import load_config
+from fedpeft.core.config import load_config
 from fedpeft.evaluation import rouge
 from fedpeft.models.runtime import ClientModel
 from fedpeft.worker import build_data, build_runtime

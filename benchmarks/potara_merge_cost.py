@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from fedpeft.config import load_config
-from fedpeft.engine.common import CostMeter
+from fedpeft.core.config import load_config
+from fedpeft.core.costs import CostMeter
 from fedpeft.engine.local import LocalEngine
 from fedpeft.worker import Worker
 

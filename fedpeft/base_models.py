@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedpeft.config import BaseStageConfig
+from fedpeft.core.config import BaseStageConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
-from fedpeft.errors import UserError
 from fedpeft.models.moe import router_balancing
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.types import Metrics, StateDict
 
 # The query and value projections of attention, per family (the "q, v" LoRA placement of FedIT and FedDPA).
 QUERY_VALUE_TARGETS: dict[str, tuple[str, ...]] = {

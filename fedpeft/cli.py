@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters.")
 console = Console()
@@ -45,8 +45,8 @@ def run(
 ) -> None:
     """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters)."""
     _setup_logging(verbose)
-    from fedpeft.config import load_config
-    from fedpeft.progress import Progress
+    from fedpeft.core.config import load_config
+    from fedpeft.core.progress import Progress
     from fedpeft.runner import Experiment
 
     overrides = list(set_ or [])
@@ -72,8 +72,8 @@ def list_(
     what: Annotated[str, typer.Argument(help="methods, datasets, models or presets")],
 ) -> None:
     """Print what is registered."""
-    from fedpeft.config import preset_names
-    from fedpeft.registry import DATASETS, METHODS, MODELS
+    from fedpeft.core.config import preset_names
+    from fedpeft.core.registry import DATASETS, METHODS, MODELS
 
     if what == "presets":
         names = preset_names()

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from fedpeft.config import ExperimentConfig
+from fedpeft.core.config import ExperimentConfig
+from fedpeft.core.errors import UserError
 from fedpeft.data.types import ClientData, Example
-from fedpeft.errors import UserError
 
 if TYPE_CHECKING:
     from fedpeft.models.runtime import ModelRuntime

@@ -20,12 +20,12 @@ from safetensors.torch import save_file
 
 from fedpeft.adapters.bayestune import check_budget
 from fedpeft.adapters.psg import load_generator
-from fedpeft.config import load_run_config
+from fedpeft.core.config import load_run_config
+from fedpeft.core.errors import UserError
+from fedpeft.core.seeds import client_seed
+from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.engine.common import client_seed
-from fedpeft.errors import UserError
 from fedpeft.methods.fedp2eft import PSG_DIR
-from fedpeft.types import ServerState
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 
 Budget = int | str | None
 Record = dict[str, Any]

@@ -20,14 +20,14 @@ import torch
 from safetensors.torch import save_file
 
 from fedpeft.base_models import train_centralized_base
-from fedpeft.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
+from fedpeft.core.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
+from fedpeft.core.costs import CostMeter
+from fedpeft.core.errors import UserError
+from fedpeft.core.io import save_atomic
+from fedpeft.core.progress import Progress
+from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import FederatedData
-from fedpeft.engine.common import CostMeter
-from fedpeft.engine.state import save_atomic
-from fedpeft.errors import UserError
 from fedpeft.methods.base import Method
-from fedpeft.progress import Progress
-from fedpeft.types import Metrics, ServerState
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, build_method
 
 log = logging.getLogger("fedpeft")
@@ -51,7 +51,7 @@ class Experiment:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
         base_method = build_method(cfg.base.method)
         if cfg.base.kind == "federated" and not base_method.base_stage:
-            from fedpeft.registry import METHODS
+            from fedpeft.core.registry import METHODS
 
             usable = ", ".join(n for n in METHODS.names() if METHODS.get(n).base_stage)
             raise UserError(f"base.method {base_method.name!r} cannot produce a base model; use one of: {usable}.")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fedpeft.types import Metrics
+from fedpeft.core.types import Metrics
 
 LossHook = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any], torch.Tensor]
 StepHook = Callable[[int], None]

@@ -19,17 +19,18 @@ from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from fedpeft.base_models import client_base_tensors, train_centralized_base
-from fedpeft.config import ExperimentConfig, ModelConfig
 from fedpeft.continual import memory_view
+from fedpeft.core.config import ExperimentConfig, ModelConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.io import save_atomic
+from fedpeft.core.registry import DATASETS, METHODS
+from fedpeft.core.seeds import client_seed
+from fedpeft.core.stores import ClientStateStore, make_store
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData, FederatedData
-from fedpeft.engine.common import client_seed
-from fedpeft.engine.state import ClientStateStore, make_store, save_atomic
-from fedpeft.errors import UserError
 from fedpeft.federation import build_federation
 from fedpeft.methods.base import Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import DATASETS, METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState
 
 BASE_LABEL = "base"
 BASE_STAGE_LABEL = "base-stage"

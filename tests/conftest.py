@@ -95,7 +95,7 @@ def toy_clients():
 @pytest.fixture
 def toy_worker_factory(toy_runtime, toy_clients, tmp_path):
     """Build a Worker over the toy runtime and clients for the given method entries."""
-    from fedpeft.config import ExperimentConfig
+    from fedpeft.core.config import ExperimentConfig
     from fedpeft.data.types import FederatedData
     from fedpeft.worker import Worker
 
@@ -178,7 +178,7 @@ def toy_moe_clients():
 @pytest.fixture
 def toy_moe_worker_factory(toy_moe_runtime, toy_moe_clients, tmp_path):
     """Build a Worker over the toy OLMoE runtime and generation clients for the given method entries."""
-    from fedpeft.config import ExperimentConfig
+    from fedpeft.core.config import ExperimentConfig
     from fedpeft.data.types import FederatedData
     from fedpeft.worker import Worker
 

@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from fedpeft.base_models import ClientBase, client_base_tensors
-from fedpeft.config import ExperimentConfig, load_config
+from fedpeft.core.config import ExperimentConfig, load_config
+from fedpeft.core.costs import CostMeter
+from fedpeft.core.errors import UserError
+from fedpeft.core.io import save_atomic
+from fedpeft.core.types import ServerState, num_bytes
 from fedpeft.data.types import FederatedData
-from fedpeft.engine.common import CostMeter
 from fedpeft.engine.local import LocalEngine
-from fedpeft.engine.state import save_atomic
-from fedpeft.errors import UserError
 from fedpeft.methods.feddpa import instance_weights, mixed_adapters, representations
 from fedpeft.methods.fedit_merged import cosine_lr
 from fedpeft.models.runtime import ClientModel
 from fedpeft.runner import Experiment
-from fedpeft.types import ServerState, num_bytes
 from fedpeft.worker import BASE_STAGE_LABEL, Worker, build_method
 
 EMBEDDINGS = {"bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight"}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedpeft.config import validate
-from fedpeft.engine.common import CostMeter
+from fedpeft.core.config import validate
+from fedpeft.core.costs import CostMeter
 from fedpeft.engine.local import LocalEngine
 from fedpeft.methods.base import weighted_mean
 from fedpeft.methods.distill import lowest_loss, vote

@@ -22,7 +22,7 @@ from fedpeft.adapters.bayestune import (
     pruned_spec,
 )
 from fedpeft.adapters.psg import make_generator, regress_toward
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 from fedpeft.methods.bayestune_lora import BayesTuneLoraConfig
 from fedpeft.models.runtime import ClientModel
 
@@ -174,7 +174,7 @@ def test_trainable_scales_receive_gradients_through_the_hooks(toy_runtime, toy_c
 def test_exported_adapter_with_removed_modules_loads_with_plain_peft(toy_runtime, toy_clients, tmp_path):
     from peft import PeftModel
 
-    from fedpeft.config import ExperimentConfig
+    from fedpeft.core.config import ExperimentConfig
     from fedpeft.data.types import FederatedData
     from fedpeft.worker import Worker
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fedpeft.config import DataConfig
 from fedpeft.continual import answer_accuracy, memory_view, normalize_answer, others_test, seen_test, stage_of_round
+from fedpeft.core.config import DataConfig
 from fedpeft.data.synthetic.mosaic import _generate
 from fedpeft.data.types import ClientData
 from fedpeft.report import continual_cells, continual_sections
@@ -99,7 +99,7 @@ def test_a_last_and_a_auc_by_hand():
 
 
 def test_per_round_evaluation_end_to_end(tmp_path):
-    from fedpeft.config import validate
+    from fedpeft.core.config import validate
     from fedpeft.runner import Experiment
 
     raw = {
@@ -154,7 +154,7 @@ PRESETS = ["fedmosaic-text", "fedmosaic-text-static", "fedmosaic-vqa", "fedmosai
 
 @pytest.mark.parametrize("preset", [*PRESETS, "fedmosaic-fedscope"])
 def test_fedmosaic_presets_validate(preset):
-    from fedpeft.config import load_config
+    from fedpeft.core.config import load_config
     from fedpeft.worker import build_method
 
     cfg = load_config(preset)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedpeft.config import apply_override, load_config, validate
-from fedpeft.engine.common import sample_clients
-from fedpeft.engine.state import DiskStore, MemoryStore
-from fedpeft.errors import UserError
+from fedpeft.core.config import apply_override, load_config, validate
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import Registry
+from fedpeft.core.sampling import sample_clients
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.stores import DiskStore, MemoryStore
+from fedpeft.core.types import ClientUpdate, num_bytes
 from fedpeft.methods.base import weighted_mean
-from fedpeft.registry import Registry
-from fedpeft.types import ClientUpdate, derive_seed, num_bytes
 
 
 def test_derive_seed_is_stable_and_distinct():

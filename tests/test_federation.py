@@ -7,14 +7,14 @@ import random
 import pytest
 import torch
 
-from fedpeft.config import ExperimentConfig, validate
+from fedpeft.core.config import ExperimentConfig, validate
+from fedpeft.core.costs import CostMeter
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import ClientUpdate
 from fedpeft.data.types import ClientData, FederatedData
-from fedpeft.engine.common import CostMeter
 from fedpeft.engine.local import LocalEngine
-from fedpeft.errors import UserError
 from fedpeft.federation import assign_architectures
 from fedpeft.methods.grouped import ArchitectureGroups
-from fedpeft.types import ClientUpdate
 
 WORDS = "red green blue cat dog bird one two three".split()
 

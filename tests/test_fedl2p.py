@@ -8,11 +8,11 @@ import shutil
 import pytest
 import torch
 
-from fedpeft.config import load_config
+from fedpeft.core.config import load_config
+from fedpeft.core.types import ClientUpdate, ServerState
 from fedpeft.methods.fedl2p import POST, module_groups, split_validation
 from fedpeft.models.runtime import ClientModel
 from fedpeft.runner import Experiment
-from fedpeft.types import ClientUpdate, ServerState
 from fedpeft.worker import build_method
 
 

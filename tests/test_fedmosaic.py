@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from fedpeft.config import validate
-from fedpeft.engine.common import CostMeter
+from fedpeft.core.config import validate
+from fedpeft.core.costs import CostMeter
 from fedpeft.engine.local import LocalEngine
 from fedpeft.methods import rela
 from fedpeft.methods.hetero import example_batches, frozen_gradient, gradient_module, hooked_adapter

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedpeft.adapters.scale_analysis import ScaleRecord, language_distances, rank_structure, read_scales
-from fedpeft.config import ExperimentConfig, load_config
+from fedpeft.core.config import ExperimentConfig, load_config
 from fedpeft.data.types import FederatedData
 from fedpeft.runner import Experiment
 from fedpeft.worker import Worker, build_method
@@ -71,7 +71,7 @@ def test_one_lambda_per_client_serves_every_budget(toy_runtime, toy_clients, tmp
 
 
 def test_budget_above_r_max_is_refused_before_training(tmp_path):
-    from fedpeft.errors import UserError
+    from fedpeft.core.errors import UserError
 
     cfg = load_config("smoke", ["methods=[{name: fedp2eft}]", "budgets=[2, 32]", "base.kind=pretrained"])
     with pytest.raises(UserError, match=r"r=32 .*r_max=16"):

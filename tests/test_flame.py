@@ -26,12 +26,12 @@ from fedpeft.adapters.expert_lora import (
     weighted_expert_mean,
     zero_pad,
 )
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import ClientUpdate
 from fedpeft.methods.base import weighted_mean
 from fedpeft.methods.hetlora import hetlora_mean
 from fedpeft.models.moe import Routing, active_parameters
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.types import ClientUpdate
 from fedpeft.worker import build_method
 from tests.conftest import ToyMoeLoaded, toy_moe_model, toy_tokenizer
 
@@ -136,7 +136,7 @@ def flame_update(client: str, a: torch.Tensor, b: torch.Tensor, weight: float, c
 
 
 def flame_state(a: torch.Tensor, b: torch.Tensor):
-    from fedpeft.types import ServerState
+    from fedpeft.core.types import ServerState
 
     layout = {"m.experts": {"key": "m.experts", "experts": 2, "block": "blk"},
               "m.attn": {"key": "m.attn", "experts": 1, "block": None}}  # fmt: skip
@@ -297,7 +297,7 @@ def test_router_balancing_adds_the_load_balancing_loss_and_restores_the_model():
 
 def test_centralized_base_stage_adds_the_balance_loss_on_request(toy_moe_clients):
     from fedpeft.base_models import train_centralized_base
-    from fedpeft.config import BaseStageConfig
+    from fedpeft.core.config import BaseStageConfig
 
     examples = [ex for client in toy_moe_clients for ex in client.train]
     trained = {}
@@ -503,7 +503,7 @@ def test_worker_records_the_tier_as_budget_and_compute_costs(toy_moe_worker_fact
 
 
 def test_flame_pipeline_records_tiers_and_compute(tmp_path):
-    from fedpeft.config import load_config
+    from fedpeft.core.config import load_config
     from fedpeft.runner import Experiment
 
     cfg = load_config(
@@ -590,9 +590,9 @@ def test_temperature_sweep_plot(tmp_path):
 )  # fmt: skip
 def test_flame_presets_validate(name, tmp_path):
     import fedpeft.data.catalog  # noqa: F401  (registers the dataset builders)
-    from fedpeft.config import load_config
+    from fedpeft.core.config import load_config
+    from fedpeft.core.registry import DATASETS
     from fedpeft.models.zoo import model_names
-    from fedpeft.registry import DATASETS
     from fedpeft.runner import Experiment
 
     cfg = load_config(name)
@@ -610,7 +610,7 @@ def test_flame_presets_validate(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["flame-cpu-4", "flame-cpu-40"])
 def test_dense_reference_presets_share_data_and_base_stage(name):
-    from fedpeft.config import load_config
+    from fedpeft.core.config import load_config
 
     moe, dense = load_config(name), load_config(f"{name}-dense")
     assert moe.data == dense.data and moe.base == dense.base

@@ -21,7 +21,9 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from fedpeft.config import ExperimentConfig, validate
+from fedpeft.core.config import ExperimentConfig, validate
+from fedpeft.core.progress import Progress
+from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.engine.flower import (
     GridEngine,
     client_app,
@@ -31,9 +33,7 @@ from fedpeft.engine.flower import (
     run_flower_simulation,
     tensors_digest,
 )
-from fedpeft.progress import Progress
 from fedpeft.runner import Experiment
-from fedpeft.types import ClientUpdate, Payload, ServerState
 
 REPO = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
@@ -429,7 +429,7 @@ def test_client_side_config_builds_the_servers_data(dataset):
     """Datasets read keys left unset as their own defaults (Fed-Aya's natural partition, MasakhaNEWS' client
     count): the text a ClientApp rebuilds the config from keeps which keys were given, so a node builds the
     server's clients; the fully resolved dump would mark every key as given."""
-    from fedpeft.config import dump_config, dump_given
+    from fedpeft.core.config import dump_config, dump_given
     from fedpeft.worker import build_data
 
     cfg = flower_config(validate({"name": "x", "data": {"name": dataset}, "model": {"name": "tiny-llama"}}))

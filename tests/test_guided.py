@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from fedpeft import guidance
-from fedpeft.config import load_config
-from fedpeft.errors import UserError
+from fedpeft.core.config import load_config
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.merging import lora_pairs
 from fedpeft.models.runtime import ClientModel
-from fedpeft.types import ClientUpdate, Payload
 from fedpeft.worker import build_method
 
 FAST = {"rounds": 2, "fraction": 1.0, "local_steps": 2, "lr": 1e-2}
@@ -37,7 +37,7 @@ def generation_clients():
 
 @pytest.fixture(scope="module")
 def tiny_llama_runtime(generation_clients):
-    from fedpeft.config import ModelConfig
+    from fedpeft.core.config import ModelConfig
     from fedpeft.models.runtime import ModelRuntime
     from fedpeft.models.zoo import load_model
 
@@ -320,7 +320,7 @@ def test_presets_express_the_papers_grid(preset):
 
 
 def test_clients_keep_their_own_adapters_through_the_worker(toy_runtime, toy_clients, toy_worker_factory):
-    from fedpeft.engine.common import CostMeter
+    from fedpeft.core.costs import CostMeter
     from fedpeft.engine.local import LocalEngine
 
     entry = {"name": "guided", "label": "kd-sar", **FAST, "guidance": "kd", "similarity": "sar"}

@@ -12,7 +12,9 @@ import datasets
 import pytest
 
 import fedpeft.data.catalog  # noqa: F401  (registers the builders)
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.instruct import alpaca_prompt
 from fedpeft.data.real.alpagasus import instruction_type
 from fedpeft.data.synthetic.categories import (
@@ -25,8 +27,6 @@ from fedpeft.data.synthetic.categories import (
     third_person,
 )
 from fedpeft.data.types import FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DOLLY_FILE = FIXTURES / "dolly" / "databricks-dolly-15k.jsonl"

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import fedpeft.methods  # noqa: F401
-from fedpeft.engine.common import CostMeter
+from fedpeft.core.costs import CostMeter
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate
 from fedpeft.engine.local import LocalEngine
 from fedpeft.models.runtime import ClientModel
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate
 from fedpeft.worker import build_method
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "local_epochs": None, "lr": 1e-2}

@@ -15,9 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from peft.tuners.lora import LoraLayer  # noqa: E402
 
-from fedpeft.config import ModelConfig  # noqa: E402
+from fedpeft.core.config import ModelConfig  # noqa: F401
+from fedpeft.core.errors import UserError  # noqa: F401
 from fedpeft.data.tokenizer import tokenizer_cache_dir, train_tokenizer  # noqa: E402
-from fedpeft.errors import UserError  # noqa: E402
 from fedpeft.models import (  # noqa: E402
     FAMILY_LORA_TARGETS,
     count_lora_modules,

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import fedpeft.data.catalog  # noqa: F401  (registers the datasets)
-from fedpeft.config import DataConfig, ModelConfig
+from fedpeft.core.config import DataConfig, ModelConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.synthetic.vqa import COLORS, SIZE, _generate
-from fedpeft.errors import UserError
 from fedpeft.models.multimodal import MultimodalRuntime
 from fedpeft.models.zoo import load_model
-from fedpeft.registry import DATASETS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

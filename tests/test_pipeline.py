@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedpeft.config import load_config
+from fedpeft.core.config import load_config
 from fedpeft.runner import Experiment
 
 FAST = [

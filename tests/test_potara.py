@@ -277,7 +277,7 @@ def test_fedalt_keeps_training_its_individual_lora(toy_runtime, toy_clients):
 
 
 def test_per_sample_gradients_of_a_causal_lm_take_the_padded_batch_exactly():
-    from fedpeft.config import ModelConfig
+    from fedpeft.core.config import ModelConfig
     from fedpeft.models.runtime import ModelRuntime
     from fedpeft.models.zoo import load_model
 

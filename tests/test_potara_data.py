@@ -14,13 +14,13 @@ import torch
 
 import fedpeft.data.catalog  # noqa: F401  (registers the builders)
 from fedpeft import evaluation
-from fedpeft.config import DataConfig, ModelConfig
+from fedpeft.core.config import DataConfig, ModelConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.real.commonsense import TASKS as COMMONSENSE_TASKS
 from fedpeft.data.real.flan import TASKS as FLAN_TASKS
 from fedpeft.data.synthetic.images import LABELS, _generate
-from fedpeft.errors import UserError
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.registry import DATASETS
 from fedpeft.worker import build_method
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -256,7 +256,7 @@ def test_potara_on_a_tiny_vit_merges_the_head_with_alpha():
     "preset", ["potara-tasks-cpu", "potara-vision-cpu", "potara-commonsense", "potara-flan", "potara-cifar100"]
 )
 def test_potara_presets_validate(preset, tmp_path):
-    from fedpeft.config import load_config
+    from fedpeft.core.config import load_config
     from fedpeft.runner import Experiment
 
     cfg = load_config(preset)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fedpeft.config import ExperimentConfig, load_config, preset_names
-from fedpeft.errors import UserError
+from fedpeft.core.config import ExperimentConfig, load_config, preset_names
+from fedpeft.core.errors import UserError
 from fedpeft.worker import build_data, build_method
 
 

@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 import fedpeft.data.real  # noqa: F401  (registers the builders)
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.real import MASAKHANEWS_LABELS, XNLI_LABELS
 from fedpeft.data.types import FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 XNLI_DIR = FIXTURES / "xnli"

@@ -20,8 +20,8 @@ from test_fedp2eft import cli
 
 from fedpeft.adapters import statistics
 from fedpeft.adapters.statistics import feature_statistics, statistics_module
-from fedpeft.config import GIVEN_CONFIG_FILE, load_config, load_run_config
-from fedpeft.errors import UserError
+from fedpeft.core.config import GIVEN_CONFIG_FILE, load_config, load_run_config
+from fedpeft.core.errors import UserError
 from fedpeft.evaluation import generation_metrics
 from fedpeft.runner import Experiment
 from fedpeft.worker import build_data

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 from fedpeft.report import (
     budget_order,
     combined_wins,

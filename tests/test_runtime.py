@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 from fedpeft.methods.base import lora_spec
 from fedpeft.models.runtime import ClientModel
 

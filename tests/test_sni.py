@@ -9,9 +9,9 @@ import datasets
 import pytest
 
 import fedpeft.data.real  # noqa: F401  (registers the builders)
-from fedpeft.config import DataConfig
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RELEASE = FIXTURES / "sni"

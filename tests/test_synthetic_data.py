@@ -9,14 +9,14 @@ from collections import Counter
 import pytest
 
 import fedpeft.data.synthetic  # noqa: F401  (registers the builders)
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.synthetic.common import cache_path
 from fedpeft.data.synthetic.instructions import TASKS, make_instruction
 from fedpeft.data.synthetic.languages import INVENTORY, language, languages
 from fedpeft.data.synthetic.nli import LABEL_NAMES, sample_pair
 from fedpeft.data.types import FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAMES = ("synthetic-xnli", "synthetic-masakhanews", "synthetic-fedaya")
 SMALL = {

@@ -8,9 +8,9 @@ from collections import defaultdict
 
 import pytest
 
-from fedpeft.config import DataConfig, load_config
+from fedpeft.core.config import DataConfig, load_config
+from fedpeft.core.errors import UserError
 from fedpeft.data.synthetic.tasks import BASE_LEVEL, TASKS, _generate
-from fedpeft.errors import UserError
 from fedpeft.runner import Experiment
 
 

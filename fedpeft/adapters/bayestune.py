@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from peft.tuners.lora import LoraLayer
 
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
-from fedpeft.errors import UserError
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.types import Metrics, StateDict
 
 SCALE_MIN = 1e-4
 SCALE_MAX = 1000.0

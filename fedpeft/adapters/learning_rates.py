@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from fedpeft.core.types import StateDict
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.types import StateDict
 
 POST = "post_multiplier"
 """Name of the per-module post-multipliers among the rate network's tensors (the others are ``mlp.*``)."""

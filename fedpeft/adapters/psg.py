@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, clamp_st
-from fedpeft.errors import UserError
-from fedpeft.types import StateDict
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import StateDict
 
 
 class StrategyGenerator(nn.Module):

@@ -1,3 +1,3 @@
-"""Importing this module registers every dataset builder in ``fedpeft.registry.DATASETS``."""
+"""Importing this module registers every dataset builder in ``fedpeft.core.registry.DATASETS``."""
 
 from fedpeft.data import real, synthetic  # noqa: F401

@@ -15,9 +15,9 @@ import warnings
 from collections import Counter
 from typing import Any
 
+from fedpeft.core.errors import UserError
 from fedpeft.data.partition import partition_examples, split_train_test
 from fedpeft.data.types import ClientData, Example
-from fedpeft.errors import UserError
 
 PROMPT_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "

@@ -6,9 +6,9 @@ import warnings
 
 import numpy as np
 
+from fedpeft.core.errors import UserError
 from fedpeft.data.partition import partition_examples
 from fedpeft.data.types import Example
-from fedpeft.errors import UserError
 
 
 def label_skewed_clients(

@@ -26,7 +26,7 @@ from typing import Literal
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 
 TokenizerKind = Literal["wordpiece", "bpe"]
 

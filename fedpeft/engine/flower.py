@@ -40,12 +40,13 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedpeft.config import ExperimentConfig, dump_given, validate
-from fedpeft.engine.common import CostMeter, check_round, release_memory, sample_round
-from fedpeft.engine.state import save_atomic
-from fedpeft.errors import UserError
-from fedpeft.progress import Progress
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
+from fedpeft.core.config import ExperimentConfig, dump_given, validate
+from fedpeft.core.costs import CostMeter, release_memory
+from fedpeft.core.errors import UserError
+from fedpeft.core.io import save_atomic
+from fedpeft.core.progress import Progress
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
+from fedpeft.engine.rounds import check_round, sample_round
 
 if TYPE_CHECKING:  # the worker pulls in transformers: imported when first needed, not for a node's queries
     from fedpeft.methods.base import Method
@@ -151,7 +152,7 @@ def encode(value: Any) -> RecordDict:
     """Message content of ``value``: its tensors in an ArrayRecord (key order and dtype kept), the rest as JSON.
 
     ``value`` may nest dicts, lists, tuples, numbers, strings, tensors and the dataclasses
-    :class:`~fedpeft.types.Payload`, :class:`~fedpeft.types.ClientUpdate` and :class:`~fedpeft.types.ServerState`.
+    :class:`~fedpeft.core.types.Payload`, :class:`~fedpeft.core.types.ClientUpdate` and :class:`~fedpeft.core.types.ServerState`.
     """
     packer = _Packer()
     text = json.dumps(packer.pack(value))

@@ -23,9 +23,9 @@ import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch importe
 from flwr.app import Context, UserConfig
 from flwr.serverapp import Grid, ServerApp
 
-from fedpeft.config import load_config
+from fedpeft.core.config import load_config
+from fedpeft.core.errors import UserError
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
-from fedpeft.errors import UserError
 
 log = logging.getLogger("fedpeft")
 

@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fedpeft.engine.common import CostMeter, check_round, release_memory, sample_round
+from fedpeft.core.costs import CostMeter, release_memory
+from fedpeft.core.types import ClientUpdate, Metrics, ServerState, num_bytes, upload_bytes
+from fedpeft.engine.rounds import check_round, sample_round
 from fedpeft.methods.base import Method
-from fedpeft.types import ClientUpdate, Metrics, ServerState, num_bytes, upload_bytes
 from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")

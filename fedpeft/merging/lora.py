@@ -21,8 +21,9 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import StateDict
 from fedpeft.merging.operators import OPERATOR_NAMES, SUMMING_OPERATORS, apply_operator, operator_weights
-from fedpeft.types import StateDict, derive_seed
 
 Split = Literal["sqrt", "a", "b"]
 _EXACT = torch.float64

@@ -1,4 +1,4 @@
-"""Registered methods: importing this package registers every method in ``fedpeft.registry.METHODS``."""
+"""Registered methods: importing this package registers every method in ``fedpeft.core.registry.METHODS``."""
 
 import fedpeft.methods.adalora  # noqa: F401
 import fedpeft.methods.bayestune_lora  # noqa: F401

@@ -21,11 +21,11 @@ import torch
 from peft import AdaLoraConfig, PeftModel, get_peft_model
 from peft.tuners.adalora import AdaLoraLayer
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Method, MethodConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime, unload_adapters
-from fedpeft.registry import METHODS
-from fedpeft.types import ServerState, StateDict
 
 ADAPTER = "adalora"
 _PREFIX = "base_model.model."

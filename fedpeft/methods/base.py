@@ -1,6 +1,6 @@
 """The method contract: pure client and server functions on named tensors.
 
-A method is a class registered in ``fedpeft.registry.METHODS`` with a pydantic ``Config``. Engines call:
+A method is a class registered in ``fedpeft.core.registry.METHODS`` with a pydantic ``Config``. Engines call:
 
 - ``init_server(runtime, seed) -> ServerState``
 - ``payload(state, client_id) -> Payload``                 (may differ per client)
@@ -20,9 +20,9 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from fedpeft.base_models import ClientBase
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 
 
 class MethodConfig(BaseModel):

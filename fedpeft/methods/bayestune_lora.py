@@ -18,11 +18,11 @@ import torch
 
 from fedpeft.adapters.bayestune import ClientScales, check_budget, finetune_pruned, train_scales
 from fedpeft.adapters.scale_analysis import ScaleRecord, save_client_scales, scales_path
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Method, MethodConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ServerState
 
 
 class BayesTuneSettings(MethodConfig):

@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from fedpeft.base_models import ClientBase, embedding_keys
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict
 
 
 class DeptSpecConfig(FederatedConfig):

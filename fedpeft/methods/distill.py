@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from fedpeft.adapters.hooked import HookedAdapter
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData, Example
 from fedpeft.federation import federation_of
 from fedpeft.methods.base import weighted_mean
@@ -26,7 +28,6 @@ from fedpeft.methods.hetero import (
     install_adapter,
     is_shared_key,
 )
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
 
 
 def public_indices(size: int, count: int, seed: int, round_: int) -> list[int]:

@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import Field
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload
 
 
 class DittoConfig(HeteroConfig):

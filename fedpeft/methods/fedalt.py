@@ -21,12 +21,13 @@ import torch
 from peft.tuners.lora import LoraLayer
 from pydantic import Field
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
 from fedpeft.methods.lora_parts import is_lora, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
 
 
 def rest_of_world(individuals: dict[str, tuple[float, StateDict]], client_id: str) -> StateDict:

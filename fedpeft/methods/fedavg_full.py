@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict
 
 
 class FedAvgFullConfig(FederatedConfig):

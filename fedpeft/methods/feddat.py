@@ -17,11 +17,12 @@ import torch
 from pydantic import Field
 
 from fedpeft.adapters.hooked import HookedAdapter
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, derive_seed
 
 TEACHER = ("frozen", "local")
 STUDENT = ("global",)

@@ -25,11 +25,11 @@ from peft import get_peft_model_state_dict
 from fedpeft import evaluation
 from fedpeft.adapters.instance_mixing import instance_weights, mixed_adapters, representations
 from fedpeft.base_models import ClientBase, merged_base, resolve_targets
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import FederatedConfig, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 
 
 class FedDPAConfig(FederatedConfig):

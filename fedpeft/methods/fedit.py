@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
 from fedpeft.methods.base import (
@@ -32,8 +35,6 @@ from fedpeft.methods.base import (
     weighted_mean,
 )
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
 
 
 class FedITConfig(FederatedConfig, LoraConfigMixin):

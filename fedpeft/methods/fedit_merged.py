@@ -18,11 +18,11 @@ import math
 from typing import Any, Literal
 
 from fedpeft.base_models import merged_base, resolve_targets
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.fedit import FedIT, FedITConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import Payload, ServerState, StateDict
 
 
 class FedITMergedConfig(FedITConfig):

@@ -32,12 +32,13 @@ from fedpeft.adapters.learning_rates import (
     through_last_step,
     unit_steps,
 )
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.hypergradient import ift_hypergradient
 from fedpeft.methods.base import FederatedConfig, Method, local_schedule, weighted_mean
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
 
 
 class FedL2PConfig(FederatedConfig):

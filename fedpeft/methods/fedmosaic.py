@@ -23,6 +23,9 @@ from pydantic import Field
 
 from fedpeft.adapters.alignment import AlignmentSettings, align_federation
 from fedpeft.adapters.hooked import HookedAdapter, frame_tensors
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
 from fedpeft.methods import rela
@@ -39,8 +42,6 @@ from fedpeft.methods.hetero import (
     matched_steps,
 )
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
 
 
 class FedMosaicConfig(HeteroConfig):

@@ -19,11 +19,12 @@ from typing import Any
 from fedpeft.adapters.bayestune import ClientScales, initial_spec, train_scales
 from fedpeft.adapters.psg import make_generator, regress_toward, save_generator
 from fedpeft.adapters.statistics import feature_statistics
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.bayestune_lora import BayesTuneMethod, BayesTuneSettings
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict, derive_seed
 
 PSG_DIR = "psg"
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 
 from fedpeft.adapters.gradients import per_sample_gradients
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.methods.potara import FederatedLocalConfig, Potara
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import Metrics, StateDict
 
 
 def fisher_weighted_merge(

@@ -31,13 +31,14 @@ from fedpeft.adapters.expert_lora import (
     split_a,
     split_b,
 )
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.errors import UserError
 from fedpeft.methods.tier_aggregation import PlainMean, mean_metrics
 from fedpeft.methods.tiers import TierConfig, TieredConfig, TieredMethod
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, derive_seed
 
 COUNTS = "expert_counts"
 TOKENS = "expert_tokens"

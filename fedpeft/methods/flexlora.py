@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fedpeft.adapters.expert_lora import svd_factors
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Metrics, ServerState
 from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
 from fedpeft.methods.tier_aggregation import collect_factors, mean_metrics
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, ServerState
 
 
 @METHODS.register("flexlora")

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
 from fedpeft.methods.base import Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState
 
 GROUPS_KEY = "architectures"
 ASSIGNMENT_KEY = "assignment"

@@ -20,12 +20,13 @@ import torch
 from pydantic import Field, model_validator
 
 from fedpeft import guidance
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, lora_pairs, merge_lora_states
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training, weighted_mean
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
 _PEFT_PREFIX = "base_model.model."

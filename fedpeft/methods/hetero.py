@@ -20,10 +20,11 @@ from pydantic import Field
 
 from fedpeft.adapters.hooked import GATED, SUM, HookedAdapter
 from fedpeft.adapters.pq_lora import NUM_BLOCKS, layer_of, plan_sites
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import Example
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
 from fedpeft.models.runtime import ClientModel
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
 
 # Compute per local step relative to SFT, FedMosaic paper Table 15.
 PAPER_COMPUTE_SCALE = {

@@ -32,12 +32,12 @@ from fedpeft.adapters.expert_lora import (
     truncate,
     zero_pad,
 )
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
 from fedpeft.methods.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState
 
 
 class HetLoraConfig(RankTieredConfig):

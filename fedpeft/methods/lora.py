@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import LoraConfigMixin, Method, MethodConfig, fine_tune, lora_spec
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ServerState
 
 
 class LoraBaselineConfig(MethodConfig):

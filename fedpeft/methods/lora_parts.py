@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import StateDict
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.models.targets import matches
-from fedpeft.types import StateDict
 
 
 def is_lora_a(key: str) -> bool:

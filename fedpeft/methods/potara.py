@@ -22,13 +22,14 @@ import torch
 from pydantic import Field
 
 from fedpeft.adapters.gradients import per_sample_gradients
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin
 from fedpeft.methods.fedit import FedIT
 from fedpeft.methods.lora_parts import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, Payload, ServerState, StateDict, derive_seed
 
 GRID = [round(0.1 * i, 1) for i in range(11)]
 

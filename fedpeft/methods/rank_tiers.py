@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fedpeft.adapters.expert_lora import module_key, truncate
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.tiers import TierConfig, TieredConfig, TieredMethod
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.types import ClientUpdate, Payload, ServerState, StateDict, derive_seed
 
 
 class RankTieredConfig(TieredConfig):

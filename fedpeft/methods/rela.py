@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from fedpeft.types import StateDict
+from fedpeft.core.types import StateDict
 
 
 def shared_mask(size: int, keep: float, seed: int) -> torch.Tensor:

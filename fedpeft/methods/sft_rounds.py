@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.hetero import BranchedLoraMethod, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Payload
 
 
 class SftRoundsConfig(HeteroConfig):

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import Field
 
+from fedpeft.core.registry import METHODS
 from fedpeft.methods.distill import DistillationConfig, PublicDistillation, vote
 from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
-from fedpeft.registry import METHODS
 
 
 class TAKFLConfig(DistillationConfig):

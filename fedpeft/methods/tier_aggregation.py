@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedpeft.adapters.expert_lora import module_key
-from fedpeft.types import ClientUpdate, Metrics, StateDict
+from fedpeft.core.types import ClientUpdate, Metrics, StateDict
 
 
 class PlainMean:

@@ -25,15 +25,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.adapters.expert_lora import LoraModule, lora_layout
+from fedpeft.core.errors import UserError
+from fedpeft.core.sampling import sample_clients
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import Metrics
 from fedpeft.data.types import ClientData
-from fedpeft.engine.common import sample_clients
-from fedpeft.errors import UserError
 from fedpeft.methods.base import FederatedConfig, Method, local_training
 from fedpeft.methods.tier_costs import tier_costs
 from fedpeft.models.moe import Routing
 from fedpeft.models.runtime import LoraSpec, ModelRuntime
 from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS
-from fedpeft.types import Metrics, derive_seed
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 

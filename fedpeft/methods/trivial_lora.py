@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ClientUpdate, Metrics, ServerState
 from fedpeft.methods.base import weighted_mean
 from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
 from fedpeft.methods.tiers import TierConfig
-from fedpeft.registry import METHODS
-from fedpeft.types import ClientUpdate, Metrics, ServerState
 
 
 class TrivialLoraConfig(RankTieredConfig):

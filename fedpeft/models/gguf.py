@@ -24,8 +24,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from fedpeft.core.errors import UserError
 from fedpeft.data.tokenizer import cache_root, publish_dir
-from fedpeft.errors import UserError
 
 # Bump when the way a cache entry is written changes, so that old entries are rebuilt.
 _RECIPE_VERSION = 1

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 
 
 @dataclass(frozen=True)

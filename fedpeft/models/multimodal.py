@@ -30,10 +30,10 @@ from transformers import (
     ViTConfig,
 )
 
-from fedpeft.config import ModelConfig
+from fedpeft.core.config import ModelConfig
+from fedpeft.core.errors import UserError
 from fedpeft.data.tokenizer import train_tokenizer
 from fedpeft.data.types import Example
-from fedpeft.errors import UserError
 from fedpeft.models.runtime import ModelRuntime
 from fedpeft.models.targets import FAMILY_LORA_TARGETS, LORA_LAYER_TYPES, matches
 

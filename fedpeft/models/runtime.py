@@ -20,12 +20,12 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from peft.tuners.lora import LoraLayer
 from peft.utils.other import AuxiliaryTrainingWrapper
 
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
-from fedpeft.errors import UserError
 from fedpeft.models.moe import MoeControl, Routing
 from fedpeft.models.targets import lora_modules
 from fedpeft.training import LossHook, StepHook, train_loop
-from fedpeft.types import Metrics, StateDict
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING
 
-from fedpeft.config import ModelConfig
-from fedpeft.errors import UserError
+from fedpeft.core.config import ModelConfig
+from fedpeft.core.errors import UserError
 
 TINY_VIT_IMAGE_SIZE = 32
 

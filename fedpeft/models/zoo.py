@@ -64,9 +64,10 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
 )
 
-from fedpeft.config import ModelConfig
+from fedpeft.core.config import ModelConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import MODELS
 from fedpeft.data.tokenizer import train_tokenizer
-from fedpeft.errors import UserError
 from fedpeft.models.gguf import GGUFSource, cached_gguf_checkpoint, local_gguf_source
 from fedpeft.models.multimodal import build_tiny_llava, language_model_targets, load_image_text_checkpoint
 from fedpeft.models.targets import (
@@ -78,7 +79,6 @@ from fedpeft.models.targets import (
     max_rank,
     normalize_family,
 )
-from fedpeft.registry import MODELS
 
 __all__ = [
     "TASKS",

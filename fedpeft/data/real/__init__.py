@@ -2,7 +2,7 @@
 CIFAR-100, and the multi-modal task directories (DRAKE, HFLB, Fed-Scope).
 
 Importing this package registers every builder in
-:data:`fedpeft.registry.DATASETS`; each takes a :class:`~fedpeft.config.DataConfig` and returns a
+:data:`fedpeft.core.registry.DATASETS`; each takes a :class:`~fedpeft.core.config.DataConfig` and returns a
 :class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
 """
 

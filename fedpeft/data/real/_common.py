@@ -1,7 +1,7 @@
 """Machinery shared by the real-dataset loaders: sources, split files, labels and client pools.
 
 Every function that can fail because of the user's input (a path, a config value, a file) raises
-:class:`~fedpeft.errors.UserError` with one sentence that names the fix.
+:class:`~fedpeft.core.errors.UserError` with one sentence that names the fix.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import json
 import random
 import re
 import warnings
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,11 @@ import pyarrow.parquet as pq
 from datasets.exceptions import DatasetsError
 from datasets.table import InMemoryTable
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import partition_examples
 from fedpeft.data.types import POOLS, ClientData, Example
-from fedpeft.errors import UserError
 
 FILE_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 # Accepted file stems per split; ``dev`` is the validation name of some original releases (MasakhaNEWS).
@@ -41,11 +41,6 @@ _METADATA_FILES = {"dataset_info.json", "state.json", "dataset_dict.json"}
 # What ``datasets.load_dataset`` raises when a hub id is neither cached nor reachable (or not a dataset).
 _HUB_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, RuntimeError, DatasetsError)
 _SCRIPT_ERROR = "scripts are no longer supported"
-
-
-def stable_seed(*parts: object) -> int:
-    """A 32-bit seed derived from ``parts`` that is identical in every process (unlike ``hash``)."""
-    return zlib.crc32("|".join(str(p) for p in parts).encode("utf-8"))
 
 
 def natural_key(value: str) -> tuple[Any, ...]:
@@ -445,7 +440,7 @@ def build_classification_clients(
                 num_clients,
                 scheme,
                 cfg.dirichlet_alpha,
-                stable_seed(cfg.seed, title, group, pool, "partition"),
+                derive_seed(cfg.seed, title, group, pool, "partition", stream="files"),
                 f"The {title} {group} {pool} pool",
             )
             for index, (client_train, client_test) in enumerate(shards):

@@ -25,13 +25,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.instruct import instruction_example
 from fedpeft.data.real._common import read_options
 from fedpeft.data.real.dolly import build_instruction_federation, read_records
 from fedpeft.data.types import FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 ALPAGASUS_HUB_ID = "mlabonne/alpagasus"
 ALPAGASUS_FIELDS = ("instruction", "input", "output")

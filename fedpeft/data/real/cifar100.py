@@ -17,18 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.label_skew import label_skewed_clients
-from fedpeft.data.real._common import (
-    explicitly_set,
-    load_hub_splits,
-    load_local_splits,
-    read_options,
-    stable_seed,
-)
+from fedpeft.data.real._common import explicitly_set, load_hub_splits, load_local_splits, read_options
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 DEFAULT_HUB_ID = "uoft-cs/cifar100"
 IMAGE_COLUMNS = ("img", "image")
@@ -104,11 +99,21 @@ def build(cfg: DataConfig) -> FederatedData:
         "train": cfg.train_per_group * num_clients if explicitly_set(cfg, "train_per_group") else len(splits["train"]),
         "test": cfg.test_per_group * num_clients if explicitly_set(cfg, "test_per_group") else len(splits["test"]),
     }
-    train, names = _split_examples(splits["train"], sizes["train"], stable_seed(cfg.seed, "cifar", "train"), "train")
-    test, _ = _split_examples(splits["test"], sizes["test"], stable_seed(cfg.seed, "cifar", "test"), "test")
+    train, names = _split_examples(
+        splits["train"], sizes["train"], derive_seed(cfg.seed, "cifar", "train", stream="files"), "train"
+    )
+    test, _ = _split_examples(
+        splits["test"], sizes["test"], derive_seed(cfg.seed, "cifar", "test", stream="files"), "test"
+    )
     label_names = names or [str(i) for i in range(100)]
     shards = label_skewed_clients(
-        train, test, num_clients, cfg.partition, cfg.dirichlet_alpha, stable_seed(cfg.seed, "cifar"), "CIFAR-100"
+        train,
+        test,
+        num_clients,
+        cfg.partition,
+        cfg.dirichlet_alpha,
+        derive_seed(cfg.seed, "cifar", stream="files"),
+        "CIFAR-100",
     )
     clients = []
     for index, (client_train, client_test) in enumerate(shards):

@@ -22,11 +22,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-from fedpeft.config import DataConfig
-from fedpeft.data.real._common import explicitly_set, load_hub_splits, load_local_splits, read_options, stable_seed
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.data.real._common import explicitly_set, load_hub_splits, load_local_splits, read_options
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 TASKS = ("arc-c", "arc-e", "boolq", "hellaswag", "obqa", "piqa", "siqa", "winogrande")
 DIRECTORY_NAMES = {
@@ -163,7 +164,7 @@ def build(cfg: DataConfig) -> FederatedData:
         drawn = {}
         for split, size in (("train", n_train), ("test", n_test)):
             pool = list(splits[split])
-            random.Random(stable_seed(cfg.seed, "commonsense", task, split)).shuffle(pool)
+            random.Random(derive_seed(cfg.seed, "commonsense", task, split, stream="files")).shuffle(pool)
             drawn[split] = [pool[i * size : (i + 1) * size] for i in range(per_task)]
         for index in range(per_task):
             if not drawn["train"][index] or not drawn["test"][index]:

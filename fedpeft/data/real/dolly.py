@@ -21,19 +21,13 @@ from typing import Any
 
 import datasets
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.instruct import category_clients, instruction_example
-from fedpeft.data.real._common import (
-    FILE_EXTENSIONS,
-    find_split_files,
-    load_hub_splits,
-    read_options,
-    read_tables,
-    stable_seed,
-)
+from fedpeft.data.real._common import FILE_EXTENSIONS, find_split_files, load_hub_splits, read_options, read_tables
 from fedpeft.data.types import Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 DOLLY_HUB_ID = "databricks/databricks-dolly-15k"
 DOLLY_CATEGORIES = (
@@ -100,7 +94,9 @@ def build_instruction_federation(
         if not isinstance(opts["max_samples"], int) or opts["max_samples"] < 10:
             raise UserError("data.options.max_samples must be an integer of at least 10, or null for all.")
         if opts["max_samples"] < len(examples):
-            examples = random.Random(stable_seed(cfg.seed, name, "subset")).sample(examples, opts["max_samples"])
+            examples = random.Random(derive_seed(cfg.seed, name, "subset", stream="files")).sample(
+                examples, opts["max_samples"]
+            )
     partition = cfg.partition if "partition" in cfg.model_fields_set else "dirichlet"
     alpha = cfg.dirichlet_alpha if "dirichlet_alpha" in cfg.model_fields_set else 5.0
     clients, facts = category_clients(
@@ -108,7 +104,7 @@ def build_instruction_federation(
         int(opts["num_clients"]),
         scheme=partition,
         alpha=alpha,
-        seed=stable_seed(cfg.seed, name, "partition"),
+        seed=derive_seed(cfg.seed, name, "partition", stream="files"),
         where=name,
     )
     counts = Counter(ex["group"] for ex in examples)

@@ -21,18 +21,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import partition_examples, split_train_test
-from fedpeft.data.real._common import (
-    explicitly_set,
-    load_json_or_lines,
-    natural_key,
-    read_options,
-    stable_seed,
-)
+from fedpeft.data.real._common import explicitly_set, load_json_or_lines, natural_key, read_options
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 FEDAYA_LANGUAGES = ("ar", "en", "es", "fr", "pt", "ru", "te", "zh")
 RELEASE_FILES = ("aya_38c_25k.json", "Fed-Aya/aya_38c_25k.json")
@@ -123,7 +118,9 @@ def build(cfg: DataConfig) -> FederatedData:
         examples = [{k: v for k, v in e.items() if k != "client"} for e in shard]
         counts = Counter(e["group"] for e in examples)
         group = min(counts, key=lambda lang: (-counts[lang], lang))
-        train, test = split_train_test(examples, test_fraction, stable_seed(cfg.seed, "fedaya", client_id))
+        train, test = split_train_test(
+            examples, test_fraction, derive_seed(cfg.seed, "fedaya", client_id, stream="files")
+        )
         pool = "unseen" if client_id in unseen else "seen"
         clients.append(ClientData(client_id, group, pool, train, test))
     clients.sort(key=lambda c: (c.pool != "seen", natural_key(c.client_id)))

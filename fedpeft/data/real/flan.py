@@ -22,11 +22,12 @@ from typing import Any
 
 import datasets
 
-from fedpeft.config import DataConfig
-from fedpeft.data.real._common import explicitly_set, load_local_splits, read_options, stable_seed, text_of
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.data.real._common import explicitly_set, load_local_splits, read_options, text_of
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 TASKS = (
     "arc_challenge", "cosmos_qa", "definite_pronoun_resolution", "glue_qqp", "hellaswag", "mnli", "squad_v1", "sst2",
@@ -99,7 +100,7 @@ def build(cfg: DataConfig) -> FederatedData:
         drawn = {}
         for split, size in (("train", n_train), ("test", n_test)):
             pool = _examples(splits[split], task, f"FLAN {task} {split}")
-            random.Random(stable_seed(cfg.seed, "flan", task, split)).shuffle(pool)
+            random.Random(derive_seed(cfg.seed, "flan", task, split, stream="files")).shuffle(pool)
             if not pool:
                 raise UserError(f"FLAN {task} {split} has no usable example (empty inputs or targets).")
             drawn[split] = pool[:size]

@@ -9,7 +9,10 @@ Dirichlet(``dirichlet_alpha``) label skew; client ids are ``"<lang>-<pool>-<inde
 
 from __future__ import annotations
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.real._common import (
     active_pools,
     build_classification_clients,
@@ -23,12 +26,9 @@ from fedpeft.data.real._common import (
     require_columns,
     resolve_source,
     select_languages,
-    stable_seed,
     text_of,
 )
 from fedpeft.data.types import Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 MASAKHANEWS_LANGUAGES = (
     "amh", "eng", "fra", "hau", "ibo", "lin", "lug", "orm",
@@ -91,7 +91,7 @@ def build(cfg: DataConfig) -> FederatedData:
                     "drop the language from data.groups or check its label column."
                 )
             blocks = draw_pools(
-                ds, labels, len(pool_names), per_pool, stable_seed(cfg.seed, "masakhanews", lang, split)
+                ds, labels, len(pool_names), per_pool, derive_seed(cfg.seed, "masakhanews", lang, split, stream="files")
             )
             drawn[split] = [[_example(row, label, lang, text_field) for row, label in block] for block in blocks]
         pools[lang] = {pool: (drawn["train"][i], drawn["test"][i]) for i, pool in enumerate(pool_names)}

@@ -29,17 +29,12 @@ import datasets
 from datasets.exceptions import DatasetsError
 from datasets.table import InMemoryTable
 
-from fedpeft.config import DataConfig
-from fedpeft.data.real._common import (
-    FILE_EXTENSIONS,
-    natural_key,
-    read_options,
-    read_tables,
-    stable_seed,
-)
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.data.real._common import FILE_EXTENSIONS, natural_key, read_options, read_tables
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 DEFAULT_HUB_ID = "Muennighoff/natural-instructions"
 LAYOUT = (
@@ -128,7 +123,7 @@ def _choose_tasks(tasks: dict[str, Task], opts: dict[str, Any]) -> tuple[list[st
 def _split_task(name: str, task: Task, opts: dict[str, Any], seed: int) -> tuple[list[Example], list[Example]]:
     """Test first, then validation, then up to ``train_per_client`` training instances, all disjoint."""
     instances = list(task["instances"])
-    random.Random(stable_seed(seed, "sni", name)).shuffle(instances)
+    random.Random(derive_seed(seed, "sni", name, stream="files")).shuffle(instances)
     n_test, n_val = int(opts["test_per_client"]), int(opts["validation_per_client"])
     if len(instances) < n_test + n_val + 1:
         raise UserError(

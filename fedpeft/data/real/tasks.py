@@ -28,11 +28,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-from fedpeft.config import DataConfig
-from fedpeft.data.real._common import read_options, stable_seed
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.data.real._common import read_options
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 OPTIONS: dict[str, Any] = {"setting": "dynamic", "train_per_task": None, "test_per_task": None}
 
@@ -98,13 +99,13 @@ def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
             folder = root / "tasks" / task
             stage_value = stage if options["setting"] == "dynamic" else 0
             fields = {"task": task, "stage": stage_value, "group": client_id}
-            seed = stable_seed(cfg.seed, name, client_id, task)
+            seed = derive_seed(cfg.seed, name, client_id, task, stream="files")
             rows = [_example(r, **fields) for r in _read_lines(folder / "train.jsonl", root, name)]
             train += _capped(rows, options["train_per_task"], seed)
             rows = [_example(r, **fields) for r in _read_lines(folder / "test.jsonl", root, name)]
             test += _capped(rows, options["test_per_task"], seed + 1)
         if options["setting"] == "static":
-            random.Random(stable_seed(cfg.seed, name, client_id, "static")).shuffle(train)
+            random.Random(derive_seed(cfg.seed, name, client_id, "static", stream="files")).shuffle(train)
         clients.append(ClientData(client_id, client_id, "seen", train, test))
     public_path = root / "public.jsonl"
     public = (
@@ -113,7 +114,7 @@ def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
         else []
     )
     if cfg.base_samples is not None:
-        public = _capped(public, cfg.base_samples, stable_seed(cfg.seed, name, "public"))
+        public = _capped(public, cfg.base_samples, derive_seed(cfg.seed, name, "public", stream="files"))
     info = {
         "setting": options["setting"],
         "client_tasks": {c: ", ".join(t) for c, t in plan.items()},

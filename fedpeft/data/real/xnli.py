@@ -8,7 +8,10 @@ train split and ``test_per_group`` from its test split, the two pools disjoint, 
 
 from __future__ import annotations
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.real._common import (
     active_pools,
     build_classification_clients,
@@ -21,12 +24,9 @@ from fedpeft.data.real._common import (
     require_columns,
     resolve_source,
     select_languages,
-    stable_seed,
     text_of,
 )
 from fedpeft.data.types import Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 XNLI_LANGUAGES = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh")
 XNLI_LABELS = ["entailment", "neutral", "contradiction"]
@@ -75,7 +75,9 @@ def build(cfg: DataConfig) -> FederatedData:
                     f"{len(pool_names)} disjoint pool(s) of {per_pool}; lower {field}"
                     + (" or set data.unseen_pool=false." if len(pool_names) > 1 else ".")
                 )
-            blocks = draw_pools(ds, labels, len(pool_names), per_pool, stable_seed(cfg.seed, "xnli", lang, split))
+            blocks = draw_pools(
+                ds, labels, len(pool_names), per_pool, derive_seed(cfg.seed, "xnli", lang, split, stream="files")
+            )
             drawn[split] = [[_example(row, label, lang) for row, label in block] for block in blocks]
         pools[lang] = {pool: (drawn["train"][i], drawn["test"][i]) for i, pool in enumerate(pool_names)}
 

@@ -1,6 +1,6 @@
 """Synthetic multilingual benchmarks, generated from a seed and cached.
 
-Importing this package registers the builders in :data:`fedpeft.registry.DATASETS`:
+Importing this package registers the builders in :data:`fedpeft.core.registry.DATASETS`:
 
 - ``synthetic-xnli``: sentence-pair classification (entailment / neutral / contradiction), XNLI-style;
 - ``synthetic-masakhanews``: headline topic classification with quantity skew, MasakhaNEWS-style;

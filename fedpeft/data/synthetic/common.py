@@ -13,27 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import Scheme, partition_examples, split_train_test
 from fedpeft.data.synthetic.languages import INVENTORY, RESOURCE_SHARE, language
 from fedpeft.data.tokenizer import cache_root
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
 
 # Bump when generation changes, so that stale cached benchmarks are not reused.
 GENERATOR_VERSION = 2
 BASE_PER_LANGUAGE = 400
 
 
-def derive_seed(seed: int, *parts: object) -> int:
-    """A 32-bit seed determined by ``seed`` and ``parts`` (stable across processes, unlike ``hash``)."""
-    text = "|".join(str(p) for p in (seed, *parts))
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
-
-
 def rng_for(seed: int, *parts: object) -> random.Random:
     """An independent random stream for one (seed, purpose) pair."""
-    return random.Random(derive_seed(seed, *parts))
+    return random.Random(derive_seed(seed, *parts, stream="synthetic"))
 
 
 def select_groups(cfg: DataConfig, default: tuple[str, ...]) -> list[str]:
@@ -152,7 +147,7 @@ def skewed_clients(
     clients = []
     for index, index_shard in enumerate(index_shards):
         shard = [examples[row["index"]] for row in index_shard]
-        train, test = split_train_test(shard, test_fraction, derive_seed(seed, "split", index))
+        train, test = split_train_test(shard, test_fraction, derive_seed(seed, "split", index, stream="synthetic"))
         clients.append(ClientData(f"{group}-{pool}-{index:02d}", group, pool, train, test))
     return clients
 
@@ -186,7 +181,7 @@ def classification_pools(
                 test_fraction=test / (train + test),
                 alpha=cfg.dirichlet_alpha,
                 scheme=cfg.partition,
-                seed=derive_seed(cfg.seed, "partition", code, pool),
+                seed=derive_seed(cfg.seed, "partition", code, pool, stream="synthetic"),
             )
     if not clients:
         raise UserError(f"{cfg.name} has no clients: the selected languages are all unseen-only; add others.")

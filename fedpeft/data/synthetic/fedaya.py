@@ -16,13 +16,15 @@ import random
 from functools import partial
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import partition_examples, split_train_test
 from fedpeft.data.synthetic.common import (
     base_corpus,
     cached,
     check_options,
-    derive_seed,
     federation_info,
     groups_with_clients,
     rng_for,
@@ -32,8 +34,6 @@ from fedpeft.data.synthetic.common import (
 from fedpeft.data.synthetic.instructions import TASKS, instruction_example
 from fedpeft.data.synthetic.languages import RESOURCE_SHARE, Language, language, languages
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-fedaya"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "arb1", "hng1", "geo1", "eth1")
@@ -118,7 +118,9 @@ def _generate(cfg: DataConfig) -> FederatedData:
     clients = []
     for (client_id, pool, shares), shard in zip(plans, shards, strict=True):
         rows = [examples[row["index"]] for row in shard]
-        train, test = split_train_test(rows, TEST_FRACTION, derive_seed(cfg.seed, "split", client_id))
+        train, test = split_train_test(
+            rows, TEST_FRACTION, derive_seed(cfg.seed, "split", client_id, stream="synthetic")
+        )
         predominant = max(shares, key=shares.__getitem__)
         clients.append(ClientData(client_id, predominant, pool, train, test))
     base_train, base_per_group = base_corpus(

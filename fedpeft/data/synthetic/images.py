@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.label_skew import label_skewed_clients
-from fedpeft.data.synthetic.common import cached, check_options, derive_seed, setting
+from fedpeft.data.synthetic.common import cached, check_options, setting
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-images"
 SHAPES = ("circle", "square", "triangle", "cross")
@@ -74,11 +75,17 @@ def _generate(cfg: DataConfig) -> FederatedData:
         raise UserError(f"{NAME} has no natural client ids; set data.partition to dirichlet or iid.")
     n_train = int(setting(cfg, "train_per_group", DEFAULT_TRAIN))
     n_test = int(setting(cfg, "test_per_group", DEFAULT_TEST))
-    rng = np.random.default_rng(derive_seed(cfg.seed, NAME, "pool"))
+    rng = np.random.default_rng(derive_seed(cfg.seed, NAME, "pool", stream="synthetic"))
     train = _examples(rng.integers(0, len(LABELS), n_train * num_clients), size, rng, "pool")
     test = _examples(rng.integers(0, len(LABELS), n_test * num_clients), size, rng, "pool")
     shards = label_skewed_clients(
-        train, test, num_clients, cfg.partition, cfg.dirichlet_alpha, derive_seed(cfg.seed, NAME, "split"), NAME
+        train,
+        test,
+        num_clients,
+        cfg.partition,
+        cfg.dirichlet_alpha,
+        derive_seed(cfg.seed, NAME, "split", stream="synthetic"),
+        NAME,
     )
     clients = []
     for index, (client_train, client_test) in enumerate(shards):
@@ -87,7 +94,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
         client_test = [{**ex, "group": group} for ex in client_test]
         clients.append(ClientData(f"{group}", group, "seen", client_train, client_test))
     per_class = cfg.base_samples // len(LABELS) if cfg.base_samples is not None else BASE_PER_CLASS
-    base_rng = np.random.default_rng(derive_seed(cfg.seed, NAME, "base"))
+    base_rng = np.random.default_rng(derive_seed(cfg.seed, NAME, "base", stream="synthetic"))
     base_train = _examples(np.repeat(np.arange(len(LABELS)), per_class), size, base_rng, "base")
     info = {
         "classes": f"{len(LABELS)} = {len(SHAPES)} shapes x {len(COLOURS)} colours x {len(TEXTURES)} textures",

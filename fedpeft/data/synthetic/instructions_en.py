@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.instruct import category_clients, instruction_example
 from fedpeft.data.synthetic.categories import ARITHMETIC, CATEGORIES, knowledge_text, make_example
-from fedpeft.data.synthetic.common import cached, check_options, derive_seed, rng_for, setting
+from fedpeft.data.synthetic.common import cached, check_options, rng_for, setting
 from fedpeft.data.types import Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-instructions"
 OPTIONS: dict[str, Any] = {
@@ -81,7 +82,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
         int(options["num_clients"]),
         scheme=setting(cfg, "partition", "dirichlet"),
         alpha=float(setting(cfg, "dirichlet_alpha", 5.0)),
-        seed=derive_seed(cfg.seed, "instructions-partition"),
+        seed=derive_seed(cfg.seed, "instructions-partition", stream="synthetic"),
         where=NAME,
     )
     info = {

@@ -16,7 +16,9 @@ import random
 from functools import partial
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.synthetic.common import (
     base_corpus,
     cached,
@@ -34,8 +36,6 @@ from fedpeft.data.synthetic.concepts import ADJECTIVES, ANIMATES, PLACES, THINGS
 from fedpeft.data.synthetic.grammar import Clause, Phrase, random_variants, render
 from fedpeft.data.synthetic.languages import RESOURCE_SHARE, language
 from fedpeft.data.types import Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-masakhanews"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "cyr2", "cyr3", "arb1", "arb2", "dev1", "dev2", "grk1",

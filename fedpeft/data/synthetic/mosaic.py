@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import split_train_test
-from fedpeft.data.synthetic.common import cached, check_options, derive_seed, rng_for, select_groups
+from fedpeft.data.synthetic.common import cached, check_options, rng_for, select_groups
 from fedpeft.data.synthetic.instructions import TASKS, make_instruction
 from fedpeft.data.synthetic.languages import Language, language, languages
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-mosaic"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "cyr2", "cyr3", "grk1", "lat4", "arb1", "heb1")
@@ -85,7 +86,9 @@ def _generate(cfg: DataConfig) -> FederatedData:
             count = int(options["train_per_task"]) + int(options["test_per_task"])
             rows = [_example(rng, language(code), task_type, targets, group=code, task=task) for _ in range(count)]
             fraction = int(options["test_per_task"]) / count
-            task_train, task_test = split_train_test(rows, fraction, derive_seed(cfg.seed, "split", client_id, task))
+            task_train, task_test = split_train_test(
+                rows, fraction, derive_seed(cfg.seed, "split", client_id, task, stream="synthetic")
+            )
             dynamic = options["setting"] == "dynamic"
             train += [{**ex, "stage": stage if dynamic else 0} for ex in task_train]
             test += [{**ex, "stage": stage if dynamic else 0} for ex in task_test]

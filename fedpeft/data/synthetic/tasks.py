@@ -28,14 +28,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from fedpeft.config import DataConfig
-from fedpeft.data.synthetic.common import cached, check_options, derive_seed, rng_for, setting
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.data.synthetic.common import cached, check_options, rng_for, setting
 from fedpeft.data.synthetic.concepts import ANIMATES, ANTONYMS, PLACES, THINGS
 from fedpeft.data.synthetic.grammar import Phrase, consistent_variants, phrase_words
 from fedpeft.data.synthetic.languages import INVENTORY, Language, language
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-tasks"
 TASKS = ("copy", "reverse", "sort", "add", "compare", "polarity", "fact", "translate", "count", "backtranslate")
@@ -207,12 +208,12 @@ def _generate(cfg: DataConfig) -> FederatedData:
         for task in tasks:
             for index in range(per_task):
                 client_id = f"{task}-{pool}-{index:02d}"
-                rng = random.Random(derive_seed(cfg.seed, NAME, client_id))
+                rng = random.Random(derive_seed(cfg.seed, NAME, client_id, stream="synthetic"))
                 train = [writer.example(rng, task) for _ in range(n_train)]
                 test = [writer.example(rng, task) for _ in range(n_test)]
                 if options["evaluate_on"] == "validation":
                     # A held-out stream of the same size: tune on it without touching the test examples.
-                    held_out = random.Random(derive_seed(cfg.seed, NAME, client_id, "validation"))
+                    held_out = random.Random(derive_seed(cfg.seed, NAME, client_id, "validation", stream="synthetic"))
                     test = [writer.example(held_out, task) for _ in range(n_test)]
                 clients.append(ClientData(client_id, task, pool, train, test))
     base_total = cfg.base_samples if cfg.base_samples is not None else BASE_PER_TASK * len(tasks)

@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import DATASETS
+from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import split_train_test
-from fedpeft.data.synthetic.common import cached, check_options, derive_seed, rng_for
+from fedpeft.data.synthetic.common import cached, check_options, rng_for
 from fedpeft.data.synthetic.mosaic import client_tasks
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.errors import UserError
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-vqa"
 SIZE = 16
@@ -146,7 +147,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
             ]
             fraction = int(options["test_per_task"]) / count
             task_train, task_test = split_train_test(
-                rows, fraction, derive_seed(cfg.seed, "split", client_id, task_type)
+                rows, fraction, derive_seed(cfg.seed, "split", client_id, task_type, stream="synthetic")
             )
             train += [{**ex, "stage": stage if dynamic else 0} for ex in task_train]
             test += [{**ex, "stage": stage if dynamic else 0} for ex in task_test]

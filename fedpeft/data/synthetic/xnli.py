@@ -12,7 +12,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from fedpeft.config import DataConfig
+from fedpeft.core.config import DataConfig
+from fedpeft.core.registry import DATASETS
 from fedpeft.data.synthetic.common import (
     base_corpus,
     cached,
@@ -29,7 +30,6 @@ from fedpeft.data.synthetic.grammar import random_variants, render
 from fedpeft.data.synthetic.languages import language
 from fedpeft.data.synthetic.nli import EDITS, LABEL_NAMES, sample_pair
 from fedpeft.data.types import Example, FederatedData
-from fedpeft.registry import DATASETS
 
 NAME = "synthetic-xnli"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "cyr2", "cyr3", "arb1", "arb2", "dev1", "dev2", "grk1",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,12 +46,6 @@ class ServerState:
     tensors: StateDict = field(default_factory=dict)
     round: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def derive_seed(seed: int, *keys: Any) -> int:
-    """A 31-bit seed derived from ``seed`` and ``keys`` (round, client id, purpose), stable across processes."""
-    text = "|".join([str(seed), *map(str, keys)])
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % (2**31 - 1)
 
 
 def num_bytes(tensors: StateDict) -> int:

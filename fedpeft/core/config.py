@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 
 
 class _Strict(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from fedpeft.errors import UserError
+from fedpeft.core.errors import UserError
 
 T = TypeVar("T")
 

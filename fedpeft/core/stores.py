@@ -8,7 +8,6 @@ clients fit. Every entry is tagged with the round that wrote it so a resumed run
 from __future__ import annotations
 
 import os
-import pickle
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -101,12 +100,3 @@ class DiskStore:
 def make_store(kind: str, root: Path) -> MemoryStore | DiskStore:
     """A store of ``kind`` (``memory`` or ``disk``); disk stores live under ``root``."""
     return DiskStore(root) if kind == "disk" else MemoryStore()
-
-
-def save_atomic(obj: Any, path: Path) -> None:
-    """torch.save to ``path`` through a temporary file, so a kill never leaves half a checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle, pickle_protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)

@@ -1,41 +1,13 @@
-"""What both engines share: client sampling, seeds, cost bookkeeping."""
+"""What a phase costs: communication, client and wall time, peak memory."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import math
-import random
 import resource
 import sys
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
-
-from fedpeft.types import derive_seed
-
-
-def sample_clients(client_ids: list[str], fraction: float, min_clients: int, seed: int, round_: int) -> list[str]:
-    """The clients of one round: ``max(min_clients, round(fraction * n))`` drawn without replacement, sorted."""
-    ordered = sorted(client_ids)
-    k = min(len(ordered), max(min_clients, math.ceil(fraction * len(ordered) - 1e-9)))
-    chosen = random.Random(derive_seed(seed, "sample", round_)).sample(ordered, k)
-    return sorted(chosen)
-
-
-def sample_round(method: Any, client_ids: list[str], seed: int, round_: int) -> list[str]:
-    """The clients of one round of ``method``: its own ``sample(client_ids, round_, seed)`` when it defines one
-    (e.g. per-tier participation rates), else :func:`sample_clients` with its ``fraction`` and ``min_clients``."""
-    custom = getattr(method, "sample", None)
-    if custom is not None:
-        return sorted(custom(client_ids, round_, seed))
-    cfg = method.cfg
-    return sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
-
-
-def client_seed(seed: int, method: str, phase: str, round_: int | None, client_id: str) -> int:
-    """The seed of one client's work in one round (or in personalization)."""
-    return derive_seed(seed, method, phase, round_, client_id)
 
 
 def peak_rss_mb() -> float:
@@ -101,11 +73,3 @@ class CostMeter:
         return [
             {"method": method, "seed": seed, "phase": phase, "metric": k, "value": float(v)} for k, v in values.items()
         ]
-
-
-def check_round(round_: int, sampled: int, failures: list[str]) -> None:
-    """Stop the run when every client sampled in round ``round_`` failed (``failures``: that round's messages):
-    a round without a single update means the method cannot train (a configuration or code error), and going
-    on would report the untrained model as the method's result."""
-    if sampled and len(failures) >= sampled:
-        raise RuntimeError(f"round {round_}: all {sampled} sampled clients failed; the first: {failures[0]}")
