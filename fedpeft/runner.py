@@ -27,6 +27,7 @@ from fedpeft.core.io import save_atomic
 from fedpeft.core.progress import Progress
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import FederatedData
+from fedpeft.engine.rounds import AfterRound
 from fedpeft.methods.base import Method
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, build_method
 
@@ -78,9 +79,8 @@ class Experiment:
         for budget in self.cfg.budgets:
             self.worker.runtime.check_budget(budget)
         for method in self.methods:
-            check_budgets = getattr(method, "check_budgets", None)
-            if check_budgets is not None and method.uses_budget:
-                check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
+            if method.uses_budget:
+                method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
         try:
             for seed in self.cfg.seeds:
@@ -240,32 +240,23 @@ class Experiment:
                 state = method.init_server(self.worker.runtime, seed)
             else:
                 state = method.init_server_for_budget(self.worker.runtime, seed, budget)
-        cfg: Any = method.cfg
         per_budget = "" if budget is None else f", r={budget}"
         self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
-        self.progress.rounds(cfg.rounds, start)
-
-        def on_round_end(state: ServerState, round_: int, metrics: Metrics) -> None:
-            self._evaluate_round(method, label, seed, state, round_ + 1)
-            snapshot = {
-                "state": state,
-                "round": round_ + 1,
-                "store": store.snapshot(),
-                "meter": dict(meter.__dict__),
-                "round_records": self._round_records.get((label, seed), []),
-            }
-            save_atomic(snapshot, ckpt)
-            self.progress.advance_round(metrics)
-
+        self.progress.rounds(method.rounds, start)
+        callbacks = [
+            AfterRound(lambda state, round_, _: self._evaluate_round(method, label, seed, state, round_ + 1)),
+            Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), [])),
+            AfterRound(lambda _state, _round, metrics: self.progress.advance_round(metrics)),
+        ]
         seen = [c.client_id for c in self.data.pool("seen")]
         return self.engine.run_rounds(
-            label, method, state, seen, seed=seed, meter=meter, start_round=start, on_round_end=on_round_end
+            label, method, state, seen, seed=seed, meter=meter, start_round=start, callbacks=callbacks
         )
 
     def _evaluate_round(self, method: Method, label: str, seed: int, state: ServerState, completed: int) -> None:
         """Evaluate every client's current model after ``completed`` rounds, every ``eval.every`` rounds."""
         every = self.cfg.eval.every
-        rounds = int(getattr(method.cfg, "rounds", completed))
+        rounds = method.rounds
         if not every or label == BASE_STAGE_LABEL or (completed % every and completed != rounds):
             return
         records = self._round_records.setdefault((label, seed), [])
@@ -292,9 +283,7 @@ class Experiment:
                 state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
             costs += communication_rows(method.label, seed, meter, len(self.data.pool("seen")))
-            save_artifacts = getattr(method, "save_server_artifacts", None)
-            if save_artifacts is not None:
-                save_artifacts(state, self.out, seed)
+            method.save_server_artifacts(state, self.out, seed)
             records += self._round_records.pop((method.label, seed), [])
         ids = [c.client_id for c in self.data.clients]
         budgets = len(self.cfg.budgets) if method.uses_budget else 1
@@ -315,9 +304,7 @@ class Experiment:
             meter.clients += budgets
         meter.wall_seconds = time.perf_counter() - started
         costs += meter.rows(method.label, seed, "personalization")
-        compute_costs = getattr(method, "compute_costs", None)  # per-budget FLOPs and forward time
-        if compute_costs is not None:
-            costs += compute_costs(self.worker.runtime, seed)
+        costs += method.compute_costs(self.worker.runtime, seed)  # e.g. per-budget FLOPs and forward time
         costs += merge_cost_rows(method.label, seed, records, federated_meter)
         return records, costs
 
@@ -341,6 +328,30 @@ class Experiment:
             from fedpeft.adapters.scale_analysis import write_scale_plots
 
             write_scale_plots(self.out, self.out / "plots")
+
+
+class Checkpoint:
+    """After every round, the phase's state, client-state store, cost meter and round records, written atomically
+    to ``path``: what ``--resume`` continues from."""
+
+    def __init__(self, path: Path, store: Any, meter: CostMeter, round_records: Callable[[], list[dict]]) -> None:
+        self.path = path
+        self.store = store
+        self.meter = meter
+        self.round_records = round_records
+
+    def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> None:
+        snapshot = {
+            "state": state,
+            "round": round_ + 1,
+            "store": self.store.snapshot(),
+            "meter": dict(self.meter.__dict__),
+            "round_records": self.round_records(),
+        }
+        save_atomic(snapshot, self.path)
+
+    def after_phase(self, state: ServerState) -> None:
+        return None
 
 
 def communication_rows(label: str, seed: int, meter: CostMeter, clients: int) -> list[dict]:

@@ -142,8 +142,7 @@ class Worker:
         self.methods: dict[str, Method] = {}
         for entry in cfg.methods:
             method = build_method(entry, cfg)
-            if hasattr(method, "bind_federation"):  # methods that compute on the server (distillation)
-                method.bind_federation(self.federation)
+            method.bind_federation(self.federation)
             self.methods[method.label] = method
         self.methods[BASE_STAGE_LABEL] = build_method(cfg.base.method)
         self.clients = {c.client_id: c for c in self.data.clients}
@@ -254,7 +253,7 @@ class Worker:
         else:
             self.use_client_base(seed, client_id)
         store = self.store(label, seed)
-        client = self.client_in_round(client_id, round_, int(getattr(method.cfg, "rounds", 1)))
+        client = self.client_in_round(client_id, round_, method.rounds)
         update, client_state = method.client_update(
             self.runtime_for(client_id),
             client,
@@ -292,29 +291,22 @@ class Worker:
         method = self.methods[label]
         self.use_client_base(seed, client_id)
         client = self.clients[client_id]
-        budgets: list[int | None] = list(self.cfg.budgets) if method.uses_budget else [None]
-        budgets_of = getattr(method, "budgets_of", None)  # methods whose budget is the client's own (a tier)
-        if budgets_of is not None:
-            budgets = budgets_of(client)
-        rounds = int(getattr(method.cfg, "rounds", 0)) if method.federated else None
-        client_state = self.store(label, seed).get(client_id)
+        budgets = method.budgets_of(client, self.cfg.budgets)
+        rounds = method.rounds if method.federated else None
+        runtime = self.runtime_for(client_id)
+        # Work every budget shares (e.g. BayesTune's rank scales), done once per client and timed with the rest.
+        started = time.perf_counter()
+        pseed = client_seed(seed, method.name, "prepare", None, client_id)
+        client_state = method.prepare_personalization(
+            runtime, client, state, self.store(label, seed).get(client_id), pseed
+        )
+        seconds = time.perf_counter() - started
+        method.save_client_artifacts(client_state, client, self.run_dir, label, seed)
         records: list[dict] = []
-        seconds = 0.0
-        prepare = getattr(method, "prepare_personalization", None)
-        if prepare is not None:
-            # Work every budget shares (e.g. BayesTune's rank scales), done once per client and timed with the rest.
-            started = time.perf_counter()
-            pseed = client_seed(seed, method.name, "prepare", None, client_id)
-            client_state = prepare(self.runtime_for(client_id), client, state, client_state, pseed)
-            seconds += time.perf_counter() - started
-            save_artifacts = getattr(method, "save_client_artifacts", None)
-            if save_artifacts is not None:
-                save_artifacts(client_state, client, self.run_dir, label, seed)
         for budget in budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
             budget_state = budget_states[budget] if budget_states and budget is not None else state
             started = time.perf_counter()
-            runtime = self.runtime_for(client_id)
             model = method.personalize(runtime, client, budget_state, client_state, budget, pseed)
             seconds += time.perf_counter() - started
             metrics = method.evaluate(runtime, client, model, pseed)
@@ -343,7 +335,7 @@ class Worker:
 
         method = self.methods[label]
         self.use_base(seed)
-        rounds = int(getattr(method.cfg, "rounds", round_))
+        rounds = method.rounds
         client = self.client_in_round(client_id, max(round_ - 1, 0), rounds)
         budget = self.cfg.budgets[0] if method.uses_budget else None
         pseed = client_seed(seed, method.name, "evaluate", round_, client_id)

@@ -41,19 +41,17 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.core.config import ExperimentConfig, dump_given, validate
-from fedpeft.core.costs import CostMeter, release_memory
+from fedpeft.core.costs import release_memory
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import save_atomic
 from fedpeft.core.progress import Progress
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
-from fedpeft.engine.rounds import check_round, sample_round
+from fedpeft.core.types import ClientUpdate, Payload, ServerState
+from fedpeft.engine.rounds import ClientOutcome, Engine
 
 if TYPE_CHECKING:  # the worker pulls in transformers: imported when first needed, not for a node's queries
-    from fedpeft.methods.base import Method
     from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
-RoundCallback = Callable[[ServerState, int, Metrics], None]
 
 # ---------------------------------------------------------------------------------------------- message keys
 # Message types ("<category>.<action>", as Flower requires) of the operations a ClientApp serves.
@@ -151,8 +149,8 @@ def _unpack(value: Any, arrays: ArrayRecord) -> Any:
 def encode(value: Any) -> RecordDict:
     """Message content of ``value``: its tensors in an ArrayRecord (key order and dtype kept), the rest as JSON.
 
-    ``value`` may nest dicts, lists, tuples, numbers, strings, tensors and the dataclasses
-    :class:`~fedpeft.core.types.Payload`, :class:`~fedpeft.core.types.ClientUpdate` and :class:`~fedpeft.core.types.ServerState`.
+    ``value`` may nest dicts, lists, tuples, numbers, strings, tensors and the dataclasses of
+    :mod:`fedpeft.core.types` (``Payload``, ``ClientUpdate``, ``ServerState``).
     """
     packer = _Packer()
     text = json.dumps(packer.pack(value))
@@ -321,7 +319,7 @@ client_app.query("base")(handle_base_query)
 
 
 # ---------------------------------------------------------------------------------------------- GridEngine
-class GridEngine:
+class GridEngine(Engine):
     """Runs the clients' work as Flower messages through a ServerApp's ``Grid`` (simulation or deployment).
 
     Same interface as :class:`~fedpeft.engine.local.LocalEngine`.
@@ -369,54 +367,31 @@ class GridEngine:
         self._base_synced: set[int] = set()
 
     # ------------------------------------------------------------------ engine interface
-    def run_rounds(
-        self,
-        label: str,
-        method: Method,
-        state: ServerState,
-        client_ids: list[str],
-        *,
-        seed: int,
-        meter: CostMeter,
-        start_round: int = 0,
-        on_round_end: RoundCallback | None = None,
-    ) -> ServerState:
-        """Run rounds ``start_round .. cfg.rounds - 1`` of ``method`` over ``client_ids``."""
+    def start_phase(self, label: str, seed: int) -> None:
+        """Every node needs the base model of ``seed`` before its clients train (not for the base stage)."""
         from fedpeft.worker import BASE_STAGE_LABEL
 
-        cfg: Any = method.cfg
         if label != BASE_STAGE_LABEL:
             self._sync_base(seed)
-        for round_ in range(start_round, cfg.rounds):
-            if method.should_stop(state):
-                break
-            sampled = sample_round(method, client_ids, seed, round_)
-            started = time.perf_counter()
-            tasks, bytes_down = [], {}
-            failed_before = len(meter.failures)
-            for client_id in sampled:
-                payload = method.payload(state, client_id)
-                bytes_down[client_id] = num_bytes(payload.tensors)
-                kwargs = {"label": label, "seed": seed, "round_": round_, "payload": payload}
-                tasks.append(self._task("train", client_id, kwargs))
-            updates: dict[str, ClientUpdate] = {}
-            for client_id, outcome in self._run_tasks(tasks, group=f"{label}-seed{seed}-round{round_}"):
-                if isinstance(outcome, BaseException):
-                    message = f"round {round_}: client {client_id} failed and was left out ({outcome!r})"
-                    log.warning(message)
-                    meter.failures.append(message)
-                    continue
-                update: ClientUpdate = outcome.value
-                meter.record_round(outcome.seconds, bytes_down[client_id], upload_bytes(update))
-                updates[client_id] = update
-            # Sorted by client id: the order the local engine aggregates in, so the sums round alike.
-            check_round(round_, len(sampled), meter.failures[failed_before:])
-            state, metrics = method.aggregate(state, (updates[c] for c in sorted(updates)))
-            state.round = round_ + 1
-            meter.wall_seconds += time.perf_counter() - started
-            if on_round_end is not None:
-                on_round_end(state, round_, metrics)
-        return state
+
+    def train_clients(
+        self, label: str, seed: int, round_: int, client_ids: list[str], payload_of: Callable[[str], Payload]
+    ) -> Iterator[ClientOutcome]:
+        """Send every client's round as one message; once all replies are in, yield them in client-id order
+        (the order the local engine aggregates in, so the sums round alike)."""
+        tasks = []
+        for client_id in client_ids:
+            kwargs = {"label": label, "seed": seed, "round_": round_, "payload": payload_of(client_id)}
+            tasks.append(self._task("train", client_id, kwargs))
+        outcomes: dict[str, tuple[ClientUpdate | BaseException, float]] = {}
+        for client_id, outcome in self._run_tasks(tasks, group=f"{label}-seed{seed}-round{round_}"):
+            if isinstance(outcome, BaseException):
+                outcomes[client_id] = (outcome, 0.0)
+            else:
+                outcomes[client_id] = (outcome.value, outcome.seconds)
+        for client_id in client_ids:
+            update, seconds = outcomes[client_id]
+            yield client_id, update, seconds
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Run the worker operation ``op`` for each client on its node; results come in the order of ``client_ids``.

@@ -7,17 +7,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fedpeft.core.costs import CostMeter, release_memory
-from fedpeft.core.types import ClientUpdate, Metrics, ServerState, num_bytes, upload_bytes
-from fedpeft.engine.rounds import check_round, sample_round
-from fedpeft.methods.base import Method
+from fedpeft.core.costs import release_memory
+from fedpeft.core.types import Payload
+from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
-RoundCallback = Callable[[ServerState, int, Metrics], None]
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """Runs every client in this process on one :class:`~fedpeft.worker.Worker`."""
 
     name = "local"
@@ -26,61 +24,21 @@ class LocalEngine:
         self.worker = worker
         self.on_client = on_client
 
-    def run_rounds(
-        self,
-        label: str,
-        method: Method,
-        state: ServerState,
-        client_ids: list[str],
-        *,
-        seed: int,
-        meter: CostMeter,
-        start_round: int = 0,
-        on_round_end: RoundCallback | None = None,
-    ) -> ServerState:
-        """Run rounds ``start_round .. cfg.rounds - 1`` of ``method`` over ``client_ids``."""
-        cfg: Any = method.cfg
-        for round_ in range(start_round, cfg.rounds):
-            if method.should_stop(state):
-                break
-            sampled = sample_round(method, client_ids, seed, round_)
+    def train_clients(
+        self, label: str, seed: int, round_: int, client_ids: list[str], payload_of: Callable[[str], Payload]
+    ) -> Iterator[ClientOutcome]:
+        """Each client's round, one after another: the next one starts when aggregation asks for its update."""
+        for client_id in client_ids:
+            payload = payload_of(client_id)
             started = time.perf_counter()
-            failed_before = len(meter.failures)
-            updates = self._updates(label, method, state, sampled, seed, round_, meter)
-            state, metrics = method.aggregate(state, updates)
-            check_round(round_, len(sampled), meter.failures[failed_before:])
-            state.round = round_ + 1
-            meter.wall_seconds += time.perf_counter() - started
-            if on_round_end is not None:
-                on_round_end(state, round_, metrics)
-        return state
-
-    def _updates(
-        self,
-        label: str,
-        method: Method,
-        state: ServerState,
-        sampled: list[str],
-        seed: int,
-        round_: int,
-        meter: CostMeter,
-    ) -> Iterator[ClientUpdate]:
-        for client_id in sampled:
-            payload = method.payload(state, client_id)
-            started = time.perf_counter()
+            outcome: Any
             try:
-                update = self.worker.train(label, seed, round_, client_id, payload)
+                outcome = self.worker.train(label, seed, round_, client_id, payload)
             except Exception as err:  # a failing client must not stop the federation
-                message = f"round {round_}: client {client_id} failed and was left out ({err!r})"
-                log.warning(message)
-                meter.failures.append(message)
-                continue
+                outcome = err
             finally:
-                release_memory()
-                if self.on_client is not None:
-                    self.on_client()
-            meter.record_round(time.perf_counter() - started, num_bytes(payload.tensors), upload_bytes(update))
-            yield update
+                self._after_client()
+            yield client_id, outcome, time.perf_counter() - started
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Call the worker operation ``op`` for each client; a failure comes back as the exception."""
@@ -90,7 +48,10 @@ class LocalEngine:
             except Exception as err:
                 log.warning("client %s failed in %s: %r", client_id, op, err)
                 result = err
-            release_memory()
-            if self.on_client is not None:
-                self.on_client()
+            self._after_client()
             yield client_id, result
+
+    def _after_client(self) -> None:
+        release_memory()
+        if self.on_client is not None:
+            self.on_client()

@@ -1,25 +1,32 @@
-"""The method contract: pure client and server functions on named tensors.
+"""The method contract: pure client and server functions on named tensors, and every hook an engine calls.
 
-A method is a class registered in ``fedpeft.core.registry.METHODS`` with a pydantic ``Config``. Engines call:
+A method is a class registered in ``fedpeft.core.registry.METHODS`` with a pydantic ``Config``. It is generic
+over its config, its server state and its client state: ``Method[ConfigT, ServerT, ClientT]``. The runner,
+the worker and the engines call only what :class:`Method` declares here, each hook with a default:
 
-- ``init_server(runtime, seed) -> ServerState``
-- ``payload(state, client_id) -> Payload``                 (may differ per client)
-- ``client_update(runtime, client, payload, client_state, seed) -> (ClientUpdate, client_state)``
-- ``aggregate(state, updates) -> (ServerState, Metrics)``   (``updates`` is an iterator: aggregate as it streams)
-- ``personalize(runtime, client, state, client_state, budget, seed) -> ClientModel``
+- federated phase: ``init_server`` (or ``init_server_for_budget``), ``should_stop``, ``sample``, ``payload``,
+  ``client_update``, ``aggregate``;
+- personalization: ``budgets_of``, ``check_budgets``, ``prepare_personalization``, ``personalize``,
+  ``evaluate``;
+- base stage: ``export_base``, ``client_base``;
+- outputs: ``save_server_artifacts``, ``save_client_artifacts``, ``compute_costs``, and the reporting hooks;
+- the server's view of the federation: ``bind_federation``.
 
 Methods never choose how clients are executed (sequentially, in Flower, in parallel); the engine does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, ClassVar
+import dataclasses
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from fedpeft.base_models import ClientBase
+from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -56,12 +63,24 @@ class LoraConfigMixin(BaseModel):
     targets: list[str] | None = None
 
 
-class Method:
-    """Base class of registered methods; see the module docstring for the contract."""
+ConfigT = TypeVar("ConfigT", bound=MethodConfig)
+ServerT = TypeVar("ServerT", bound=ServerState)
+ClientT = TypeVar("ClientT")
+Budget = int | str | None  # a rank budget, a tier name, or none
+
+
+class Method(Generic[ConfigT, ServerT, ClientT]):
+    """Base class of registered methods; see the module docstring for the contract.
+
+    Type parameters: the method's config class, its server state (a :class:`ServerState` dataclass) and the
+    per-client state it keeps in the client-state store between rounds (``None`` when it keeps none).
+    """
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[MethodConfig]] = MethodConfig
+    # Has a federated phase (rounds of client_update and aggregate); otherwise only personalize runs.
     federated: ClassVar[bool] = True
+    # Personalizes once per budget of the experiment (``budgets``); otherwise once, with budget None.
     uses_budget: ClassVar[bool] = False
     # Tensor-name fragments that never leave the client (checked by the method matrix tests).
     private_keys: ClassVar[tuple[str, ...]] = ()
@@ -71,48 +90,91 @@ class Method:
     # ``per_client_base`` also ``client_base`` (every client gets a base model of its own).
     base_stage: ClassVar[bool] = False
     per_client_base: ClassVar[bool] = False
+    # Shares knowledge across architectures itself; otherwise a heterogeneous federation runs one copy of the
+    # method per architecture group (fedpeft.methods.grouped).
+    architecture_aware: ClassVar[bool] = False
+    # Sends tensors between server and clients in its rounds (False: rounds of local training only).
+    communicates: ClassVar[bool] = True
 
-    def __init__(self, cfg: MethodConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: ConfigT) -> None:
+        self.cfg: ConfigT = cfg
 
     @property
     def label(self) -> str:
+        """The name of this method's rows in the outputs (``label`` if the config sets one, else the name)."""
         return self.cfg.label or self.cfg.name
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
-        return ServerState()
+    @property
+    def rounds(self) -> int:
+        """Rounds of the federated phase (0 for a method without one)."""
+        return int(getattr(self.cfg, "rounds", 0))
 
-    def init_server_for_budget(self, runtime: ModelRuntime, seed: int, budget: int) -> ServerState:
+    # ------------------------------------------------------------------ set-up
+    def bind_federation(self, federation: Any) -> None:
+        """The server's view of the federation (every architecture's runtime, the public data), for methods
+        that compute on the server (distillation). Called once when the worker is built."""
+
+    def check_budgets(self, budgets: list[int]) -> None:
+        """Refuse, before any training, budgets this method cannot serve (raise ``UserError``)."""
+
+    # ------------------------------------------------------------------ federated phase
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerT:
+        """The server state before the first round."""
+        return ServerState()  # type: ignore[return-value]
+
+    def init_server_for_budget(self, runtime: ModelRuntime, seed: int, budget: int) -> ServerT:
         """The initial server state of the federated phase for ``budget`` (methods with ``federated_per_budget``)."""
         return self.init_server(runtime, seed)
 
-    def should_stop(self, state: ServerState) -> bool:
+    def should_stop(self, state: ServerT) -> bool:
         """Whether the federated phase ends before its last round (early stopping); checked before every round."""
         return False
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
+    def sample(self, client_ids: list[str], round_: int, seed: int) -> list[str]:
+        """The clients of round ``round_``: ``fraction`` of them (at least ``min_clients``), drawn from ``seed``."""
+        cfg: Any = self.cfg
+        return sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
+
+    def payload(self, state: ServerT, client_id: str) -> Payload:
+        """What the server sends ``client_id`` this round (by default the global tensors)."""
         return Payload(tensors=state.tensors)
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: ClientT | None, seed: int
+    ) -> tuple[ClientUpdate, ClientT | None]:
+        """One client's local work in one round: its upload and its new client state (``None``: keep none)."""
         raise NotImplementedError(f"{self.name} has no federated phase")
 
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+    def aggregate(self, state: ServerT, updates: Iterable[ClientUpdate]) -> tuple[ServerT, Metrics]:
+        """The next server state from the round's updates (an iterator: aggregate as it streams)."""
         tensors, metrics = weighted_mean(updates)
         if not tensors:
             return state, metrics
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+
+    # ------------------------------------------------------------------ personalization
+    def budgets_of(self, client: ClientData, budgets: Sequence[int]) -> list[Budget]:
+        """The budgets ``client`` is personalized at: every experiment budget for methods that use one, else
+        ``[None]``; tiered methods give the client's own tier."""
+        return list(budgets) if self.uses_budget else [None]
+
+    def prepare_personalization(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerT, client_state: Any, seed: int
+    ) -> Any:
+        """Work every budget of one client shares (e.g. BayesTune's rank scales), done once before
+        :meth:`personalize` runs for each budget; returns the client state those calls receive."""
+        return client_state
 
     def personalize(
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: ServerT,
         client_state: Any,
-        budget: int | None,
+        budget: Any,
         seed: int,
     ) -> ClientModel:
+        """The model ``client`` keeps at ``budget``, from the final server state and its own state."""
         raise NotImplementedError
 
     def evaluate(self, runtime: ModelRuntime, client: ClientData, model: ClientModel, seed: int) -> Metrics:
@@ -121,7 +183,8 @@ class Method:
         runtime.install(model, seed=seed)
         return runtime.evaluate(client.test)
 
-    def export_base(self, runtime: ModelRuntime, state: ServerState) -> StateDict:
+    # ------------------------------------------------------------------ base stage
+    def export_base(self, runtime: ModelRuntime, state: ServerT) -> StateDict:
         """Every base tensor of the shared base model this method's final ``state`` gives (``base_stage``)."""
         raise NotImplementedError(f"{self.name} cannot produce a base model")
 
@@ -129,6 +192,17 @@ class Method:
         """One client's own changes to the shared base model (``per_client_base``), computed on the runtime with
         the shared base installed; ``None`` keeps the shared base."""
         return None
+
+    # ------------------------------------------------------------------ outputs
+    def save_server_artifacts(self, state: ServerT, run_dir: Path, seed: int) -> None:
+        """Write what the final server state of ``seed`` leaves besides records (e.g. FedP2EFT's PSG)."""
+
+    def save_client_artifacts(self, prepared: Any, client: ClientData, run_dir: Path, label: str, seed: int) -> None:
+        """Write what one client's :meth:`prepare_personalization` leaves for the reports (e.g. rank scales)."""
+
+    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
+        """Extra ``costs.jsonl`` records (e.g. per-budget FLOPs and forward time)."""
+        return []
 
 
 def weighted_mean(updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:

@@ -10,13 +10,14 @@ and are not wrapped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
-from fedpeft.methods.base import Method
+from fedpeft.methods.base import Budget, Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 GROUPS_KEY = "architectures"
@@ -34,6 +35,25 @@ class ArchitectureGroups(Method):
         self.federated = inner.federated
         self.uses_budget = inner.uses_budget
         self.private_keys = inner.private_keys
+
+    # Hooks that do not depend on the server state pass through to the wrapped method.
+    def bind_federation(self, federation: Any) -> None:
+        self.inner.bind_federation(federation)
+
+    def check_budgets(self, budgets: list[int]) -> None:
+        self.inner.check_budgets(budgets)
+
+    def sample(self, client_ids: list[str], round_: int, seed: int) -> list[str]:
+        return self.inner.sample(client_ids, round_, seed)
+
+    def budgets_of(self, client: ClientData, budgets: Sequence[int]) -> list[Budget]:
+        return self.inner.budgets_of(client, budgets)
+
+    def save_client_artifacts(self, prepared: Any, client: ClientData, run_dir: Path, label: str, seed: int) -> None:
+        self.inner.save_client_artifacts(prepared, client, run_dir, label, seed)
+
+    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
+        return self.inner.compute_costs(runtime, seed)
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         federation = federation_of(runtime)
@@ -85,6 +105,6 @@ class ArchitectureGroups(Method):
 def for_architectures(method: Method, heterogeneous: bool) -> Method:
     """``method`` as it runs in a federation: wrapped per architecture group when the federation is
     heterogeneous and the method does not share across architectures itself."""
-    if not heterogeneous or not method.federated or getattr(method, "architecture_aware", False):
+    if not heterogeneous or not method.federated or method.architecture_aware:
         return method
     return ArchitectureGroups(method)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -30,7 +31,7 @@ from fedpeft.core.sampling import sample_clients
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import Metrics
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, Method, local_training
+from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
 from fedpeft.methods.tier_costs import tier_costs
 from fedpeft.models.moe import Routing
 from fedpeft.models.runtime import LoraSpec, ModelRuntime
@@ -118,7 +119,7 @@ class TieredMethod(Method):
             chosen += random.Random(derive_seed(seed, "sample", round_, tier.name)).sample(members, count)
         return sorted(chosen)
 
-    def budgets_of(self, client: ClientData) -> list[str]:
+    def budgets_of(self, client: ClientData, budgets: Sequence[int]) -> list[Budget]:
         """The budgets a client is evaluated at: its tier's name, or none if the tier is not in ``eval_tiers``."""
         tier = self.tier_of(client.client_id).name
         return [tier] if self.cfg.eval_tiers is None or tier in self.cfg.eval_tiers else []
