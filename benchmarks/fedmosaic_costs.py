@@ -29,7 +29,7 @@ from fedpeft.adapters.pq_lora import plan_sites
 from fedpeft.core.config import load_config
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.types import upload_bytes
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
+from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE
 from fedpeft.worker import Worker
 
 METHODS = ["sft_rounds", "fedit", "ditto", "fedsim", "feddat", "perada", "takfl", "fedmkt", "fedmosaic"]

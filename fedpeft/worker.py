@@ -40,7 +40,7 @@ def build_method(entry: dict[str, Any], experiment: ExperimentConfig | None = No
     """Instantiate a registered method from its config mapping (``{"name": ..., **fields}``).
 
     With the ``experiment`` config of a heterogeneous federation, a method that cannot share across
-    architectures runs once per architecture group (:mod:`fedpeft.methods.grouped`).
+    architectures runs once per architecture group (:mod:`fedpeft.methods.families.per_architecture`).
     """
     if "name" not in entry:
         raise UserError("Every entry of `methods` needs a `name`; e.g. `- name: lora`.")
@@ -57,7 +57,7 @@ def build_method(entry: dict[str, Any], experiment: ExperimentConfig | None = No
         cfg.label = str(entry["name"])
     method = cls(cfg)
     if experiment is not None:
-        from fedpeft.methods.grouped import for_architectures
+        from fedpeft.methods.families.per_architecture import for_architectures
 
         method = for_architectures(method, len(experiment.models) > 1)
     return method

@@ -10,9 +10,9 @@ from fedpeft.core.config import validate
 from fedpeft.core.costs import CostMeter
 from fedpeft.engine.local import LocalEngine
 from fedpeft.methods.base import weighted_mean
-from fedpeft.methods.distill import lowest_loss, vote
+from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE, hooked_adapter, install_adapter, matched_steps
+from fedpeft.methods.families.distillation import lowest_loss, vote
 from fedpeft.methods.feddat import distillation
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, hooked_adapter, install_adapter, matched_steps
 from fedpeft.worker import build_method
 from tests.test_federation import HETERO, generation_data
 

@@ -14,7 +14,7 @@ from fedpeft.core.types import ClientUpdate
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.engine.local import LocalEngine
 from fedpeft.federation import assign_architectures
-from fedpeft.methods.grouped import ArchitectureGroups
+from fedpeft.methods.families.per_architecture import ArchitectureGroups
 
 WORDS = "red green blue cat dog bird one two three".split()
 

@@ -10,8 +10,8 @@ import torch
 from fedpeft.core.config import validate
 from fedpeft.core.costs import CostMeter
 from fedpeft.engine.local import LocalEngine
-from fedpeft.methods import rela
-from fedpeft.methods.hetero import example_batches, frozen_gradient, gradient_module, hooked_adapter
+from fedpeft.merging import rela
+from fedpeft.methods.families.branched import example_batches, frozen_gradient, gradient_module, hooked_adapter
 from fedpeft.models.runtime import ClientModel
 from tests.test_federation import HETERO, generation_data
 

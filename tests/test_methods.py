@@ -191,7 +191,9 @@ def test_failing_client_is_left_out_and_round_goes_on(toy_runtime, toy_clients, 
     method.client_update = flaky  # type: ignore[method-assign]
     meter = CostMeter()
     rounds_metrics = []
-    _run_rounds(worker, toy_runtime, toy_clients, meter, callbacks=[AfterRound(lambda s, r, m: rounds_metrics.append(m))])
+    _run_rounds(
+        worker, toy_runtime, toy_clients, meter, callbacks=[AfterRound(lambda s, r, m: rounds_metrics.append(m))]
+    )
     assert [m["clients"] for m in rounds_metrics] == [3.0, 3.0]
     assert len(meter.failures) == 2 and "c2" in meter.failures[0]
     rows = {r["metric"]: r["value"] for r in meter.rows("fedit", 0, "federated")}

@@ -93,7 +93,7 @@ def test_tiny_llava_trains_and_answers_with_lora_on_the_language_model_only(tmp_
     assert image_tokens == [16, 32, 16]
     assert (batch["labels"][batch["input_ids"] == runtime.image_token_id] == -100).all()
     assert torch.isfinite(loaded.model(**batch).loss)
-    from fedpeft.methods.hetero import hooked_adapter, install_adapter
+    from fedpeft.methods.families.branched import hooked_adapter, install_adapter
 
     runtime.architecture = "llava"
     adapter = hooked_adapter(runtime, 0, rank=2)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fedpeft.adapters.gradients import per_sample_gradients
+from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, is_lora_b
 from fedpeft.methods.fedalt import Mixer, mixture, rest_of_world
 from fedpeft.methods.fisher_merge import fisher_weighted_merge
-from fedpeft.methods.lora_parts import is_lora, is_lora_a, is_lora_b
 from fedpeft.methods.potara import alpha_from_traces, merge_states, mixing_weight, variance_terms
 from fedpeft.models.runtime import ClientModel
 from fedpeft.worker import build_method

@@ -6,7 +6,7 @@ The split follows FLAME (paper 004): flwr-datasets' ``DirichletPartitioner`` ove
 spreads the examples evenly instead); then each client's shard is cut 80 / 10 / 10 into train, validation and
 test, so a client's test split has its own category mix. The validation split is not used by the methods; its
 size is reported. Client ids are ``client-00``, ``client-01``, ...: the number at the end assigns compute tiers
-round-robin (see :mod:`fedpeft.methods.tiers`). A client's group is its most frequent category.
+round-robin (see :mod:`fedpeft.methods.families.tiered`). A client's group is its most frequent category.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     base_stage: ClassVar[bool] = False
     per_client_base: ClassVar[bool] = False
     # Shares knowledge across architectures itself; otherwise a heterogeneous federation runs one copy of the
-    # method per architecture group (fedpeft.methods.grouped).
+    # method per architecture group (fedpeft.methods.families.per_architecture).
     architecture_aware: ClassVar[bool] = False
     # Sends tensors between server and clients in its rounds (False: rounds of local training only).
     communicates: ClassVar[bool] = True
@@ -244,7 +244,7 @@ def lora_spec(
     """A LoRA of ``rank`` on ``targets`` (default: all linear layers of the runtime's model and the fused expert
     tensors of a mixture-of-experts model; alpha: 2 * rank)."""
     if targets:
-        from fedpeft.methods.lora_parts import target_spec
+        from fedpeft.methods.families.lora_keys import target_spec
 
         return target_spec(runtime, rank, alpha, dropout, targets)
     return LoraSpec(

@@ -21,7 +21,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
+from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
 
 TEACHER = ("frozen", "local")

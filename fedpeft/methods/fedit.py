@@ -1,11 +1,8 @@
-"""FedIT and FedProx: federated averaging of LoRA adapters.
+"""FedIT: federated averaging of LoRA adapters.
 
 FedIT — J. Zhang et al., "Towards Building the Federated GPT: Federated Instruction Tuning", ICASSP 2024,
 https://arxiv.org/abs/2305.05644. Clients fine-tune the global LoRA locally; the server averages A and B
 separately, weighted by data size. Registered as ``fedit`` (alias ``fedavg``).
-
-FedProx — T. Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020,
-https://arxiv.org/abs/1812.06127. FedIT plus the proximal term (mu / 2) ||w - w_global||^2 on the adapter.
 
 Personalization: every client, seen or unseen, keeps the global adapter, optionally fine-tuned locally for
 ``finetune_epochs`` epochs (0 by default: plain FedIT).
@@ -17,8 +14,6 @@ average by another merge of the uploaded adapters, e.g. ``merge: {operator: ties
 from __future__ import annotations
 
 from typing import Any
-
-import torch
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
@@ -117,33 +112,6 @@ class FedIT(Method):
             batch_size=self.cfg.batch_size,
             epochs=self.cfg.finetune_epochs,
         )
-
-
-class FedProxConfig(FedITConfig):
-    mu: float = 0.01
-
-
-@METHODS.register("fedprox")
-class FedProx(FedIT):
-    """FedIT with a proximal term pulling the local adapter toward the global one."""
-
-    name = "fedprox"
-    Config = FedProxConfig
-
-    def extra_loss(self, runtime: ModelRuntime, payload: Payload):  # noqa: ANN201
-        params = runtime.adapter_parameters()
-        anchors = {}
-        for pname, param in params.items():
-            key = _state_key(pname, runtime)
-            if key in payload.tensors:
-                anchors[pname] = payload.tensors[key].to(param.device, param.dtype)
-        mu = self.cfg.mu
-
-        def proximal(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
-            terms = [((params[n] - a) ** 2).sum() for n, a in anchors.items()]
-            return 0.5 * mu * torch.stack(terms).sum()
-
-        return proximal
 
 
 def _state_key(param_name: str, runtime: ModelRuntime) -> str:

@@ -28,9 +28,9 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
-from fedpeft.methods import rela
+from fedpeft.merging import rela
 from fedpeft.methods.base import Method, weighted_mean
-from fedpeft.methods.hetero import (
+from fedpeft.methods.families.branched import (
     PAPER_COMPUTE_SCALE,
     HeteroConfig,
     architecture_keys,

@@ -18,7 +18,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
-from fedpeft.methods.lora_parts import install_partial, is_lora_a, only, target_spec
+from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 

@@ -15,7 +15,7 @@ from pydantic import Field
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
+from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
 
 

@@ -36,8 +36,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.tier_aggregation import PlainMean, mean_metrics
-from fedpeft.methods.tiers import TierConfig, TieredConfig, TieredMethod
+from fedpeft.methods.families.tier_aggregation import PlainMean, mean_metrics
+from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 COUNTS = "expert_counts"

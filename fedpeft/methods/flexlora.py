@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from fedpeft.adapters.expert_lora import svd_factors
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, ServerState
-from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
-from fedpeft.methods.tier_aggregation import collect_factors, mean_metrics
+from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
 
 
 @METHODS.register("flexlora")

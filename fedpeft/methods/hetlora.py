@@ -35,8 +35,8 @@ from fedpeft.adapters.expert_lora import (
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
-from fedpeft.methods.tier_aggregation import collect_factors, mean_metrics
+from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 

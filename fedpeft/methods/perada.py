@@ -18,8 +18,8 @@ from pydantic import Field
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.distill import DistillationConfig, PublicDistillation, vote
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
+from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE
+from fedpeft.methods.families.distillation import DistillationConfig, PublicDistillation, vote
 from fedpeft.models.runtime import ModelRuntime
 
 

@@ -27,8 +27,8 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import FederatedConfig, LoraConfigMixin
+from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedIT
-from fedpeft.methods.lora_parts import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 GRID = [round(0.1 * i, 1) for i in range(11)]

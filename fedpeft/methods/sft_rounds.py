@@ -14,7 +14,7 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.hetero import BranchedLoraMethod, HeteroConfig
+from fedpeft.methods.families.branched import BranchedLoraMethod, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
 
 

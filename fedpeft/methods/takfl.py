@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import Field
 
 from fedpeft.core.registry import METHODS
-from fedpeft.methods.distill import DistillationConfig, PublicDistillation, vote
-from fedpeft.methods.hetero import PAPER_COMPUTE_SCALE
+from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE
+from fedpeft.methods.families.distillation import DistillationConfig, PublicDistillation, vote
 
 
 class TAKFLConfig(DistillationConfig):

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, ServerState
 from fedpeft.methods.base import weighted_mean
-from fedpeft.methods.rank_tiers import RankTieredConfig, RankTieredMethod
-from fedpeft.methods.tiers import TierConfig
+from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.families.tiered import TierConfig
 
 
 class TrivialLoraConfig(RankTieredConfig):

@@ -11,8 +11,8 @@ by the number at the end of the client id: index i -> tier ``i mod len(tiers)`` 
 
 Evaluation runs each client at its tier's compute: its tier's top-k (and rank, for the baselines). Records
 carry the tier name as their ``budget``. :meth:`TieredMethod.compute_costs` adds, per tier, the analytic
-forward FLOPs and the measured forward time of a client's model (:mod:`fedpeft.methods.tier_costs`). The
-rank-compressing baselines build on :class:`~fedpeft.methods.rank_tiers.RankTieredMethod`.
+forward FLOPs and the measured forward time of a client's model (:mod:`fedpeft.methods.families.tier_costs`). The
+rank-compressing baselines build on :class:`~fedpeft.methods.families.rank_tiered.RankTieredMethod`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import Metrics
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
-from fedpeft.methods.tier_costs import tier_costs
+from fedpeft.methods.families.tier_costs import tier_costs
 from fedpeft.models.moe import Routing
 from fedpeft.models.runtime import LoraSpec, ModelRuntime
 from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS

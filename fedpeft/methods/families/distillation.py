@@ -21,7 +21,7 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData, Example
 from fedpeft.federation import federation_of
 from fedpeft.methods.base import weighted_mean
-from fedpeft.methods.hetero import (
+from fedpeft.methods.families.branched import (
     BranchedLoraMethod,
     HeteroConfig,
     architecture_keys,

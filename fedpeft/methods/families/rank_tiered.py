@@ -3,7 +3,7 @@
 The server keeps a global LoRA of the largest tier rank r_max; a client of a tier with rank r receives its first
 r components (rows of A, columns of B; per expert for fused expert LoRA), trains them and returns them. What
 the server does with the returned adapters is each baseline's own aggregation. Tiers and their assignment to
-clients are those of :mod:`fedpeft.methods.tiers`; local training runs at the model's own experts per token
+clients are those of :mod:`fedpeft.methods.families.tiered`; local training runs at the model's own experts per token
 unless ``train_top_k: tier``.
 """
 
@@ -15,7 +15,7 @@ from fedpeft.adapters.expert_lora import module_key, truncate
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.tiers import TierConfig, TieredConfig, TieredMethod
+from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 

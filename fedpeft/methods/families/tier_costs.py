@@ -21,7 +21,7 @@ from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 def tier_costs(method: Any, runtime: ModelRuntime, seed: int) -> list[dict]:
     """``costs.jsonl`` records (phase ``compute``, budget = tier) of every evaluated tier of ``method`` (a
-    :class:`~fedpeft.methods.tiers.TieredMethod`)."""
+    :class:`~fedpeft.methods.families.tiered.TieredMethod`)."""
     cfg = method.cfg
     rows: list[dict] = []
     tokens = cfg.compute_tokens

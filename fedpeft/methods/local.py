@@ -1,0 +1,52 @@
+"""``local`` (alias ``sft``): the purely local baseline of the federated papers (Potara, FedMosaic).
+
+Each client trains a fixed-rank LoRA on its own data for ``rounds * local_steps`` steps, as many as a federated
+run would give it, with no communication.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedpeft.core.registry import METHODS
+from fedpeft.core.types import ServerState
+from fedpeft.data.types import ClientData
+from fedpeft.methods.base import LoraConfigMixin, Method, MethodConfig, fine_tune, lora_spec
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+
+
+class LocalConfig(MethodConfig, LoraConfigMixin):
+    rounds: int = 10
+    local_steps: int = 10
+    lr: float = 1e-4
+    batch_size: int = 16
+
+
+@METHODS.register("local", aliases=("sft",))
+class Local(Method):
+    """Each client trains a fixed-rank LoRA alone, as many steps as a federated run would give it."""
+
+    name = "local"
+    Config = LocalConfig
+    federated = False
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: int | None,
+        seed: int,
+    ) -> ClientModel:
+        spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
+        steps = self.cfg.rounds * self.cfg.local_steps
+        return fine_tune(
+            runtime,
+            ClientModel(lora=spec),
+            client.train,
+            seed=seed,
+            lr=self.cfg.lr,
+            batch_size=self.cfg.batch_size,
+            steps=steps,
+        )
