@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -121,6 +122,24 @@ def test_codec_round_trip_keeps_order_dtypes_and_structure():
 def test_codec_refuses_what_cannot_travel():
     with pytest.raises(TypeError, match="cannot travel"):
         encode({"handle": object()})
+
+
+@dataclasses.dataclass
+class _TypedState(ServerState):
+    """A method's typed server state, as methods declare them."""
+
+    init_seed: int = 0
+    layout: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    individual: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+
+def test_codec_round_trips_a_typed_server_state():
+    state = _TypedState(tensors={"w": torch.ones(2)}, round=3, init_seed=7, layout=[("q", 4)])
+    state.individual["c0"] = torch.arange(3.0)
+    back = decode(encode({"state": state, "groups": {"small": state}}))
+    assert type(back["state"]) is _TypedState and back["state"].init_seed == 7 and back["state"].round == 3
+    assert back["state"].layout == [("q", 4)] and torch.equal(back["state"].individual["c0"], torch.arange(3.0))
+    assert type(back["groups"]["small"]) is _TypedState
 
 
 # ---------------------------------------------------------------------------------------------- equivalence

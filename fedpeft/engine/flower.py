@@ -80,7 +80,25 @@ NODE_RUN_DIR = "run-dir"  # optional: where this node keeps its copy of the run 
 
 # Markers of the JSON encoding.
 _TENSOR, _TUPLE, _ITEMS, _DATACLASS = "__tensor__", "__tuple__", "__items__", "__dataclass__"
-_DATACLASSES: dict[str, type] = {cls.__name__: cls for cls in (Payload, ClientUpdate, ServerState)}
+_TRAVELLING = (Payload, ClientUpdate, ServerState)  # and their subclasses (each method's typed server state)
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _travelling_classes() -> dict[str, type]:
+    """Every dataclass that may travel: the contract's types and their subclasses, by module-qualified name.
+
+    Only classes already imported are found, which is all a message may name: a node has built the worker
+    (and so imported the method) before it decodes a message with the method's state."""
+    found: dict[str, type] = {}
+    pending = list(_TRAVELLING)
+    while pending:
+        cls = pending.pop()
+        found[_class_name(cls)] = cls
+        pending += cls.__subclasses__()
+    return found
 
 
 # ---------------------------------------------------------------------------------------------- codec
@@ -93,9 +111,9 @@ class _Packer:
     def pack(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return self._tensor(value)
-        if is_dataclass(value) and not isinstance(value, type) and type(value).__name__ in _DATACLASSES:
+        if is_dataclass(value) and isinstance(value, _TRAVELLING):
             packed = {f.name: self.pack(getattr(value, f.name)) for f in fields(value)}
-            return {_DATACLASS: type(value).__name__, "fields": packed}
+            return {_DATACLASS: _class_name(type(value)), "fields": packed}
         if isinstance(value, dict):
             if all(isinstance(k, str) and not k.startswith("__") for k in value):
                 return {k: self.pack(v) for k, v in value.items()}
@@ -141,7 +159,9 @@ def _unpack(value: Any, arrays: ArrayRecord) -> Any:
     if _ITEMS in value:
         return {_unpack(k, arrays): _unpack(v, arrays) for k, v in value[_ITEMS]}
     if _DATACLASS in value:
-        cls = _DATACLASSES[value[_DATACLASS]]
+        cls = _travelling_classes().get(value[_DATACLASS])
+        if cls is None:
+            raise TypeError(f"A message names the unknown state class {value[_DATACLASS]!r}.")
         return cls(**{k: _unpack(v, arrays) for k, v in value["fields"].items()})
     return {k: _unpack(v, arrays) for k, v in value.items()}
 
