@@ -121,7 +121,7 @@ def federated_ratio(out: Path) -> tuple[float, float]:
 
 
 def run_flower(out: Path) -> dict:
-    from fedpeft.engine.flower import run_flower_simulation
+    from fedpeft.apps.flower import run_flower_simulation
 
     cfg = load_config("smoke", [*OVERRIDES, "engine.name=flower"])
     started = time.perf_counter()

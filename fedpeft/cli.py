@@ -58,7 +58,7 @@ def run(
     target = out or Path("runs") / cfg.name
     with Progress(enabled=sys.stderr.isatty() or verbose) as progress:
         if cfg.engine.name == "flower":
-            from fedpeft.engine.flower import run_flower_simulation
+            from fedpeft.apps.flower import run_flower_simulation
 
             run_flower_simulation(cfg, target, resume=resume, progress=progress)
         else:

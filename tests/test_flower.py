@@ -22,6 +22,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from fedpeft.apps.flower import run_flower_simulation
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.progress import Progress
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
@@ -31,7 +32,6 @@ from fedpeft.engine.flower import (
     decode,
     encode,
     flower_config,
-    run_flower_simulation,
     tensors_digest,
 )
 from fedpeft.runner import Experiment

@@ -1,0 +1,136 @@
+"""The Flower apps of fedpeft: ``flwr run .`` (a ServerApp that runs an experiment, and the ClientApp) and
+``fedpeft run --engine flower`` (the same on Flower's simulation engine, :func:`run_flower_simulation`).
+
+The ServerApp reads the run config (``[tool.flwr.app.config]`` in pyproject.toml, overridden with
+``flwr run . <connection> --run-config "key=value ..."``):
+
+- ``config``: a preset name or the path of a YAML config file, on the SuperLink's machine;
+- ``overrides``: ``key=value`` overrides separated by semicolons (``"seeds=[0];methods.0.rounds=5"``);
+- ``out``: the output directory on the SuperLink's machine (empty: ``runs/<name>``);
+- ``resume``: continue the run in ``out``;
+- ``node-timeout``: seconds to wait for SuperNodes to serve every partition;
+- ``reply-timeout``: seconds to wait for a client's reply before leaving it out (0: no limit).
+
+Then it runs the same :class:`~fedpeft.runner.Experiment` as ``fedpeft run`` does, with its clients' work sent to
+the SuperNodes through :class:`~fedpeft.engine.flower.grid.GridEngine`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch imported)
+from flwr.app import Context, UserConfig
+from flwr.serverapp import Grid, ServerApp
+
+from fedpeft.core.config import ExperimentConfig, load_config
+from fedpeft.core.errors import UserError
+from fedpeft.core.progress import Progress
+from fedpeft.engine.flower import GridEngine, client_app, flower_config
+from fedpeft.runner import Experiment
+
+log = logging.getLogger("fedpeft")
+
+__all__ = ["client_app", "run_flower_simulation", "server_app"]
+
+server_app = ServerApp()
+
+
+def _overrides(text: str) -> list[str]:
+    return [part.strip() for part in text.split(";") if part.strip()]
+
+
+def run_from_run_config(grid: Grid, run_config: UserConfig) -> Path:
+    """Run the experiment the run config names over ``grid``; returns the output directory."""
+    source = str(run_config.get("config", "") or "")
+    if not source:
+        raise UserError("The run config names no experiment; pass --run-config \"config='<preset or YAML path>'\".")
+    cfg = flower_config(load_config(source, _overrides(str(run_config.get("overrides", "") or ""))))
+    out = Path(str(run_config.get("out", "") or "")) if run_config.get("out") else Path("runs") / cfg.name
+    reply_timeout = float(run_config.get("reply-timeout", 0) or 0) or None
+    node_timeout = float(run_config.get("node-timeout", 120) or 120)
+    log.info("running %s with the flower engine into %s", source, out.resolve())
+    experiment = Experiment(cfg, out)
+    experiment.run(
+        resume=bool(run_config.get("resume", False)),
+        engine_factory=lambda worker: GridEngine(grid, worker, reply_timeout=reply_timeout, node_timeout=node_timeout),
+    )
+    log.info("outputs written to %s", out.resolve())
+    return out
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """ServerApp entry point: run the experiment of the run config; a user error ends in one clear line."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s fedpeft: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    try:
+        run_from_run_config(grid, context.run_config)
+    except UserError as err:
+        log.error("error: %s", err)
+        raise
+
+
+def run_flower_simulation(
+    cfg: ExperimentConfig, out: Path, *, resume: bool = False, progress: Progress | None = None
+) -> Path:
+    """Run an experiment on Flower's simulation engine (Ray, in-process); returns the output directory.
+
+    The ServerApp runs the same :class:`~fedpeft.runner.Experiment` as the local engine, with a
+    :class:`GridEngine` over its grid; ``cfg.engine.num_supernodes`` virtual SuperNodes serve the clients, at
+    most one per CPU core at a time.
+    """
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("The flower engine simulates with Ray; install it with `pip install 'flwr[simulation]'`.")
+    from flwr.simulation import run_simulation
+
+    cfg = flower_config(cfg)
+    progress = progress or Progress()
+    experiment = Experiment(cfg, out, progress)  # validates the methods before anything starts
+    failures: list[BaseException] = []
+
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            experiment.run(
+                resume=resume,
+                engine_factory=lambda worker: GridEngine(grid, worker, on_client=progress.advance_client),
+            )
+        except BaseException as err:  # re-raised below, in the caller's thread, as it is
+            failures.append(err)
+
+    server_app = ServerApp()
+    server_app.main()(main)
+    nodes = max(1, cfg.engine.num_supernodes)
+    parallel = max(1, min(nodes, os.cpu_count() or 1))
+    gpus = 1.0 / parallel if cfg.device.startswith("cuda") else 0.0
+    verbose = log.isEnabledFor(logging.INFO)
+    backend_config: dict[str, Any] = {
+        "client_resources": {"num_cpus": 1, "num_gpus": gpus},
+        "init_args": {
+            "num_cpus": parallel,
+            "num_gpus": 1 if gpus else 0,
+            "include_dashboard": False,
+            "log_to_driver": verbose,
+            "logging_level": logging.INFO if verbose else logging.ERROR,
+        },
+    }
+    if not verbose:  # importing flwr resets its logger to DEBUG
+        logging.getLogger("flwr").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+        run_simulation(
+            server_app=server_app, client_app=client_app, num_supernodes=nodes, backend_config=backend_config
+        )
+    if failures:
+        raise failures[0]
+    if not (Path(out) / "results.jsonl").exists():
+        raise RuntimeError("The Flower simulation ended before the experiment wrote its outputs; see the log above.")
+    return Path(out)

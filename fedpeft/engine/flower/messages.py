@@ -1,0 +1,29 @@
+"""Names both sides of fedpeft's Flower messages agree on: message types, record keys, node config keys."""
+
+from __future__ import annotations
+
+# Message types ("<category>.<action>", as Flower requires) of the operations a ClientApp serves.
+TRAIN = "train"  # one client's local training in one federated round
+EVALUATE_BASE = "evaluate.base"  # the base model on one client's test split
+PERSONALIZE = "train.personalize"  # one client's personalization at every budget, then its evaluation
+EVALUATE_ROUND = "evaluate.round"  # one client's current model during a federated phase (eval.every)
+CLIENT_BASE = "train.client_base"  # one client's own base model after a per-client base stage
+PARTITION_QUERY = "query.partition"  # which partition of the clients a node serves
+BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
+
+# Worker operation -> message type. Only these operations can be called through a message.
+OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}
+OPERATIONS["evaluate_round"] = EVALUATE_ROUND
+OPERATIONS["prepare_client_base"] = CLIENT_BASE
+
+# Keys of a message's RecordDict and of its ConfigRecord.
+ARRAYS_KEY = "fedpeft.arrays"  # ArrayRecord: every tensor of the message
+CONFIG_KEY = "fedpeft.config"  # ConfigRecord: the rest, as JSON
+JSON_FIELD = "json"
+
+# Node config keys (``flower-supernode --node-config``); the simulation engine sets the first two itself.
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+NODE_RUN_DIR = "run-dir"  # optional: where this node keeps its copy of the run directory
+
+# Markers of the JSON encoding.
