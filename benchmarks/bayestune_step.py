@@ -37,7 +37,7 @@ from fedpeft.data.synthetic.xnli import build as build_xnli
 from fedpeft.data.types import ClientData
 from fedpeft.methods.bayestune_lora import BayesTuneLoraConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.models.zoo import load_model
+from fedpeft.models.table import load_model
 from fedpeft.worker import build_method
 
 SEQUENCES, TOKENS = 32, 128

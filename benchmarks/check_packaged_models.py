@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from fedpeft.core.config import ModelConfig  # noqa: F401
 from fedpeft.models import count_lora_modules, load_model, max_rank  # noqa: E402
 from fedpeft.models import gguf as gguf_cache  # noqa: E402
-from fedpeft.models.zoo import GEMMA3_270M_SHA256  # noqa: E402
+from fedpeft.models.packaged import GEMMA3_270M_SHA256  # noqa: E402
 
 REPEATS = 5  # timings on shared machines are noisy: report the median and the best of several runs
 PROMPTS = ["The capital of France is", "Die Hauptstadt von Deutschland ist"]

@@ -71,27 +71,26 @@ def run(
 def list_(
     what: Annotated[str, typer.Argument(help="methods, datasets, models or presets")],
 ) -> None:
-    """Print what is registered."""
-    from fedpeft.core.config import preset_names
+    """Print what is registered, one name and its one-line description per line (imports no method or model)."""
     from fedpeft.core.registry import DATASETS, METHODS, MODELS
 
+    registries = {"methods": METHODS, "datasets": DATASETS, "models": MODELS}
     if what == "presets":
-        names = preset_names()
-    else:
-        import fedpeft.data.catalog  # noqa: F401
-        import fedpeft.methods  # noqa: F401
-        import fedpeft.models.zoo  # noqa: F401
+        from fedpeft.core.config import preset_description, preset_names  # pydantic: only when needed
 
-        registries = {"methods": METHODS, "datasets": DATASETS, "models": MODELS}
-        if what not in registries:
-            raise UserError(f"Cannot list {what!r}; choose methods, datasets, models or presets.")
+        rows = [(name, preset_description(name)) for name in preset_names()]
+    elif what in registries:
         registry = registries[what]
-        names = [
-            name + (f" (alias: {', '.join(registry.aliases_of(name))})" if registry.aliases_of(name) else "")
-            for name in registry.names()
-        ]
-    for name in names:
-        console.print(name)
+        rows = []
+        for name in registry.names():
+            aliases = registry.aliases_of(name)
+            alias = f" (alias: {', '.join(aliases)})" if aliases else ""
+            rows.append((name, registry.describe(name) + alias))
+    else:
+        raise UserError(f"Cannot list {what!r}; choose methods, datasets, models or presets.")
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, description in rows:
+        typer.echo(f"{name:<{width}}  {description}".rstrip())
 
 
 @app.command()
@@ -108,9 +107,6 @@ def report(
     out.mkdir(parents=True, exist_ok=True)
     text = reporting.write_summary(runs, out / "summary.md")
     reporting.write_plots(runs, out / "plots")
-    from fedpeft.adapters.scale_analysis import write_scale_plots
-
-    write_scale_plots(runs, out / "plots")
     console.print(Markdown(text))
 
 

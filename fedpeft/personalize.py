@@ -23,9 +23,8 @@ from fedpeft.adapters.psg import load_generator
 from fedpeft.core.config import load_run_config
 from fedpeft.core.errors import UserError
 from fedpeft.core.seeds import client_seed
-from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.methods.fedp2eft import PSG_DIR
+from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFTState
 
 
 @dataclass
@@ -151,7 +150,7 @@ def personalize_client(
     if meta["modules"] != [name for name, _ in runtime.target_modules]:
         raise UserError(f"The PSG of {path} was trained for other LoRA modules than the run's model has.")
     fedp2eft = worker.methods[label]
-    state = ServerState(tensors=tensors, round=int(meta["rounds"]), extra={"modules": meta["modules"]})
+    state = FedP2EFTState(tensors=tensors, round=int(meta["rounds"]), modules=list(meta["modules"]))
     # The seed the run used for this client and budget: a client of the run gets the adapter the run saved.
     pseed = client_seed(seed, fedp2eft.name, "personalize", budget, client.client_id)
     scales = fedp2eft.client_scales(runtime, client, state, None, pseed)  # type: ignore[attr-defined]

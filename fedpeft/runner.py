@@ -25,11 +25,12 @@ from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import save_atomic
 from fedpeft.core.progress import Progress
+from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.rounds import AfterRound
 from fedpeft.methods.base import Method
-from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, build_method
+from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 
 log = logging.getLogger("fedpeft")
 EngineFactory = Callable[[Worker], Any]
@@ -42,20 +43,17 @@ class Experiment:
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress or Progress()
-        # Validate every method's settings before any expensive work.
-        self.methods: list[Method] = [build_method(entry, cfg) for entry in cfg.methods]
-        labels = [m.label for m in self.methods]
+        # Every method's settings were validated with the config; what remains are facts across entries.
+        labels = [entry.label or entry.name for entry in cfg.methods]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
         if duplicated:
             raise UserError(f"Methods {duplicated} appear twice; give each entry a distinct `label`.")
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
-        base_method = build_method(cfg.base.method)
-        if cfg.base.kind == "federated" and not base_method.base_stage:
-            from fedpeft.core.registry import METHODS
-
+        if cfg.base.kind == "federated" and not METHODS.get(cfg.base.method.name).base_stage:
             usable = ", ".join(n for n in METHODS.names() if METHODS.get(n).base_stage)
-            raise UserError(f"base.method {base_method.name!r} cannot produce a base model; use one of: {usable}.")
+            raise UserError(f"base.method {cfg.base.method.name!r} cannot produce a base model; use one of: {usable}.")
+        self.methods: list[Method] = []  # built once, by the worker, when the run starts
         self._parts: list[str] = []
         # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
         self._round_records: dict[tuple[str, int], list[dict]] = {}
@@ -71,8 +69,7 @@ class Experiment:
         """
         self._prepare_output(resume)
         self.worker = Worker(self.cfg, self.out)
-        # The server side uses the worker's method objects, which know the federation (server-side distillation).
-        self.methods = [self.worker.methods[m.label] for m in self.methods]
+        self.methods = [self.worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         self.data = self.worker.data
         if not self.data.pool("seen"):
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
@@ -325,9 +322,6 @@ class Experiment:
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info))
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots")
-            from fedpeft.adapters.scale_analysis import write_scale_plots
-
-            write_scale_plots(self.out, self.out / "plots")
 
 
 class Checkpoint:

@@ -12,16 +12,14 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from fedpeft.base_models import client_base_tensors, train_centralized_base
 from fedpeft.continual import memory_view
-from fedpeft.core.config import ExperimentConfig, ModelConfig
-from fedpeft.core.errors import UserError
+from fedpeft.core.config import ExperimentConfig, MethodConfig, ModelConfig, method_config
 from fedpeft.core.io import save_atomic
 from fedpeft.core.registry import DATASETS, METHODS
 from fedpeft.core.seeds import client_seed
@@ -29,36 +27,23 @@ from fedpeft.core.stores import ClientStateStore, make_store
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.federation import build_federation
-from fedpeft.methods.base import Method
+from fedpeft.methods.base import Budget, Method
+from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 BASE_LABEL = "base"
 BASE_STAGE_LABEL = "base-stage"
 
 
-def build_method(entry: dict[str, Any], experiment: ExperimentConfig | None = None) -> Method:
-    """Instantiate a registered method from its config mapping (``{"name": ..., **fields}``).
+def build_method(entry: MethodConfig | dict[str, Any], experiment: ExperimentConfig | None = None) -> Method:
+    """Instantiate a registered method from its typed config (or a config mapping ``{"name": ..., **fields}``).
 
     With the ``experiment`` config of a heterogeneous federation, a method that cannot share across
     architectures runs once per architecture group (:mod:`fedpeft.methods.families.per_architecture`).
     """
-    if "name" not in entry:
-        raise UserError("Every entry of `methods` needs a `name`; e.g. `- name: lora`.")
-    import fedpeft.methods  # noqa: F401  (registers the methods)
-
-    cls = METHODS.get(str(entry["name"]))
-    try:
-        cfg = cls.Config.model_validate({**entry, "name": cls.name})
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {first['msg']}.") from None
-    if "label" not in entry and entry["name"] != cls.name:
-        cfg.label = str(entry["name"])
-    method = cls(cfg)
+    cfg = method_config(entry)
+    method: Method = METHODS.get(cfg.name)(cfg)
     if experiment is not None:
-        from fedpeft.methods.families.per_architecture import for_architectures
-
         method = for_architectures(method, len(experiment.models) > 1)
     return method
 
@@ -72,7 +57,7 @@ def build_data(cfg: ExperimentConfig) -> FederatedData:
 
 def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig | None = None) -> ModelRuntime:
     """Load the base model once for this process (``model``: another architecture's; default: the first one)."""
-    from fedpeft.models.zoo import load_model
+    from fedpeft.models.table import load_model
 
     model = model or (next(iter(cfg.models.values())) if cfg.models else cfg.model)
     loaded = load_model(model, task=data.task, num_labels=data.num_labels, corpus=data.corpus)
@@ -90,9 +75,16 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig
     )
 
 
+@runtime_checkable
+class SavableExtension(Protocol):
+    """An adapter PEFT lacks (PQ-LoRA, gated branches) that writes itself to a directory."""
+
+    def save(self, directory: Path) -> Path: ...
+
+
 def records_of(
     method: str,
-    budget: int | None,
+    budget: Budget,
     client: ClientData,
     seed: int,
     round_: int | None,
@@ -305,7 +297,7 @@ class Worker:
         records: list[dict] = []
         for budget in budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
-            budget_state = budget_states[budget] if budget_states and budget is not None else state
+            budget_state = budget_states[budget] if budget_states and isinstance(budget, int) else state
             started = time.perf_counter()
             model = method.personalize(runtime, client, budget_state, client_state, budget, pseed)
             seconds += time.perf_counter() - started
@@ -315,7 +307,7 @@ class Worker:
                 target = self.save_adapter(label, budget, client_id)
                 if model.routing is not None:  # how a mixture-of-experts model runs this adapter
                     (target / "routing.json").write_text(json.dumps(dataclasses.asdict(model.routing)) + "\n")
-            elif save_adapters and hasattr(model.extension, "save"):  # adapters PEFT lacks (PQ-LoRA, gated)
+            elif save_adapters and isinstance(model.extension, SavableExtension):  # adapters PEFT lacks
                 model.extension.save(self.run_dir / "adapters" / label / self._budget_dir(budget) / client_id)
             records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
             for name, variant in model.variants.items():
@@ -325,7 +317,7 @@ class Worker:
         return records, seconds
 
     @staticmethod
-    def _budget_dir(budget: int | None) -> str:
+    def _budget_dir(budget: Budget) -> str:
         return "global" if budget is None else f"r{budget}"
 
     def evaluate_round(self, label: str, seed: int, round_: int, client_id: str, state: ServerState) -> list[dict]:
@@ -353,7 +345,7 @@ class Worker:
             records += [{**r, "split": continual.OTHERS_SPLIT} for r in others_records]
         return records
 
-    def save_adapter(self, label: str, budget: int | None, client_id: str) -> Path:
+    def save_adapter(self, label: str, budget: Budget, client_id: str) -> Path:
         """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
         runtime = self.runtime_for(client_id)
         assert runtime.active is not None and runtime.peft is not None

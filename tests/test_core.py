@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 
@@ -110,3 +113,56 @@ def test_registry_is_loud():
         registry.add("uno", 2)
     with pytest.raises(UserError, match="Unknown thing 'two'; choose one of: one"):
         registry.get("two")
+
+
+@pytest.fixture
+def lazy_registry(tmp_path, monkeypatch):
+    """A registry with a catalogue and declared modules written to ``tmp_path`` (importable, not yet imported)."""
+    registry: Registry = Registry("thing", catalog="lazy_things_catalog")
+    holder = types.ModuleType("lazy_things_holder")
+    holder.REGISTRY = registry  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lazy_things_holder", holder)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "lazy_things_catalog.py").write_text(
+        "from lazy_things_holder import REGISTRY\n"
+        "REGISTRY.declare('one', 'lazy_things_one', 'The first thing', aliases=('uno',))\n"
+        "REGISTRY.declare('ghost', 'lazy_things_empty', 'Promised but never registered')\n"
+    )
+    (tmp_path / "lazy_things_one.py").write_text(
+        "from lazy_things_holder import REGISTRY\nREGISTRY.add('one', 1, aliases=('uno',))\n"
+    )
+    (tmp_path / "lazy_things_empty.py").write_text("")
+    yield registry
+    for name in ("lazy_things_catalog", "lazy_things_one", "lazy_things_empty"):
+        sys.modules.pop(name, None)
+
+
+def test_declared_entries_answer_without_importing_and_load_on_get(lazy_registry):
+    registry = lazy_registry
+    assert registry.names() == ["ghost", "one"] and "uno" in registry and "two" not in registry
+    assert registry.canonical("uno") == "one" and registry.aliases_of("one") == ["uno"]
+    assert registry.describe("uno") == "The first thing" and registry.entry("one").module == "lazy_things_one"
+    assert "lazy_things_one" not in sys.modules
+    assert registry.get("uno") == 1 and "lazy_things_one" in sys.modules
+    with pytest.raises(LookupError, match="lazy_things_empty is declared to register the thing 'ghost'"):
+        registry.get("ghost")
+    with pytest.raises(UserError, match="Unknown thing 'two'; choose one of: ghost, one"):
+        registry.get("two")
+
+
+def test_declarations_and_registrations_refuse_duplicates(lazy_registry):
+    registry = lazy_registry
+    registry.get("one")
+    with pytest.raises(ValueError, match="'one' is already registered"):
+        registry.add("one", 2, aliases=("uno",))  # a declaration is filled once
+    with pytest.raises(ValueError, match="'uno' is already registered"):
+        registry.declare("uno", "elsewhere", "An alias taken as a name")
+    with pytest.raises(ValueError, match="'ghost' is already registered"):
+        registry.declare("ghost", "elsewhere", "Declared twice")
+    with pytest.raises(ValueError, match="registered with aliases \\['boo'\\] but declared"):
+        registry.add("ghost", 3, aliases=("boo",))  # aliases must match the declaration
+    registry.add("ghost", 3)  # registering a declared name fills the declaration
+    assert registry.get("ghost") == 3 and registry.entry("ghost").module == "lazy_things_empty"
+    registry.add("two", 2, description="Registered directly")  # undeclared names still register
+    assert registry.get("two") == 2 and registry.describe("two") == "Registered directly"
+    assert registry.entry("two").module is None and registry.names() == ["ghost", "one", "two"]

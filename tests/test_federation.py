@@ -79,17 +79,17 @@ def test_a_client_without_architecture_is_refused():
 
 
 def test_heterogeneous_worker_loads_each_architecture_once(tmp_path, monkeypatch):
-    import fedpeft.models.zoo as zoo
+    import fedpeft.models.table as table
     from fedpeft.worker import Worker
 
     loads: list[str] = []
-    original = zoo.load_model
+    original = table.load_model
 
     def counting(cfg, **kwargs):
         loads.append(cfg.name)
         return original(cfg, **kwargs)
 
-    monkeypatch.setattr(zoo, "load_model", counting)
+    monkeypatch.setattr(table, "load_model", counting)
     worker = Worker(validate(HETERO), tmp_path, data=generation_data())
     assert loads == ["tiny-llama"]  # the first architecture; the other waits until a client needs it
     method = worker.methods["fedit"]
@@ -111,7 +111,7 @@ def test_homogeneous_methods_aggregate_within_each_architecture_group(tmp_path):
     worker = Worker(validate(HETERO), tmp_path, data=generation_data())
     method = worker.methods["fedit"]
     state = method.init_server(worker.runtime, seed=0)
-    groups = state.extra["architectures"]
+    groups = state.groups
     llama_key = next(k for k in groups["llama"].tensors if "lora_A" in k)
     assert groups["llama"].tensors[llama_key].shape[1] == 32 and groups["qwen"].tensors[llama_key].shape[1] == 64
     updates = []
@@ -120,7 +120,7 @@ def test_homogeneous_methods_aggregate_within_each_architecture_group(tmp_path):
         tensors = {k: torch.full_like(v, float(i)) for k, v in arch.tensors.items()}
         updates.append(ClientUpdate(client, tensors, weight=1.0 + i))
     new_state, metrics = method.aggregate(state, iter(updates))
-    new_groups = new_state.extra["architectures"]
+    new_groups = new_state.groups
     # llama: clients 0 (weight 1) and 2 (weight 3) -> (0 * 1 + 2 * 3) / 4; qwen: 1 (w 2) and 3 (w 4) -> 14 / 6.
     torch.testing.assert_close(
         new_groups["llama"].tensors[llama_key], torch.full_like(new_groups["llama"].tensors[llama_key], 1.5)

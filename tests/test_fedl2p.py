@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fedpeft.core.config import load_config
-from fedpeft.core.types import ClientUpdate, ServerState
-from fedpeft.methods.fedl2p import POST, module_groups, split_validation
+from fedpeft.core.types import ClientUpdate
+from fedpeft.methods.fedl2p import POST, FedL2PState, module_groups, split_validation
 from fedpeft.models.runtime import ClientModel
 from fedpeft.runner import Experiment
 from fedpeft.worker import build_method
@@ -26,7 +26,7 @@ def test_a_module_whose_rate_is_zero_keeps_its_initial_weights(toy_runtime, toy_
     bias[0] = -3.0  # clamped to a zero multiplier: the first module (a lora_A) does not train
     tensors[last.replace("weight", "bias")] = bias
 
-    model = method.personalize(toy_runtime, toy_clients[0], ServerState(tensors=tensors), None, 2, seed=5)
+    model = method.personalize(toy_runtime, toy_clients[0], FedL2PState(tensors=tensors), None, 2, seed=5)
     toy_runtime.install(ClientModel(lora=model.lora), seed=5)
     initial = toy_runtime.adapter_state()
     frozen = module_groups(toy_runtime)[0][0]
@@ -62,7 +62,7 @@ def test_validation_split_is_fixed_per_client(toy_clients):
 
 def test_early_stopping_keeps_the_best_mlp():
     method = build_method({"name": "fedl2p", "patience": 2})
-    state = ServerState(tensors={POST: torch.zeros(1)}, extra={"budget": 2})
+    state = FedL2PState(tensors={POST: torch.zeros(1)}, budget=2)
     history = []
     for round_, loss in enumerate([1.0, 0.5, 0.7, 0.6]):
         update = ClientUpdate("c0", {POST: torch.full((1,), float(round_ + 1))}, 1.0, {"val_loss": loss})
@@ -70,7 +70,7 @@ def test_early_stopping_keeps_the_best_mlp():
         assert not method.should_stop(state)
         state, _ = method.aggregate(state, iter([update]))
     # The MLP that reached 0.5 was the one sent in round 1 (the output of round 0).
-    assert torch.equal(state.extra["best_tensors"][POST], history[1].tensors[POST]) and state.extra["best_loss"] == 0.5
+    assert torch.equal(state.best_tensors[POST], history[1].tensors[POST]) and state.best_loss == 0.5
     assert method.should_stop(state) and state.round == 4
 
 
@@ -90,7 +90,7 @@ def test_one_federated_phase_per_budget_with_per_client_bases_and_resume(tmp_pat
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {(r["method"], r["budget"]) for r in records} == {("base", None), ("fedl2p", 2), ("fedl2p", 4)}
     states = {b: torch.load(out / "checkpoints" / "fedl2p" / f"seed0-r{b}.pt", weights_only=False) for b in (2, 4)}
-    assert [states[b]["state"].extra["budget"] for b in (2, 4)] == [2, 4]
+    assert [states[b]["state"].budget for b in (2, 4)] == [2, 4]
     assert all(s["round"] == 2 for s in states.values())
     clients = sorted({r["client"] for r in records})
     assert sorted(p.stem for p in (out / "checkpoints" / "client-base" / "seed0").iterdir()) == clients

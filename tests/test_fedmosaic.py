@@ -105,13 +105,13 @@ def test_heterogeneous_federation_end_to_end(tmp_path):
     worker = Worker(validate(raw), tmp_path, data=generation_data())
     method = worker.methods["fedmosaic"]
     state = method.init_server(worker.runtime, seed=0)
-    assert state.extra["pivot"] == "llama"  # the smaller of the two
-    assert state.extra["grad_module"] == "model.layers.4.mlp.down_proj"
-    for frames in state.extra["frames"].values():
+    assert state.pivot == "llama"  # the smaller of the two
+    assert state.grad_module == "model.layers.4.mlp.down_proj"
+    for frames in state.frames.values():
         for frame in frames.values():
             torch.testing.assert_close(frame["A"] @ frame["A"].T, torch.eye(2), atol=1e-5, rtol=0)
             torch.testing.assert_close(frame["B"].T @ frame["B"], torch.eye(2), atol=1e-5, rtol=0)
-    assert state.extra["alignment"]  # the qwen frames were fitted to the pivot's
+    assert state.alignment  # the qwen frames were fitted to the pivot's
     first = {c: method.payload(state, c) for c in ("c0", "c1")}
     assert first["c0"].config["mask_seed"] == first["c1"].config["mask_seed"]
     assert any(k.startswith("frame/") for k in first["c1"].tensors)
@@ -128,20 +128,20 @@ def test_heterogeneous_federation_end_to_end(tmp_path):
         "fedmosaic", method, state, ["c0", "c1", "c2", "c3"], seed=0, meter=CostMeter()
     )
     sizes = {u.extras["relevance"].numel() for u in uploads}
-    assert sizes == {round(0.4 * state.extra["grad_size"])}
+    assert sizes == {round(0.4 * state.grad_size)}
     assert not any(k.startswith(("gate/", "head/", "frame/")) for u in uploads for k in u.tensors)
     assert not any(k.startswith("frame/") for k in method.payload(state, "c1").tensors)  # sent only once
-    weights = state.extra["relevance"]["weights"]
+    weights = state.relevance["weights"]
     torch.testing.assert_close(weights.sum(1), torch.ones(4))
     for client, architecture in worker.federation.assignment.items():
         other = "qwen" if architecture == "llama" else "llama"
-        custom = state.extra["globals"][client]
+        custom = state.globals[client]
         assert not any(k.startswith(f"{other}:") for k in method.payload(state, client).tensors)
         # Ordinary LoRA of client's group: RELA-weighted mean over that group only.
         group = sorted(c for c, a in worker.federation.assignment.items() if a == architecture)
         key = next(k for k in custom if k.startswith(f"{architecture}:"))
-        row = state.extra["relevance"]["clients"].index(client)
-        columns = [state.extra["relevance"]["clients"].index(c) for c in group]
+        row = state.relevance["clients"].index(client)
+        columns = [state.relevance["clients"].index(c) for c in group]
         w = weights[row, columns].double() / weights[row, columns].double().sum()
         expected = sum(
             wj * next(u for u in uploads[-4:] if u.client_id == c).tensors[key].double()
@@ -170,7 +170,7 @@ def test_vanilla_ablation_without_pq_lora_trains_every_client(tmp_path):
     assert meter.failures == [] and meter.client_rounds == 8
     b_keys = [k for k in start if k.endswith("lora_B")]
     assert all(float(state.tensors[k].abs().max()) > 0 for k in b_keys)
-    weights = state.extra["relevance"]["weights"]
+    weights = state.relevance["weights"]
     torch.testing.assert_close(weights, torch.full((4, 4), 0.25))  # rela: false -> equal weights
 
 

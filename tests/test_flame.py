@@ -136,12 +136,12 @@ def flame_update(client: str, a: torch.Tensor, b: torch.Tensor, weight: float, c
 
 
 def flame_state(a: torch.Tensor, b: torch.Tensor):
-    from fedpeft.core.types import ServerState
+    from fedpeft.methods.families.tiered import TieredState
 
     layout = {"m.experts": {"key": "m.experts", "experts": 2, "block": "blk"},
               "m.attn": {"key": "m.attn", "experts": 1, "block": None}}  # fmt: skip
     tensors = {"m.experts.lora_A.weight": a, "m.experts.lora_B.weight": b, "m.attn.lora_A.weight": a[:1]}
-    return ServerState(tensors=tensors, extra={"lora_layout": layout})
+    return TieredState(tensors=tensors, lora_layout=layout)
 
 
 def test_flame_aggregation_golden():
@@ -381,7 +381,7 @@ def test_flame_round_counts_only_what_the_client_routed(toy_moe_runtime, toy_moe
     new_state, metrics = flame.aggregate(state, iter([update]))
     assert new_state.round == 1 and metrics["train_rescaler"] == update.metrics["rescaler"]
     unrouted = (counts == 0).nonzero().flatten().tolist()
-    for key, module in flame.modules(state.extra["lora_layout"]).items():
+    for key, module in flame.modules(state.lora_layout).items():
         if module.block is None:
             continue
         before = split_a(state.tensors[f"{key}.lora_A.weight"], module.experts)
@@ -430,7 +430,7 @@ def test_baselines_download_their_tier_rank_and_evaluate_at_the_tier_top_k(toy_m
     for name in ("hetlora", "flexlora"):
         baseline = method(name)
         state = baseline.init_server(toy_moe_runtime, seed=0)
-        expert_a = next(k for k, m in state.extra["lora_layout"].items() if m["experts"] == 8) + ".lora_A.weight"
+        expert_a = next(k for k, m in state.lora_layout.items() if m["experts"] == 8) + ".lora_A.weight"
         assert state.tensors[expert_a].shape[0] == 4 * 8  # the largest tier rank, per expert
         payload = baseline.payload(state, "c3")  # tier4: rank 1
         assert payload.config["rank"] == 1 and payload.tensors[expert_a].shape[0] == 8
@@ -457,7 +457,7 @@ def test_hetlora_self_pruning_shrinks_the_rank(toy_moe_runtime, toy_moe_clients)
         toy_moe_runtime, client, pruning.payload(state, "c0"), client_state, seed=1
     )
     assert client_state["rank"] == 2 and update.metrics["rank"] == 2.0  # the penalized tail shrank: pruned
-    expert_a = next(k for k, m in state.extra["lora_layout"].items() if m["experts"] == 8) + ".lora_A.weight"
+    expert_a = next(k for k, m in state.lora_layout.items() if m["experts"] == 8) + ".lora_A.weight"
     assert update.tensors[expert_a].shape[0] == 2 * 8
     new_state, _ = pruning.aggregate(state, iter([update]))
     assert new_state.tensors[expert_a].shape[0] == 4 * 8
@@ -592,20 +592,22 @@ def test_flame_presets_validate(name, tmp_path):
     import fedpeft.data.catalog  # noqa: F401  (registers the dataset builders)
     from fedpeft.core.config import load_config
     from fedpeft.core.registry import DATASETS
-    from fedpeft.models.zoo import model_names
+    from fedpeft.methods.families.tiered import TieredConfig
+    from fedpeft.models.table import model_names
     from fedpeft.runner import Experiment
 
     cfg = load_config(name)
-    experiment = Experiment(cfg, tmp_path / "run")  # builds and validates every method's settings
+    Experiment(cfg, tmp_path / "run")  # checks the method entries across each other
     assert cfg.data.name in DATASETS and len(cfg.seeds) == 3
     assert cfg.model.name in model_names() or cfg.model.name.startswith("allenai/")
-    kinds = {m.name for m in experiment.methods}
-    assert kinds <= {"flame", "trivial_lora", "hetlora", "flexlora"}
-    for method in experiment.methods:
-        tiers = [t.name for t in method.cfg.tiers]
+    kinds = {m.name for m in cfg.methods}  # every entry was validated into its typed config
+    assert cfg.methods and kinds <= {"flame", "trivial_lora", "hetlora", "flexlora"}
+    for entry in cfg.methods:
+        assert isinstance(entry, TieredConfig)
+        tiers = [t.name for t in entry.tiers]
         assert tiers == ["tier1", "tier2", "tier3", "tier4"]
         if "dense" in name:
-            assert method.cfg.eval_tiers == ["tier1"] and max(t.rank for t in method.cfg.tiers) == 40
+            assert entry.eval_tiers == ["tier1"] and max(t.rank for t in entry.tiers) == 40
 
 
 @pytest.mark.parametrize("name", ["flame-cpu-4", "flame-cpu-40"])
@@ -637,8 +639,8 @@ def test_flame_update_travels_in_a_flower_message(toy_moe_runtime, toy_moe_clien
 def test_router_lora_and_training_at_the_tier_top_k(toy_moe_runtime, toy_moe_clients):
     flame = method("flame", lora_router=True)
     state = flame.init_server(toy_moe_runtime, seed=0)
-    router = [k for k, m in state.extra["lora_layout"].items() if k.endswith("mlp.gate")]
-    assert router and state.extra["lora_layout"][router[0]]["experts"] == 1  # a plain LoRA, averaged by |D|
+    router = [k for k, m in state.lora_layout.items() if k.endswith("mlp.gate")]
+    assert router and state.lora_layout[router[0]]["experts"] == 1  # a plain LoRA, averaged by |D|
     update, _ = flame.client_update(toy_moe_runtime, toy_moe_clients[0], flame.payload(state, "c0"), None, seed=1)
     assert not torch.equal(update.tensors[f"{router[0]}.lora_B.weight"], state.tensors[f"{router[0]}.lora_B.weight"])
     with pytest.raises(UserError, match="give every method the same lora_router setting"):

@@ -99,7 +99,8 @@ def test_codec_round_trip_keeps_order_dtypes_and_structure():
         "scalar": torch.tensor(2.5, dtype=torch.float64),
     }
     value = {
-        "state": ServerState(tensors=tensors, round=3, extra={"scales": torch.ones(2), "names": ("a", "b"), 7: None}),
+        "state": ServerState(tensors=tensors, round=3),
+        "other": {"scales": torch.ones(2), "names": ("a", "b"), 7: None},
         "update": ClientUpdate("c1", {"w": torch.zeros(1)}, 12.0, {"loss": 0.5}, {"counts": [torch.ones(3)]}),
         "payload": Payload({"w": torch.full((2,), 3.0)}, {"lr": 1e-4, "nested": {"k": [1, 2.0, "x", None]}}),
     }
@@ -110,8 +111,9 @@ def test_codec_round_trip_keeps_order_dtypes_and_structure():
     for key, tensor in tensors.items():
         assert state.tensors[key].dtype == tensor.dtype and state.tensors[key].shape == tensor.shape
         assert torch.equal(state.tensors[key], tensor), key
-    assert torch.equal(state.extra["scales"], torch.ones(2))
-    assert state.extra["names"] == ("a", "b") and state.extra[7] is None
+    other = back["other"]
+    assert torch.equal(other["scales"], torch.ones(2))
+    assert other["names"] == ("a", "b") and other[7] is None
     update = back["update"]
     assert isinstance(update, ClientUpdate) and update.client_id == "c1" and update.weight == 12.0
     assert update.metrics == {"loss": 0.5} and torch.equal(update.extras["counts"][0], torch.ones(3))

@@ -39,7 +39,7 @@ def generation_clients():
 def tiny_llama_runtime(generation_clients):
     from fedpeft.core.config import ModelConfig
     from fedpeft.models.runtime import ModelRuntime
-    from fedpeft.models.zoo import load_model
+    from fedpeft.models.table import load_model
 
     texts = [e[k] for c in generation_clients for e in c.train + c.test for k in ("prompt", "response")]
     cfg = ModelConfig(name="tiny-llama", vocab_size=300, max_length=24, overrides={"hidden_size": 32})
@@ -244,7 +244,7 @@ def test_relora_folds_every_global_update_into_the_backbone(toy_runtime, toy_cli
             update, client_state = method.client_update(toy_runtime, client, payload, None, seed=len(updates))
             updates.append(update)
         state, _ = method.aggregate(state, iter(updates))
-    folds = state.extra["folds"]
+    folds = state.folds
     assert len(folds) == 2 and client_state["folds"] == 1
     assert sum(k.startswith("fold.") for k in method.payload(state, "c0").tensors) == 2 * len(folds[0])
     unseen = method.personalize(toy_runtime, toy_clients[3], state, None, None, seed=1)

@@ -97,6 +97,105 @@ def test_federated_round_runs_and_keeps_private_keys_home(name, request):
         assert not any(p in key for key in update.tensors for p in method.private_keys)
 
 
+# Methods that train base weights by design (full fine-tuning; DEPT's shared body); every other method may change
+# adapter parameters only.
+TRAINS_BASE_WEIGHTS = {"fedavg_full", "dept_spec"}
+
+
+def _changed(before: dict, after: dict) -> list[str]:
+    return sorted(k for k in before if not torch.equal(before[k], after[k]))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_training_changes_only_adapter_parameters(name, request):
+    toy_runtime, toy_clients, _ = toy_setup(name, request)
+    method = make(name)
+    before = toy_runtime.base_state()
+    state = method.init_server(toy_runtime, seed=0)
+    if method.federated:
+        update, _ = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
+        changed = _changed(before, toy_runtime.base_state())
+        if name in TRAINS_BASE_WEIGHTS:
+            private = {k for k in changed if any(p in k for p in method.private_keys)}
+            assert changed and set(changed) <= set(update.tensors) | private  # trained: uploaded or kept home
+            return
+        assert not changed, f"{name} changed base weights in local training: {changed[:3]}"
+    budgets = method.budgets_of(toy_clients[1], [2])
+    method.personalize(toy_runtime, toy_clients[1], state, None, budgets[0] if budgets else None, seed=4)
+    assert not _changed(before, toy_runtime.base_state()), f"{name} changed base weights in personalization"
+
+
+def _outputs(model: torch.nn.Module, runtime, examples) -> torch.Tensor:
+    model.eval()
+    batch = runtime.encode(examples)
+    batch.pop("labels", None)
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def _fresh_base(runtime, name: str, request) -> torch.nn.Module:
+    """A new instance of the toy base model holding the runtime's base weights (nothing of the runtime's PEFT)."""
+    from tests.conftest import toy_moe_model
+
+    if name in MOE_ONLY:
+        model = toy_moe_model()
+    else:
+        model = type(runtime.base_model)(runtime.base_model.config)
+    missing, unexpected = model.load_state_dict(runtime.base_state(), strict=False)
+    assert not unexpected
+    return model.eval()
+
+
+# How a personalized model is written and read back, when it is not a plain PEFT adapter whose outputs the reloaded
+# PEFT model reproduces: "extension" (adapters PEFT lacks: written with extension.save and read back with their
+# own loader), "tensors" (the PEFT adapter alone is not the whole model: its tensors must read back unchanged).
+SAVED_AS = {
+    "fedalt": "tensors",  # the rest-of-world LoRA and the gate mix per input on top of the saved individual LoRA
+    "feddpa": "tensors",  # instance-wise mixing of the global and local LoRA at inference
+    "flame": "tensors",  # the tier's experts per token live in routing.json beside the adapter
+}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_saved_adapter_reads_back(name, request, tmp_path):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from fedpeft.adapters.hooked import HookedAdapter
+
+    toy_runtime, toy_clients, toy_worker_factory = toy_setup(name, request)
+    fields = {k: v for k, v in {**FAST, **SHORT}.items() if k in METHODS.get(name).Config.model_fields}
+    worker = toy_worker_factory([{"name": name, **fields}])
+    method = worker.methods[name]
+    worker.use_base(None)
+    state = method.init_server(toy_runtime, seed=0)
+    client = toy_clients[1]
+    budgets = method.budgets_of(client, [2])
+    budget = budgets[0] if budgets else None
+    model = method.personalize(toy_runtime, client, state, None, budget, seed=4)
+    installed = toy_runtime.install(model, seed=4)
+    expected = _outputs(installed, toy_runtime, client.test)
+    kind = "extension" if model.extension is not None and model.lora is None else SAVED_AS.get(name, "peft")
+    if model.lora is None and model.extension is None:  # full weights (fedavg_full, ...): saved as the base model
+        assert model.base is not None
+        return
+    if kind == "extension":
+        path = model.extension.save(tmp_path / "adapter")
+        loaded = HookedAdapter.load_file(path, branches=model.extension.branches)
+        loaded.active = model.extension.active
+        again = _outputs(toy_runtime.install(type(model)(extension=loaded), seed=4), toy_runtime, client.test)
+        torch.testing.assert_close(again, expected)
+        return
+    target = worker.save_adapter(name, budget, client.client_id)
+    saved = load_file(str(target / "adapter_model.safetensors"))
+    for key, tensor in toy_runtime.adapter_state().items():
+        torch.testing.assert_close(saved[key], tensor, msg=f"{name}: {key}")
+    if kind == "tensors":
+        return
+    reloaded = PeftModel.from_pretrained(_fresh_base(toy_runtime, name, request), str(target)).eval()
+    torch.testing.assert_close(_outputs(reloaded, toy_runtime, client.test), expected)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_personalize_gives_an_evaluable_model(name, request):
     toy_runtime, toy_clients, _ = toy_setup(name, request)
@@ -211,3 +310,14 @@ def test_a_round_in_which_every_client_fails_stops_the_run(toy_runtime, toy_clie
     method.client_update = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match=r"round 0: all 4 sampled clients failed.*no frames"):
         _run_rounds(worker, toy_runtime, toy_clients, CostMeter())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_method_has_its_docs_page_and_row(name):
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "methods"
+    page = docs / f"{name}.md"
+    assert page.is_file(), f"docs/methods/{name}.md is missing"
+    assert f"`{name}`" in page.read_text().split("\n", 1)[0], f"the title of docs/methods/{name}.md names the method"
+    assert f"| `{name}`" in (docs / "README.md").read_text(), f"docs/methods/README.md has no row for {name}"

@@ -1,4 +1,4 @@
-"""The model zoo: tiny models, trained tokenizers and their cache, packaged MiniLM, GGUF caching, LoRA targets."""
+"""The model table: tiny models, trained tokenizers and their cache, packaged MiniLM, GGUF caching, LoRA targets."""
 
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ from fedpeft.core.errors import UserError  # noqa: F401
 from fedpeft.data.tokenizer import tokenizer_cache_dir, train_tokenizer  # noqa: E402
 from fedpeft.models import (  # noqa: E402
     FAMILY_LORA_TARGETS,
+    LoadedModel,
     count_lora_modules,
     discover_lora_targets,
     load_model,
     max_rank,
     model_names,
-    zoo,  # noqa: E402
+    packaged,  # noqa: E402
 )
 from fedpeft.models import gguf as gguf_cache  # noqa: E402
 
@@ -51,7 +52,7 @@ def cache_root(tmp_path_factory, monkeypatch) -> Path:
     return root
 
 
-def load(name: str, task: str = "classification", **cfg) -> zoo.LoadedModel:
+def load(name: str, task: str = "classification", **cfg) -> LoadedModel:
     return load_model(ModelConfig(name=name, vocab_size=400, **cfg), task=task, num_labels=3, corpus=corpus)
 
 
@@ -328,7 +329,7 @@ def test_registered_gemma3_goes_through_the_gguf_cache(tmp_path, monkeypatch):
         return fixture.path
 
     source = gguf_cache.GGUFSource(key=gguf_cache.file_sha256(fixture.path), locate=locate, label="fixture")
-    monkeypatch.setattr(zoo, "packaged_gemma3_source", lambda: source)
+    monkeypatch.setattr(packaged, "packaged_gemma3_source", lambda: source)
     generation = load("gemma3-270m", task="generation")
     classification = load("gemma3-270m", task="classification")
     assert len(calls) == 1

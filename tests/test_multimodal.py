@@ -15,7 +15,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.data.synthetic.vqa import COLORS, SIZE, _generate
 from fedpeft.models.multimodal import MultimodalRuntime
-from fedpeft.models.zoo import load_model
+from fedpeft.models.table import load_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

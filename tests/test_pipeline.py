@@ -85,7 +85,7 @@ def test_saved_adapters_load_with_peft_and_reproduce_predictions(smoke_run):
         labels = batch.pop("labels")
         with torch.no_grad():
             predictions = model(**batch).logits.argmax(-1)
-        accuracy = float((predictions == labels).float().mean())
+        accuracy = int((predictions == labels).sum()) / len(labels)  # as the runtime counts it, in float64
         logged = next(
             r["value"]
             for r in records

@@ -190,7 +190,7 @@ def test_ffa_lora_never_changes_a(toy_runtime, toy_clients):
     method = build_method({"name": "ffa_lora", **FAST})
     state = method.init_server(toy_runtime, seed=0)
     assert state.tensors and not any(is_lora_a(k) for k in state.tensors)
-    toy_runtime.install(ClientModel(lora=method.spec(toy_runtime)), seed=state.extra["init_seed"])
+    toy_runtime.install(ClientModel(lora=method.spec(toy_runtime)), seed=state.init_seed)
     initial = toy_runtime.adapter_state()
     for round_ in range(2):
         update, _ = method.client_update(
@@ -279,7 +279,7 @@ def test_fedalt_keeps_training_its_individual_lora(toy_runtime, toy_clients):
 def test_per_sample_gradients_of_a_causal_lm_take_the_padded_batch_exactly():
     from fedpeft.core.config import ModelConfig
     from fedpeft.models.runtime import ModelRuntime
-    from fedpeft.models.zoo import load_model
+    from fedpeft.models.table import load_model
 
     rng = random.Random(1)
     examples = [

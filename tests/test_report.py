@@ -296,3 +296,32 @@ def test_write_plots(tmp_path):
     for path in paths:
         assert path.parent == tmp_path / "run" / "plots"
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_methods_report_through_their_class_hooks(tmp_path):
+    # Classes come from config.yaml (label defaults to the name; an alias resolves; an unknown name is skipped),
+    # never from building a method; Potara and FisherMerge (which inherits Potara's hooks) share one table.
+    run = write_run(tmp_path / "run", classification_records())
+    (run / "config.yaml").write_text(
+        "methods:\n"
+        "  - {name: potara, label: pot}\n"
+        "  - {name: fisher_merge}\n"
+        "  - {name: bayestune, label: bt}\n"
+        "  - {name: removed_method}\n"
+        "  - {name: lora}\n"
+    )
+    facts = [("pot", "alpha", 0.25), ("fisher_merge", "fisher_weight_mean", 0.5), ("removed_method", "alpha", 0.9)]
+    with (run / "results.jsonl").open("a") as handle:
+        for method, metric, value in facts:
+            record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
+            handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
+    from fedpeft.report.method_hooks import method_hook_calls
+
+    records, _ = read_records([run])
+    calls = method_hook_calls(records, [run], "report_sections")
+    rows_of = {hook.__self__.name: sorted({r["method"] for r in rows}) for hook, rows in calls}
+    assert rows_of == {"lora": ["lora"], "potara": ["fisher_merge", "pot"]}
+    text = write_summary([run], tmp_path / "out")
+    assert text.count("## Mixing weights") == 1
+    assert "| pot | en-0 | 0.250 | — |" in text and "| fisher_merge | en-0 | — | 0.500 |" in text
+    assert "removed_method | en-0" not in text

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from peft.tuners.lora import LoraLayer
 
+from fedpeft.adapters.weights import layer_weight
 from fedpeft.core.errors import UserError
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
@@ -122,7 +123,7 @@ def check_budget(budget: int | None, r_max: int) -> int:
 def initial_spec(runtime: ModelRuntime, r_init: int, alpha_multiplier: float, dropout: float) -> LoraSpec:
     """The unpruned BayesTune-LoRA: rank r_init on every targeted layer, alpha = alpha_multiplier * r_init."""
     # The layers as captured before PEFT wrapped them; min(weight.shape) = min(in, out) for Linear and Conv1D.
-    limit = min(min(module.weight.shape) for _, module in runtime.target_modules)
+    limit = min(min(layer_weight(module).shape) for _, module in runtime.target_modules)
     if r_init > limit:
         raise UserError(
             f"BayesTune-LoRA's initial rank {r_init} (rank_multiplier * r_max) exceeds the largest rank this "
@@ -224,7 +225,7 @@ def train_scales(
     runtime.install(ClientModel(lora=initial_spec(runtime, cfg.r_init, cfg.alpha_multiplier, cfg.dropout)), seed=seed)
     scales = torch.nn.Parameter(initial_scales.detach().clone().float().to(runtime.device))
     key = runtime.active.key  # type: ignore[union-attr]
-    b_matrices = [layer.lora_B[key].weight for layer in lora_layers(runtime).values()]
+    b_matrices = [layer_weight(layer.lora_B[key]) for layer in lora_layers(runtime).values()]
     weight_s, weight_p = cfg.alpha_s / len(examples), cfg.alpha_p / len(examples)
 
     def penalty(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:

@@ -113,10 +113,11 @@ def _eager_attention(model: torch.nn.Module) -> Callable[[], None]:
     plain matmuls and softmax, which vmap batches (same numbers up to float rounding).
     """
     current = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if current != "sdpa" or not hasattr(model, "set_attn_implementation"):
+    switch = getattr(model, "set_attn_implementation", None)  # transformers models only
+    if current != "sdpa" or switch is None:
         return lambda: None
     try:
-        model.set_attn_implementation("eager")
+        switch("eager")
     except (ValueError, ImportError):
         return lambda: None
-    return lambda: model.set_attn_implementation(current)
+    return lambda: switch(current)

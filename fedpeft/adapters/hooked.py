@@ -236,7 +236,7 @@ class HookedAdapter:
 
     def _head_hook(self, leaf: str) -> Callable[..., Any]:
         prefix = f"head/{leaf}."
-        running = []  # the copy's forward runs the module again, which must not re-enter this hook
+        running: list[bool] = []  # the copy's forward runs the module again, which must not re-enter this hook
 
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             if not self.enabled or running:

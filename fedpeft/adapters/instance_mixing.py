@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from peft.tuners.tuners_utils import BaseTuner
 
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import LoraSpec, ModelRuntime
@@ -41,7 +42,9 @@ def mixed_adapters(runtime: ModelRuntime, weights: dict[LoraSpec, Any]) -> Itera
     specs = list(weights)
     runtime.activate(specs[0])
     assert runtime.peft is not None
-    runtime.peft.base_model.set_adapter([s.key for s in specs])
+    tuner = runtime.peft.base_model
+    assert isinstance(tuner, BaseTuner)
+    tuner.set_adapter([s.key for s in specs])
     scales = {s.key: w for s, w in weights.items()}
 
     def hook_for(key: str):  # noqa: ANN202

@@ -10,6 +10,7 @@ Pure functions of tensors, plus :func:`module_groups`, which reads the active ad
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -78,7 +79,7 @@ def module_groups(runtime: ModelRuntime) -> list[list[str]]:
 
 
 def unit_steps(
-    params: dict[str, torch.Tensor], before: StateDict, groups: list[list[str]], rates: list[float]
+    params: Mapping[str, torch.Tensor], before: StateDict, groups: list[list[str]], rates: list[float]
 ) -> StateDict:
     """The last step of every parameter per unit rate, u = (w' - w_before) / eta (zero where eta is 0)."""
     last: StateDict = {}
@@ -90,7 +91,7 @@ def unit_steps(
 
 
 def through_last_step(
-    params: dict[str, torch.Tensor], last: StateDict, groups: list[list[str]], rates: torch.Tensor
+    params: Mapping[str, torch.Tensor], last: StateDict, groups: list[list[str]], rates: torch.Tensor
 ) -> StateDict:
     """The fine-tuned weights w' + (eta - stop_gradient(eta)) * u: equal to w', with the rates' gradient."""
     moved = rates - rates.detach()

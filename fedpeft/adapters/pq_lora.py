@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fedpeft.adapters.weights import layer_weight
+
 NUM_BLOCKS = 4
 _LAYER = re.compile(r"\.(?:layers|layer|h|blocks)\.(\d+)\.")
 
@@ -128,19 +130,21 @@ def plan_sites(
         num_blocks: N_B.
         pq: ``False`` gives ordinary LoRA everywhere (the "vanilla" ablation).
     """
-    layers = [layer_of(name) for name, _ in modules]
-    if any(layer is None for layer in layers):
-        missing = next(name for (name, _), layer in zip(modules, layers, strict=True) if layer is None)
-        raise ValueError(f"cannot tell the layer of module {missing}")
-    num_layers = max(layers) + 1  # type: ignore[type-var]
+    layers: list[int] = []
+    for name, _ in modules:
+        layer = layer_of(name)
+        if layer is None:
+            raise ValueError(f"cannot tell the layer of module {name}")
+        layers.append(layer)
+    num_layers = max(layers) + 1
     block_of = {index - 1: k for k, index in enumerate(pq_layer_indices(num_layers, num_blocks), start=1)}
     sites = []
     for (name, module), layer in zip(modules, layers, strict=True):
         kind_of = module_type(name)
-        weight = module.weight
+        weight = layer_weight(module)
         d_out, d_in = weight.shape[0], weight.shape[1]
         if pq and layer in block_of:
-            sites.append(Site(name, layer, "pq", f"pq{block_of[layer]}.{kind_of}", d_in, d_out))  # type: ignore[arg-type]
+            sites.append(Site(name, layer, "pq", f"pq{block_of[layer]}.{kind_of}", d_in, d_out))
         else:
-            sites.append(Site(name, layer, "lora", f"{architecture}:{name}", d_in, d_out))  # type: ignore[arg-type]
+            sites.append(Site(name, layer, "lora", f"{architecture}:{name}", d_in, d_out))
     return sites

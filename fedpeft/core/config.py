@@ -10,13 +10,45 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from fedpeft.core.errors import UserError
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class MethodConfig(_Strict):
+    """Fields every method accepts; each method's ``Config`` (a subclass) adds its own."""
+
+    name: str
+    label: str | None = None
+
+
+def method_config(entry: Any) -> MethodConfig:
+    """Validate one entry of ``methods`` (or ``base.method``) into its method's typed config.
+
+    The method's class is looked up in the registry (which imports its module), and the entry validated by the
+    class's ``Config``: a misspelt or invalid setting is a :class:`UserError` before anything runs. An alias as
+    ``name`` becomes the canonical name, with the alias as ``label`` (unless one is given).
+    """
+    if isinstance(entry, MethodConfig):
+        return entry
+    if not isinstance(entry, dict) or "name" not in entry:
+        raise UserError("Every entry of `methods` needs a `name`; e.g. `- name: lora`.")
+    from fedpeft.core.registry import METHODS
+
+    cls = METHODS.get(str(entry["name"]))
+    try:
+        cfg: MethodConfig = cls.Config.model_validate({**entry, "name": cls.name})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {first['msg']}.") from None
+    if "label" not in entry and entry["name"] != cls.name:
+        cfg.label = str(entry["name"])
+    return cfg
 
 
 class DataConfig(_Strict):
@@ -73,7 +105,12 @@ class BaseStageConfig(_Strict):
     lr: float = 1e-3
     batch_size: int = 32
     router_aux_loss: float | None = Field(default=0.0, ge=0.0)
-    method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg_full"})
+    method: SerializeAsAny[MethodConfig] = Field(default_factory=lambda: method_config({"name": "fedavg_full"}))
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _typed_method(cls, entry: Any) -> MethodConfig:
+        return method_config(entry)
 
 
 class EngineConfig(_Strict):
@@ -131,7 +168,7 @@ class ExperimentConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     base: BaseStageConfig = Field(default_factory=BaseStageConfig)
     budgets: list[int] = Field(default_factory=lambda: [2, 8])
-    methods: list[dict[str, Any]] = Field(default_factory=lambda: [{"name": "lora"}])
+    methods: list[SerializeAsAny[MethodConfig]] = Field(default_factory=lambda: [method_config({"name": "lora"})])
     engine: EngineConfig = Field(default_factory=EngineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
@@ -139,6 +176,13 @@ class ExperimentConfig(_Strict):
     threads: int | None = None
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     assign: ModelAssignmentConfig = Field(default_factory=ModelAssignmentConfig)
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _typed_methods(cls, entries: Any) -> list[MethodConfig]:
+        if not isinstance(entries, list):
+            raise UserError("`methods` must be a list of method entries; e.g. `methods: [{name: lora}]`.")
+        return [method_config(entry) for entry in entries]
 
     @model_validator(mode="after")
     def _check_architectures(self) -> ExperimentConfig:
@@ -164,6 +208,14 @@ def preset_names() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_description(name: str) -> str:
+    """A packaged preset's one-line description: the first line of the file, a comment ('' if it is not one)."""
+    if name not in preset_names():
+        raise UserError(f"Unknown preset {name!r}; choose one of: {', '.join(preset_names())}.")
+    first = (resources.files("fedpeft") / "presets" / f"{name}.yaml").read_text().split("\n", 1)[0]
+    return first[1:].strip() if first.startswith("#") else ""
 
 
 def _read_yaml(text: str, source: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
 log = logging.getLogger("fedpeft")
@@ -17,8 +17,8 @@ class Progress:
     def __init__(self, enabled: bool = False, console: Console | None = None) -> None:
         self.enabled = enabled
         self._bars: RichProgress | None = None
-        self._round_task = None
-        self._client_task = None
+        self._round_task: TaskID | None = None
+        self._client_task: TaskID | None = None
         if enabled:
             self._bars = RichProgress(
                 TextColumn("{task.description}"),

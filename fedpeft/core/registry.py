@@ -1,8 +1,22 @@
-"""Named registries of methods, datasets, models and presets, with loud failures."""
+"""Named registries of methods, datasets and models, with loud failures and lazy imports.
+
+An entry of a registry is either *registered*, its object attached at once (``@REGISTRY.register(name)`` or
+``REGISTRY.add(name, obj)``), or *declared*: its name, the module that registers it, a one-line description and
+its aliases (``REGISTRY.declare``), which costs nothing. ``get`` imports a declared entry's module on first use;
+the module's own ``register`` call then fills the declaration. Names, aliases, descriptions and membership come
+from the declarations alone, so listing what exists imports no method, dataset or model code (nor torch).
+
+:data:`METHODS`, :data:`DATASETS` and :data:`MODELS` read their catalogue (``fedpeft.catalog.methods``,
+``.datasets``, ``.models``: declarations only) on first use, so every shipped entry is known wherever the registry
+is used, whatever has been imported.
+"""
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from fedpeft.core.errors import UserError
@@ -10,56 +24,148 @@ from fedpeft.core.errors import UserError
 T = TypeVar("T")
 
 
-class Registry(Generic[T]):
-    """A name -> object map that refuses duplicates and explains unknown names."""
+@dataclass(frozen=True)
+class Entry:
+    """What a registry knows of a name before (or without) importing it."""
 
-    def __init__(self, kind: str) -> None:
+    name: str
+    module: str | None
+    """The module whose import registers the object; None for an object registered directly (undeclared)."""
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
+class Registry(Generic[T]):
+    """A name -> object map that refuses duplicates, explains unknown names and imports declared entries lazily.
+
+    Args:
+        kind: what the entries are, for messages ("method").
+        catalog: a module of ``declare`` calls read on first use of the registry, or None.
+    """
+
+    def __init__(self, kind: str, *, catalog: str | None = None) -> None:
         self.kind = kind
-        self._items: dict[str, T] = {}
+        self._catalog = catalog
+        self._catalog_done = catalog is None
+        self._catalog_loading = False
+        self._lock = threading.RLock()
+        self._entries: dict[str, Entry] = {}
+        self._objects: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
 
-    def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
+    # -------------------------------------------------------------------------------------------- filling
+
+    def declare(self, name: str, module: str, description: str, *, aliases: tuple[str, ...] = ()) -> None:
+        """Promise that importing ``module`` registers ``name`` (with exactly these aliases), without importing it."""
+        self._load_catalog()
+        with self._lock:
+            self._claim(name, aliases)
+            self._entries[name] = Entry(name, module, description, tuple(aliases))
+            for alias in aliases:
+                self._aliases[alias] = name
+
+    def register(self, name: str, *, aliases: tuple[str, ...] = (), description: str = "") -> Callable[[T], T]:
         """Decorator registering ``obj`` under ``name`` (and optional aliases)."""
 
         def decorator(obj: T) -> T:
-            self.add(name, obj, aliases=aliases)
+            self.add(name, obj, aliases=aliases, description=description)
             return obj
 
         return decorator
 
-    def add(self, name: str, obj: T, *, aliases: tuple[str, ...] = ()) -> None:
+    def add(self, name: str, obj: T, *, aliases: tuple[str, ...] = (), description: str = "") -> None:
+        """Register ``obj`` under ``name``: it fills the declaration of ``name`` or becomes a new entry.
+
+        Raises:
+            ValueError: ``name`` or an alias is taken (registered, or declared for another name), or the aliases
+                differ from the declared ones.
+        """
+        self._load_catalog()
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is not None and entry.module is not None and name not in self._objects:
+                if set(aliases) != set(entry.aliases):
+                    raise ValueError(
+                        f"{self.kind} {name!r} is registered with aliases {sorted(aliases)} but declared (by "
+                        f"{entry.module}) with {sorted(entry.aliases)}; make the catalogue and the registration agree"
+                    )
+                self._objects[name] = obj
+                return
+            self._claim(name, aliases)
+            self._entries[name] = Entry(name, None, description, tuple(aliases))
+            self._objects[name] = obj
+            for alias in aliases:
+                self._aliases[alias] = name
+
+    def _claim(self, name: str, aliases: tuple[str, ...]) -> None:
+        if len(set(aliases) | {name}) != len(aliases) + 1:
+            raise ValueError(f"{self.kind} {name!r} repeats a name among its aliases {list(aliases)}")
         for key in (name, *aliases):
-            if key in self._items or key in self._aliases:
+            if key in self._entries or key in self._aliases:
                 raise ValueError(f"{self.kind} {key!r} is already registered")
-        self._items[name] = obj
-        for alias in aliases:
-            self._aliases[alias] = name
+
+    def _load_catalog(self) -> None:
+        if self._catalog_done:
+            return
+        with self._lock:  # the catalogue's own declare calls re-enter here while it loads
+            if self._catalog_done or self._catalog_loading:
+                return
+            self._catalog_loading = True
+            try:
+                importlib.import_module(str(self._catalog))
+                self._catalog_done = True
+            finally:
+                self._catalog_loading = False
+
+    # -------------------------------------------------------------------------------------------- looking up
 
     def canonical(self, name: str) -> str:
         """The registered name behind ``name`` (resolving aliases)."""
-        if name in self._items:
+        self._load_catalog()
+        if name in self._entries:
             return name
         if name in self._aliases:
             return self._aliases[name]
-        known = ", ".join(sorted(self._items))
+        known = ", ".join(sorted(self._entries))
         raise UserError(f"Unknown {self.kind} {name!r}; choose one of: {known}.")
 
     def get(self, name: str) -> T:
-        return self._items[self.canonical(name)]
+        """The object of ``name`` (or an alias), importing the module that registers it on first use."""
+        name = self.canonical(name)
+        if name not in self._objects:
+            module = self._entries[name].module
+            importlib.import_module(str(module))
+            if name not in self._objects:
+                raise LookupError(
+                    f"{module} is declared to register the {self.kind} {name!r}, but importing it did not; "
+                    "fix its register call or its declaration"
+                )
+        return self._objects[name]
+
+    def describe(self, name: str) -> str:
+        """The one-line description of ``name`` (or an alias); empty if it was registered without one."""
+        return self._entries[self.canonical(name)].description
+
+    def entry(self, name: str) -> Entry:
+        """The declaration (or registration) of ``name`` (or an alias), without importing anything."""
+        return self._entries[self.canonical(name)]
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        self._load_catalog()
+        return sorted(self._entries)
 
     def aliases_of(self, name: str) -> list[str]:
+        self._load_catalog()
         return sorted(a for a, n in self._aliases.items() if n == name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items or name in self._aliases
+        self._load_catalog()
+        return name in self._entries or name in self._aliases
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
 
-METHODS: Registry = Registry("method")
-DATASETS: Registry = Registry("dataset")
-MODELS: Registry = Registry("model")
+METHODS: Registry = Registry("method", catalog="fedpeft.catalog.methods")
+DATASETS: Registry = Registry("dataset", catalog="fedpeft.catalog.datasets")
+MODELS: Registry = Registry("model", catalog="fedpeft.catalog.models")

@@ -39,6 +39,6 @@ def derive_seed(seed: int | str, *keys: object, stream: SeedStream = "run") -> i
     return zlib.crc32(text)
 
 
-def client_seed(seed: int, method: str, phase: str, round_: int | None, client_id: str) -> int:
-    """The seed of one client's work in one round (or in personalization)."""
+def client_seed(seed: int, method: str, phase: str, round_: int | str | None, client_id: str) -> int:
+    """The seed of one client's work in one round (or, with a budget in place of the round, personalization)."""
     return derive_seed(seed, method, phase, round_, client_id)

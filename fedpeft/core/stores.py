@@ -24,6 +24,12 @@ class ClientStateStore(Protocol):
     def rollback(self, round_: int) -> None:
         """Forget every write of a round later than ``round_`` (restoring the version before it)."""
 
+    def snapshot(self) -> Any:
+        """What a checkpoint keeps of the store (``None`` where the store lives on disk already)."""
+
+    def restore(self, snapshot: Any) -> None:
+        """Restore what :meth:`snapshot` returned."""
+
 
 class MemoryStore:
     """Client states in a dict (current and previous version)."""

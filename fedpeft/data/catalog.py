@@ -1,3 +1,8 @@
-"""Importing this module registers every dataset builder in ``fedpeft.core.registry.DATASETS``."""
+"""Importing this module imports (and so registers) every dataset builder in ``fedpeft.core.registry.DATASETS``.
+
+It is never needed to find a dataset: the names, descriptions and modules are declared in
+:mod:`fedpeft.catalog.datasets`, and ``DATASETS.get(name)`` imports the builder's module on first use. Import this
+module only to load every builder at once.
+"""
 
 from fedpeft.data import real, synthetic  # noqa: F401

@@ -67,7 +67,13 @@ def category_clients(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the partitioner warns whenever it resamples
             shards = partition_examples(
-                rows, num_clients, scheme, label_column="category", alpha=alpha, seed=seed, min_partition_size=3
+                rows,
+                num_clients,
+                "dirichlet" if scheme == "dirichlet" else "iid",
+                label_column="category",
+                alpha=alpha,
+                seed=seed,
+                min_partition_size=3,
             )
     except ValueError as err:
         raise UserError(

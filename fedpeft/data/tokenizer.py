@@ -1,7 +1,7 @@
 """Tokenizers trained on a federation's own texts, cached on disk.
 
-The tiny models of the zoo have no pretrained vocabulary: their tokenizer is trained on the texts of the
-benchmark (:meth:`FederatedData.corpus`) with the ``tokenizers`` library and cached under
+The tiny models (:mod:`fedpeft.models.tiny`) have no pretrained vocabulary: their tokenizer is trained on the
+texts of the benchmark (:meth:`FederatedData.corpus`) with the ``tokenizers`` library and cached under
 ``<cache root>/tokenizers/``, keyed by a hash of the corpus and the settings, so that every worker and every
 later run with the same data reuses it.
 

@@ -50,12 +50,12 @@ class MergeConfig(BaseModel):
 
     operator: Literal["mean", "task_arithmetic", "ties", "dare_linear", "dare_ties", "iso_c"] = "mean"
     space: Literal["ab", "knots"] = "ab"
-    alpha: float = Field(1.0, ge=0.0)
+    alpha: float = Field(default=1.0, ge=0.0)
     weighting: Literal["data", "uniform"] = "data"
-    density: float = Field(0.2, gt=0.0, le=1.0)
+    density: float = Field(default=0.2, gt=0.0, le=1.0)
     majority_sign: Literal["total", "frequency"] = "total"
     split: Split = "sqrt"
-    tol: float = Field(1e-5, ge=0.0)
+    tol: float = Field(default=1e-5, ge=0.0)
 
 
 assert set(OPERATOR_NAMES) == set(MergeConfig.model_fields["operator"].annotation.__args__)  # type: ignore[union-attr]
@@ -204,15 +204,16 @@ def merge_lora_states(
         if key not in lora_keys:
             stack = [s[key].to(_EXACT) for s in states]
             merged[key] = apply_operator("mean", stack, mean_weights).to(first.dtype)
-    options = {"density": cfg.density, "majority_sign": cfg.majority_sign}
+    density, sign = cfg.density, cfg.majority_sign
     for module, (a_key, b_key) in pairs.items():
         module_seed = derive_seed(seed, "merge", module)
         dtype = states[0][a_key].dtype
         As = [s[a_key].to(_working_dtype(dtype)) for s in states]
         Bs = [s[b_key].to(_working_dtype(dtype)) for s in states]
         if cfg.space == "ab":
-            A = apply_operator(cfg.operator, As, a_weights, seed=derive_seed(module_seed, "A"), **options)
-            B = apply_operator(cfg.operator, Bs, weights, seed=derive_seed(module_seed, "B"), **options)
+            seed_a, seed_b = derive_seed(module_seed, "A"), derive_seed(module_seed, "B")
+            A = apply_operator(cfg.operator, As, a_weights, seed=seed_a, density=density, majority_sign=sign)
+            B = apply_operator(cfg.operator, Bs, weights, seed=seed_b, density=density, majority_sign=sign)
             B = cfg.alpha * B
         else:
             s = float(scaling[module] if isinstance(scaling, Mapping) else scaling)
@@ -221,7 +222,7 @@ def merge_lora_states(
             isotropic = cfg.operator == "iso_c"
             U, M = knots_factors(
                 Bs, As, [s] * len(states), operator="task_arithmetic" if isotropic else cfg.operator,
-                weights=weights, tol=cfg.tol, seed=module_seed, **options,
+                weights=weights, tol=cfg.tol, seed=module_seed, density=density, majority_sign=sign,
             )  # fmt: skip
             rank = As[0].shape[0]
             if M.shape[0] == 0:

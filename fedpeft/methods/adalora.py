@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from peft import AdaLoraConfig, PeftModel, get_peft_model
-from peft.tuners.adalora import AdaLoraLayer
+from peft.tuners.adalora import AdaLoraLayer, AdaLoraModel
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState, StateDict
@@ -73,9 +73,12 @@ def to_lora(model: PeftModel, head_modules: list[str], dropout: float) -> tuple[
             continue
         target = name.removeprefix(_PREFIX)
         scaling = module.scaling[ADAPTER] / (float(module.ranknum[ADAPTER]) + 1e-5)
-        a = (module.lora_A[ADAPTER].detach() * module.lora_E[ADAPTER].detach())[kept]
+        # AdaLoRA keeps its factors in ParameterDicts (PEFT's LoraLayer declares module dicts).
+        lora_a, lora_b = module.lora_A[ADAPTER], module.lora_B[ADAPTER]
+        assert isinstance(lora_a, torch.Tensor) and isinstance(lora_b, torch.Tensor)
+        a = (lora_a.detach() * module.lora_E[ADAPTER].detach())[kept]
         tensors[f"{name}.lora_A.weight"] = a.clone()
-        tensors[f"{name}.lora_B.weight"] = module.lora_B[ADAPTER].detach()[:, kept].clone()
+        tensors[f"{name}.lora_B.weight"] = lora_b.detach()[:, kept].clone()
         ranks.append((target, rank))
         alphas.append((target, rank * scaling))
     spec = LoraSpec(
@@ -90,8 +93,11 @@ def to_lora(model: PeftModel, head_modules: list[str], dropout: float) -> tuple[
     return spec, tensors
 
 
-@METHODS.register("adalora")
-class AdaLoraBaseline(Method):
+@METHODS.register(
+    "adalora",
+    description="AdaLoRA (PEFT's): each client alone, its total rank shrinking adaptively to the budget; no federation",
+)
+class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
     """Each client fine-tunes an AdaLoRA adapter whose total rank shrinks to r per layer (r = the budget)."""
 
     name = "adalora"
@@ -106,7 +112,7 @@ class AdaLoraBaseline(Method):
         return AdaLoraConfig(
             init_r=init_rank,
             target_r=rank,
-            lora_alpha=cfg.alpha_multiplier * init_rank,
+            lora_alpha=cfg.alpha_multiplier * init_rank,  # type: ignore[arg-type]  # PEFT annotates int; a float works
             lora_dropout=cfg.dropout,
             target_modules=list(runtime.loaded.lora_targets),
             modules_to_save=list(runtime.loaded.head_modules) or None,
@@ -136,6 +142,8 @@ class AdaLoraBaseline(Method):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = get_peft_model(runtime.base_model, self.adalora_config(runtime, rank, total), adapter_name=ADAPTER)
+        tuner = model.base_model
+        assert isinstance(tuner, AdaLoraModel)
         try:
             params = {n: p for n, p in model.named_parameters() if p.requires_grad}
             runtime.train(
@@ -146,7 +154,7 @@ class AdaLoraBaseline(Method):
                 seed=seed,
                 steps=total,
                 model=model,
-                after_step=model.base_model.update_and_allocate,
+                after_step=tuner.update_and_allocate,
             )
             spec, tensors = to_lora(model, list(runtime.loaded.head_modules), cfg.dropout)
         finally:

@@ -20,25 +20,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from fedpeft.base_models import ClientBase
+from fedpeft.core.config import MethodConfig
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-
-class MethodConfig(BaseModel):
-    """Fields every method accepts."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    label: str | None = None
 
 
 class FederatedConfig(MethodConfig):
@@ -61,6 +53,18 @@ class LoraConfigMixin(BaseModel):
     alpha: float | None = None
     dropout: float = 0.0
     targets: list[str] | None = None
+
+
+class FederatedLoraConfig(FederatedConfig, LoraConfigMixin):
+    """A federated phase that trains a LoRA: the knobs of both."""
+
+
+@runtime_checkable
+class SamplingConfig(Protocol):
+    """The config fields client sampling reads (every federated method's config has them)."""
+
+    fraction: float
+    min_clients: int
 
 
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
@@ -132,7 +136,9 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
     def sample(self, client_ids: list[str], round_: int, seed: int) -> list[str]:
         """The clients of round ``round_``: ``fraction`` of them (at least ``min_clients``), drawn from ``seed``."""
-        cfg: Any = self.cfg
+        cfg = self.cfg
+        if not isinstance(cfg, SamplingConfig):
+            raise NotImplementedError(f"{self.name} has no federated phase")
         return sample_clients(client_ids, cfg.fraction, cfg.min_clients, seed, round_)
 
     def payload(self, state: ServerT, client_id: str) -> Payload:
@@ -202,6 +208,37 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
     def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
         """Extra ``costs.jsonl`` records (e.g. per-budget FLOPs and forward time)."""
+        return []
+
+    # ---- reporting hooks
+    # Called by fedpeft.report on the class (never on an instance) found from the runs' config.yaml. Classes that
+    # inherit a hook unchanged share one call, with the records of all their methods. Import report code lazily,
+    # inside the hook: fedpeft.report sits above the methods.
+    @classmethod
+    def report_sections(cls, records: Sequence[dict], run_dirs: Sequence[Path]) -> list[str]:
+        """Extra markdown sections of ``summary.md``, placed after the gain over base (e.g. Potara's mixing weights).
+
+        Args:
+            records: the ``results.jsonl`` records (every split) of this method's rows, merged over ``run_dirs``.
+            run_dirs: the run directories of the report, for files beside the records.
+
+        Returns:
+            Markdown blocks (headings, text, tables), joined with blank lines; ``[]`` adds nothing.
+        """
+        return []
+
+    @classmethod
+    def report_plots(cls, records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+        """Extra plots of this method's rows, written into ``out_dir`` (e.g. BayesTune-LoRA's rank structures).
+
+        Args:
+            records: as for :meth:`report_sections`.
+            run_dirs: the run directories of the report (e.g. for the clients' saved rank scales).
+            out_dir: the report's ``plots/`` directory, which exists.
+
+        Returns:
+            The paths of the files written.
+        """
         return []
 
 

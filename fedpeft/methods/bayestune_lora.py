@@ -11,8 +11,9 @@ hyperparameters, so it measures what learning the scales federatedly adds. The m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -47,11 +48,14 @@ class BayesTuneSettings(MethodConfig):
         return self.rank_multiplier * self.r_max
 
 
-class BayesTuneMethod(Method):
+BayesTuneConfigT = TypeVar("BayesTuneConfigT", bound=BayesTuneSettings)
+BayesTuneStateT = TypeVar("BayesTuneStateT", bound=ServerState)
+
+
+class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
     """What both BayesTune-LoRA methods share: one set of scales per client, pruned to each budget."""
 
     uses_budget = True
-    cfg: Any
 
     def check_budgets(self, budgets: list[int]) -> None:
         """Refuse, before any training, a budget the scales cannot serve."""
@@ -59,12 +63,12 @@ class BayesTuneMethod(Method):
             check_budget(budget, self.cfg.r_max)
 
     def client_scales(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, state: BayesTuneStateT, client_state: Any, seed: int
     ) -> ClientScales:
         raise NotImplementedError
 
     def prepare_personalization(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, state: BayesTuneStateT, client_state: Any, seed: int
     ) -> ClientScales:
         """The client's scales, computed once and handed to :meth:`personalize` for every budget."""
         return self.client_scales(runtime, client, state, client_state, seed)
@@ -73,7 +77,7 @@ class BayesTuneMethod(Method):
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: BayesTuneStateT,
         client_state: Any,
         budget: int | None,
         seed: int,
@@ -92,13 +96,25 @@ class BayesTuneMethod(Method):
         )
         save_client_scales(scales_path(run_dir, label, seed, client.client_id), record)
 
+    # ---- reporting hooks
+    @classmethod
+    def report_plots(cls, records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+        """``rank_structure_<label>.png`` and ``lambda_distance_<label>.png`` from the clients' saved scales."""
+        from fedpeft.adapters.scale_plots import write_scale_plots
+
+        return write_scale_plots(run_dirs, out_dir, methods={r["method"] for r in records})
+
 
 class BayesTuneLoraConfig(BayesTuneSettings):
     epochs: float = 2.0
 
 
-@METHODS.register("bayestune_lora", aliases=("bayestune",))
-class BayesTuneLora(BayesTuneMethod):
+@METHODS.register(
+    "bayestune_lora",
+    aliases=("bayestune",),
+    description="BayesTune-LoRA: each client learns its own LoRA rank structure, pruned to every budget; no federation",
+)
+class BayesTuneLora(BayesTuneMethod[BayesTuneLoraConfig, ServerState]):
     """Each client trains its own rank scales (Eq. 1, ``epochs`` epochs) and prunes them to every budget."""
 
     name = "bayestune_lora"

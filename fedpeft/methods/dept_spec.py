@@ -34,8 +34,12 @@ def starting_embeddings(runtime: ModelRuntime) -> StateDict:
     return {k: runtime.base_params[k].detach().clone() for k in embedding_keys(runtime)}
 
 
-@METHODS.register("dept_spec", aliases=("dept",))
-class DeptSpec(Method):
+@METHODS.register(
+    "dept_spec",
+    aliases=("dept",),
+    description="DEPT(SPEC): FedAvg of every weight but the token and position embeddings, which each client keeps",
+)
+class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
     """FedAvg of every weight but the token and position embeddings, which stay with their client."""
 
     name = "dept_spec"

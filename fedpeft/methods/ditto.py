@@ -25,8 +25,10 @@ class DittoConfig(HeteroConfig):
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["ditto"], gt=0)
 
 
-@METHODS.register("ditto")
-class Ditto(BranchedLoraMethod):
+@METHODS.register(
+    "ditto", description="Ditto: a global LoRA by FedAvg and a personal LoRA pulled toward it by a proximal term"
+)
+class Ditto(BranchedLoraMethod[DittoConfig]):
     """Global LoRA by FedAvg; personal LoRA with a proximal term toward the received global one."""
 
     name = "ditto"

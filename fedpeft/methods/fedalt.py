@@ -13,8 +13,9 @@ alpha / r). The mixer starts at zero (weights 1/2, 1/2); the task head of classi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
+from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
 from fedpeft.methods.families.lora_keys import is_lora, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
@@ -35,7 +36,8 @@ def rest_of_world(individuals: dict[str, tuple[float, StateDict]], client_id: st
     others = [v for cid, v in individuals.items() if cid != client_id] or list(individuals.values())
     total = sum(w for w, _ in others)
     keys = others[0][1]
-    return {k: sum(w * t[k].double() for w, t in others).div(total).to(keys[k].dtype) for k in keys}
+    zero = torch.zeros((), dtype=torch.float64)
+    return {k: sum((w * t[k].double() for w, t in others), zero).div(total).to(keys[k].dtype) for k in keys}
 
 
 class Mixer(torch.nn.Module):
@@ -43,10 +45,11 @@ class Mixer(torch.nn.Module):
 
     def __init__(self, layers: dict[str, int]) -> None:
         super().__init__()
-        self.gates = torch.nn.ModuleDict({name.replace(".", "/"): torch.nn.Linear(d, 2) for name, d in layers.items()})
-        for gate in self.gates.values():
+        gates = {name.replace(".", "/"): torch.nn.Linear(d, 2) for name, d in layers.items()}
+        for gate in gates.values():
             torch.nn.init.zeros_(gate.weight)
             torch.nn.init.zeros_(gate.bias)
+        self.gates = torch.nn.ModuleDict(gates)
 
     def weights(self, name: str, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.gates[name.replace(".", "/")](x), dim=-1)
@@ -70,6 +73,7 @@ class Mixture:
         adapter = runtime.active.key  # type: ignore[union-attr]
         handles = []
         for name, layer in _lora_layers(runtime).items():
+            assert isinstance(layer, torch.nn.Module)  # PEFT's LoRA layers are modules with the LoraLayer mixin
             a_row = row[f"{name}.lora_A.weight"].to(runtime.device)
             b_row = row[f"{name}.lora_B.weight"].to(runtime.device)
             gates: dict[str, torch.Tensor] = {}
@@ -100,14 +104,25 @@ def mixture(row: StateDict, mixer: Mixer) -> Mixture:
     return Mixture(row, mixer)
 
 
-class FedALTConfig(FederatedConfig, LoraConfigMixin):
+class FedALTConfig(FederatedLoraConfig):
     lr: float = 1e-4
     mixer_lr: float | None = None
     unseen_steps: int = Field(0, ge=0)
 
 
-@METHODS.register("fedalt")
-class FedALT(Method):
+@dataclass
+class FedALTState(ServerState):
+    """The seed of the shared LoRA initialization, and every client's latest individual LoRA with its weight
+    (``tensors``: the rest-of-world LoRA of a client outside the federation, the mean of them all)."""
+
+    init_seed: int = 0
+    individual: dict[str, tuple[float, StateDict]] = field(default_factory=dict)
+
+
+@METHODS.register(
+    "fedalt", description="FedALT: an individual LoRA trained beside a frozen rest-of-world LoRA, mixed per input"
+)
+class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
     """Individual LoRA + frozen rest-of-world LoRA, combined by a learned per-input mixer."""
 
     name = "fedalt"
@@ -117,19 +132,22 @@ class FedALT(Method):
     def spec(self, runtime: ModelRuntime) -> LoraSpec:
         return target_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> FedALTState:
         init_seed = derive_seed(seed, self.name, "init")
         runtime.install(ClientModel(lora=self.spec(runtime)), seed=init_seed)
         tensors = only(runtime.adapter_state(), is_lora)
-        return ServerState(tensors=tensors, extra={"init_seed": init_seed, "individual": {}})
+        return FedALTState(tensors=tensors, init_seed=init_seed)
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
-        individuals = state.extra["individual"]
+    def payload(self, state: FedALTState, client_id: str) -> Payload:
+        individuals = state.individual
         row = rest_of_world(individuals, client_id) if individuals else state.tensors
-        return Payload(tensors=row, config={"init_seed": state.extra["init_seed"]})
+        return Payload(tensors=row, config={"init_seed": state.init_seed})
 
     def _new_mixer(self, runtime: ModelRuntime, saved: StateDict | None) -> Mixer:
-        layers = {n: layer.in_features for n, layer in _lora_layers(runtime).items()}
+        layers: dict[str, int] = {}
+        for n, layer in _lora_layers(runtime).items():
+            assert layer.in_features is not None  # set from the wrapped linear layer
+            layers[n] = layer.in_features
         mixer = Mixer(layers).to(runtime.device)
         if saved:
             mixer.load_state_dict(saved)
@@ -170,8 +188,8 @@ class FedALT(Method):
         update = ClientUpdate(client.client_id, only(individual, is_lora), float(len(client.train)), metrics)
         return update, {"individual": individual, "mixer": mixer}
 
-    def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
-        individuals = dict(state.extra["individual"])
+    def aggregate(self, state: FedALTState, updates: Iterable[ClientUpdate]) -> tuple[FedALTState, Metrics]:
+        individuals = dict(state.individual)
         losses = []
         for update in updates:
             individuals[update.client_id] = (float(update.weight), update.tensors)
@@ -180,21 +198,20 @@ class FedALT(Method):
         if not losses:
             return state, metrics
         metrics["train_loss"] = sum(losses) / len(losses)
-        extra = {**state.extra, "individual": individuals}
         tensors = rest_of_world(individuals, "")
-        return ServerState(tensors=tensors, round=state.round + 1, extra=extra), metrics
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1, individual=individuals), metrics
 
     def personalize(
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: FedALTState,
         client_state: Any,
         budget: int | None,
         seed: int,
     ) -> ClientModel:
-        init_seed = int(state.extra.get("init_seed", seed))
-        row = self.payload(state, client.client_id).tensors if state.extra else state.tensors
+        init_seed = state.init_seed
+        row = self.payload(state, client.client_id).tensors
         saved = client_state
         if saved is None:
             # A client that never took part (unseen) trains its individual LoRA and mixer here.

@@ -22,8 +22,11 @@ class FedAvgFullConfig(FederatedConfig):
     lr: float = 5e-5
 
 
-@METHODS.register("fedavg_full")
-class FedAvgFull(Method):
+@METHODS.register(
+    "fedavg_full",
+    description="FedAvg of all weights (full fine-tuning, Standard FL); also a federated base-model stage",
+)
+class FedAvgFull(Method[FedAvgFullConfig, ServerState, None]):
     """FedAvg of all model weights."""
 
     name = "fedavg_full"

@@ -60,8 +60,10 @@ def distillation(adapter: HookedAdapter, teacher: tuple[str, ...], weight: float
     return term
 
 
-@METHODS.register("feddat")
-class FedDAT(BranchedLoraMethod):
+@METHODS.register(
+    "feddat", description="FedDAT: a dual-adapter teacher (frozen global + client adapter) and mutual distillation"
+)
+class FedDAT(BranchedLoraMethod[FedDATConfig]):
     """Frozen global + client-specific adapter (the teacher) and a global student, distilled both ways."""
 
     name = "feddat"

@@ -53,8 +53,12 @@ class DualAdapterModel(ClientModel):
     local_adapter: StateDict = field(default_factory=dict)
 
 
-@METHODS.register("feddpa", aliases=("feddpa_t",))
-class FedDPA(Method):
+@METHODS.register(
+    "feddpa",
+    aliases=("feddpa_t",),
+    description="FedDPA-T: a federated global LoRA and a kept local LoRA, mixed per test instance",
+)
+class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
     """Global LoRA federated, local LoRA kept; instance-wise mixing of the two at inference."""
 
     name = "feddpa"
@@ -66,8 +70,9 @@ class FedDPA(Method):
         """The global LoRA (with the head) and the local LoRA (without) of every client."""
         cfg = self.cfg
         targets = resolve_targets(runtime, cfg.targets)
-        shape = {"rank": cfg.rank, "alpha": cfg.alpha, "targets": targets, "dropout": cfg.dropout}
-        return LoraSpec(**shape, slot="global"), LoraSpec(**shape, slot="local", head=False)
+        glob = LoraSpec(rank=cfg.rank, alpha=cfg.alpha, targets=targets, dropout=cfg.dropout, slot="global")
+        local = LoraSpec(rank=cfg.rank, alpha=cfg.alpha, targets=targets, dropout=cfg.dropout, slot="local", head=False)
+        return glob, local
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         glob, _ = self.specs(runtime)

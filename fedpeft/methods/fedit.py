@@ -13,54 +13,67 @@ average by another merge of the uploaded adapters, e.g. ``merge: {operator: ties
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
 from fedpeft.methods.base import (
-    FederatedConfig,
-    LoraConfigMixin,
+    FederatedLoraConfig,
     Method,
     fine_tune,
     local_training,
     lora_spec,
     weighted_mean,
 )
-from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.training import LossHook
 
 
-class FedITConfig(FederatedConfig, LoraConfigMixin):
+class FedITConfig(FederatedLoraConfig):
     finetune_epochs: float = 0.0
     finetune_lr: float | None = None
     merge: MergeConfig | None = None
 
 
-@METHODS.register("fedit", aliases=("fedavg",))
-class FedIT(Method):
-    """FedAvg of LoRA A and B (and the task head) over the seen pool."""
+@dataclass
+class FedITState(ServerState):
+    """FedIT's global adapter (``tensors``) and the run's seed, which seeds a merge operator's random drops."""
 
-    name = "fedit"
-    Config = FedITConfig
+    seed: int = 0
 
-    def spec(self, runtime: ModelRuntime):  # noqa: ANN201
+
+LoraConfigT = TypeVar("LoraConfigT", bound=FederatedLoraConfig)
+FedITConfigT = TypeVar("FedITConfigT", bound=FedITConfig)
+FedITStateT = TypeVar("FedITStateT", bound=FedITState)
+
+
+class FedITBase(Method[LoraConfigT, FedITStateT, None]):
+    """The federated phase of FedIT, shared with the methods built on it (FedProx, Potara, ...): clients
+    fine-tune the global LoRA, the server averages (or merges) what they upload."""
+
+    def spec(self, runtime: ModelRuntime) -> LoraSpec:
         return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
 
     @property
     def merge_config(self) -> MergeConfig | None:
         """The server's merge of the uploaded adapters (``None``: the streaming weighted mean)."""
-        return getattr(self.cfg, "merge", None)  # subclasses with their own config may lack the key
+        return None
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def initial_adapter(self, runtime: ModelRuntime, seed: int) -> StateDict:
+        """The global adapter before the first round (fresh LoRA weights from the run's ``seed``)."""
         runtime.activate(self.spec(runtime))
         runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        extra = {"seed": seed} if self.merge_config is not None else {}  # seeds DARE's drops
-        return ServerState(tensors=runtime.adapter_state(), extra=extra)
+        return runtime.adapter_state()
 
-    def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
-        if self.merge_config is None:
+    def aggregate(self, state: FedITStateT, updates: Iterable[ClientUpdate]) -> tuple[FedITStateT, Metrics]:
+        merge = self.merge_config
+        if merge is None:
             return super().aggregate(state, updates)
         received = list(updates)
         _, metrics = weighted_mean(ClientUpdate(u.client_id, {}, u.weight, u.metrics) for u in received)
@@ -71,13 +84,13 @@ class FedIT(Method):
         tensors = merge_lora_states(
             [u.tensors for u in received],
             [u.weight for u in received],
-            self.merge_config,
+            merge,
             scaling=scaling,
-            seed=derive_seed(state.extra.get("seed", 0), self.name, "merge", state.round),
+            seed=derive_seed(state.seed, self.name, "merge", state.round),
         )
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
 
-    def extra_loss(self, runtime: ModelRuntime, payload: Payload):  # noqa: ANN201
+    def extra_loss(self, runtime: ModelRuntime, payload: Payload) -> LossHook | None:
         return None
 
     def client_update(
@@ -91,11 +104,30 @@ class FedIT(Method):
         update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
         return update, client_state
 
+
+@METHODS.register(
+    "fedit",
+    aliases=("fedavg",),
+    description="FedIT: FedAvg of the LoRA factors A and B (and the task head), weighted by data size",
+)
+class FedIT(FedITBase[FedITConfigT, FedITState]):
+    """FedAvg of LoRA A and B (and the task head) over the seen pool."""
+
+    name = "fedit"
+    Config: ClassVar[type[FedITConfig]] = FedITConfig
+
+    @property
+    def merge_config(self) -> MergeConfig | None:
+        return self.cfg.merge
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> FedITState:
+        return FedITState(tensors=self.initial_adapter(runtime, seed), seed=seed)
+
     def personalize(
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: FedITState,
         client_state: Any,
         budget: int | None,
         seed: int,

@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from fedpeft.base_models import merged_base, resolve_targets
 from fedpeft.core.registry import METHODS
-from fedpeft.core.types import Payload, ServerState, StateDict
+from fedpeft.core.types import Payload, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.fedit import FedIT, FedITConfig
+from fedpeft.methods.fedit import FedIT, FedITConfig, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
@@ -33,7 +33,8 @@ class FedITMergedConfig(FedITConfig):
     lr: float = 2e-5
     min_lr: float = 1e-6
     schedule: Literal["cosine", "constant"] = "cosine"
-    targets: str | list[str] = "qv"
+    # Wider than LoraConfigMixin's list: FedITMerged.spec resolves it (``qv``, ``all`` or a list) for FedIT.
+    targets: str | list[str] = "qv"  # type: ignore[assignment]
 
 
 def cosine_lr(round_: int, rounds: int, lr: float, min_lr: float) -> float:
@@ -42,8 +43,12 @@ def cosine_lr(round_: int, rounds: int, lr: float, min_lr: float) -> float:
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-@METHODS.register("fedit_merged", aliases=("standard_fl_lora",))
-class FedITMerged(FedIT):
+@METHODS.register(
+    "fedit_merged",
+    aliases=("standard_fl_lora",),
+    description="Standard FL with LoRA: FedIT on q and v with a cosine learning rate, merged into the weights",
+)
+class FedITMerged(FedIT[FedITMergedConfig]):
     """FedIT with q,v LoRA and a cosine learning-rate schedule; every client keeps the merged global model."""
 
     name = "fedit_merged"
@@ -56,19 +61,19 @@ class FedITMerged(FedIT):
         targets = resolve_targets(runtime, self.cfg.targets)
         return LoraSpec(rank=rank, alpha=alpha, targets=targets, dropout=self.cfg.dropout)
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
+    def payload(self, state: FedITState, client_id: str) -> Payload:
         cfg = self.cfg
         lr = cosine_lr(state.round, cfg.rounds, cfg.lr, cfg.min_lr) if cfg.schedule == "cosine" else cfg.lr
         return Payload(tensors=state.tensors, config={"lr": lr})
 
-    def export_base(self, runtime: ModelRuntime, state: ServerState) -> StateDict:
+    def export_base(self, runtime: ModelRuntime, state: FedITState) -> StateDict:
         return merged_base(runtime, self.spec(runtime), state.tensors)
 
     def personalize(
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: FedITState,
         client_state: Any,
         budget: int | None,
         seed: int,

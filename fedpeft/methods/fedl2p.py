@@ -16,8 +16,11 @@ evaluate. The rate network's pieces are in :mod:`fedpeft.adapters.learning_rates
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,8 +72,21 @@ def split_validation(examples: list[Example], fraction: float, key: str) -> tupl
     return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
 
 
-@METHODS.register("fedl2p")
-class FedL2P(Method):
+@dataclass
+class FedL2PState(ServerState):
+    """The rate network (``tensors``) of one budget's federated phase, and its early stopping: the best
+    network so far, its clients' validation loss and the rounds since it."""
+
+    budget: int | None = None
+    best_loss: float = math.inf
+    best_tensors: StateDict = field(default_factory=dict)
+    since_best: int = 0
+
+
+@METHODS.register(
+    "fedl2p", description="FedL2P: a federated MLP maps client statistics to per-LoRA-module learning rates"
+)
+class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
     """A federated MLP from client statistics to per-LoRA-module learning rates, meta-learned with IFT."""
 
     name = "fedl2p"
@@ -91,18 +107,22 @@ class FedL2P(Method):
         """Per-module learning rates: clamp(MLP(stats)) * post-multiplier, differentiable in ``tensors``."""
         return module_rates(tensors, stats, hidden=self.cfg.hidden, max_multiplier=self.cfg.max_multiplier)
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> FedL2PState:
         return self.init_server_for_budget(runtime, seed, self.cfg.default_rank)
 
-    def init_server_for_budget(self, runtime: ModelRuntime, seed: int, budget: int) -> ServerState:
+    def init_server_for_budget(self, runtime: ModelRuntime, seed: int, budget: int) -> FedL2PState:
         runtime.activate(self.spec(runtime, budget))
         inputs, outputs = 2 * len(runtime.target_modules), len(module_groups(runtime))
         init_seed = derive_seed(seed, self.name, "init", budget)
         tensors = initial_rate_tensors(inputs, outputs, self.cfg.hidden, self.cfg.lr, init_seed)
-        return ServerState(tensors=tensors, extra={"budget": budget})
+        return FedL2PState(tensors=tensors, budget=budget)
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
-        return Payload(tensors=state.tensors, config={"budget": state.extra.get("budget", self.cfg.default_rank)})
+    def state_budget(self, state: FedL2PState) -> int:
+        """The rank budget of ``state``'s federated phase."""
+        return self.cfg.default_rank if state.budget is None else state.budget
+
+    def payload(self, state: FedL2PState, client_id: str) -> Payload:
+        return Payload(tensors=state.tensors, config={"budget": self.state_budget(state)})
 
     # ------------------------------------------------------------------ inner loop
     def fine_tune(
@@ -197,33 +217,32 @@ class FedL2P(Method):
         metrics = {"val_loss": losses[0], "outer_loss": sum(losses) / len(losses)}
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), client_state
 
-    def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
+    def aggregate(self, state: FedL2PState, updates: Iterable[ClientUpdate]) -> tuple[FedL2PState, Metrics]:
         tensors, metrics = weighted_mean(updates)
         if not tensors:
             return state, metrics
-        extra = dict(state.extra)
         loss = metrics.get("train_val_loss", math.inf)
-        if loss < extra.get("best_loss", math.inf):
-            extra.update(best_loss=loss, best_tensors=dict(state.tensors), since_best=0)
+        if loss < state.best_loss:
+            state = dataclasses.replace(state, best_loss=loss, best_tensors=dict(state.tensors), since_best=0)
         else:
-            extra["since_best"] = extra.get("since_best", 0) + 1
-        return ServerState(tensors=tensors, round=state.round + 1, extra=extra), metrics
+            state = dataclasses.replace(state, since_best=state.since_best + 1)
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
 
-    def should_stop(self, state: ServerState) -> bool:
-        return state.extra.get("since_best", 0) >= self.cfg.patience
+    def should_stop(self, state: FedL2PState) -> bool:
+        return state.since_best >= self.cfg.patience
 
     # ------------------------------------------------------------------ personalization
     def personalize(
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: FedL2PState,
         client_state: Any,
         budget: int | None,
         seed: int,
     ) -> ClientModel:
-        spec = self.spec(runtime, int(budget or state.extra.get("budget", self.cfg.default_rank)))
-        tensors = state.extra.get("best_tensors") or state.tensors
+        spec = self.spec(runtime, int(budget or self.state_budget(state)))
+        tensors = state.best_tensors or state.tensors
         with torch.no_grad():
             rates = self.rates(tensors, feature_statistics(runtime, client.train))
         self.fine_tune(runtime, spec, client.train, rates, seed, epochs=self.cfg.finetune_epochs)

@@ -24,8 +24,11 @@ class FedMKTConfig(DistillationConfig):
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedmkt"], gt=0)
 
 
-@METHODS.register("fedmkt")
-class FedMKT(PublicDistillation):
+@METHODS.register(
+    "fedmkt",
+    description="FedMKT: FedAvg per architecture and min-loss mutual distillation across architectures on public data",
+)
+class FedMKT(PublicDistillation[FedMKTConfig]):
     """Per-group FedAvg and min-loss mutual distillation across architectures."""
 
     name = "fedmkt"

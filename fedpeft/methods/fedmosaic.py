@@ -15,17 +15,20 @@ all clients, ordinary LoRA within the client's architecture group. Registered as
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 import torch
 from pydantic import Field
 
 from fedpeft.adapters.alignment import AlignmentSettings, align_federation
 from fedpeft.adapters.hooked import HookedAdapter, frame_tensors
+from fedpeft.adapters.weights import layer_weight
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
 from fedpeft.merging import rela
@@ -66,8 +69,47 @@ class FedMosaicConfig(HeteroConfig):
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedmosaic"], gt=0)
 
 
-@METHODS.register("fedmosaic")
-class FedMosaic(Method):
+class Upload(TypedDict):
+    """A client's latest upload, as the server keeps it: its local adapter, weight, relevance vector, metrics."""
+
+    tensors: StateDict
+    weight: float
+    relevance: torch.Tensor | None
+    metrics: Metrics
+
+
+class Relevance(TypedDict):
+    """The last round's RELA weights: row i weighs every client for ``clients[i]``."""
+
+    clients: list[str]
+    weights: torch.Tensor
+
+
+@dataclass
+class FedMosaicState(ServerState):
+    """The population mean of the global adapters (``tensors``), the pivot and RELA's gradient module (name,
+    size, mask seed), every architecture's aligned PQ frames (architecture -> site -> A/B) with the alignment
+    report, each client's architecture, latest upload and customized global adapter G_i, the clients that have
+    received their frames, and the last RELA weights."""
+
+    pivot: str = ""
+    grad_module: str = ""
+    grad_size: int = 0
+    mask_seed: int = 0
+    frames: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    alignment: dict[str, float] = field(default_factory=dict)
+    assignment: dict[str, str] = field(default_factory=dict)
+    uploads: dict[str, Upload] = field(default_factory=dict)
+    globals: dict[str, StateDict] = field(default_factory=dict)
+    delivered: list[str] = field(default_factory=list)
+    relevance: Relevance | None = None
+
+
+@METHODS.register(
+    "fedmosaic",
+    description="FedMosaic: relevance-guided aggregation (RELA) of PQ-LoRA adapters across heterogeneous clients",
+)
+class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
     """RELA + PQ-LoRA with a gated local/global dual adapter on every client."""
 
     name = "fedmosaic"
@@ -81,7 +123,7 @@ class FedMosaic(Method):
         return hooked_adapter(runtime, seed, rank=cfg.rank, alpha=cfg.alpha, blocks=cfg.blocks, pq=cfg.pq)
 
     # ------------------------------------------------------------------ server
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> FedMosaicState:
         cfg = self.cfg
         federation = federation_of(runtime)
         pivot = cfg.pivot or federation.smallest()
@@ -105,38 +147,40 @@ class FedMosaic(Method):
             population.update(adapter.branch("global"))
         pivot_runtime = federation.runtime(pivot)
         module = gradient_module(pivot_runtime, cfg.grad_module)
-        extra = {
-            "pivot": pivot,
-            "grad_module": module,
-            "grad_size": int(dict(pivot_runtime.target_modules)[module].weight.numel()),
-            "mask_seed": derive_seed(seed, self.name, "rela-mask"),
-            "frames": frames,
-            "alignment": report,
-            "assignment": dict(federation.assignment),
-            "uploads": {},
-            "globals": {},
-            "delivered": [],
-        }
-        return ServerState(tensors=population, extra=extra)
+        return FedMosaicState(
+            tensors=population,
+            pivot=pivot,
+            grad_module=module,
+            grad_size=int(layer_weight(dict(pivot_runtime.target_modules)[module]).numel()),
+            mask_seed=derive_seed(seed, self.name, "rela-mask"),
+            frames=frames,
+            alignment=report,
+            assignment=dict(federation.assignment),
+        )
 
-    def _architecture(self, state: ServerState, client_id: str) -> str:
-        return state.extra["assignment"].get(client_id, next(iter(state.extra["frames"])))
+    def _architecture(self, state: FedMosaicState, client_id: str) -> str:
+        return state.assignment.get(client_id, next(iter(state.frames)))
 
-    def global_for(self, state: ServerState, client_id: str, architecture: str) -> dict[str, torch.Tensor]:
+    def global_for(self, state: FedMosaicState, client_id: str, architecture: str) -> dict[str, torch.Tensor]:
         """G_i: the client's customized global adapter (the population mean before it has uploaded)."""
-        custom = state.extra["globals"].get(client_id)
+        custom = state.globals.get(client_id)
         return architecture_keys(custom if custom is not None else state.tensors, architecture)
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
+    def payload(self, state: FedMosaicState, client_id: str) -> Payload:
         architecture = self._architecture(state, client_id)
         tensors = self.global_for(state, client_id, architecture)
-        if client_id not in state.extra["delivered"]:
-            tensors = {**tensors, **frame_tensors(state.extra["frames"][architecture])}
-        keys = ("pivot", "grad_module", "grad_size", "mask_seed")
-        return Payload(tensors=tensors, config={k: state.extra[k] for k in keys})
+        if client_id not in state.delivered:
+            tensors = {**tensors, **frame_tensors(state.frames[architecture])}
+        config = {
+            "pivot": state.pivot,
+            "grad_module": state.grad_module,
+            "grad_size": state.grad_size,
+            "mask_seed": state.mask_seed,
+        }
+        return Payload(tensors=tensors, config=config)
 
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
-        uploads = dict(state.extra["uploads"])
+    def aggregate(self, state: FedMosaicState, updates: Iterable[ClientUpdate]) -> tuple[FedMosaicState, Metrics]:
+        uploads = dict(state.uploads)
         received = []
         for update in updates:
             uploads[update.client_id] = {
@@ -150,25 +194,27 @@ class FedMosaic(Method):
             return state, {"clients": 0.0}
         ids = sorted(uploads)
         population, _ = weighted_mean(ClientUpdate(c, uploads[c]["tensors"], uploads[c]["weight"]) for c in ids)
-        vectors = [uploads[c]["relevance"] for c in ids]
-        if self.cfg.rela and all(v is not None for v in vectors):
+        vectors = [v for v in (uploads[c]["relevance"] for c in ids) if v is not None]
+        if self.cfg.rela and len(vectors) == len(ids):
             weights = rela.relevance_weights(torch.stack(vectors), self.cfg.tau)
         else:
             weights = torch.full((len(ids), len(ids)), 1.0 / len(ids), dtype=torch.float64)
         adapters = [uploads[c]["tensors"] for c in ids]
         customized = {c: rela.customized_global(weights[i], adapters) for i, c in enumerate(ids)}
         metrics: Metrics = {"clients": float(len(received)), "self_weight": float(torch.diagonal(weights).mean())}
-        losses = [uploads[c]["metrics"].get("loss") for c in received if "loss" in uploads[c]["metrics"]]
+        losses = [uploads[c]["metrics"]["loss"] for c in received if "loss" in uploads[c]["metrics"]]
         if losses:
             metrics["train_loss"] = sum(losses) / len(losses)
-        extra = {
-            **state.extra,
-            "uploads": uploads,
-            "globals": customized,
-            "relevance": {"clients": ids, "weights": weights.float()},
-            "delivered": sorted(set(state.extra["delivered"]) | set(received)),
-        }
-        return ServerState(tensors=population, round=state.round + 1, extra=extra), metrics
+        new_state = dataclasses.replace(
+            state,
+            tensors=population,
+            round=state.round + 1,
+            uploads=uploads,
+            globals=customized,
+            relevance=Relevance(clients=ids, weights=weights.float()),
+            delivered=sorted(set(state.delivered) | set(received)),
+        )
+        return new_state, metrics
 
     # ------------------------------------------------------------------ client
     def _client_adapter(
@@ -251,14 +297,14 @@ class FedMosaic(Method):
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: FedMosaicState,
         client_state: Any,
         budget: int | None,
         seed: int,
     ) -> ClientModel:
         architecture = runtime.architecture
-        if "frames" in state.extra:
-            frames = frame_tensors(state.extra["frames"][architecture])
+        if state.frames:
+            frames = frame_tensors(state.frames[architecture])
             global_ = self.global_for(state, client.client_id, architecture)
         else:  # no federated phase ran: the fresh adapter
             fresh = self.adapter(runtime, seed)

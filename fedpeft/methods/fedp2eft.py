@@ -13,11 +13,14 @@ budget r <= r_max, one trained PSG): statistics -> PSG -> top-(r * L) pruning ->
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedpeft.adapters.bayestune import ClientScales, initial_spec, train_scales
-from fedpeft.adapters.psg import make_generator, regress_toward, save_generator
+from fedpeft.adapters.psg import StrategyGenerator, make_generator, regress_toward, save_generator
 from fedpeft.adapters.statistics import feature_statistics
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
@@ -46,15 +49,24 @@ def psg_path(run_dir: Path, label: str, seed: int) -> Path:
     return Path(run_dir) / PSG_DIR / label / f"seed{seed}.safetensors"
 
 
-@METHODS.register("fedp2eft")
-class FedP2EFT(BayesTuneMethod):
+@dataclass
+class FedP2EFTState(ServerState):
+    """The PSG's weights (``tensors``) and the names of the modules whose rank scales it predicts, in order."""
+
+    modules: list[str] = field(default_factory=list)
+
+
+@METHODS.register(
+    "fedp2eft", description="FedP2EFT: a federated PSG gives every client its LoRA rank structure for every budget"
+)
+class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
     """Federated PSG training on the seen pool; per-client rank structures for every budget from one PSG."""
 
     name = "fedp2eft"
     Config = FedP2EFTConfig
     private_keys = ("lora_",)
 
-    def _generator(self, runtime: ModelRuntime, seed: int, state: StateDict | None = None):  # noqa: ANN202
+    def _generator(self, runtime: ModelRuntime, seed: int, state: StateDict | None = None) -> StrategyGenerator:
         return make_generator(
             len(runtime.target_modules),
             self.cfg.r_init,
@@ -64,17 +76,17 @@ class FedP2EFT(BayesTuneMethod):
             state=state,
         )
 
-    def _statistics(self, runtime: ModelRuntime, client: ClientData, client_state: Any):  # noqa: ANN202
+    def _statistics(self, runtime: ModelRuntime, client: ClientData, client_state: Any) -> torch.Tensor:
         # The base model is frozen for the whole run, so a client's statistics are computed once and kept.
         if isinstance(client_state, dict) and "statistics" in client_state:
             return client_state["statistics"]
         return feature_statistics(runtime, client.train, batch_size=self.cfg.stats_batch_size)
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> FedP2EFTState:
         initial_spec(runtime, self.cfg.r_init, self.cfg.alpha_multiplier, self.cfg.dropout)  # validates r_init
         generator = self._generator(runtime, seed)
         tensors = {k: v.detach().clone() for k, v in generator.state_dict().items()}
-        return ServerState(tensors=tensors, extra={"modules": [name for name, _ in runtime.target_modules]})
+        return FedP2EFTState(tensors=tensors, modules=[name for name, _ in runtime.target_modules])
 
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
@@ -90,14 +102,14 @@ class FedP2EFT(BayesTuneMethod):
         return update, {"statistics": statistics}
 
     def client_scales(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, state: FedP2EFTState, client_state: Any, seed: int
     ) -> ClientScales:
         statistics = self._statistics(runtime, client, client_state)
         generator = self._generator(runtime, seed, state.tensors or None)
         scales = generator(statistics).detach()
         return ClientScales(scales, [name for name, _ in runtime.target_modules], {})
 
-    def save_server_artifacts(self, state: ServerState, run_dir: Path, seed: int) -> Path:
+    def save_server_artifacts(self, state: FedP2EFTState, run_dir: Path, seed: int) -> None:
         """Write the trained PSG and what ``fedpeft personalize`` needs to use it."""
         path = psg_path(run_dir, self.label, seed)
         meta = {
@@ -105,8 +117,7 @@ class FedP2EFT(BayesTuneMethod):
             "label": self.label,
             "seed": seed,
             "rounds": state.round,
-            "modules": list(state.extra.get("modules", [])),
+            "modules": list(state.modules),
             "config": self.cfg.model_dump(mode="json"),
         }
         save_generator(path, state.tensors, meta)
-        return path

@@ -15,22 +15,25 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload
 from fedpeft.methods.fedit import FedIT, FedITConfig, _state_key
 from fedpeft.models.runtime import ModelRuntime
+from fedpeft.training import LossHook
 
 
 class FedProxConfig(FedITConfig):
     mu: float = 0.01
 
 
-@METHODS.register("fedprox")
-class FedProx(FedIT):
+@METHODS.register(
+    "fedprox", description="FedProx: FedIT plus a proximal term pulling the local adapter toward the global one"
+)
+class FedProx(FedIT[FedProxConfig]):
     """FedIT with a proximal term pulling the local adapter toward the global one."""
 
     name = "fedprox"
     Config = FedProxConfig
 
-    def extra_loss(self, runtime: ModelRuntime, payload: Payload):  # noqa: ANN201
+    def extra_loss(self, runtime: ModelRuntime, payload: Payload) -> LossHook:
         params = runtime.adapter_parameters()
-        anchors = {}
+        anchors: dict[str, torch.Tensor] = {}
         for pname, param in params.items():
             key = _state_key(pname, runtime)
             if key in payload.tensors:

@@ -15,20 +15,20 @@ from pydantic import Field
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
+from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
-class FedSALoraConfig(FederatedConfig, LoraConfigMixin):
+class FedSALoraConfig(FederatedLoraConfig):
     lr: float = 1e-4
     finetune_steps: int = Field(0, ge=0)
 
 
-@METHODS.register("fedsa_lora")
-class FedSALora(Method):
+@METHODS.register("fedsa_lora", description="FedSA-LoRA: the A matrices are averaged, every client keeps its own B")
+class FedSALora(Method[FedSALoraConfig, ServerState, StateDict]):
     """Federated A (averaged), personal B (kept in the client-state store)."""
 
     name = "fedsa_lora"
@@ -42,7 +42,9 @@ class FedSALora(Method):
         runtime.install(ClientModel(lora=self.spec(runtime)), seed=derive_seed(seed, self.name, "init"))
         return ServerState(tensors=only(runtime.adapter_state(), is_lora_a))
 
-    def _train(self, runtime: ModelRuntime, client: ClientData, adapter: StateDict, seed: int, steps: int | None):  # noqa: ANN202
+    def _train(
+        self, runtime: ModelRuntime, client: ClientData, adapter: StateDict, seed: int, steps: int | None
+    ) -> Metrics:
         install_partial(runtime, self.spec(runtime), adapter, seed)
         return runtime.train(client.train, seed=seed, **local_training(self.cfg, steps=steps))
 

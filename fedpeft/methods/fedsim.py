@@ -23,8 +23,8 @@ class FedSimConfig(HeteroConfig):
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedsim"], gt=0)
 
 
-@METHODS.register("fedsim")
-class FedSim(BranchedLoraMethod):
+@METHODS.register("fedsim", description="FedSim: a shared (averaged) and a personal LoRA, summed and trained together")
+class FedSim(BranchedLoraMethod[FedSimConfig]):
     """Shared + personal LoRA summed, trained together; the shared one is averaged."""
 
     name = "fedsim"

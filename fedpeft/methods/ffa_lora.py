@@ -8,23 +8,34 @@ classification models, averaged like FedIT's); A never travels. Every client kee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training
+from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
-class FFALoraConfig(FederatedConfig, LoraConfigMixin):
+class FFALoraConfig(FederatedLoraConfig):
     lr: float = 1e-4
 
 
-@METHODS.register("ffa_lora")
-class FFALora(Method):
+@dataclass
+class FFALoraState(ServerState):
+    """The global B and head (``tensors``) and the seed every client draws the frozen A from."""
+
+    init_seed: int = 0
+
+
+@METHODS.register(
+    "ffa_lora",
+    description="FFA-LoRA: A frozen at the shared random initialization; only B (and the head) trained and averaged",
+)
+class FFALora(Method[FFALoraConfig, FFALoraState, None]):
     """Federated LoRA with A frozen at the shared random init; B (and the head) averaged."""
 
     name = "ffa_lora"
@@ -34,14 +45,14 @@ class FFALora(Method):
     def spec(self, runtime: ModelRuntime) -> LoraSpec:
         return target_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> FFALoraState:
         init_seed = derive_seed(seed, self.name, "init")
         runtime.install(ClientModel(lora=self.spec(runtime)), seed=init_seed)
         tensors = only(runtime.adapter_state(), lambda k: not is_lora_a(k))
-        return ServerState(tensors=tensors, extra={"init_seed": init_seed})
+        return FFALoraState(tensors=tensors, init_seed=init_seed)
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
-        return Payload(tensors=state.tensors, config={"init_seed": state.extra["init_seed"]})
+    def payload(self, state: FFALoraState, client_id: str) -> Payload:
+        return Payload(tensors=state.tensors, config={"init_seed": state.init_seed})
 
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
@@ -57,10 +68,10 @@ class FFALora(Method):
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: FFALoraState,
         client_state: Any,
         budget: int | None,
         seed: int,
     ) -> ClientModel:
         spec = self.spec(runtime)
-        return ClientModel(lora=spec, adapter=install_partial(runtime, spec, state.tensors, state.extra["init_seed"]))
+        return ClientModel(lora=spec, adapter=install_partial(runtime, spec, state.tensors, state.init_seed))

@@ -27,8 +27,11 @@ def fisher_weighted_merge(
     return (weight * fed.double() + (1 - weight) * local.double()).to(fed.dtype)
 
 
-@METHODS.register("fisher_merge")
-class FisherMerge(Potara):
+@METHODS.register(
+    "fisher_merge",
+    description="Fisher merging: FedIT and a local LoRA merged per coordinate with diagonal Fisher weights",
+)
+class FisherMerge(Potara[FederatedLocalConfig]):
     """FedIT and local LoRA merged per coordinate with diagonal Fisher weights."""
 
     name = "fisher_merge"

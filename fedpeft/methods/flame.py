@@ -16,6 +16,7 @@ FedAvg.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -34,10 +35,11 @@ from fedpeft.adapters.expert_lora import (
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
+from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.tier_aggregation import PlainMean, mean_metrics
-from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod
+from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod, TieredState
+from fedpeft.models.moe import MoeControl
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 COUNTS = "expert_counts"
@@ -52,8 +54,11 @@ class FlameConfig(TieredConfig):
     rescaler_lr: float = Field(default=1e-2, gt=0.0)
 
 
-@METHODS.register("flame")
-class Flame(TieredMethod):
+@METHODS.register(
+    "flame",
+    description="FLAME: federated LoRA on a sparse MoE, each tier at its top-k, rescaled, activation-aware averaging",
+)
+class Flame(TieredMethod[FlameConfig]):
     """Full-rank expert LoRA at each tier's top-k, rescaled MoE output, activation-aware averaging."""
 
     name = "flame"
@@ -66,22 +71,23 @@ class Flame(TieredMethod):
     def rank_for(self, tier: TierConfig) -> int:
         return self.cfg.rank
 
-    def _require_moe(self, runtime: ModelRuntime) -> Any:
+    def _require_moe(self, runtime: ModelRuntime) -> MoeControl:
         if runtime.moe is None:
             raise UserError(f"flame needs a sparse mixture-of-experts model (e.g. tiny-olmoe); {runtime.loaded.name} "
                             "is dense.")  # fmt: skip
         return runtime.moe
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> TieredState:
         self._require_moe(runtime)
         self.check_model(runtime)
         runtime.activate(self.spec(runtime, self.cfg.rank))
         runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        return ServerState(tensors=runtime.adapter_state(), extra={"lora_layout": self.layout(runtime)})
+        return TieredState(tensors=runtime.adapter_state(), lora_layout=self.layout(runtime))
 
     def rescaler(self, runtime: ModelRuntime, tier: TierConfig, client_state: Any) -> float:
         """s_i of a client: its learned value when it has one, else the mode's start value."""
-        ratio = runtime.moe.default_top_k / (tier.top_k or runtime.moe.default_top_k)
+        moe = self._require_moe(runtime)
+        ratio = moe.default_top_k / (tier.top_k or moe.default_top_k)
         if self.cfg.rescaler == "none":
             return 1.0
         if self.cfg.rescaler == "static":
@@ -111,8 +117,8 @@ class Flame(TieredMethod):
         update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics, extras)
         return update, {"rescaler": scale}
 
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
-        layout = self.modules(state.extra["lora_layout"])
+    def aggregate(self, state: TieredState, updates: Iterable[ClientUpdate]) -> tuple[TieredState, Metrics]:
+        layout = self.modules(state.lora_layout)
         plain = PlainMean()
         experts: dict[str, tuple[LogWeightedMean, LogWeightedMean]] = {}
         metrics: list[Metrics] = []
@@ -142,13 +148,13 @@ class Flame(TieredMethod):
             a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
             tensors[a_key] = join_a(mean_a.result(split_a(state.tensors[a_key], n)))
             tensors[b_key] = join_b(mean_b.result(split_b(state.tensors[b_key], n)))
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), mean_metrics(metrics)
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), mean_metrics(metrics)
 
     def personalize(
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: TieredState,
         client_state: Any,
         budget: int | str | None,
         seed: int,

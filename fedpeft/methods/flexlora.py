@@ -14,24 +14,28 @@ products. Other tensors (a classification head) are averaged by data size.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from fedpeft.adapters.expert_lora import svd_factors
 from fedpeft.core.registry import METHODS
-from fedpeft.core.types import ClientUpdate, Metrics, ServerState
+from fedpeft.core.types import ClientUpdate, Metrics
 from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
 from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
+from fedpeft.methods.families.tiered import TieredState
 
 
-@METHODS.register("flexlora")
-class FlexLora(RankTieredMethod):
+@METHODS.register(
+    "flexlora", description="FlexLoRA: heterogeneous ranks by SVD truncation of the averaged full-size update"
+)
+class FlexLora(RankTieredMethod[RankTieredConfig]):
     """Data-size-weighted average of the clients' B_i A_i, redistributed by SVD truncation to each rank."""
 
     name = "flexlora"
     Config = RankTieredConfig
 
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
-        layout = self.modules(state.extra["lora_layout"])
+    def aggregate(self, state: TieredState, updates: Iterable[ClientUpdate]) -> tuple[TieredState, Metrics]:
+        layout = self.modules(state.lora_layout)
         collected = collect_factors(updates, layout)
         if not collected.metrics or sum(collected.weights) <= 0:
             return state, mean_metrics(collected.metrics)
@@ -42,4 +46,4 @@ class FlexLora(RankTieredMethod):
             a, b = svd_factors(collected.factors[key], collected.weights, module.experts, rank)
             tensors[a_key], tensors[b_key] = a.to(state.tensors[a_key].dtype), b.to(state.tensors[b_key].dtype)
         metrics = mean_metrics(collected.metrics)
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics

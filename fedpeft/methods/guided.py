@@ -14,6 +14,8 @@ similarity to the global LoRA. Every client keeps its own last LoRA as its perso
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -25,14 +27,14 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, lora_pairs, merge_lora_states
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method, local_training, weighted_mean
+from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, weighted_mean
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
 _PEFT_PREFIX = "base_model.model."
 
 
-class GuidedConfig(FederatedConfig, LoraConfigMixin):
+class GuidedConfig(FederatedLoraConfig):
     merge: MergeConfig = Field(default_factory=MergeConfig)
     relora: bool = False
     guidance: Literal["hard_init", "l2", "kd"] = "hard_init"
@@ -53,8 +55,20 @@ class GuidedConfig(FederatedConfig, LoraConfigMixin):
         return self
 
 
-@METHODS.register("guided")
-class Guided(Method):
+@dataclass
+class GuidedState(ServerState):
+    """The global LoRA (``tensors``), the run's seed (merge drops, ReLoRA restarts) and, with ReLoRA, the global
+    LoRA of every round so far, folded into the backbone."""
+
+    seed: int = 0
+    folds: list[StateDict] = field(default_factory=list)
+
+
+@METHODS.register(
+    "guided",
+    description="Aggregation to guidance: merge operators on the server, guidance (hard init, l2, kd) on clients",
+)
+class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
     """Merge operator and space on the server, hard-init / l2 / kd guidance on the clients."""
 
     name = "guided"
@@ -71,24 +85,24 @@ class Guided(Method):
         return float(self.cfg.alpha if self.cfg.alpha is not None else 2 * self.cfg.rank) / self.cfg.rank
 
     # ------------------------------------------------------------------ server
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> GuidedState:
         runtime.activate(self.spec(runtime))
         runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        return ServerState(tensors=runtime.adapter_state(), extra={"seed": seed, "folds": []})
+        return GuidedState(tensors=runtime.adapter_state(), seed=seed)
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
+    def payload(self, state: GuidedState, client_id: str) -> Payload:
         config: dict[str, Any] = {"round": state.round}
         if not self.cfg.relora:
             return Payload(tensors=state.tensors, config=config)
         # The backbone is W0 plus every global update so far; the LoRA restarts from a seed shared by the round.
         lora_keys = {k for pair in lora_pairs(state.tensors).values() for k in pair}
         tensors = {k: v for k, v in state.tensors.items() if k not in lora_keys}
-        for index, fold in enumerate(state.extra.get("folds", [])):
+        for index, fold in enumerate(state.folds):
             tensors.update({f"{FOLD_PREFIX}{index}.{k}": v for k, v in fold.items()})
-        config["init_seed"] = derive_seed(state.extra.get("seed", 0), self.name, "relora", state.round)
+        config["init_seed"] = derive_seed(state.seed, self.name, "relora", state.round)
         return Payload(tensors=tensors, config=config)
 
-    def aggregate(self, state: ServerState, updates: Any) -> tuple[ServerState, Metrics]:
+    def aggregate(self, state: GuidedState, updates: Iterable[ClientUpdate]) -> tuple[GuidedState, Metrics]:
         merge = self.cfg.merge
         if merge.operator == "mean" and merge.space == "ab" and merge.weighting == "data":
             tensors, metrics = weighted_mean(updates)  # streams: no upload is held
@@ -97,17 +111,17 @@ class Guided(Method):
         else:
             received = list(updates)
             _, metrics = weighted_mean(ClientUpdate(u.client_id, {}, u.weight, u.metrics) for u in received)
-            seed = derive_seed(state.extra.get("seed", 0), self.name, "merge", state.round)
+            seed = derive_seed(state.seed, self.name, "merge", state.round)
             tensors = merge_lora_states(
                 [u.tensors for u in received], [u.weight for u in received], merge, scaling=self.scaling, seed=seed
             )
         if not tensors:
             return state, metrics
-        extra = dict(state.extra)
+        folds = state.folds
         if self.cfg.relora:
             lora_keys = {k for pair in lora_pairs(tensors).values() for k in pair}
-            extra["folds"] = [*state.extra.get("folds", []), {k: tensors[k] for k in lora_keys}]
-        return ServerState(tensors=tensors, round=state.round + 1, extra=extra), metrics
+            folds = [*state.folds, {k: tensors[k] for k in lora_keys}]
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1, folds=folds), metrics
 
     # ------------------------------------------------------------------ client
     def client_update(
@@ -123,8 +137,8 @@ class Guided(Method):
             runtime.install(ClientModel(lora=spec, adapter=global_, base=base), seed=payload.config["init_seed"])
             current = global_
         else:
-            local_start = cfg.guidance != "hard_init" and cfg.start == "local" and previous is not None
-            start = previous if local_start else global_
+            local_start = cfg.guidance != "hard_init" and cfg.start == "local"
+            start = previous if local_start and previous is not None else global_
             runtime.install(ClientModel(lora=spec, adapter=start), seed=seed)
             current = previous if previous is not None else start
         metrics: Metrics = {}
@@ -147,7 +161,7 @@ class Guided(Method):
             return 1.0
         if kind == "sar":
             return guidance.subspace_alignment_ratio(local, global_, energy=self.cfg.sar_energy)
-        on = "products" if kind == "cosine_products" else "factors"
+        on: Literal["factors", "products"] = "products" if kind == "cosine_products" else "factors"
         return guidance.cosine_similarity(local, global_, on=on, scaling=self.scaling)
 
     def _guidance_loss(self, runtime: ModelRuntime, spec: LoraSpec, global_: StateDict, beta: float, seed: int):  # noqa: ANN202
@@ -203,7 +217,7 @@ class Guided(Method):
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: GuidedState,
         client_state: Any,
         budget: int | None,
         seed: int,
@@ -217,7 +231,7 @@ class Guided(Method):
         spec = self.spec(runtime)
         if not self.cfg.relora:
             return ClientModel(lora=spec, adapter=client_state["adapter"] if client_state else state.tensors)
-        folds = list(state.extra.get("folds", []))
+        folds = list(state.folds)
         if client_state is not None:
             parts, head = [*folds[: client_state["folds"]], client_state["adapter"]], client_state["adapter"]
         else:

@@ -16,6 +16,7 @@ for good: its rank, kept in the client-state store, shrinks to ``floor(prune_gam
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,10 +34,11 @@ from fedpeft.adapters.expert_lora import (
     zero_pad,
 )
 from fedpeft.core.registry import METHODS
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
+from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
 from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
+from fedpeft.methods.families.tiered import TieredState
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -65,8 +67,10 @@ def hetlora_mean(factors: list[Factors], experts: int, rank: int, previous: Fact
     return join_a(mean_a.result(split_a(a_prev, experts))), join_b(mean_b.result(split_b(b_prev, experts)))
 
 
-@METHODS.register("hetlora")
-class HetLora(RankTieredMethod):
+@METHODS.register(
+    "hetlora", description="HetLoRA: heterogeneous ranks by truncation, zero-padding and norm-weighted averaging"
+)
+class HetLora(RankTieredMethod[HetLoraConfig]):
     """Truncated downloads, zero-padded uploads, ||B A||_F-weighted averaging; optional rank self-pruning."""
 
     name = "hetlora"
@@ -114,8 +118,8 @@ class HetLora(RankTieredMethod):
         # After pruning, the next round compares the tail of the smaller rank.
         return update, {"rank": new_rank, "tail_norm": after if new_rank == rank else None}
 
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
-        layout = self.modules(state.extra["lora_layout"])
+    def aggregate(self, state: TieredState, updates: Iterable[ClientUpdate]) -> tuple[TieredState, Metrics]:
+        layout = self.modules(state.lora_layout)
         rank = self.max_rank()
         collected = collect_factors(updates, layout)
         if not collected.metrics:
@@ -126,13 +130,13 @@ class HetLora(RankTieredMethod):
             previous = (state.tensors[a_key], state.tensors[b_key])
             tensors[a_key], tensors[b_key] = hetlora_mean(collected.factors[key], module.experts, rank, previous)
         metrics = mean_metrics(collected.metrics)
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
 
     def personalize(
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: TieredState,
         client_state: Any,
         budget: int | str | None,
         seed: int,

@@ -22,8 +22,12 @@ class LocalConfig(MethodConfig, LoraConfigMixin):
     batch_size: int = 16
 
 
-@METHODS.register("local", aliases=("sft",))
-class Local(Method):
+@METHODS.register(
+    "local",
+    aliases=("sft",),
+    description="Local: each client trains a fixed-rank LoRA alone, as many steps as a federated run; no communication",
+)
+class Local(Method[LocalConfig, ServerState, None]):
     """Each client trains a fixed-rank LoRA alone, as many steps as a federated run would give it."""
 
     name = "local"

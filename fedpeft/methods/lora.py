@@ -24,8 +24,10 @@ class LoraBaselineConfig(MethodConfig):
     dropout: float = 0.0
 
 
-@METHODS.register("lora")
-class LoraBaseline(Method):
+@METHODS.register(
+    "lora", description="LoRA baseline: each client alone fine-tunes a LoRA of rank = budget; no federation"
+)
+class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
     """Each client fine-tunes a LoRA of rank = budget on its own data."""
 
     name = "lora"

@@ -28,8 +28,10 @@ class PerAdaConfig(DistillationConfig):
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["perada"], gt=0)
 
 
-@METHODS.register("perada")
-class PerAda(PublicDistillation):
+@METHODS.register(
+    "perada", description="PerAda: personal adapters regularized toward a global adapter improved by distillation"
+)
+class PerAda(PublicDistillation[PerAdaConfig]):
     """Ditto-style personal adapters around a global adapter distilled from the clients' ensemble."""
 
     name = "perada"

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import Field
@@ -24,11 +27,11 @@ from pydantic import Field
 from fedpeft.adapters.gradients import per_sample_gradients
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin
+from fedpeft.methods.base import FederatedLoraConfig
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
-from fedpeft.methods.fedit import FedIT
+from fedpeft.methods.fedit import FedITBase, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 GRID = [round(0.1 * i, 1) for i in range(11)]
@@ -76,7 +79,7 @@ def merge_states(fed: StateDict, local: StateDict, alphas: dict[str, float]) -> 
     return {k: alphas.get(k, alphas["*"]) * v + (1 - alphas.get(k, alphas["*"])) * local[k] for k, v in fed.items()}
 
 
-class FederatedLocalConfig(FederatedConfig, LoraConfigMixin):
+class FederatedLocalConfig(FederatedLoraConfig):
     """FedIT (T_F = ``rounds``) then local (T_L = ``local_rounds``) then a merge from ``merge_samples`` samples."""
 
     rounds: int = 50
@@ -99,33 +102,48 @@ class PotaraConfig(FederatedLocalConfig):
     grid_holdout: float = Field(0.2, ge=0.0, lt=0.9)
 
 
-@METHODS.register("potara")
-class Potara(FedIT):
+@dataclass
+class PotaraState(FedITState):
+    """The FedIT phase's global adapter, and the seed of the LoRA initialization the local phase starts from."""
+
+    init_seed: int = 0
+
+
+FederatedLocalConfigT = TypeVar("FederatedLocalConfigT", bound=FederatedLocalConfig)
+
+
+@METHODS.register(
+    "potara",
+    description="Potara: FedIT and a local LoRA from the same init, merged per client with closed-form weights",
+)
+class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
     """FedIT for T_F rounds, a local LoRA from the same init, and their closed-form merge per client."""
 
     name = "potara"
-    Config = PotaraConfig
+    Config: ClassVar[type[FederatedLocalConfig]] = PotaraConfig
 
     def spec(self, runtime: ModelRuntime) -> LoraSpec:
         cfg = self.cfg
         return target_spec(runtime, cfg.rank, cfg.alpha, cfg.dropout, cfg.targets)
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
-        state = super().init_server(runtime, seed)
-        state.extra["init_seed"] = derive_seed(seed, self.name, "init")
-        return state
+    def init_server(self, runtime: ModelRuntime, seed: int) -> PotaraState:
+        tensors = self.initial_adapter(runtime, seed)
+        return PotaraState(tensors=tensors, seed=seed, init_seed=derive_seed(seed, self.name, "init"))
 
     @property
-    def grid_search(self) -> bool:
-        return bool(getattr(self.cfg, "grid_search", False))
+    def options(self) -> PotaraConfig | None:
+        """Potara's own knobs (granularity, grid search); ``None`` for a subclass with the plain federated-local
+        config (Fisher merging)."""
+        return self.cfg if isinstance(self.cfg, PotaraConfig) else None
 
     def fit_split(self, client: ClientData) -> tuple[list[Example], list[Example]]:
         """The training examples, and (grid search only) the held-out part used to score grid points."""
-        if not self.grid_search or self.cfg.grid_holdout <= 0 or len(client.train) < 4:
+        options = self.options
+        if options is None or not options.grid_search or options.grid_holdout <= 0 or len(client.train) < 4:
             return client.train, []
         order = list(range(len(client.train)))
         random.Random(derive_seed(0, "holdout", client.client_id)).shuffle(order)
-        cut = max(1, round(self.cfg.grid_holdout * len(order)))
+        cut = max(1, round(options.grid_holdout * len(order)))
         return [client.train[i] for i in order[cut:]], [client.train[i] for i in order[:cut]]
 
     def client_update(
@@ -157,7 +175,9 @@ class Potara(FedIT):
             )
         return runtime.adapter_state()
 
-    def gradients(self, runtime: ModelRuntime, model: ClientModel, sample: list[Example]):  # noqa: ANN201
+    def gradients(
+        self, runtime: ModelRuntime, model: ClientModel, sample: list[Example]
+    ) -> tuple[torch.Tensor, list[tuple[str, torch.Size]]]:
         runtime.activate(model.lora)  # the full adapter state overwrites every tensor: no fresh init needed
         runtime.load_adapter(model.adapter)
         return per_sample_gradients(runtime, sample, select=is_lora)
@@ -169,7 +189,8 @@ class Potara(FedIT):
         grads_fed, layout = self.gradients(runtime, fed, sample)
         grads_local, _ = self.gradients(runtime, local, sample)
         s2_f, s2_l, s_fl = variance_terms(grads_fed, grads_local, self.cfg.eps)
-        columns, start = {}, 0
+        columns: dict[str, slice] = {}
+        start = 0
         for key, shape in layout:
             columns[key] = slice(start, start + shape.numel())
             start += shape.numel()
@@ -182,11 +203,14 @@ class Potara(FedIT):
         alphas: dict[str, float] = {"*": alpha}
         info = {"alpha": alpha}
         keys = list(columns)
-        if self.cfg.granularity == "ab":
-            for part, keep in (("A", is_lora_a), ("B", lambda k: not is_lora_a(k))):
+        options = self.options
+        granularity = options.granularity if options is not None else "global"
+        if granularity == "ab":
+            parts: tuple[tuple[str, Callable[[str], bool]], ...] = (("A", is_lora_a), ("B", lambda k: not is_lora_a(k)))
+            for part, keep in parts:
                 info[f"alpha_{part}"] = alpha_over([k for k in keys if keep(k)])
                 alphas.update({k: info[f"alpha_{part}"] for k in keys if keep(k)})
-        elif self.cfg.granularity == "module":
+        elif granularity == "module":
             for module in dict.fromkeys(module_of(k) for k in keys):
                 members = [k for k in keys if module_of(k) == module]
                 alphas.update(dict.fromkeys(members, alpha_over(members)))
@@ -197,13 +221,13 @@ class Potara(FedIT):
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: PotaraState,
         client_state: Any,
         budget: int | None,
         seed: int,
     ) -> ClientModel:
         spec = self.spec(runtime)
-        init_seed = int(state.extra.get("init_seed", seed))
+        init_seed = state.init_seed
         fit, holdout = self.fit_split(client)
         started = time.perf_counter()
         local = ClientModel(lora=spec, adapter=self.train_local(runtime, spec, fit, init_seed, seed))
@@ -213,20 +237,27 @@ class Potara(FedIT):
         merged, info = self.merge(runtime, fed, local, sample)
         info.update(train_s=trained - started, merge_s=time.perf_counter() - trained)
         variants = {"fedit": fed, "local": local} if self.cfg.parts else {}
-        if self.grid_search:
-            best, scores = self.grid_scores(runtime, fed, local, holdout or fit, client.test)
+        options = self.options
+        if options is not None and options.grid_search:
+            best, scores = self.grid_scores(runtime, fed, local, holdout or fit, client.test, options.grid)
             info.update(scores, alpha_grid=best)
             variants["grid"] = ClientModel(lora=spec, adapter=merge_states(fed.adapter, local.adapter, {"*": best}))
         return ClientModel(lora=spec, adapter=merged, variants=variants, info=info)
 
     def grid_scores(
-        self, runtime: ModelRuntime, fed: ClientModel, local: ClientModel, holdout: list[Example], test: list[Example]
+        self,
+        runtime: ModelRuntime,
+        fed: ClientModel,
+        local: ClientModel,
+        holdout: list[Example],
+        test: list[Example],
+        grid: list[float],
     ) -> tuple[float, Metrics]:
-        """Every grid weight scored on the held-out examples (and, for the plot, on the test split)."""
+        """Every weight of ``grid`` scored on the held-out examples (and, for the plot, on the test split)."""
         metric = "accuracy" if runtime.task == "classification" else "rouge1"
         scores: Metrics = {}
-        best, best_score = self.cfg.grid[0], -1.0
-        for alpha in self.cfg.grid:
+        best, best_score = grid[0], -1.0
+        for alpha in grid:
             runtime.install(ClientModel(lora=fed.lora, adapter=merge_states(fed.adapter, local.adapter, {"*": alpha})))
             score = runtime.evaluate(holdout)[metric]
             scores[f"val_{metric}@{alpha:g}"] = score
@@ -234,3 +265,18 @@ class Potara(FedIT):
             if score > best_score:
                 best, best_score = alpha, score
         return best, scores
+
+    # ---- reporting hooks
+    @classmethod
+    def report_sections(cls, records: Sequence[dict], run_dirs: Sequence[Path]) -> list[str]:
+        """The ``Mixing weights`` section: the weights chosen per client (also Fisher merging's)."""
+        from fedpeft.methods.families.merge_report import mixing_weight_sections
+
+        return mixing_weight_sections(records)
+
+    @classmethod
+    def report_plots(cls, records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+        """``mixing_weight_<label>.png`` of every row run with ``grid_search: true`` (paper Fig. 3c)."""
+        from fedpeft.methods.families.merge_report import write_mixing_weight_plots
+
+        return write_mixing_weight_plots(records, out_dir)

@@ -22,8 +22,11 @@ class SftRoundsConfig(HeteroConfig):
     pass
 
 
-@METHODS.register("sft_rounds")
-class SftRounds(BranchedLoraMethod):
+@METHODS.register(
+    "sft_rounds",
+    description="SFT in rounds: every client trains its own LoRA on its task stream, round by round; shares nothing",
+)
+class SftRounds(BranchedLoraMethod[SftRoundsConfig]):
     """Each client alone, one LoRA, trained on its memory every round; nothing is uploaded."""
 
     name = "sft_rounds"

@@ -24,8 +24,10 @@ class TAKFLConfig(DistillationConfig):
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["takfl"], gt=0)
 
 
-@METHODS.register("takfl")
-class TAKFL(PublicDistillation):
+@METHODS.register(
+    "takfl", description="TAKFL: each architecture group's knowledge distilled separately and merged by task arithmetic"
+)
+class TAKFL(PublicDistillation[TAKFLConfig]):
     """Per-group FedAvg, per-group distillation into every architecture, merged by task arithmetic."""
 
     name = "takfl"

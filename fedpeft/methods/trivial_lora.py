@@ -9,11 +9,7 @@ and each client is evaluated at its tier's compute: its tier's top-k.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from fedpeft.core.registry import METHODS
-from fedpeft.core.types import ClientUpdate, Metrics, ServerState
-from fedpeft.methods.base import weighted_mean
 from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
 from fedpeft.methods.families.tiered import TierConfig
 
@@ -22,8 +18,10 @@ class TrivialLoraConfig(RankTieredConfig):
     rank: int | None = None
 
 
-@METHODS.register("trivial_lora")
-class TrivialLora(RankTieredMethod):
+@METHODS.register(
+    "trivial_lora", description="Trivial LoRA: FedAvg of one small LoRA that every compute tier can afford"
+)
+class TrivialLora(RankTieredMethod[TrivialLoraConfig]):
     """One rank for every tier (the smallest tier's unless ``rank`` is set); FedAvg of the adapter."""
 
     name = "trivial_lora"
@@ -34,9 +32,3 @@ class TrivialLora(RankTieredMethod):
 
     def rank_for(self, tier: TierConfig) -> int:
         return self.max_rank()
-
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
-        tensors, metrics = weighted_mean(updates)
-        if not tensors:
-            return state, metrics
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics

@@ -1,5 +1,6 @@
-"""Base models: the zoo of registered models, hub and local checkpoints, and where LoRA goes on them."""
+"""Base models: the table of registered models, hub and local checkpoints, and where LoRA goes on them."""
 
+from fedpeft.models.table import LoadedModel, ModelSpec, load_model, model_names
 from fedpeft.models.targets import (
     FAMILY_LORA_TARGETS,
     count_lora_modules,
@@ -7,7 +8,6 @@ from fedpeft.models.targets import (
     lora_modules,
     max_rank,
 )
-from fedpeft.models.zoo import LoadedModel, ModelSpec, load_model, model_names
 
 __all__ = [
     "FAMILY_LORA_TARGETS",

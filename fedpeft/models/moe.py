@@ -51,6 +51,16 @@ def is_router(module: nn.Module) -> bool:
     )
 
 
+def _int_attribute(module: nn.Module, name: str) -> int:
+    """``module.<name>`` as an int: a router's ``top_k`` or ``num_experts`` (torch types them Tensor | Module)."""
+    return int(getattr(module, name))
+
+
+def _float_attribute(module: nn.Module, name: str) -> float:
+    """``module.<name>`` as a float (a plain attribute, such as a model's ``router_aux_loss_coef``)."""
+    return float(getattr(module, name))
+
+
 def moe_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
     """``(name, block, router)`` of every MoE block of ``model``: a module with a router ``gate`` and ``experts``."""
     found = []
@@ -79,8 +89,8 @@ class MoeControl:
     def __init__(self, model: nn.Module, blocks: list[tuple[str, nn.Module, nn.Module]]) -> None:
         self.model = model
         self.blocks = blocks
-        self.num_experts = blocks[0][2].num_experts
-        self.default_top_k = int(blocks[0][2].top_k)
+        self.num_experts = _int_attribute(blocks[0][2], "num_experts")
+        self.default_top_k = _int_attribute(blocks[0][2], "top_k")
         self.scale = torch.ones((), requires_grad=False)
         # Parameters of one expert per block, read before any adapter wraps the experts.
         self.expert_sizes = [expert_parameter_count(block) for _, block, _ in blocks]
@@ -102,7 +112,7 @@ class MoeControl:
     # ------------------------------------------------------------------ settings
     @property
     def top_k(self) -> int:
-        return int(self.blocks[0][2].top_k)
+        return _int_attribute(self.blocks[0][2], "top_k")
 
     def set_top_k(self, top_k: int | None) -> None:
         """Route every token to ``top_k`` experts in every block (``None``: the model's own top-k)."""
@@ -112,13 +122,15 @@ class MoeControl:
                 f"top_k={k} is impossible for a model with {self.num_experts} experts; use 1..{self.num_experts}."
             )
         for _, _, router in self.blocks:
-            router.top_k = k
+            router.top_k = k  # type: ignore[assignment]  # torch types module attributes as Tensor | Module
 
     def configure(self, routing: Routing | None) -> None:
         """Apply a client's routing (``None``: the model's own top-k and no rescaling); the scale is frozen."""
         routing = routing or Routing()
         self.set_top_k(routing.top_k)
-        self.scale = torch.tensor(float(routing.scale), device=self.blocks[0][2].weight.device)
+        weight = self.blocks[0][2].weight
+        assert isinstance(weight, torch.Tensor)  # is_router checked it
+        self.scale = torch.tensor(float(routing.scale), device=weight.device)
 
     def trainable_scale(self) -> torch.Tensor:
         """Make the current scale a trainable leaf tensor and return it (for the optimizer)."""
@@ -145,7 +157,8 @@ class MoeControl:
             mask = self._token_mask
             if mask is not None and mask.numel() == indices.shape[0]:
                 indices = indices[mask.to(indices.device)]
-            counts = torch.bincount(indices.reshape(-1), minlength=module.num_experts).to(torch.float64).cpu()
+            num_experts = _int_attribute(module, "num_experts")
+            counts = torch.bincount(indices.reshape(-1), minlength=num_experts).to(torch.float64).cpu()
             store = self._counts
             store.counts[name] = store.counts[name] + counts if name in store.counts else counts
             store.tokens[name] = store.tokens.get(name, 0.0) + float(indices.shape[0])
@@ -178,13 +191,13 @@ def router_balancing(model: nn.Module, coef: float | None = None) -> Iterator[fl
     models) are left unchanged. Yields the coefficient in effect (``0.0`` where nothing is added).
     """
     config = getattr(model, "config", None)
-    if not hasattr(config, "output_router_logits") or not hasattr(model, "router_aux_loss_coef"):
+    if config is None or not hasattr(config, "output_router_logits") or not hasattr(model, "router_aux_loss_coef"):
         yield 0.0
         return
     saved = (config.output_router_logits, model.router_aux_loss_coef)
-    coef = float(saved[1] if coef is None else coef)
+    coef = _float_attribute(model, "router_aux_loss_coef") if coef is None else float(coef)
     config.output_router_logits = coef > 0
-    model.router_aux_loss_coef = coef
+    model.router_aux_loss_coef = coef  # type: ignore[assignment]  # torch types module attributes as Tensor | Module
     try:
         yield coef if coef > 0 else 0.0
     finally:
@@ -196,9 +209,9 @@ def router_balancing(model: nn.Module, coef: float | None = None) -> Iterator[fl
 
 def expert_parameter_count(block: nn.Module) -> int:
     """Parameters of one expert of ``block`` (its fused expert tensors divided by the number of experts)."""
-    experts = block.experts
+    experts = block.get_submodule("experts")
     total = sum(p.numel() for p in experts.parameters(recurse=False))
-    return total // int(block.gate.num_experts)
+    return total // _int_attribute(block.get_submodule("gate"), "num_experts")
 
 
 def active_parameters(model: nn.Module, top_k: int | None = None) -> int:
@@ -209,8 +222,8 @@ def active_parameters(model: nn.Module, top_k: int | None = None) -> int:
     """
     total = sum(p.numel() for p in model.parameters())
     for _, block, router in moe_blocks(model):
-        k = router.top_k if top_k is None else top_k
-        total -= (router.num_experts - k) * expert_parameter_count(block)
+        k = _int_attribute(router, "top_k") if top_k is None else top_k
+        total -= (_int_attribute(router, "num_experts") - k) * expert_parameter_count(block)
     return total
 
 

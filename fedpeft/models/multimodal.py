@@ -3,7 +3,7 @@
 - ``tiny-llava``: transformers' ``LlavaForConditionalGeneration`` with a tiny ViT vision tower (16 x 16 images,
   4 x 4 patches: 16 image tokens) and a tiny Llama (hidden 64, 2 layers; ``model.overrides`` change the Llama,
   ``vision_*`` keys the ViT), with a byte-level BPE vocabulary trained on the data plus the ``<image>`` token.
-  Registered in the zoo; generation only.
+  Registered in :mod:`fedpeft.models.table`; generation only.
 - LLaVA checkpoints (hub ids or local directories with ``model_type: llava``, e.g. LLaVA-1.5 variants) load with
   their tokenizer and, when saved with one, their image processor.
 
@@ -36,6 +36,7 @@ from fedpeft.data.tokenizer import train_tokenizer
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ModelRuntime
 from fedpeft.models.targets import FAMILY_LORA_TARGETS, LORA_LAYER_TYPES, matches
+from fedpeft.models.tiny import TINY_LLAMA_SHAPE, apply_overrides, require_corpus, seeded_model, tiny_decoder_config
 
 IMAGE_TOKEN = "<image>"
 
@@ -44,8 +45,6 @@ def build_tiny_llava(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A tiny LLaVA (ViT + projector + Llama) with a tokenizer trained on the corpus plus ``<image>``."""
-    from fedpeft.models.zoo import TINY_LLAMA_SHAPE, apply_overrides, require_corpus, seeded_model, tiny_decoder_config
-
     if task != "generation":
         raise UserError("tiny-llava answers questions about images: use it with a generation dataset.")
     tokenizer = train_tokenizer(require_corpus(corpus, "tiny-llava"), cfg.vocab_size, kind="bpe")
@@ -58,10 +57,12 @@ def build_tiny_llava(
         vision, {k[len("vision_") :]: v for k, v in cfg.overrides.items() if k.startswith("vision_")}, cfg.name
     )
     apply_overrides(text, {k: v for k, v in cfg.overrides.items() if not k.startswith("vision_")}, cfg.name)
+    image_token = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    assert isinstance(image_token, int)  # one token in, one id out
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,
-        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_token_index=image_token,
         vision_feature_layer=-1,
         projector_hidden_act="gelu",
     )
@@ -75,14 +76,18 @@ def load_image_text_checkpoint(
     """A LLaVA checkpoint with its tokenizer and (if saved with it) its image processor."""
     if task != "generation":
         raise UserError(f"Model {cfg.name} is an image-text model; use it with a generation dataset.")
-    model = LlavaForConditionalGeneration.from_pretrained(source, revision=revision, dtype=torch.float32)
+    model = LlavaForConditionalGeneration.from_pretrained(
+        source,
+        revision=revision,  # type: ignore[arg-type]  # annotated str; None (the default branch) works
+        dtype=torch.float32,
+    )
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     try:
         from transformers import AutoImageProcessor
 
         model.image_processor = AutoImageProcessor.from_pretrained(source, revision=revision)
     except (OSError, ValueError):
-        model.image_processor = None
+        model.image_processor = None  # type: ignore[assignment]  # torch types module attributes as Tensor | Module
     return model, tokenizer
 
 
@@ -181,7 +186,9 @@ class MultimodalRuntime(ModelRuntime):
         }
         if any(self._images(ex) for ex in examples):
             inputs["pixel_values"] = self.pixels(examples).to(self.device)
-        generated = model.generate(
+        generate = model.generate
+        assert callable(generate), f"{type(model).__name__} cannot generate"
+        generated = generate(
             **inputs,
             max_new_tokens=self.max_new_tokens,
             do_sample=False,

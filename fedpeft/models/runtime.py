@@ -24,7 +24,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.moe import MoeControl, Routing
-from fedpeft.models.targets import lora_modules
+from fedpeft.models.targets import lora_modules, max_rank
 from fedpeft.training import LossHook, StepHook, train_loop
 
 
@@ -60,7 +60,7 @@ class LoraSpec:
     def to_peft(self, head_modules: list[str]) -> LoraConfig:
         return LoraConfig(
             r=self.rank,
-            lora_alpha=self.alpha,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]  # PEFT annotates int; a float works
             target_modules=list(self.targets),
             lora_dropout=self.dropout,
             rank_pattern=dict(self.rank_pattern),
@@ -116,7 +116,7 @@ class ModelRuntime:
     """One base model per worker with named LoRA adapters installed in place.
 
     Args:
-        loaded: the loaded model (``fedpeft.models.zoo.LoadedModel``).
+        loaded: the loaded model (``fedpeft.models.table.LoadedModel``).
         max_length: truncation length of tokenized inputs.
         device: torch device string.
         eval_batch_size: batch size of evaluation.
@@ -232,7 +232,9 @@ class ModelRuntime:
             for module in self.peft.modules():
                 to_save = getattr(module, "modules_to_save", None)
                 if isinstance(to_save, torch.nn.ModuleDict) and name in to_save:
-                    to_save[name].load_state_dict(module.original_module.state_dict())
+                    original = module.original_module
+                    assert isinstance(original, torch.nn.Module)
+                    to_save[name].load_state_dict(original.state_dict())
 
     def install(self, client_model: ClientModel, *, seed: int = 0) -> torch.nn.Module:
         """Install a client's model (base overrides, adapter, extension) and return the model to call.
@@ -331,7 +333,9 @@ class ModelRuntime:
                 canonical = name.removeprefix(prefix)
                 if isinstance(module, LoraLayer) and key in module.lora_A:
                     weight = f"{canonical}.weight"
-                    delta = module.get_delta_weight(key)
+                    # The LoraLayer mixin does not declare get_delta_weight; every concrete PEFT LoRA layer
+                    # (Linear, Embedding, Conv*, MultiheadAttention, ParamWrapper) defines it.
+                    delta = module.get_delta_weight(key)  # type: ignore[attr-defined]  # see the comment above
                     merged[weight] = self.base_params[weight].detach() + scale * delta.to(self.base_params[weight])
                 to_save = getattr(module, "modules_to_save", None)
                 if isinstance(to_save, torch.nn.ModuleDict) and key in to_save:
@@ -495,7 +499,9 @@ class ModelRuntime:
         # Left padding so that every prompt ends at the same position.
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        generated = model.generate(
+        generate = model.generate
+        assert callable(generate), f"{type(model).__name__} cannot generate"
+        generated = generate(
             input_ids=input_ids,
             attention_mask=attention,
             max_new_tokens=self.max_new_tokens,
@@ -520,8 +526,6 @@ class ModelRuntime:
 
     def check_budget(self, rank: int) -> None:
         """Refuse a LoRA rank larger than the smallest targeted layer allows."""
-        from fedpeft.models.zoo import max_rank
-
         limit = max_rank(self.base_model, self.loaded.lora_targets)
         if rank > limit:
             raise UserError(f"Budget r={rank} exceeds the largest rank this model allows ({limit}); use r <= {limit}.")

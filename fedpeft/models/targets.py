@@ -120,7 +120,9 @@ def _in_out(module: nn.Module) -> tuple[int, int]:
     if isinstance(module, Conv1D):
         # GPT-2's Conv1D stores its weight as (in, out).
         return module.weight.shape[0], module.weight.shape[1]
-    return module.in_features, module.out_features
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    raise TypeError(f"LoRA wraps linear layers, not {type(module).__name__}")
 
 
 def max_rank(model: nn.Module, targets: Iterable[str]) -> int:

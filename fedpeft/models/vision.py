@@ -1,11 +1,11 @@
 """Vision models: a tiny ViT for CPU runs and image-classification checkpoints (e.g. ViT-B/16) from the hub.
 
-Registers ``tiny-vit``: a 2-layer ViTForImageClassification (hidden 64, patches of 4 pixels on 32 x 32 images)
-built from a transformers config, with a ViT image processor from transformers (resize to the model's size,
-rescale to [0, 1], normalize with mean and SD 0.5; the PIL backend, so torchvision is not needed). Hub ids and
-local directories whose config is an image-classification architecture load with
-``AutoModelForImageClassification`` and their own image processor; a head for another label count is replaced
-by a fresh one.
+``tiny-vit`` (registered in :mod:`fedpeft.models.table`): a 2-layer ViTForImageClassification (hidden 64,
+patches of 4 pixels on 32 x 32 images) built from a transformers config, with a ViT image processor from
+transformers (resize to the model's size, rescale to [0, 1], normalize with mean and SD 0.5; the PIL backend, so
+torchvision is not needed). Hub ids and local directories whose config is an image-classification architecture
+load with ``AutoModelForImageClassification`` and their own image processor; a head for another label count is
+replaced by a fresh one.
 
 Image examples carry an ``image`` (an ``H x W x 3`` uint8 array) and a ``label``; the runtime turns them into
 ``pixel_values`` with the model's image processor (``LoadedModel.image_processor``).
@@ -30,6 +30,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATIO
 
 from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
+from fedpeft.models.tiny import apply_overrides, seeded_init, seeded_model
 
 TINY_VIT_IMAGE_SIZE = 32
 
@@ -48,8 +49,6 @@ def build_tiny_vit(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Any
 ) -> tuple[PreTrainedModel, ViTImageProcessorPil]:
     """The tiny ViT (overrides from ``model.overrides``) and its image processor."""
-    from fedpeft.models.zoo import apply_overrides, seeded_model
-
     config = ViTConfig(
         image_size=TINY_VIT_IMAGE_SIZE,
         patch_size=4,
@@ -57,18 +56,20 @@ def build_tiny_vit(
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=128,
-        num_labels=num_labels,
+        num_labels=num_labels,  # type: ignore[call-arg]  # a PreTrainedConfig kwarg the dataclass typing omits
     )
     apply_overrides(config, cfg.overrides, cfg.name)
-    return seeded_model(ViTForImageClassification, config), image_processor(int(config.image_size))
+    model = seeded_model(ViTForImageClassification, config)
+    size = config.image_size
+    if not isinstance(size, int):
+        raise UserError(f"{cfg.name}: model.overrides.image_size must be one integer (square images), not {size!r}.")
+    return model, image_processor(size)
 
 
 def load_image_checkpoint(
     source: str, cfg: ModelConfig, num_labels: int, revision: str | None = None
 ) -> tuple[PreTrainedModel, Any]:
     """An image-classification checkpoint with a head of ``num_labels`` classes, and its image processor."""
-    from fedpeft.models.zoo import apply_overrides, seeded_init
-
     config = AutoConfig.from_pretrained(source, revision=revision)
     apply_overrides(config, cfg.overrides, cfg.name)
     config.num_labels = num_labels

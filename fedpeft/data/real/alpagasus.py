@@ -29,8 +29,8 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.data.instruct import instruction_example
-from fedpeft.data.real._common import read_options
 from fedpeft.data.real.dolly import build_instruction_federation, read_records
+from fedpeft.data.real.options import read_options
 from fedpeft.data.types import FederatedData
 
 ALPAGASUS_HUB_ID = "mlabonne/alpagasus"

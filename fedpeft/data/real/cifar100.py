@@ -22,7 +22,8 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.label_skew import label_skewed_clients
-from fedpeft.data.real._common import explicitly_set, load_hub_splits, load_local_splits, read_options
+from fedpeft.data.real.options import explicitly_set, read_options
+from fedpeft.data.real.sources import load_hub_splits, load_local_splits
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 DEFAULT_HUB_ID = "uoft-cs/cifar100"
@@ -94,7 +95,7 @@ def build(cfg: DataConfig) -> FederatedData:
         source = str(path)
     else:
         source = cfg.hub_id or DEFAULT_HUB_ID
-        splits = load_hub_splits(source, None, ("train", "test"), opts["revision"])  # type: ignore[arg-type]
+        splits = load_hub_splits(source, None, ("train", "test"), opts["revision"])
     sizes = {
         "train": cfg.train_per_group * num_clients if explicitly_set(cfg, "train_per_group") else len(splits["train"]),
         "test": cfg.test_per_group * num_clients if explicitly_set(cfg, "test_per_group") else len(splits["test"]),

@@ -26,7 +26,8 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real._common import explicitly_set, load_hub_splits, load_local_splits, read_options
+from fedpeft.data.real.options import explicitly_set, read_options
+from fedpeft.data.real.sources import load_hub_splits, load_local_splits
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 TASKS = ("arc-c", "arc-e", "boolq", "hellaswag", "obqa", "piqa", "siqa", "winogrande")
@@ -76,8 +77,8 @@ def convert(task: str, row: dict[str, Any]) -> Example | None:
     if "instruction" in row and "answer" in row:
         text = str(row["instruction"]) + (f"\n\n{row['input']}" if row.get("input") else "")
         answer = str(row["answer"]).strip()
-        names = {"boolq": ["true", "false"], "piqa": ["solution1", "solution2"], "winogrande": ["option1", "option2"]}
-        options = names.get(task) or [f"{'ending' if task == 'hellaswag' else 'answer'}{i}" for i in range(1, 6)]
+        fixed = {"boolq": ["true", "false"], "piqa": ["solution1", "solution2"], "winogrande": ["option1", "option2"]}
+        options = fixed.get(task) or [f"{'ending' if task == 'hellaswag' else 'answer'}{i}" for i in range(1, 6)]
         output = str(row.get("output") or f"the correct answer is {answer}")
         return {"prompt": text, "response": output, "answer": answer, "options": options, "group": task}
     if task in ("arc-c", "arc-e", "obqa"):
@@ -127,7 +128,7 @@ def _load(cfg: DataConfig, task: str) -> dict[str, list[Example]]:
         hub_id, config, train_split, test_split = HUB[task]
         if cfg.hub_id:
             raise UserError("data.hub_id does not apply to the commonsense suite (one hub dataset per task).")
-        loaded = load_hub_splits(hub_id, config, (train_split, test_split))  # type: ignore[arg-type]
+        loaded = load_hub_splits(hub_id, config, (train_split, test_split))
         datasets_by_split = {"train": loaded[train_split], "test": loaded[test_split]}
     out: dict[str, list[Example]] = {}
     for split, ds in datasets_by_split.items():

@@ -26,7 +26,9 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.instruct import category_clients, instruction_example
-from fedpeft.data.real._common import FILE_EXTENSIONS, find_split_files, load_hub_splits, read_options, read_tables
+from fedpeft.data.real.options import read_options
+from fedpeft.data.real.readers import FILE_EXTENSIONS, find_split_files, read_tables
+from fedpeft.data.real.sources import load_hub_splits
 from fedpeft.data.types import Example, FederatedData
 
 DOLLY_HUB_ID = "databricks/databricks-dolly-15k"

@@ -26,7 +26,8 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import partition_examples, split_train_test
-from fedpeft.data.real._common import explicitly_set, load_json_or_lines, natural_key, read_options
+from fedpeft.data.real.options import explicitly_set, read_options
+from fedpeft.data.real.readers import load_json_or_lines, natural_key
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 FEDAYA_LANGUAGES = ("ar", "en", "es", "fr", "pt", "ru", "te", "zh")
@@ -172,6 +173,7 @@ def _find_file(path: Path, name: str | None) -> Path:
 def _read_records(file: Path, opts: dict[str, Any]) -> tuple[list[Example], str]:
     """Flatten the file into ``{"prompt", "response", "group", "client"}`` records."""
     data = load_json_or_lines(file)
+    samples: list[tuple[str | None, Any]]
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         layout = "fedllm-bench"
         samples = [(str(client), sample) for client, items in data.items() for sample in items]

@@ -26,7 +26,9 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real._common import explicitly_set, load_local_splits, read_options, text_of
+from fedpeft.data.real.labels import text_of
+from fedpeft.data.real.options import explicitly_set, read_options
+from fedpeft.data.real.sources import load_local_splits
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 TASKS = (

@@ -13,21 +13,10 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real._common import (
-    active_pools,
-    build_classification_clients,
-    classification_scheme,
-    count_valid,
-    draw_pools,
-    explicitly_set,
-    label_ids,
-    load_splits,
-    read_options,
-    require_columns,
-    resolve_source,
-    select_languages,
-    text_of,
-)
+from fedpeft.data.real.labels import count_valid, label_ids, require_columns, text_of
+from fedpeft.data.real.options import explicitly_set, read_options
+from fedpeft.data.real.pools import active_pools, build_classification_clients, classification_scheme, draw_pools
+from fedpeft.data.real.sources import load_splits, resolve_source, select_languages
 from fedpeft.data.types import Example, FederatedData
 
 MASAKHANEWS_LANGUAGES = (

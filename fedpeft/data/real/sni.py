@@ -33,7 +33,8 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real._common import FILE_EXTENSIONS, natural_key, read_options, read_tables
+from fedpeft.data.real.options import read_options
+from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_tables
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 DEFAULT_HUB_ID = "Muennighoff/natural-instructions"

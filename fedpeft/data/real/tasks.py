@@ -32,7 +32,7 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real._common import read_options
+from fedpeft.data.real.options import read_options
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 OPTIONS: dict[str, Any] = {"setting": "dynamic", "train_per_task": None, "test_per_task": None}

@@ -12,20 +12,10 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real._common import (
-    active_pools,
-    build_classification_clients,
-    classification_scheme,
-    count_valid,
-    draw_pools,
-    label_ids,
-    load_splits,
-    read_options,
-    require_columns,
-    resolve_source,
-    select_languages,
-    text_of,
-)
+from fedpeft.data.real.labels import count_valid, label_ids, require_columns, text_of
+from fedpeft.data.real.options import read_options
+from fedpeft.data.real.pools import active_pools, build_classification_clients, classification_scheme, draw_pools
+from fedpeft.data.real.sources import load_splits, resolve_source, select_languages
 from fedpeft.data.types import Example, FederatedData
 
 XNLI_LANGUAGES = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh")

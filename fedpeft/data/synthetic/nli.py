@@ -59,9 +59,9 @@ def _has(clause: Clause, slot: str) -> bool:
 def _set(clause: Clause, slot: str, value: str | None) -> Clause:
     if slot == "place":
         return clause._replace(place=value)
-    key = _phrase_key(slot)
-    phrase: Phrase = getattr(clause, key)
-    return clause._replace(**{key: Phrase(phrase.noun, value)})
+    if _phrase_key(slot) == "subject":
+        return clause._replace(subject=Phrase(clause.subject.noun, value))
+    return clause._replace(obj=Phrase(clause.obj.noun, value))
 
 
 def _adjective(clause: Clause, slot: str) -> str:
@@ -114,9 +114,8 @@ def _edit(name: str, rng: random.Random) -> tuple[Clause, Clause]:
         phrase: Phrase = getattr(premise, key)
         pool = SUBJECTS if key == "subject" else OBJECTS
         taken = {premise.subject.noun, premise.obj.noun}
-        hypothesis = premise._replace(
-            **{key: Phrase(rng.choice([n for n in pool if n not in taken]), phrase.adjective)}
-        )
+        swapped = Phrase(rng.choice([n for n in pool if n not in taken]), phrase.adjective)
+        hypothesis = premise._replace(subject=swapped) if key == "subject" else premise._replace(obj=swapped)
         return premise, _drop(hypothesis, rng) if rng.random() < 0.3 else hypothesis
     if name == "flip":
         premise = random_clause(rng, negated=rng.random() < 0.7)

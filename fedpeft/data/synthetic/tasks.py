@@ -123,10 +123,10 @@ class TaskWriter:
         if task in ("translate", "backtranslate"):
             phrase = Phrase(rng.choice(NOUNS), rng.choice(ADJECTIVES) if rng.random() < 0.6 else None)
             plural = rng.random() < 0.3
-            source, target = (self.src, self.tgt) if task == "translate" else (self.tgt, self.src)
-            pick = consistent_variants(source, rng)
-            words = [source.write(w) for w in phrase_words(source, phrase, pick, plural)]
-            return words, [target.write(w) for w in phrase_words(target, phrase, plural=plural)]
+            origin, destination = (self.src, self.tgt) if task == "translate" else (self.tgt, self.src)
+            pick = consistent_variants(origin, rng)
+            words = [origin.write(w) for w in phrase_words(origin, phrase, pick, plural)]
+            return words, [destination.write(w) for w in phrase_words(destination, phrase, plural=plural)]
         raise ValueError(f"unknown task {task!r}")
 
     def example(self, rng: random.Random, task: str) -> Example:

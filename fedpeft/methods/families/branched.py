@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from pydantic import Field
@@ -23,8 +24,11 @@ from fedpeft.adapters.pq_lora import NUM_BLOCKS, layer_of, plan_sites
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import Example
-from fedpeft.methods.base import FederatedConfig, LoraConfigMixin, Method
+from fedpeft.methods.base import FederatedLoraConfig, Method
 from fedpeft.models.runtime import ClientModel
+
+if TYPE_CHECKING:
+    from fedpeft.federation import Federation
 
 # Compute per local step relative to SFT, FedMosaic paper Table 15.
 PAPER_COMPUTE_SCALE = {
@@ -41,7 +45,7 @@ PAPER_COMPUTE_SCALE = {
 }
 
 
-class HeteroConfig(FederatedConfig, LoraConfigMixin):
+class HeteroConfig(FederatedLoraConfig):
     """Knobs shared by FedMosaic and its baselines (paper defaults for text-only runs)."""
 
     rounds: int = 20
@@ -53,7 +57,7 @@ class HeteroConfig(FederatedConfig, LoraConfigMixin):
     compute_scale: float = Field(default=1.0, gt=0)
 
 
-def matched_steps(cfg: Any) -> int:
+def matched_steps(cfg: HeteroConfig) -> int:
     """Local steps of one round after compute matching: ``max(1, round(local_steps / compute_scale))``."""
     return max(1, round(int(cfg.local_steps or 1) / float(cfg.compute_scale)))
 
@@ -136,12 +140,26 @@ def architecture_keys(tensors: StateDict, architecture: str) -> StateDict:
     return {k: v for k, v in tensors.items() if is_shared_key(k) or k.startswith(f"{architecture}:")}
 
 
-class BranchedLoraMethod(Method):
+@dataclass
+class BranchedState(ServerState):
+    """The shared branch of every architecture (``tensors``), each client's architecture and the architectures
+    in the federation's order."""
+
+    assignment: dict[str, str] = field(default_factory=dict)
+    architectures: list[str] = field(default_factory=list)
+
+
+HeteroConfigT = TypeVar("HeteroConfigT", bound=HeteroConfig)
+BranchedStateT = TypeVar("BranchedStateT", bound=BranchedState)
+
+
+class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
     """Base of the baselines: hooked ordinary-LoRA branches named by architecture.
 
     ``branches`` are the adapter's branches; ``shared`` is the one the server aggregates (``None``: nothing is
     shared); the others are personal and live in the client state. Aggregation is the data-weighted mean per
     tensor name, which never mixes architectures because ordinary-LoRA names carry the architecture.
+    Subclasses give the server state (:class:`BranchedLoraMethod`: a :class:`BranchedState`).
     """
 
     architecture_aware = True
@@ -151,10 +169,11 @@ class BranchedLoraMethod(Method):
     personal_view: ClassVar[tuple[str, ...]] = ("local",)  # the branches of the model a client keeps
 
     def adapter(self, runtime: Any, seed: int) -> HookedAdapter:
-        cfg: Any = self.cfg
+        cfg = self.cfg
         return hooked_adapter(runtime, seed, rank=cfg.rank, alpha=cfg.alpha, pq=False, branches=self.branches, mix=SUM)
 
-    def init_server(self, runtime: Any, seed: int) -> ServerState:
+    def population(self, runtime: Any, seed: int) -> tuple[StateDict, Federation]:
+        """The shared branch of every architecture's fresh adapter, and the federation of ``runtime``."""
         from fedpeft.federation import federation_of
 
         federation = federation_of(runtime)
@@ -162,13 +181,12 @@ class BranchedLoraMethod(Method):
         if self.shared is not None:
             for name in federation.names:
                 population.update(self.adapter(federation.runtime(name), seed).branch(self.shared))
-        extra = {"assignment": dict(federation.assignment), "architectures": list(federation.names)}
-        return ServerState(tensors=population, extra=extra)
+        return population, federation
 
-    def architecture(self, state: ServerState, client_id: str) -> str:
-        return state.extra["assignment"].get(client_id, state.extra["architectures"][0])
+    def architecture(self, state: BranchedStateT, client_id: str) -> str:
+        return state.assignment.get(client_id, state.architectures[0])
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
+    def payload(self, state: BranchedStateT, client_id: str) -> Payload:
         return Payload(tensors=architecture_keys(state.tensors, self.architecture(state, client_id)))
 
     def client_adapter(self, runtime: Any, shared: StateDict, client_state: Any) -> HookedAdapter:
@@ -197,7 +215,7 @@ class BranchedLoraMethod(Method):
         extra_loss: Any = None,
     ) -> Metrics:
         """Train the branches ``train`` (and the head) with ``active`` computing, for the compute-matched steps."""
-        cfg: Any = self.cfg
+        cfg = self.cfg
         adapter.active = active
         install_adapter(runtime, adapter)
         params = adapter.trainable([f"{b}/" for b in train] + ["head/"])
@@ -236,12 +254,22 @@ class BranchedLoraMethod(Method):
         return ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics, dict(extras))
 
     def personalize(
-        self, runtime: Any, client: Any, state: ServerState, client_state: Any, budget: int | None, seed: int
+        self, runtime: Any, client: Any, state: BranchedStateT, client_state: Any, budget: int | None, seed: int
     ) -> ClientModel:
-        shared = architecture_keys(state.tensors, runtime.architecture) if state.extra else {}
+        shared = architecture_keys(state.tensors, runtime.architecture) if state.architectures else {}
         adapter = self.client_adapter(runtime, shared, client_state)
         adapter.active = self.personal_view
         return ClientModel(extension=adapter)
+
+
+class BranchedLoraMethod(BranchedLoraBase[HeteroConfigT, BranchedState]):
+    """A :class:`BranchedLoraBase` whose server state is the plain :class:`BranchedState`."""
+
+    def init_server(self, runtime: Any, seed: int) -> BranchedState:
+        population, federation = self.population(runtime, seed)
+        return BranchedState(
+            tensors=population, assignment=dict(federation.assignment), architectures=list(federation.names)
+        )
 
 
 def proximal(params: dict[str, torch.nn.Parameter], anchors: StateDict, lam: float) -> Any:

@@ -10,19 +10,23 @@ on the public prompts with those targets (:func:`distill`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from fedpeft.adapters.hooked import HookedAdapter
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
+from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData, Example
 from fedpeft.federation import federation_of
 from fedpeft.methods.base import weighted_mean
 from fedpeft.methods.families.branched import (
-    BranchedLoraMethod,
+    BranchedLoraBase,
+    BranchedState,
     HeteroConfig,
     architecture_keys,
     install_adapter,
@@ -85,9 +89,13 @@ def lowest_loss(uploads: list[dict[str, Any]]) -> list[Any]:
     """Per example, the answer of the teacher with the lowest loss on the reference answer."""
     targets = []
     for index in range(len(uploads[0]["answers"])):
-        best = min(uploads, key=lambda u, i=index: float(u["losses"][i]))
+        best = min(uploads, key=partial(_loss_at, index))
         targets.append(best["answers"][index])
     return targets
+
+
+def _loss_at(index: int, upload: dict[str, Any]) -> float:
+    return float(upload["losses"][index])
 
 
 def with_targets(examples: list[Example], targets: list[Any], task: str) -> list[Example]:
@@ -126,31 +134,46 @@ class DistillationConfig(HeteroConfig):
     kd_batch_size: int = 4
 
 
-class PublicDistillation(BranchedLoraMethod):
+@dataclass
+class DistillationState(BranchedState):
+    """:class:`BranchedState` plus the run's seed (the rounds' public examples, the distillations) and the
+    number of public examples."""
+
+    seed: int = 0
+    public_size: int = 0
+
+
+DistillationConfigT = TypeVar("DistillationConfigT", bound=DistillationConfig)
+
+
+class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState]):
     """A global LoRA per architecture (FedAvg within the group) improved on the server by distillation from the
     clients' answers on public data; subclasses choose the targets (:meth:`distill_targets`).
 
     A client trains the global branch and answers the round's public examples (:meth:`train_shared`); that is
     the whole client update unless a subclass adds a personal step."""
 
+    shared: ClassVar[str] = "global"  # the branch the server averages and distils (never None here)
     federation: Any = None
 
     def bind_federation(self, federation: Any) -> None:
         """The server's federation (runtimes and public data), for distilling in :meth:`aggregate`."""
         self.federation = federation
 
-    def init_server(self, runtime: Any, seed: int) -> ServerState:
-        state = super().init_server(runtime, seed)
-        self.federation = federation_of(runtime)
-        state.extra.update(seed=seed, public_size=len(self.federation.public))
-        return state
-
-    def payload(self, state: ServerState, client_id: str) -> Payload:
-        payload = super().payload(state, client_id)
-        cfg: Any = self.cfg
-        payload.config["public"] = public_indices(
-            state.extra["public_size"], cfg.kd_samples, state.extra["seed"], state.round
+    def init_server(self, runtime: Any, seed: int) -> DistillationState:
+        population, federation = self.population(runtime, seed)
+        self.federation = federation
+        return DistillationState(
+            tensors=population,
+            assignment=dict(federation.assignment),
+            architectures=list(federation.names),
+            seed=seed,
+            public_size=len(self.federation.public),
         )
+
+    def payload(self, state: DistillationState, client_id: str) -> Payload:
+        payload = super().payload(state, client_id)
+        payload.config["public"] = public_indices(state.public_size, self.cfg.kd_samples, state.seed, state.round)
         return payload
 
     def public_knowledge(self, runtime: Any, adapter: HookedAdapter, payload: Payload) -> dict[str, Any]:
@@ -159,7 +182,7 @@ class PublicDistillation(BranchedLoraMethod):
         if not indices:
             return {}
         public = federation_of(runtime).public
-        adapter.active = (self.shared,)  # type: ignore[assignment]
+        adapter.active = (self.shared,)
         install_adapter(runtime, adapter)
         try:
             return knowledge(runtime, [public[i] for i in indices])
@@ -187,7 +210,7 @@ class PublicDistillation(BranchedLoraMethod):
         one distillation each, merged by averaging their changes (task arithmetic)."""
         raise NotImplementedError
 
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+    def aggregate(self, state: DistillationState, updates: Iterable[ClientUpdate]) -> tuple[DistillationState, Metrics]:
         updates = list(updates)
         tensors, metrics = weighted_mean(updates)
         if not tensors:
@@ -197,8 +220,8 @@ class PublicDistillation(BranchedLoraMethod):
             if update.extras.get("answers") is not None:
                 by_architecture.setdefault(self.architecture(state, update.client_id), []).append(update.extras)
         if by_architecture and self.federation is not None:
-            cfg: Any = self.cfg
-            indices = public_indices(state.extra["public_size"], cfg.kd_samples, state.extra["seed"], state.round)
+            cfg = self.cfg
+            indices = public_indices(state.public_size, cfg.kd_samples, state.seed, state.round)
             examples = [self.federation.public[i] for i in indices]
             for architecture in self.federation.names:
                 start = architecture_keys(tensors, architecture)
@@ -209,20 +232,20 @@ class PublicDistillation(BranchedLoraMethod):
                 changes = []
                 for number, targets in enumerate(self.distill_targets(architecture, by_architecture)):
                     adapter = self.adapter(runtime, 0)
-                    adapter.load_branch(self.shared, start)  # type: ignore[arg-type]
-                    seed = derive_seed(state.extra["seed"], self.name, "distill", state.round, architecture, number)
+                    adapter.load_branch(self.shared, start)
+                    seed = derive_seed(state.seed, self.name, "distill", state.round, architecture, number)
                     distill(
                         runtime,
                         adapter,
-                        self.shared,  # type: ignore[arg-type]
+                        self.shared,
                         with_targets(examples, targets, runtime.task),
                         steps=cfg.kd_steps,
                         lr=cfg.kd_lr or cfg.lr,
                         batch_size=cfg.kd_batch_size,
                         seed=seed,
                     )
-                    changes.append({k: v - start[k] for k, v in adapter.branch(self.shared).items() if k in start})  # type: ignore[arg-type]
+                    changes.append({k: v - start[k] for k, v in adapter.branch(self.shared).items() if k in start})
                 for key in start:
                     tensors[key] = start[key] + sum(change[key] for change in changes) / max(len(changes), 1)
             metrics["distilled"] = 1.0
-        return ServerState(tensors=tensors, round=state.round + 1, extra=state.extra), metrics
+        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics

@@ -10,31 +10,39 @@ and are not wrapped.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
-from fedpeft.methods.base import Budget, Method
+from fedpeft.methods.base import Budget, Method, MethodConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
-GROUPS_KEY = "architectures"
-ASSIGNMENT_KEY = "assignment"
+
+@dataclass
+class ArchitectureGroupsState(ServerState):
+    """The wrapped method's server state of every architecture, and each client's architecture."""
+
+    groups: dict[str, ServerState] = field(default_factory=dict)
+    assignment: dict[str, str] = field(default_factory=dict)
 
 
-class ArchitectureGroups(Method):
+class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
     """Wraps ``inner`` so that it runs independently within each architecture group."""
 
-    def __init__(self, inner: Method) -> None:
+    def __init__(self, inner: Method[Any, Any, Any]) -> None:
         super().__init__(inner.cfg)
         self.inner = inner
-        self.name = inner.name
-        self.Config = inner.Config
-        self.federated = inner.federated
-        self.uses_budget = inner.uses_budget
-        self.private_keys = inner.private_keys
+        # The wrapper answers for the wrapped method: its class attributes become this instance's.
+        self.name = inner.name  # type: ignore[misc]
+        self.Config = inner.Config  # type: ignore[misc]
+        self.federated = inner.federated  # type: ignore[misc]
+        self.uses_budget = inner.uses_budget  # type: ignore[misc]
+        self.private_keys = inner.private_keys  # type: ignore[misc]
 
     # Hooks that do not depend on the server state pass through to the wrapped method.
     def bind_federation(self, federation: Any) -> None:
@@ -55,18 +63,17 @@ class ArchitectureGroups(Method):
     def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
         return self.inner.compute_costs(runtime, seed)
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> ArchitectureGroupsState:
         federation = federation_of(runtime)
         groups = {name: self.inner.init_server(federation.runtime(name), seed) for name in federation.names}
-        return ServerState(extra={GROUPS_KEY: groups, ASSIGNMENT_KEY: dict(federation.assignment)})
+        return ArchitectureGroupsState(groups=groups, assignment=dict(federation.assignment))
 
     @staticmethod
-    def _architecture(state: ServerState, client_id: str) -> str:
-        groups = state.extra[GROUPS_KEY]
-        return state.extra[ASSIGNMENT_KEY].get(client_id, next(iter(groups)))
+    def _architecture(state: ArchitectureGroupsState, client_id: str) -> str:
+        return state.assignment.get(client_id, next(iter(state.groups)))
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
-        group = state.extra[GROUPS_KEY][self._architecture(state, client_id)]
+    def payload(self, state: ArchitectureGroupsState, client_id: str) -> Payload:
+        group = state.groups[self._architecture(state, client_id)]
         return self.inner.payload(group, client_id)
 
     def client_update(
@@ -74,19 +81,20 @@ class ArchitectureGroups(Method):
     ) -> tuple[ClientUpdate, Any]:
         return self.inner.client_update(runtime, client, payload, client_state, seed)
 
-    def aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[ServerState, Metrics]:
+    def aggregate(
+        self, state: ArchitectureGroupsState, updates: Iterable[ClientUpdate]
+    ) -> tuple[ArchitectureGroupsState, Metrics]:
         by_group: dict[str, list[ClientUpdate]] = {}
         for update in updates:
             by_group.setdefault(self._architecture(state, update.client_id), []).append(update)
-        groups = dict(state.extra[GROUPS_KEY])
+        groups = dict(state.groups)
         metrics: Metrics = {"clients": 0.0}
         for name, group_updates in by_group.items():
             groups[name], group_metrics = self.inner.aggregate(groups[name], iter(group_updates))
             for key, value in group_metrics.items():
                 metrics[f"{name}/{key}"] = value
             metrics["clients"] += group_metrics.get("clients", float(len(group_updates)))
-        extra = {**state.extra, GROUPS_KEY: groups}
-        return ServerState(tensors={}, round=state.round + 1, extra=extra), metrics
+        return dataclasses.replace(state, tensors={}, round=state.round + 1, groups=groups), metrics
 
     def personalize(
         self,
@@ -97,12 +105,14 @@ class ArchitectureGroups(Method):
         budget: int | None,
         seed: int,
     ) -> ClientModel:
-        if GROUPS_KEY in state.extra:
-            state = state.extra[GROUPS_KEY][runtime.architecture]
+        """The wrapped method's model from the state of the client's architecture (``state`` may be a state of
+        the wrapped method itself)."""
+        if isinstance(state, ArchitectureGroupsState):
+            state = state.groups[runtime.architecture]
         return self.inner.personalize(runtime, client, state, client_state, budget, seed)
 
 
-def for_architectures(method: Method, heterogeneous: bool) -> Method:
+def for_architectures(method: Method[Any, Any, Any], heterogeneous: bool) -> Method[Any, Any, Any]:
     """``method`` as it runs in a federation: wrapped per architecture group when the federation is
     heterogeneous and the method does not share across architectures itself."""
     if not heterogeneous or not method.federated or method.architecture_aware:

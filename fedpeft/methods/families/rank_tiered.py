@@ -9,13 +9,13 @@ unless ``train_top_k: tier``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fedpeft.adapters.expert_lora import module_key, truncate
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
+from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod
+from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod, TieredState
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -26,26 +26,29 @@ class RankTieredConfig(TieredConfig):
     train_top_k: Literal["model", "tier"] = "model"
 
 
-class RankTieredMethod(TieredMethod):
+RankTieredConfigT = TypeVar("RankTieredConfigT", bound=RankTieredConfig)
+
+
+class RankTieredMethod(TieredMethod[RankTieredConfigT]):
     """A tiered LoRA baseline: the server keeps a global adapter of the largest rank and each client trains
     the first components up to its tier's rank (the rank-compressing methods); subclasses aggregate."""
 
     Config = RankTieredConfig
 
-    def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> TieredState:
         self.check_model(runtime)
         runtime.activate(self.spec(runtime, self.max_rank()))
         runtime.reset_adapter(derive_seed(seed, self.name, "init"))
-        return ServerState(tensors=runtime.adapter_state(), extra={"lora_layout": self.layout(runtime)})
+        return TieredState(tensors=runtime.adapter_state(), lora_layout=self.layout(runtime))
 
     def train_top_k(self, runtime: ModelRuntime, tier: TierConfig) -> int | None:
         return tier.top_k if self.cfg.train_top_k == "tier" else None
 
-    def adapter_for(self, state: ServerState, rank: int) -> StateDict:
+    def adapter_for(self, state: TieredState, rank: int) -> StateDict:
         """The global adapter's first ``rank`` components (every tensor as is at the largest rank)."""
         if rank == self.max_rank():
             return dict(state.tensors)
-        layout = self.modules(state.extra["lora_layout"])
+        layout = self.modules(state.lora_layout)
         out = {k: v for k, v in state.tensors.items() if module_key(k) is None}
         for key, module in layout.items():
             a, b = truncate(state.tensors[f"{key}.lora_A.weight"], state.tensors[f"{key}.lora_B.weight"],
@@ -53,7 +56,7 @@ class RankTieredMethod(TieredMethod):
             out[f"{key}.lora_A.weight"], out[f"{key}.lora_B.weight"] = a, b
         return out
 
-    def payload(self, state: ServerState, client_id: str) -> Payload:
+    def payload(self, state: TieredState, client_id: str) -> Payload:
         rank = self.rank_for(self.tier_of(client_id))
         return Payload(tensors=self.adapter_for(state, rank), config={"rank": rank})
 
@@ -71,7 +74,7 @@ class RankTieredMethod(TieredMethod):
         self,
         runtime: ModelRuntime,
         client: ClientData,
-        state: ServerState,
+        state: TieredState,
         client_state: Any,
         budget: int | str | None,
         seed: int,

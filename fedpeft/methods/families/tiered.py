@@ -21,15 +21,18 @@ import math
 import random
 import re
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from peft import LoraConfig
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.adapters.expert_lora import LoraModule, lora_layout
+from fedpeft.adapters.weights import layer_weight
 from fedpeft.core.errors import UserError
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import Metrics
+from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
 from fedpeft.methods.families.tier_costs import tier_costs
@@ -85,10 +88,19 @@ class TieredConfig(FederatedConfig):
         return self
 
 
-class TieredMethod(Method):
-    """Shared machinery of tiered methods: tier lookup, sampling, LoRA shapes, routing, evaluation, costs."""
+@dataclass
+class TieredState(ServerState):
+    """The global adapter (``tensors``) and its LoRA modules (:meth:`TieredMethod.layout`: key -> experts, MoE
+    block)."""
 
-    cfg: Any
+    lora_layout: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+TieredConfigT = TypeVar("TieredConfigT", bound=TieredConfig)
+
+
+class TieredMethod(Method[TieredConfigT, TieredState, Any]):
+    """Shared machinery of tiered methods: tier lookup, sampling, LoRA shapes, routing, evaluation, costs."""
 
     # ------------------------------------------------------------------ tiers
     def tier_of(self, client_id: str) -> TierConfig:
@@ -148,7 +160,8 @@ class TieredMethod(Method):
             parameters += router
         if parameters and runtime.peft is not None:
             # PEFT requires every adapter with target_parameters on one model to target the same parameters.
-            others = {tuple(sorted(c.target_parameters or ())) for c in runtime.peft.peft_config.values()} - {()}
+            configs = [c for c in runtime.peft.peft_config.values() if isinstance(c, LoraConfig)]
+            others = {tuple(sorted(c.target_parameters or ())) for c in configs} - {()}
             if others and others != {tuple(sorted(parameters))}:
                 raise UserError(
                     f"Method {self.label} puts LoRA on {sorted(parameters)} but another adapter on this model targets "
@@ -188,7 +201,8 @@ class TieredMethod(Method):
     def check_model(self, runtime: ModelRuntime) -> None:
         """Refuse tiers the model cannot run (top-k beyond its experts, ranks beyond its layers)."""
         # The layers LoRA wraps, as captured before any adapter was injected.
-        limit = min(min(m.weight.shape) for _, m in runtime.target_modules) if runtime.target_modules else None
+        modules = runtime.target_modules
+        limit = min(min(layer_weight(m).shape) for _, m in modules) if modules else None
         for tier in self.cfg.tiers:
             if limit is not None and self.rank_for(tier) > limit:
                 raise UserError(

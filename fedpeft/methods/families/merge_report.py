@@ -1,9 +1,10 @@
-"""The mixing-weight plot of merging methods (Potara's paper Fig. 3c / 4).
+"""The report of merging methods (Potara, Fisher merging): the mixing weights per client and the mixing-weight plot.
 
-A merging method run with ``grid_search: true`` reports, per client, the test metric of the merged model at
-every grid weight (``test_<metric>@<alpha>``), the closed-form weight (``alpha``) and the weight the grid search
-picked on held-out data (``alpha_grid``), as ``personalize`` records of ``results.jsonl``. This module draws them:
-one panel per client, metric against alpha, the closed-form alpha as a dashed line.
+Called by ``Potara.report_sections`` and ``Potara.report_plots``. A merging method reports per client the weight
+it chose (``alpha``, or per factor / module; Fisher merging ``fisher_weight_mean``) as ``personalize`` records of
+``results.jsonl``; run with ``grid_search: true`` it also reports the test metric of the merged model at every grid
+weight (``test_<metric>@<alpha>``) and the weight the grid search picked on held-out data (``alpha_grid``). The plot
+(Potara's paper Fig. 3c / 4) has one panel per client, metric against alpha, the closed-form alpha dashed.
 """
 
 from __future__ import annotations
@@ -90,3 +91,12 @@ def render_merge_facts(records: Sequence[dict[str, Any]]) -> str:
         cells = [f"{statistics.fmean(by_fact[f]):.3f}" if f in by_fact else "—" for f in columns]
         lines.append(f"| {method} | {client} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def mixing_weight_sections(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The ``Mixing weights`` section of ``summary.md`` (:func:`render_merge_facts`); empty without any weight."""
+    facts = render_merge_facts(records)
+    if not facts:
+        return []
+    intro = "Weight of the federated model per client (alpha; fisher_weight_mean: mean per-coordinate weight)."
+    return ["## Mixing weights", intro, facts]

@@ -1,0 +1,99 @@
+"""Pretrained checkpoints: hub ids, local directories and ``.gguf`` files, loaded with their task head.
+
+A name the model table does not register is a Hugging Face hub id or a local directory, loaded with the
+``Auto*`` classes (from the local hub cache when offline), or the path of a ``.gguf`` file, de-quantized once
+and cached (:mod:`fedpeft.models.gguf`). Image classifiers load through :mod:`fedpeft.models.vision`, LLaVA
+checkpoints through :mod:`fedpeft.models.multimodal`. A task head the checkpoint lacks is freshly initialized
+inside :func:`~fedpeft.models.tiny.seeded_init`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from huggingface_hub.errors import HFValidationError
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING,
+)
+
+from fedpeft.core.config import ModelConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import MODELS
+from fedpeft.models.gguf import cached_gguf_checkpoint, local_gguf_source
+from fedpeft.models.multimodal import load_image_text_checkpoint
+from fedpeft.models.tiny import apply_overrides, seeded_init, set_labels
+from fedpeft.models.vision import is_image_classifier, load_image_checkpoint
+
+
+def load_checkpoint(
+    source: str, cfg: ModelConfig, task: str, num_labels: int, *, revision: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized."""
+    config = AutoConfig.from_pretrained(source, revision=revision)
+    if task == "classification" and is_image_classifier(config):
+        return load_image_checkpoint(source, cfg, num_labels, revision)
+    apply_overrides(config, cfg.overrides, cfg.name)
+    set_labels(config, task, num_labels)
+    mapping = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING if task == "classification" else MODEL_FOR_CAUSAL_LM_MAPPING
+    if type(config) not in mapping:
+        raise UserError(
+            f"Model {cfg.name} (model type {config.model_type}) has no {task} head in transformers; "
+            f"choose a model that supports {task}."
+        )
+    auto_class = AutoModelForSequenceClassification if task == "classification" else AutoModelForCausalLM
+    with seeded_init():
+        model = auto_class.from_pretrained(
+            source,
+            config=config,
+            revision=revision,
+            dtype=torch.float32,
+            # A checkpoint with a head for another label count gets a fresh head instead of an error.
+            ignore_mismatched_sizes=task == "classification",
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    except (OSError, ValueError):
+        raise UserError(
+            f"Model {cfg.name} has no tokenizer files transformers can read; save its tokenizer next to the "
+            "weights (tokenizer.save_pretrained)."
+        ) from None
+    return model, tokenizer
+
+
+def load_external(cfg: ModelConfig, task: str, num_labels: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model ``cfg.name`` names when it is not registered: a ``.gguf`` file, a local directory or a hub id."""
+    path = Path(cfg.name).expanduser()
+    if path.suffix == ".gguf":
+        checkpoint = cached_gguf_checkpoint(local_gguf_source(path))
+        return load_checkpoint(str(checkpoint), cfg, task, num_labels)
+    if path.exists() and not (path / "config.json").is_file():
+        raise UserError(
+            f"Local path {cfg.name} is not a transformers checkpoint (it has no config.json); give a directory "
+            "written by save_pretrained, or a .gguf file."
+        )
+    source = str(path) if path.exists() else cfg.name
+    try:
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision)
+    except (OSError, HFValidationError):
+        revision = f" (revision {cfg.revision})" if cfg.revision else ""
+        raise UserError(
+            f"Model {cfg.name}{revision} is neither a registered name nor a local path nor in the Hugging "
+            f"Face cache; choose one of {', '.join(MODELS.names())}, give a local checkpoint directory, or "
+            "download it first with `huggingface-cli download` on a machine with internet access."
+        ) from None
+    except ValueError as err:
+        reason = str(err).splitlines()[0]
+        raise UserError(f"Model {cfg.name} cannot be read by this transformers version ({reason}).") from None
+    if config.model_type == "llava":
+        return load_image_text_checkpoint(source, cfg, task, revision=cfg.revision)
+    return load_checkpoint(source, cfg, task, num_labels, revision=cfg.revision)

@@ -1,0 +1,146 @@
+"""The report's plots: pool means per method and budget, and heatmaps of every method by group."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedpeft.report.method_hooks import method_hook_calls
+from fedpeft.report.records import (
+    Budget,
+    Record,
+    budget_label,
+    budget_order,
+    file_part,
+    is_test,
+    method_order,
+    metric_label,
+    metric_order,
+    pool_order,
+    read_records,
+)
+from fedpeft.report.sweeps import write_sweep_plots
+from fedpeft.report.tables import MEAN_COLUMN, Cell, group_table
+
+
+def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    methods = method_order(results)
+    budgets: list[Budget] = budget_order(results) or [None]
+    figure = Figure(figsize=(max(6.0, 0.5 * (len(budgets) + 1) * max(1, len(methods)) + 2.0), 3.5 * len(metrics)))
+    width = 0.8 / max(1, len(methods))
+    for row, metric in enumerate(metrics):
+        axes = figure.add_subplot(len(metrics), 1, row + 1)
+        # Budget-independent rows get their own slot instead of one bar per budget.
+        slots: dict[Budget, dict[str, Cell]] = {}
+        for budget in budgets:
+            table = group_table(results, pool=pool, metric=metric, budget=budget)
+            for method in table.methods:
+                if (method, MEAN_COLUMN) in table.cells:
+                    slots.setdefault(table.row_budgets[method], {})[method] = table.cells[method, MEAN_COLUMN]
+        slot_order = [b for b in budgets if b in slots] + ([None] if None in slots and None not in budgets else [])
+        labelled: set[str] = set()
+        for position, budget in enumerate(slot_order):
+            present = [method for method in methods if method in slots[budget]]
+            for offset, method in enumerate(present):
+                cell = slots[budget][method]
+                axes.bar(
+                    position + (offset - (len(present) - 1) / 2) * width,
+                    cell.mean * 100,
+                    width,
+                    yerr=(cell.sd or 0.0) * 100,
+                    capsize=3,
+                    color=f"C{methods.index(method) % 10}",
+                    label=None if method in labelled else method,
+                )
+                labelled.add(method)
+        axes.set_xticks(range(len(slot_order)), [budget_label(b) for b in slot_order])
+        axes.set_ylabel(f"{metric_label(metric)} (x100)")
+        axes.set_title(f"{pool} pool: mean over clients, ± SD over seeds")
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    labels: list[str] = []
+    rows: list[list[float]] = []
+    groups: list[str] = []
+    seen_rows: set[tuple[str, Budget]] = set()
+    for budget in budget_order(results) or [None]:
+        table = group_table(results, pool=pool, metric=metric, budget=budget)
+        groups = groups or table.groups
+        for method in table.methods:
+            row_key = (method, table.row_budgets[method])
+            if row_key in seen_rows:
+                continue
+            seen_rows.add(row_key)
+            labels.append(method if row_key[1] is None else f"{method} ({budget_label(row_key[1])})")
+            rows.append(
+                [
+                    table.cells[method, column].mean * 100 if (method, column) in table.cells else math.nan
+                    for column in [*groups, MEAN_COLUMN]
+                ]
+            )
+    columns = [*groups, MEAN_COLUMN]
+    figure = Figure(figsize=(max(4.0, 0.7 * len(columns) + 2.5), max(2.5, 0.4 * len(labels) + 1.5)))
+    axes = figure.add_subplot()
+    image = axes.imshow(rows, aspect="auto", cmap="viridis")
+    axes.set_xticks(range(len(columns)), columns, rotation=45, ha="right")
+    axes.set_yticks(range(len(labels)), labels)
+    if len(labels) * len(columns) <= 400:
+        for i, row in enumerate(rows):
+            for j, value in enumerate(row):
+                if not math.isnan(value):
+                    # Dark text on the light (high) end of viridis, light text on the dark end.
+                    shade = float(np.asarray(image.norm(np.asarray(value))))
+                    color = "black" if shade > 0.6 else "white"
+                    axes.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7, color=color)
+    figure.colorbar(image, ax=axes, label=f"{metric_label(metric)} (x100)")
+    axes.set_title(f"{pool} pool: {metric_label(metric)}, mean over seeds", fontsize="medium")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+    """Write the report's plots as PNG files into ``out_dir`` (a run's or a report's ``plots/``).
+
+    Per pool, ``mean_<pool>.png``: bars of the pool mean of each metric per method and budget, with
+    SD-over-seeds error bars. Per pool and metric, ``groups_<pool>_<metric>.png``: a heatmap of every method
+    (and budget) by group, mean over seeds. Per sweep, ``sweep_<method>_<field>.png``
+    (:func:`~fedpeft.report.sweeps.write_sweep_plots`). Then each method's own plots, from ``Method.report_plots``
+    (e.g. Potara's ``mixing_weight_<method>.png``, BayesTune-LoRA's and FedP2EFT's rank structures).
+
+    Args:
+        run_dirs: run directories to merge (see :func:`read_records`).
+        out_dir: the directory that receives the files, created if missing.
+
+    Returns:
+        Paths of the files written.
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    records, _ = read_records(run_dirs)
+    plots_dir = Path(out_dir)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    results = [r for r in records if is_test(r)]
+    for pool in pool_order(results):
+        pool_records = [r for r in results if r["pool"] == pool]
+        metrics = metric_order(pool_records)
+        path = plots_dir / f"mean_{file_part(pool)}.png"
+        _plot_pool_means(pool_records, pool, metrics, path)
+        written.append(path)
+        for metric in metrics:
+            path = plots_dir / f"groups_{file_part(pool)}_{file_part(metric)}.png"
+            _plot_group_heatmap(pool_records, pool, metric, path)
+            written.append(path)
+    written += write_sweep_plots(run_dirs, plots_dir)
+    for hook, method_records in method_hook_calls(records, run_dirs, "report_plots"):
+        written += hook(method_records, run_dirs, plots_dir)
+    return written

@@ -1,0 +1,152 @@
+"""Reading run directories: results and costs merged across runs, and the orders and labels of their values."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedpeft.core.errors import UserError
+
+Budget = int | str | None
+Record = dict[str, Any]
+
+RESULTS_FILE = "results.jsonl"
+COSTS_FILE = "costs.jsonl"
+BASE_METHOD = "base"
+POOL_ORDER = ("seen", "unseen", "all")
+METRIC_LABELS = {"accuracy": "Accuracy", "meteor": "METEOR", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L"}
+
+RESULT_KEY = ("method", "budget", "pool", "client", "seed", "split", "metric")
+_COST_KEY = ("method", "budget", "seed", "phase", "metric")  # budget: per-tier compute records
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading and merging runs
+
+
+def read_jsonl(path: Path) -> list[Record]:
+    """The records of one JSONL file (blank lines skipped); a line that is not JSON is a ``UserError``."""
+    records = []
+    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise UserError(
+                f"{path} line {line_number} is not valid JSON ({error.msg}); fix or remove that line."
+            ) from None
+    return records
+
+
+def _round_rank(record: Record) -> int:
+    value = record.get("round")
+    return -1 if value is None else int(value)
+
+
+def _deduplicate(records: Iterable[Record], key_fields: Sequence[str], *, by_round: bool) -> dict[tuple, Record]:
+    unique: dict[tuple, Record] = {}
+    for record in records:
+        key = tuple(record.get(name) for name in key_fields)
+        previous = unique.get(key)
+        # Within one run a later evaluation of the same thing supersedes an earlier round's.
+        if previous is None or not by_round or _round_rank(record) >= _round_rank(previous):
+            unique[key] = record
+    return unique
+
+
+def read_records(run_dirs: Sequence[Path]) -> tuple[list[Record], list[Record]]:
+    """Results and costs of one or more run directories, merged.
+
+    Within one directory, records of the same (method, budget, pool, client, seed, split, metric) keep the one
+    of the latest round (the later line on equal rounds). Across directories the later directory wins: its
+    record replaces an earlier directory's for the same key, so re-running a method into a new directory and
+    listing it last updates that method. Costs are merged the same way on (method, seed, phase, metric).
+
+    Args:
+        run_dirs: run directories, each with ``results.jsonl`` and optionally ``costs.jsonl``.
+
+    Returns:
+        ``(results, costs)``: lists of records in first-seen order.
+    """
+    if not run_dirs:
+        raise UserError("No run directory given; pass at least one directory written by `fedpeft run`.")
+    results: dict[tuple, Record] = {}
+    costs: dict[tuple, Record] = {}
+    for run_dir in map(Path, run_dirs):
+        results_path = run_dir / RESULTS_FILE
+        if not results_path.is_file():
+            raise UserError(f"{results_path} does not exist; pass a directory written by `fedpeft run --out`.")
+        results.update(_deduplicate(read_jsonl(results_path), RESULT_KEY, by_round=True))
+        costs_path = run_dir / COSTS_FILE
+        if costs_path.is_file():
+            costs.update(_deduplicate(read_jsonl(costs_path), _COST_KEY, by_round=False))
+    return list(results.values()), list(costs.values())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Orders and labels
+
+
+def first_seen(values: Iterable[Any]) -> list[Any]:
+    """The distinct values in first-seen order."""
+    return list(dict.fromkeys(values))
+
+
+def method_order(records: Iterable[Record]) -> list[str]:
+    """Methods in first-seen order, ``"base"`` first."""
+    methods = first_seen(record["method"] for record in records)
+    return sorted(methods, key=lambda method: method != BASE_METHOD)
+
+
+def budget_order(records: Iterable[Record]) -> list[Budget]:
+    """Budgets other than ``None``: ranks ascending, then tier names in first-seen order."""
+    budgets = first_seen(record.get("budget") for record in records)
+    ranks = sorted(b for b in budgets if isinstance(b, int) and not isinstance(b, bool))
+    tiers = [b for b in budgets if b is not None and b not in ranks]
+    return [*ranks, *tiers]
+
+
+def pool_order(records: Iterable[Record]) -> list[str]:
+    """Pools in :data:`POOL_ORDER`, unknown pools last."""
+    pools = first_seen(record["pool"] for record in records)
+    return sorted(pools, key=lambda pool: POOL_ORDER.index(pool) if pool in POOL_ORDER else len(POOL_ORDER))
+
+
+def metric_order(records: Iterable[Record]) -> list[str]:
+    """Metrics in the order of :data:`METRIC_LABELS`, unknown metrics last (first-seen order)."""
+    metrics = first_seen(record["metric"] for record in records)
+    known = list(METRIC_LABELS)
+    return sorted(metrics, key=lambda metric: known.index(metric) if metric in known else len(known))
+
+
+def budget_label(budget: Budget) -> str:
+    """``r = 8`` for a rank, the tier name for a tier, ``no budget`` for ``None``."""
+    if budget is None:
+        return "no budget"
+    if isinstance(budget, int):
+        return f"r = {budget}"
+    return str(budget)
+
+
+def pool_label(pool: str) -> str:
+    """``Seen pool``, ``Unseen pool``, ``All clients``."""
+    return "All clients" if pool == "all" else f"{pool.capitalize()} pool"
+
+
+def metric_label(metric: str) -> str:
+    """The printed name of a metric (``ROUGE-L`` for ``rougeL``); unknown metrics as they are."""
+    return METRIC_LABELS.get(metric, metric)
+
+
+def is_test(record: Record) -> bool:
+    """A measured value of the test split (records without a split are test records)."""
+    return record.get("split", "test") == "test" and record.get("value") is not None
+
+
+def file_part(name: Any) -> str:
+    """``name`` made safe for a file name: runs of other characters than ``A-Za-z0-9_.-`` become ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", str(name)).strip("-") or "x"

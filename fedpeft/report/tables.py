@@ -1,0 +1,236 @@
+"""The paper tables of results: statistics over seeds, per-group tables with best cells and Wins, gain over base,
+and their markdown."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedpeft.report.records import (
+    BASE_METHOD,
+    Budget,
+    Record,
+    budget_label,
+    budget_order,
+    first_seen,
+    is_test,
+    method_order,
+)
+
+MEAN_COLUMN = "Mean"
+GENERATION_METRICS = ("meteor", "rouge1", "rougeL")
+# A method wins a group of a generation benchmark when it is best in at least this many of GENERATION_METRICS.
+GENERATION_MIN_BEST = 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Statistics over seeds
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Mean and sample SD (ddof = 1) over seeds; ``sd`` is ``None`` with a single seed."""
+
+    mean: float
+    sd: float | None
+    seeds: int
+
+
+def over_seeds(values: Sequence[float]) -> Cell:
+    """Mean and sample SD of per-seed values."""
+    sd = statistics.stdev(values) if len(values) > 1 else None
+    return Cell(statistics.fmean(values), sd, len(values))
+
+
+def display_key(cell: Cell) -> float:
+    """The value a cell is ranked by: its mean as printed (x100, two decimals)."""
+    # Best and ties are decided on the printed number (x100, 2 decimals), so that the bold cells and the Wins
+    # agree with what a reader sees.
+    return round(cell.mean * 100, 2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-group tables
+
+
+@dataclass
+class GroupTable:
+    """One paper table: a row per method, a column per group plus ``Mean``; cells over seeds.
+
+    Attributes:
+        pool, metric, budget: what the table shows.
+        methods: row order (``"base"`` first).
+        row_budgets: the budget each row's records have (``None`` for budget-independent rows).
+        groups: group columns in first-seen order (``Mean`` is not among them).
+        cells: ``(method, column) -> Cell`` where column is a group or ``Mean``; missing when no data.
+        best: ``column -> methods`` with the best printed mean among the non-base rows (all of them on a tie).
+        wins: ``method -> number of groups it is best in``, for the non-base rows.
+    """
+
+    pool: str
+    metric: str
+    budget: Budget
+    methods: list[str]
+    row_budgets: dict[str, Budget]
+    groups: list[str]
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
+    best: dict[str, set[str]] = field(default_factory=dict)
+    wins: dict[str, int] = field(default_factory=dict)
+
+
+def _rows_for_budget(records: Sequence[Record], budget: Budget) -> tuple[dict[str, list[Record]], dict[str, Budget]]:
+    """Each method's records at ``budget``, falling back to its budget-independent (``None``) records."""
+    by_method: dict[str, dict[Budget, list[Record]]] = {}
+    for record in records:
+        by_method.setdefault(record["method"], {}).setdefault(record.get("budget"), []).append(record)
+    rows: dict[str, list[Record]] = {}
+    row_budgets: dict[str, Budget] = {}
+    for method in method_order(records):
+        for candidate in (budget, None):
+            if candidate in by_method[method]:
+                rows[method] = by_method[method][candidate]
+                row_budgets[method] = candidate
+                break
+    return rows, row_budgets
+
+
+def _per_seed_means(records: Sequence[Record]) -> dict[str, dict[Any, float]]:
+    """``column -> seed -> mean over that column's clients`` for one method."""
+    values: dict[str, dict[Any, list[float]]] = {}
+    for record in records:
+        for column in (record["group"], MEAN_COLUMN):
+            values.setdefault(column, {}).setdefault(record["seed"], []).append(float(record["value"]))
+    return {column: {seed: statistics.fmean(v) for seed, v in seeds.items()} for column, seeds in values.items()}
+
+
+def _best_methods(cells: Mapping[tuple[str, str], Cell], methods: Sequence[str], column: str) -> set[str]:
+    scored = {m: display_key(cells[m, column]) for m in methods if m != BASE_METHOD and (m, column) in cells}
+    if not scored:
+        return set()
+    top = max(scored.values())
+    return {method for method, score in scored.items() if score == top}
+
+
+def group_table(records: Sequence[Record], *, pool: str, metric: str, budget: Budget) -> GroupTable:
+    """The per-group table of one pool, metric and budget.
+
+    Rows are the methods evaluated at ``budget`` plus the budget-independent ones (``budget`` null, e.g.
+    ``"base"``). Cell = mean over seeds of (mean over the group's clients) +- sample SD over seeds; ``Mean`` =
+    the same over all clients of the pool. ``"base"`` is the reference and competes for neither best nor Wins.
+
+    Args:
+        records: result records (e.g. from :func:`read_records`); only the ``test`` split is used.
+        pool: ``"seen"``, ``"unseen"`` or ``"all"``.
+        metric: metric name (``"accuracy"``, ``"meteor"``, ...).
+        budget: rank, tier name, or ``None`` for runs without budgets.
+
+    Returns:
+        The table, with values in [0, 1] (rendering multiplies by 100).
+    """
+    selected = [r for r in records if r["pool"] == pool and r["metric"] == metric and is_test(r)]
+    rows, row_budgets = _rows_for_budget(selected, budget)
+    groups = first_seen(r["group"] for method_records in rows.values() for r in method_records)
+    table = GroupTable(pool, metric, budget, list(rows), row_budgets, groups)
+    for method, method_records in rows.items():
+        for column, per_seed in _per_seed_means(method_records).items():
+            table.cells[method, column] = over_seeds(list(per_seed.values()))
+    for column in [*groups, MEAN_COLUMN]:
+        table.best[column] = _best_methods(table.cells, table.methods, column)
+    table.wins = {
+        method: sum(method in table.best[group] for group in groups)
+        for method in table.methods
+        if method != BASE_METHOD
+    }
+    return table
+
+
+def combined_wins(tables: Sequence[GroupTable], min_best: int = GENERATION_MIN_BEST) -> dict[str, int]:
+    """Wins over several metrics of the same pool and budget: groups where a method is best in ``min_best``.
+
+    Generation benchmarks use the three tables of METEOR, ROUGE-1 and ROUGE-L with ``min_best = 2``.
+    """
+    methods = first_seen(m for table in tables for m in table.methods if m != BASE_METHOD)
+    groups = first_seen(g for table in tables for g in table.groups)
+    return {
+        method: sum(sum(method in table.best.get(group, set()) for table in tables) >= min_best for group in groups)
+        for method in methods
+    }
+
+
+def format_cell(cell: Cell | None, *, signed: bool = False) -> str:
+    """x100 with two decimals, ``mean ± sd``; ``—`` where there is no data."""
+    if cell is None:
+        return "—"
+    text = f"{cell.mean * 100:+.2f}" if signed else f"{cell.mean * 100:.2f}"
+    if cell.sd is not None:
+        text += f" ± {cell.sd * 100:.2f}"
+    return text
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table of ``header`` and ``rows`` (cells as given)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None) -> str:
+    """Markdown of a :class:`GroupTable`: values x100, best cells in bold, a Wins column.
+
+    Args:
+        table: the table.
+        wins: Wins to print instead of the table's own (e.g. :func:`combined_wins` for generation).
+    """
+    wins = table.wins if wins is None else wins
+    columns = [*table.groups, MEAN_COLUMN]
+    rows = []
+    for method in table.methods:
+        row = [method]
+        for column in columns:
+            text = format_cell(table.cells.get((method, column)))
+            row.append(f"**{text}**" if method in table.best.get(column, set()) else text)
+        row.append(str(wins[method]) if method in wins else "—")
+        rows.append(row)
+    return markdown_table(["Method", *columns, "Wins"], rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gain over base
+
+
+def gain_over_base(records: Sequence[Record], *, pool: str, metric: str) -> dict[tuple[str, Budget], Cell]:
+    """Personalization gain of every non-base method and budget over ``"base"``.
+
+    Per seed: mean over the pool's clients of (method's metric - base metric of the same client and seed),
+    counting only clients that have both; then mean +- sample SD over seeds.
+
+    Returns:
+        ``(method, budget) -> Cell`` (values in metric units, not x100); empty without base records.
+    """
+    selected = [r for r in records if r["pool"] == pool and r["metric"] == metric and is_test(r)]
+    base = {(r["client"], r["seed"]): float(r["value"]) for r in selected if r["method"] == BASE_METHOD}
+    differences: dict[tuple[str, Budget], dict[Any, list[float]]] = {}
+    for record in selected:
+        reference = base.get((record["client"], record["seed"]))
+        if record["method"] == BASE_METHOD or reference is None:
+            continue
+        key = (record["method"], record.get("budget"))
+        differences.setdefault(key, {}).setdefault(record["seed"], []).append(float(record["value"]) - reference)
+    return {
+        key: over_seeds([statistics.fmean(values) for values in per_seed.values()])
+        for key, per_seed in differences.items()
+    }
+
+
+def render_gain_table(gains: Mapping[tuple[str, Budget], Cell], records: Sequence[Record]) -> str:
+    """Markdown of :func:`gain_over_base`: a row per method, a column per budget (x100, signed)."""
+    methods = [m for m in method_order(records) if any(key[0] == m for key in gains)]
+    budgets: list[Budget] = [b for b in budget_order(records) if any(key[1] == b for key in gains)]
+    if any(key[1] is None for key in gains):
+        budgets.append(None)
+    rows = [
+        [method, *(format_cell(gains.get((method, budget)), signed=True) for budget in budgets)] for method in methods
+    ]
+    return markdown_table(["Method", *map(budget_label, budgets)], rows)

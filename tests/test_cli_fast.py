@@ -1,0 +1,120 @@
+"""The fast command line: `fedpeft --help` and `fedpeft list` import no torch, transformers, peft, method, dataset
+or model module, and the catalogues they answer from agree exactly with the modules' own registrations."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+from fedpeft.core.config import preset_description, preset_names
+from fedpeft.core.registry import DATASETS, METHODS, MODELS, Registry
+
+REGISTRIES = {"methods": METHODS, "datasets": DATASETS, "models": MODELS}
+HEAVY = ("torch", "transformers", "peft", "datasets", "flwr")
+# The only fedpeft modules a listing may load: the package, the command line, the core and the catalogues.
+LIGHT = ("fedpeft", "fedpeft.cli", "fedpeft.core", "fedpeft.catalog")
+
+# Runs the console entry point with the given arguments, then reports on stderr, as its last line, what it imported.
+PROBE = """
+import json, sys
+from fedpeft.cli import main
+sys.argv = ["fedpeft", *sys.argv[1:]]
+try:
+    main()
+finally:
+    print(json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def run_cli(*args: str) -> tuple[str, list[str]]:
+    """stdout of `fedpeft *args` run in a fresh interpreter, and the modules it had imported when done."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout, json.loads(result.stderr.strip().splitlines()[-1])
+
+
+def heavy_modules(modules: list[str]) -> list[str]:
+    outside = [m for m in modules if m.split(".")[0] in HEAVY]
+    ours = [m for m in modules if m.startswith("fedpeft.") and not m.startswith(tuple(f"{p}." for p in LIGHT[1:]))]
+    return outside + [m for m in ours if m not in LIGHT]
+
+
+def listed(stdout: str) -> dict[str, str]:
+    """`name  description` lines -> {name: description}."""
+    rows = [line.split(None, 1) for line in stdout.splitlines() if line.strip()]
+    assert all(len(row) == 2 for row in rows), f"a listed entry has no description:\n{stdout}"
+    return {name: description.strip() for name, description in rows}
+
+
+def shipped(registry: Registry) -> list[str]:
+    """The registry's declared names (leaving out anything a test registered directly in this process)."""
+    return [name for name in registry.names() if registry.entry(name).module is not None]
+
+
+@pytest.mark.parametrize("what", sorted(REGISTRIES))
+def test_list_shows_every_entry_with_its_description_without_importing_it(what):
+    stdout, modules = run_cli("list", what)
+    assert heavy_modules(modules) == []
+    registry = REGISTRIES[what]
+    rows = listed(stdout)
+    assert sorted(rows) == shipped(registry)
+    for name, description in rows.items():
+        assert description.startswith(registry.describe(name)) and registry.describe(name)
+        for alias in registry.aliases_of(name):
+            assert alias in description
+
+
+def test_list_methods_shows_aliases():
+    rows = listed(run_cli("list", "methods")[0])
+    assert rows["local"].endswith("(alias: sft)") and rows["fedit"].endswith("(alias: fedavg)")
+
+
+def test_list_presets_shows_each_presets_first_comment_line():
+    stdout, modules = run_cli("list", "presets")
+    assert heavy_modules(modules) == []
+    rows = listed(stdout)
+    assert sorted(rows) == preset_names()
+    assert all(rows[name] == preset_description(name) for name in rows)
+
+
+def test_help_imports_nothing_heavy():
+    stdout, modules = run_cli("--help")
+    assert "list" in stdout and "run" in stdout
+    assert heavy_modules(modules) == []
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_starts_with_a_one_line_description(preset):
+    from importlib import resources
+
+    lines = (resources.files("fedpeft") / "presets" / f"{preset}.yaml").read_text().splitlines()
+    assert preset_description(preset), f"{preset}.yaml does not start with a `# description` line"
+    # The description stands alone: the next line ends the comment or is an empty comment line.
+    assert len(lines) > 1 and (not lines[1].startswith("#") or lines[1].strip() == "#"), preset
+
+
+def test_catalogues_agree_with_the_registrations():
+    """Import every module of the methods, data and models packages: each registration fills a declaration made
+    by the module that registers it, with the declared aliases, and no declaration is left unfilled."""
+    for package in ("fedpeft.methods", "fedpeft.data", "fedpeft.models"):
+        root = importlib.import_module(package)
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            importlib.import_module(info.name)
+    for kind, registry in REGISTRIES.items():
+        for name in registry.names():
+            entry = registry.entry(name)
+            assert entry.module is not None, f"{name} is registered but not declared in fedpeft/catalog/{kind}.py"
+            assert entry.description and "\n" not in entry.description, name
+            obj = registry.get(name)  # raises if the declared module does not register it
+            if registry is MODELS:
+                assert entry.description == obj.summary, f"catalogue and ModelSpec.summary of {name} differ"
+            else:
+                assert obj.__module__ == entry.module, f"{name} is registered by {obj.__module__}, not {entry.module}"
+    assert "fedprox" in METHODS and METHODS.canonical("sft") == "local" and METHODS.canonical("fedavg") == "fedit"
