@@ -28,12 +28,12 @@ from fedpeft.core.progress import Progress
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import FederatedData
-from fedpeft.engine.rounds import AfterRound
+from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.methods.base import Method
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 
 log = logging.getLogger("fedpeft")
-EngineFactory = Callable[[Worker], Any]
+EngineFactory = Callable[[Worker], Engine]
 
 
 class Experiment:
@@ -88,13 +88,11 @@ class Experiment:
                 for method in self.methods:
                     self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
         finally:
-            close = getattr(self.engine, "close", None)
-            if close is not None:
-                close()
+            self.engine.close()
         self._write_outputs()
         return self.out
 
-    def _make_engine(self, name: str) -> Any:
+    def _make_engine(self, name: str) -> Engine:
         if name == "flower":
             raise UserError("The flower engine runs through `fedpeft run --engine flower` or `flwr run .`.")
         from fedpeft.engine.local import LocalEngine
@@ -240,7 +238,7 @@ class Experiment:
         per_budget = "" if budget is None else f", r={budget}"
         self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
         self.progress.rounds(method.rounds, start)
-        callbacks = [
+        callbacks: list[RoundCallback] = [
             AfterRound(lambda state, round_, _: self._evaluate_round(method, label, seed, state, round_ + 1)),
             Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), [])),
             AfterRound(lambda _state, _round, metrics: self.progress.advance_round(metrics)),

@@ -91,7 +91,7 @@ def test_federated_round_runs_and_keeps_private_keys_home(name, request):
     ids = [c.client_id for c in toy_clients]
     state = LocalEngine(worker).run_rounds(name, method, state, ids, seed=0, meter=meter)
     assert state.round == 2 and len(uploads) == 4 and meter.client_rounds == 4
-    if getattr(method, "communicates", True):  # sft_rounds runs in rounds but shares nothing
+    if method.communicates:  # sft_rounds runs in rounds but shares nothing
         assert meter.bytes_up > 0 and meter.bytes_down > 0
     for update in uploads:
         assert not any(p in key for key in update.tensors for p in method.private_keys)
