@@ -50,9 +50,12 @@ class Experiment:
             raise UserError(f"Methods {duplicated} appear twice; give each entry a distinct `label`.")
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
-        if cfg.base.kind == "federated" and not METHODS.get(cfg.base.method.name).base_stage:
-            usable = ", ".join(n for n in METHODS.names() if METHODS.get(n).base_stage)
-            raise UserError(f"base.method {cfg.base.method.name!r} cannot produce a base model; use one of: {usable}.")
+        if cfg.base.kind == "federated" and not METHODS.get(cfg.base.method.name).serves_as_base_stage():
+            usable = ", ".join(n for n in METHODS.names() if METHODS.get(n).serves_as_base_stage())
+            raise UserError(
+                f"base.method {cfg.base.method.name!r} cannot produce a base model (its personalized models do not "
+                f"merge into base weights, or it needs a budget); use one of: {usable}."
+            )
         self.methods: list[Method] = []  # built once, by the worker, when the run starts
         self._parts: list[str] = []
         # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
@@ -176,13 +179,16 @@ class Experiment:
         """Every client's own base model (per-client base stages), computed where its base-stage state lives."""
         self.progress.stage(f"base model of every client, seed {seed}")
         ckpt = self.out / "checkpoints" / BASE_STAGE_LABEL / f"seed{seed}.pt"
-        if ckpt.exists():  # the base-stage client states, also after a restart (memory stores)
-            self.worker.store(BASE_STAGE_LABEL, seed).restore(torch.load(ckpt, weights_only=False)["store"])
+        state = ServerState()
+        if ckpt.exists():  # the stage's final state and client states, also after a restart (memory stores)
+            saved = torch.load(ckpt, weights_only=False)
+            self.worker.store(BASE_STAGE_LABEL, seed).restore(saved["store"])
+            state = saved["state"]
         ids = [c.client_id for c in self.data.clients]
         self.progress.clients(len(ids))
         meter = CostMeter()
         started = time.perf_counter()
-        for client_id, result in self.engine.map_clients("prepare_client_base", ids, seed=seed):
+        for client_id, result in self.engine.map_clients("prepare_client_base", ids, seed=seed, state=state):
             if isinstance(result, BaseException):
                 meter.failures.append(f"{client_id}: {result!r}")
         meter.wall_seconds = time.perf_counter() - started

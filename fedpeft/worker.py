@@ -170,17 +170,17 @@ class Worker:
     @property
     def per_client_base(self) -> bool:
         """Whether the base stage gives every client a base model of its own (FedDPA-T, DEPT(SPEC))."""
-        return self.cfg.base.kind == "federated" and self.methods[BASE_STAGE_LABEL].per_client_base
+        return self.cfg.base.kind == "federated" and self.methods[BASE_STAGE_LABEL].per_client_base_stage()
 
     def client_base_path(self, seed: int, client_id: str) -> Path:
         """Where one client's own changes to the shared base model of ``seed`` live."""
         return self.run_dir / "checkpoints" / "client-base" / f"seed{seed}" / f"{client_id}.pt"
 
-    def prepare_client_base(self, seed: int, client_id: str) -> int:
+    def prepare_client_base(self, seed: int, client_id: str, state: ServerState | None = None) -> int:
         """Compute and store one client's own base model (its changes to the shared one); returns its bytes.
 
-        Runs where the client's base-stage state lives (its node), right after the base stage; a stored one is
-        kept (resume).
+        Runs where the client's base-stage state lives (its node), right after the base stage, with the stage's
+        final server ``state``; a stored one is kept (resume).
         """
         path = self.client_base_path(seed, client_id)
         if path.exists():
@@ -189,7 +189,7 @@ class Worker:
         self.use_base(seed)
         client_state = self.store(BASE_STAGE_LABEL, seed).get(client_id)
         pseed = client_seed(seed, method.name, "client-base", None, client_id)
-        delta = method.client_base(self.runtime, self.clients[client_id], client_state, pseed)
+        delta = method.client_base(self.runtime, self.clients[client_id], state or ServerState(), client_state, pseed)
         save_atomic({"client_base": delta}, path)
         self.runtime.install(ClientModel())
         return path.stat().st_size

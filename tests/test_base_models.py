@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -23,6 +24,13 @@ from fedpeft.runner import Experiment
 from fedpeft.worker import BASE_STAGE_LABEL, Worker, build_method
 
 EMBEDDINGS = {"bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight"}
+
+
+SMOKE_FEDP2EFT = (
+    "{name: fedp2eft, rounds: 1, fraction: 0.5, r_max: 4, bt_steps: 2, psg_steps: 1, lr: 0.005, psg_lr: 0.01, "
+    "finetune_epochs: 1}"
+)
+SMOKE_POTARA = "{name: potara, rounds: 1, fraction: 1.0, local_steps: 2, local_rounds: 1, lr: 0.005}"
 
 
 def perturbed(tensors: dict[str, torch.Tensor], seed: int, size: float = 0.2) -> dict[str, torch.Tensor]:
@@ -236,6 +244,73 @@ def test_every_client_starts_from_its_own_base_model(name, toy_runtime, toy_clie
         assert all(torch.equal(v, bases[client.client_id][k]) for k, v in toy_runtime.base_state().items())
 
 
-def test_a_method_that_gives_no_base_model_is_refused(tmp_path):
-    with pytest.raises(UserError, match="cannot produce a base model; use one of: dept_spec, fedavg_full, feddpa"):
-        Experiment(load_config("smoke", ["base.kind=federated", "base.method={name: lora}"]), tmp_path / "run")
+@pytest.mark.parametrize("name", ["lora", "fedalt", "hetlora", "ditto"])
+def test_a_method_that_gives_no_base_model_is_refused(name, tmp_path):
+    # lora: no federated phase; fedalt: a per-input mixer; hetlora: a model per tier; ditto: hooked branches.
+    with pytest.raises(UserError, match="cannot produce a base model .*use one of: .*fedsa_lora"):
+        Experiment(load_config("smoke", ["base.kind=federated", f"base.method={{name: {name}}}"]), tmp_path / "run")
+
+
+# ---------------------------------------------------------------------------------------------- composed stages
+@pytest.mark.parametrize("name", ["fedsa_lora", "ffa_lora", "fedit"])
+def test_a_federated_lora_method_as_base_stage_gives_each_client_its_model_merged(
+    name, toy_runtime, toy_clients, tmp_path
+):
+    data = FederatedData("toy", "classification", ["no", "yes"], ["g"], toy_clients)
+    stage = {"name": name, "rounds": 2, "fraction": 1.0, "local_steps": 2, "lr": 5e-2, "rank": 2}
+    cfg = ExperimentConfig(base={"kind": "federated", "method": stage}, methods=[{"name": "lora"}], budgets=[2])
+    worker = Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
+    method = worker.methods[BASE_STAGE_LABEL]
+    assert worker.per_client_base and method.serves_as_base_stage()
+    worker.use_base(None)
+    ids = [c.client_id for c in toy_clients]
+    state = LocalEngine(worker).run_rounds(
+        BASE_STAGE_LABEL, method, method.init_server(toy_runtime, 0), ids, seed=0, meter=CostMeter()
+    )
+    shared = method.export_base(toy_runtime, state)
+    assert all(torch.equal(v, worker.pretrained[k]) for k, v in shared.items())  # the stage started here
+    save_atomic({"tensors": shared}, worker.base_checkpoint(0))
+    for client in toy_clients:
+        assert worker.prepare_client_base(0, client.client_id, state) > 0
+    for client in toy_clients[:2]:
+        # The client's base alone computes what the stage's personalized model computes on the shared base.
+        worker.use_base(0)
+        client_state = worker.store(BASE_STAGE_LABEL, 0).get(client.client_id)
+        toy_runtime.install(method.personalize(toy_runtime, client, state, client_state, None, seed=1))
+        expected = logits(toy_runtime, client.test)
+        worker.use_client_base(0, client.client_id)
+        torch.testing.assert_close(logits(toy_runtime, client.test), expected, atol=1e-5, rtol=1e-5)
+    worker.use_client_base(0, "c0")
+    c0 = toy_runtime.base_state()
+    worker.use_client_base(0, "c1")
+    differs = [k for k, v in toy_runtime.base_state().items() if not torch.equal(v, c0[k])]
+    if name == "fedsa_lora":  # every client merges its own B (and head) with the shared A
+        assert differs
+    else:  # one global adapter: every client gets the same merged base
+        assert not differs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stage", "method"),
+    [
+        ("{name: fedsa_lora, rounds: 2, fraction: 1.0, local_steps: 3, lr: 0.005}", SMOKE_FEDP2EFT),
+        ("{name: ffa_lora, rounds: 2, fraction: 1.0, local_steps: 3, lr: 0.005}", SMOKE_POTARA),
+    ],
+)
+def test_personalization_runs_after_a_federated_lora_base_stage(stage, method, tmp_path):
+    overrides = [
+        "data.groups=[lat1, lat3]",
+        "base.kind=federated",
+        f"base.method={stage}",
+        f"methods=[{method}]",
+        "budgets=[2]",
+        "output.plots=false",
+    ]
+    out = Experiment(load_config("smoke", overrides), tmp_path / "run").run()
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    name = method.split(",")[0].split(":")[1].strip()
+    ours = [r for r in records if r["method"] == name and r["metric"] == "accuracy"]
+    base = {r["client"]: r["value"] for r in records if r["method"] == "base" and r["metric"] == "accuracy"}
+    assert ours and len(base) == 8  # every client of both pools, each on its own base model
+    assert len(list((out / "checkpoints" / "client-base" / "seed0").glob("*.pt"))) == 8

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from fedpeft.base_models import ClientBase
 from fedpeft.core.config import MethodConfig
+from fedpeft.core.errors import UserError
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -90,10 +91,14 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     private_keys: ClassVar[tuple[str, ...]] = ()
     # One federated phase per budget (the server state depends on the budget, e.g. FedL2P's learning-rate MLP).
     federated_per_budget: ClassVar[bool] = False
-    # Usable as the federated base stage (``base.kind: federated``): implements ``export_base``; with
+    # A base stage of its own (``base.kind: federated``): ``export_base`` gives the shared base model; with
     # ``per_client_base`` also ``client_base`` (every client gets a base model of its own).
     base_stage: ClassVar[bool] = False
     per_client_base: ClassVar[bool] = False
+    # The personalized model is base weights plus at most one LoRA (no extension, routing or instance-wise
+    # inference), so it merges into a base model: every such federated method can serve as a base stage, each
+    # client's base being its personalized model merged into the weights (the default ``client_base``).
+    mergeable: ClassVar[bool] = True
     # Shares knowledge across architectures itself; otherwise a heterogeneous federation runs one copy of the
     # method per architecture group (fedpeft.methods.families.per_architecture).
     architecture_aware: ClassVar[bool] = False
@@ -191,13 +196,33 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
     # ------------------------------------------------------------------ base stage
     def export_base(self, runtime: ModelRuntime, state: ServerT) -> StateDict:
-        """Every base tensor of the shared base model this method's final ``state`` gives (``base_stage``)."""
-        raise NotImplementedError(f"{self.name} cannot produce a base model")
+        """Every base tensor of the shared base model this method's final ``state`` gives: by default the weights
+        the stage started from (each client's own model then comes from :meth:`client_base`)."""
+        return runtime.base_state()
 
-    def client_base(self, runtime: ModelRuntime, client: ClientData, client_state: Any, seed: int) -> ClientBase | None:
-        """One client's own changes to the shared base model (``per_client_base``), computed on the runtime with
-        the shared base installed; ``None`` keeps the shared base."""
-        return None
+    @classmethod
+    def serves_as_base_stage(cls) -> bool:
+        """Whether ``base: {kind: federated, method: <this>}`` works: a base stage of its own, or a federated
+        method without budgets whose personalized models merge into base weights."""
+        return cls.base_stage or (cls.federated and cls.mergeable and not cls.uses_budget)
+
+    @classmethod
+    def per_client_base_stage(cls) -> bool:
+        """Whether, as the base stage, it gives every client a base model of its own."""
+        return cls.per_client_base or not cls.base_stage
+
+    def client_base(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerT, client_state: Any, seed: int
+    ) -> ClientBase | None:
+        """One client's own changes to the shared base model, computed on the runtime with the shared base
+        installed; ``None`` keeps the shared base.
+
+        By default (a method used as a base stage without one of its own) the client's personalized model from
+        the final ``state``, merged into the weights."""
+        model = self.personalize(runtime, client, state, client_state, None, seed)
+        if model.extension is not None or model.routing is not None:
+            raise UserError(f"{self.name}'s personalized model cannot be merged into a base model.")
+        return ClientBase(tensors=dict(model.base or {}), lora=model.lora, adapter=dict(model.adapter))
 
     # ------------------------------------------------------------------ outputs
     def save_server_artifacts(self, state: ServerT, run_dir: Path, seed: int) -> None:

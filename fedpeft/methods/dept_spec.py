@@ -78,5 +78,7 @@ class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
     def export_base(self, runtime: ModelRuntime, state: ServerState) -> StateDict:
         return {**state.tensors, **starting_embeddings(runtime)}
 
-    def client_base(self, runtime: ModelRuntime, client: ClientData, client_state: Any, seed: int) -> ClientBase | None:
+    def client_base(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+    ) -> ClientBase | None:
         return None if client_state is None else ClientBase(tensors=dict(client_state))

@@ -128,6 +128,7 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
     name = "fedalt"
     Config = FedALTConfig
     private_keys = ("classifier", "score", "pooler", "gates")
+    mergeable = False  # a mixer gates the individual and rest-of-world LoRA per input
 
     def spec(self, runtime: ModelRuntime) -> LoraSpec:
         return target_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)

@@ -63,6 +63,7 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
 
     name = "feddpa"
     Config = FedDPAConfig
+    mergeable = False  # global and local LoRA mixed per test instance (its own client_base serves the base stage)
     base_stage = True
     per_client_base = True
 
@@ -151,7 +152,9 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         glob, _ = self.specs(runtime)
         return merged_base(runtime, glob, state.tensors, scale=1.0 - self.cfg.local_weight)
 
-    def client_base(self, runtime: ModelRuntime, client: ClientData, client_state: Any, seed: int) -> ClientBase:
+    def client_base(
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+    ) -> ClientBase:
         _, local = self.specs(runtime)
         local_state = client_state
         if local_state is None:  # unseen: the shared base already holds (1 - a) of the global LoRA

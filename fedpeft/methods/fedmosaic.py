@@ -114,6 +114,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
 
     name = "fedmosaic"
     Config = FedMosaicConfig
+    mergeable = False  # PQ-LoRA branches with a gate, attached as an extension
     architecture_aware = True
     private_keys = ("gate/", "head/")
 

@@ -163,6 +163,7 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
     """
 
     architecture_aware = True
+    mergeable = False  # hooked branches (an extension PEFT lacks) do not merge into the weights
     private_keys = ("head/",)
     branches: ClassVar[tuple[str, ...]] = ("global", "local")
     shared: ClassVar[str | None] = "global"

@@ -102,6 +102,8 @@ TieredConfigT = TypeVar("TieredConfigT", bound=TieredConfig)
 class TieredMethod(Method[TieredConfigT, TieredState, Any]):
     """Shared machinery of tiered methods: tier lookup, sampling, LoRA shapes, routing, evaluation, costs."""
 
+    mergeable = False  # a client's model is its tier's (rank, experts per token), not one mergeable LoRA
+
     # ------------------------------------------------------------------ tiers
     def tier_of(self, client_id: str) -> TierConfig:
         """The tier of ``client_id``: ``client_tiers`` or round-robin on the id's trailing number."""
