@@ -159,6 +159,8 @@ def test_kill_and_resume_gives_the_uninterrupted_results(tmp_path):
         (["run", "smoke", "--set", "budgets=[1000]"], "exceeds the largest rank"),
         (["run", "smoke", "--set", "data.name=xnli", "--set", "data.path=/no/such/dir"], "/no/such/dir"),
         (["run", "smoke", "--set", "methods=[{name: fedit, rounds: many}]"], "rounds"),
+        (["run", "smoke", "--set", "methods.1.bogus=1"], "Invalid setting 'bogus' of method 'fedit'"),
+        (["run", "smoke", "--set", "base.kind=federated", "--set", "base.method={name: fedalt}"], "fedalt"),
         (["list", "things"], "Cannot list"),
     ],
 )
