@@ -11,98 +11,16 @@ hyperparameters, so it measures what learning the scales federatedly adds. The m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from fedpeft.adapters.bayestune import ClientScales, check_budget, finetune_pruned, train_scales
-from fedpeft.adapters.scale_analysis import ScaleRecord, save_client_scales, scales_path
+from fedpeft.adapters.bayestune import ClientScales, train_scales
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Method, MethodConfig
-from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class BayesTuneSettings(MethodConfig):
-    """BayesTune-LoRA's knobs, shared by ``bayestune_lora`` and ``fedp2eft`` (defaults: the paper's)."""
-
-    r_max: int = 16
-    rank_multiplier: int = 2
-    alpha_multiplier: float = 2.0
-    dropout: float = 0.0
-    lr: float = 1e-4
-    lambda_lr: float = 1e-2
-    lambda_init: float = 1e-4
-    alpha_s: float = 100.0
-    alpha_p: float = 0.01
-    batch_size: int = 16
-    finetune_epochs: float = 2.0
-    finetune_lr: float | None = None
-
-    @property
-    def r_init(self) -> int:
-        """The rank of every module before pruning: rank_multiplier * r_max."""
-        return self.rank_multiplier * self.r_max
-
-
-BayesTuneConfigT = TypeVar("BayesTuneConfigT", bound=BayesTuneSettings)
-BayesTuneStateT = TypeVar("BayesTuneStateT", bound=ServerState)
-
-
-class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
-    """What both BayesTune-LoRA methods share: one set of scales per client, pruned to each budget."""
-
-    uses_budget = True
-
-    def check_budgets(self, budgets: list[int]) -> None:
-        """Refuse, before any training, a budget the scales cannot serve."""
-        for budget in budgets:
-            check_budget(budget, self.cfg.r_max)
-
-    def client_scales(
-        self, runtime: ModelRuntime, client: ClientData, state: BayesTuneStateT, client_state: Any, seed: int
-    ) -> ClientScales:
-        raise NotImplementedError
-
-    def prepare_personalization(
-        self, runtime: ModelRuntime, client: ClientData, state: BayesTuneStateT, client_state: Any, seed: int
-    ) -> ClientScales:
-        """The client's scales, computed once and handed to :meth:`personalize` for every budget."""
-        return self.client_scales(runtime, client, state, client_state, seed)
-
-    def personalize(
-        self,
-        runtime: ModelRuntime,
-        client: ClientData,
-        state: BayesTuneStateT,
-        client_state: Any,
-        budget: int | None,
-        seed: int,
-    ) -> ClientModel:
-        rank = check_budget(budget, self.cfg.r_max)
-        if not isinstance(client_state, ClientScales):
-            client_state = self.client_scales(runtime, client, state, client_state, seed)
-        return finetune_pruned(runtime, client.train, client_state.scales, rank, self.cfg, seed=seed)
-
-    def save_client_artifacts(
-        self, prepared: ClientScales, client: ClientData, run_dir: Path, label: str, seed: int
-    ) -> None:
-        """Keep the client's scales for the rank-structure and language-distance plots."""
-        record = ScaleRecord(
-            label, seed, client.client_id, client.group, client.pool, prepared.modules, self.cfg.r_max, prepared.scales
-        )
-        save_client_scales(scales_path(run_dir, label, seed, client.client_id), record)
-
-    # ---- reporting hooks
-    @classmethod
-    def report_plots(cls, records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
-        """``rank_structure_<label>.png`` and ``lambda_distance_<label>.png`` from the clients' saved scales."""
-        from fedpeft.adapters.scale_plots import write_scale_plots
-
-        return write_scale_plots(run_dirs, out_dir, methods={r["method"] for r in records})
+from fedpeft.methods.families.bayestune import BayesTuneMethod, BayesTuneSettings
+from fedpeft.models.runtime import ModelRuntime
 
 
 class BayesTuneLoraConfig(BayesTuneSettings):

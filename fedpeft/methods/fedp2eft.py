@@ -26,7 +26,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.bayestune_lora import BayesTuneMethod, BayesTuneSettings
+from fedpeft.methods.families.bayestune import BayesTuneMethod, BayesTuneSettings
 from fedpeft.models.runtime import ModelRuntime
 
 PSG_DIR = "psg"

@@ -7,5 +7,7 @@ in :mod:`fedpeft.methods`):
   matching and batch replay (FedMosaic's baselines: Ditto, FedSim, FedDAT, SFT in rounds);
 - ``distillation``: federated distillation on public data (PerAda, TAKFL, FedMKT);
 - ``per_architecture``: any homogeneous method run once per architecture group of a heterogeneous federation;
-- ``lora_keys``: which adapter tensors are A, B or head, and where LoRA goes.
+- ``bayestune``: BayesTune-LoRA's settings and per-client rank scales (``bayestune_lora``, ``fedp2eft``);
+- ``lora_keys``: which adapter tensors are A, B or head, and where LoRA goes;
+- ``merge_report``: the mixing-weight table and plot of the merging methods (Potara, Fisher merging).
 """
