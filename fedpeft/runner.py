@@ -74,8 +74,16 @@ class Experiment:
         self.worker = Worker(self.cfg, self.out)
         self.methods = [self.worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         self.data = self.worker.data
-        if not self.data.pool("seen"):
+        seen = len(self.data.pool("seen"))
+        if not seen:
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
+        for entry in [*self.cfg.methods, *([self.cfg.base.method] if self.cfg.base.kind == "federated" else [])]:
+            needed = getattr(entry, "min_clients", 1)
+            if needed > seen:
+                raise UserError(
+                    f"Method {entry.label or entry.name!r} needs min_clients={needed} per round, but only {seen} "
+                    "clients are in the seen pool; lower min_clients or add clients."
+                )
         for budget in self.cfg.budgets:
             self.worker.runtime.check_budget(budget)
         for method in self.methods:

@@ -5,6 +5,7 @@ Parse once at the boundary: everything past :func:`load_config` receives typed o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,23 @@ class MethodConfig(_Strict):
 
     name: str
     label: str | None = None
+
+    @model_validator(mode="after")
+    def _check_common_ranges(self) -> MethodConfig:
+        # Checked by name here, so that a subclass that redefines a field's default keeps its range.
+        ranges: dict[str, tuple[Callable[[Any], bool], str]] = {
+            "rounds": (lambda v: v >= 0, "0 or more (0: no federated training)"),
+            "fraction": (lambda v: 0 < v <= 1, "in (0, 1]"),
+            "min_clients": (lambda v: v >= 1, "at least 1"),
+            "batch_size": (lambda v: v >= 1, "at least 1"),
+            "local_steps": (lambda v: v is None or v >= 1, "at least 1"),
+            "local_epochs": (lambda v: v is None or v > 0, "above 0"),
+        }
+        for key, (valid, wanted) in ranges.items():
+            value = getattr(self, key, None)
+            if key in type(self).model_fields and value is not None and not valid(value):
+                raise ValueError(f"`{key}` must be {wanted}, not {value}")
+        return self
 
 
 def method_config(entry: Any) -> MethodConfig:
@@ -45,6 +63,9 @@ def method_config(entry: Any) -> MethodConfig:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        if not where:  # a check across the method's settings
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise UserError(f"Invalid settings of method {entry['name']!r}: {message}.") from None
         raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {first['msg']}.") from None
     if "label" not in entry and entry["name"] != cls.name:
         cfg.label = str(entry["name"])
@@ -180,9 +201,24 @@ class ExperimentConfig(_Strict):
     @field_validator("methods", mode="before")
     @classmethod
     def _typed_methods(cls, entries: Any) -> list[MethodConfig]:
-        if not isinstance(entries, list):
-            raise UserError("`methods` must be a list of method entries; e.g. `methods: [{name: lora}]`.")
+        if not isinstance(entries, list) or not entries:
+            raise UserError("`methods` must list at least one method; e.g. `methods: [{name: lora}]`.")
         return [method_config(entry) for entry in entries]
+
+    @field_validator("seeds")
+    @classmethod
+    def _some_seeds(cls, seeds: list[int]) -> list[int]:
+        if not seeds:
+            raise UserError("`seeds` must list at least one seed; e.g. `seeds: [0]`.")
+        return seeds
+
+    @field_validator("budgets")
+    @classmethod
+    def _positive_budgets(cls, budgets: list[int]) -> list[int]:
+        bad = [b for b in budgets if b <= 0]
+        if bad:
+            raise UserError(f"`budgets` must be positive ranks; {bad} are not.")
+        return budgets
 
     @model_validator(mode="after")
     def _check_architectures(self) -> ExperimentConfig:
