@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -135,15 +136,38 @@ def personalize(
     console.print(f"Adapter written to [bold]{result.path}[/bold] (load it with PeftModel.from_pretrained).")
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (a BaseException, so that no ``except Exception`` around a client's work swallows it)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _stopped(code: int, how: str) -> None:
+    """End with ``code`` and one line; for ``run``, how to continue."""
+    args = sys.argv[1:]
+    hint = ""
+    if args[:1] == ["run"]:
+        again = " ".join(args if "--resume" in args else [*args, "--resume"])
+        hint = f"; continue it with `fedpeft {again}`"
+    print(f"{how}{hint}.", file=sys.stderr)
+    sys.exit(code)
+
+
 def main() -> None:
-    """Console entry point: user errors become one sentence and exit code 2."""
+    """Console entry point: user errors become one sentence and exit code 2; Ctrl-C exits 130 and SIGTERM 143,
+    each with one line that says how to resume."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # typer returns 130 itself when Ctrl-C interrupts a command
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(130)
+        _stopped(130, "interrupted")
+    except Terminated:
+        _stopped(143, "terminated")
     except Exception as err:  # click usage errors carry their own exit codes
         import click
 
@@ -153,6 +177,10 @@ def main() -> None:
         if isinstance(err, click.exceptions.Exit):
             sys.exit(err.exit_code)
         raise
+    if code == 130:
+        _stopped(130, "interrupted")
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

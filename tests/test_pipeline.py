@@ -219,3 +219,29 @@ def test_generation_pipeline_with_a_federated_base_stage(tmp_path):
     assert "METEOR" in summary and "ROUGE-L" in summary
     costs = read_jsonl(out / "costs.jsonl")
     assert any(c["phase"] == "base" and c["metric"] == "bytes_up_total" and c["value"] > 0 for c in costs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_interrupt_ends_with_its_code_and_one_line_and_the_run_resumes(sig, code, word, smoke_run, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    args = [sys.executable, "-m", "fedpeft.cli", "run", "smoke", "--out", str(out)]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while not (out / "parts" / "base-seed0.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == code, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(word) and f"--out {out} --resume" in last and "Traceback" not in stderr
+    assert not (out / "results.jsonl").exists()  # stopped before the end
+
+    result = cli("run", "smoke", "--out", str(out), "--resume")
+    assert result.returncode == 0, result.stderr
+    key = lambda r: (r["method"], str(r["budget"]), r["client"], r["metric"], r["split"])  # noqa: E731
+    resumed = sorted(read_jsonl(out / "results.jsonl"), key=key)
+    assert resumed == sorted(read_jsonl(smoke_run / "results.jsonl"), key=key)
