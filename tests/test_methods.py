@@ -133,7 +133,7 @@ def _outputs(model: torch.nn.Module, runtime, examples) -> torch.Tensor:
         return model(**batch).logits
 
 
-def _fresh_base(runtime, name: str, request) -> torch.nn.Module:
+def _fresh_base(runtime, name: str) -> torch.nn.Module:
     """A new instance of the toy base model holding the runtime's base weights (nothing of the runtime's PEFT)."""
     from tests.conftest import toy_moe_model
 
@@ -141,8 +141,7 @@ def _fresh_base(runtime, name: str, request) -> torch.nn.Module:
         model = toy_moe_model()
     else:
         model = type(runtime.base_model)(runtime.base_model.config)
-    missing, unexpected = model.load_state_dict(runtime.base_state(), strict=False)
-    assert not unexpected
+    assert not model.load_state_dict(runtime.base_state(), strict=False).unexpected_keys
     return model.eval()
 
 
@@ -192,7 +191,7 @@ def test_saved_adapter_reads_back(name, request, tmp_path):
         torch.testing.assert_close(saved[key], tensor, msg=f"{name}: {key}")
     if kind == "tensors":
         return
-    reloaded = PeftModel.from_pretrained(_fresh_base(toy_runtime, name, request), str(target)).eval()
+    reloaded = PeftModel.from_pretrained(_fresh_base(toy_runtime, name), str(target)).eval()
     torch.testing.assert_close(_outputs(reloaded, toy_runtime, client.test), expected)
 
 
