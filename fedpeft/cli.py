@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
-from fedpeft.core.errors import UserError
+from fedpeft.core.errors import AllClientsFailedError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters.")
 console = Console()
@@ -42,11 +42,15 @@ def run(
     out: Annotated[Optional[Path], typer.Option(help="Output directory (default runs/<name>).")] = None,  # noqa: UP045
     engine: Annotated[Optional[str], typer.Option(help="local or flower (overrides engine.name).")] = None,  # noqa: UP045
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from where it stopped.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Write into a non-empty --out that holds no fedpeft run.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every stage and round.")] = False,
 ) -> None:
     """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters)."""
     _setup_logging(verbose)
     from fedpeft.core.config import load_config
+    from fedpeft.core.io import path_component
     from fedpeft.core.progress import Progress
     from fedpeft.runner import Experiment
 
@@ -56,14 +60,14 @@ def run(
             raise UserError(f"Unknown engine {engine!r}; choose local or flower.")
         overrides.append(f"engine.name={engine}")
     cfg = load_config(config, overrides)
-    target = out or Path("runs") / cfg.name
+    target = out or Path("runs") / path_component(cfg.name)  # the name is one directory below runs/
     with Progress(enabled=sys.stderr.isatty() or verbose) as progress:
         if cfg.engine.name == "flower":
             from fedpeft.apps.flower import run_flower_simulation
 
-            run_flower_simulation(cfg, target, resume=resume, progress=progress)
+            run_flower_simulation(cfg, target, resume=resume, force=force, progress=progress)
         else:
-            Experiment(cfg, target, progress=progress).run(resume=resume)
+            Experiment(cfg, target, progress=progress).run(resume=resume, force=force)
     console.print(Markdown((target / "summary.md").read_text()))
     console.print(f"\nOutputs written to [bold]{target}[/bold]")
 
@@ -98,14 +102,29 @@ def list_(
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Run directories to merge into one summary.")],
     out: Annotated[Path, typer.Option(help="Where to write the merged summary.md and plots.")] = Path("report"),
+    force: Annotated[
+        bool, typer.Option("--force", help="Write into a non-empty --out not written by `fedpeft report`.")
+    ] = False,
 ) -> None:
     """Merge the results of several runs into one summary."""
     from fedpeft import report as reporting
+    from fedpeft.core.io import REPORT_MARKER, check_output_dir, holds_only, make_output_dir
 
     for run_dir in runs:
         if not (run_dir / "results.jsonl").is_file():
             raise UserError(f"{run_dir} holds no results.jsonl; pass directories written by `fedpeft run`.")
-    out.mkdir(parents=True, exist_ok=True)
+    # Besides its own directories, a report may rewrite one written before markers existed (summary.md and
+    # plots/ only) and the summary of a run it reads.
+    given = {run_dir.resolve() for run_dir in runs}
+    check_output_dir(
+        out,
+        "report",
+        REPORT_MARKER,
+        force=force,
+        recognised=lambda path: holds_only(path, ("summary.md", "plots")) or path.resolve() in given,
+    )
+    if out.resolve() not in given:
+        make_output_dir(out, REPORT_MARKER, "report")
     text = reporting.write_summary(runs, out / "summary.md")
     reporting.write_plots(runs, out / "plots")
     console.print(Markdown(text))
@@ -123,12 +142,17 @@ def personalize(
     client: Annotated[Optional[str], typer.Option(help="A client id of the run's dataset instead of --data.")] = None,  # noqa: UP045
     method: Annotated[Optional[str], typer.Option(help="The fedp2eft method label (if the run has several).")] = None,  # noqa: UP045
     seed: Annotated[Optional[int], typer.Option(help="Which seed's PSG (default: the first).")] = None,  # noqa: UP045
+    force: Annotated[
+        bool, typer.Option("--force", help="Write into a non-empty --out not written by `fedpeft personalize`.")
+    ] = False,
 ) -> None:
     """Write one client's personalized LoRA (FedP2EFT rank structure for budget r) in PEFT format."""
     _setup_logging(False)
     from fedpeft.personalize import personalize_client
 
-    result = personalize_client(run_dir, budget, out, data_file=data, client_id=client, method=method, seed=seed)
+    result = personalize_client(
+        run_dir, budget, out, data_file=data, client_id=client, method=method, seed=seed, force=force
+    )
     kept = ", ".join(f"{name} {rank}" for name, rank in result.ranks.items())
     console.print(f"Client {result.client}, r = {result.budget}: {len(result.ranks)} LoRA modules ({kept}).")
     if result.accuracy is not None:
@@ -164,6 +188,9 @@ def main() -> None:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except AllClientsFailedError as err:  # every client of a round failed: what is written so far stays
+        print(f"error: the run stopped: {err}", file=sys.stderr)
+        sys.exit(1)
     except (typer.Abort, KeyboardInterrupt):
         _stopped(130, "interrupted")
     except Terminated:

@@ -22,6 +22,7 @@ from fedpeft.adapters.bayestune import check_budget
 from fedpeft.adapters.psg import load_generator
 from fedpeft.core.config import load_run_config
 from fedpeft.core.errors import UserError
+from fedpeft.core.io import ADAPTER_MARKER, check_output_dir, holds_only, make_output_dir, staged_files
 from fedpeft.core.seeds import client_seed
 from fedpeft.data.types import ClientData, Example, FederatedData
 from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFTState
@@ -122,13 +123,20 @@ def personalize_client(
     client_id: str | None = None,
     method: str | None = None,
     seed: int | None = None,
+    force: bool = False,
 ) -> PersonalizedAdapter:
-    """Personalize one client from a run's trained PSG and write its adapter in PEFT format to ``out``."""
+    """Personalize one client from a run's trained PSG and write its adapter in PEFT format to ``out``.
+
+    ``out`` must be a new or empty directory or one written by an earlier call (its marker file, or only an
+    adapter's files); ``force`` allows any other directory (its other files stay).
+    """
     from fedpeft.worker import Worker, build_data
 
     run_dir = Path(run_dir)
+    out = Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} holds no run (no config.yaml); pass a directory written by `fedpeft run`.")
+    check_output_dir(out, "personalize", ADAPTER_MARKER, force=force, recognised=_an_adapter)
     if (data_file is None) == (client_id is None):
         raise UserError("Give exactly one of --data (a file of examples) and --client (a client of the run).")
     path, label, seed = find_psg(run_dir, method, seed)
@@ -161,16 +169,24 @@ def personalize_client(
         accuracy = runtime.evaluate(client.test)["accuracy"]
     assert model.lora is not None
     base = run_dir / "base_model"
-    write_adapter(runtime, Path(out), str(base.resolve()) if base.is_dir() else cfg.model.name)
-    return PersonalizedAdapter(Path(out), client.client_id, budget, dict(model.lora.rank_pattern), accuracy)
+    make_output_dir(out, ADAPTER_MARKER, "personalize")
+    # The adapter usually lives outside the run, so it names the run's base model by its absolute path.
+    write_adapter(runtime, out, str(base.resolve()) if base.is_dir() else cfg.model.name)
+    return PersonalizedAdapter(out, client.client_id, budget, dict(model.lora.rank_pattern), accuracy)
+
+
+def _an_adapter(path: Path) -> bool:
+    """Whether ``path`` holds only a PEFT adapter's files (as written before marker files existed)."""
+    return holds_only(path, ("adapter_config.json", "adapter_model.safetensors", "README.md"))
 
 
 def write_adapter(runtime: Any, target: Path, base_model: str) -> Path:
-    """Write the runtime's active adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``)."""
-    target.mkdir(parents=True, exist_ok=True)
+    """Write the runtime's active adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``),
+    each file through a temporary file and a rename."""
     config = runtime.active.to_peft(runtime.loaded.head_modules)
     config.base_model_name_or_path = base_model
-    config.save_pretrained(str(target))
     tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
-    save_file(tensors, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+    with staged_files(target) as staging:
+        config.save_pretrained(str(staging))
+        save_file(tensors, str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
     return target

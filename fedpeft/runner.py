@@ -8,9 +8,10 @@ finished units and continues a federated phase from its last completed round. Ev
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,17 +23,30 @@ from safetensors.torch import save_file
 from fedpeft.base_models import train_centralized_base
 from fedpeft.core.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
 from fedpeft.core.costs import CostMeter
-from fedpeft.core.errors import UserError
-from fedpeft.core.io import save_atomic
+from fedpeft.core.errors import AllClientsFailedError, UserError
+from fedpeft.core.io import (
+    RUN_MARKER,
+    check_writable_place,
+    is_empty_dir,
+    make_output_dir,
+    read_marker,
+    save_atomic,
+    staged_dir,
+    write_text_atomic,
+)
 from fedpeft.core.progress import Progress
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
-from fedpeft.methods.base import Method
+from fedpeft.engine.validation import UpdateChecks
+from fedpeft.methods.base import MeanServerConfigMixin, Method
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 
 log = logging.getLogger("fedpeft")
+# What a run writes before its first result (removed again when it fails before one).
+OWN_DIRS = ("parts", "checkpoints", "base_model")
+OWN_FILES = (RUN_MARKER, "config.yaml", GIVEN_CONFIG_FILE)
 EngineFactory = Callable[[Worker], Engine]
 
 
@@ -60,48 +74,89 @@ class Experiment:
         self._parts: list[str] = []
         # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
         self._round_records: dict[tuple[str, int], list[dict]] = {}
+        # What check_output found: a fedpeft run without results (start over), a directory that was empty.
+        self._restart = False
+        self._existed_empty = False
+        self._created = False
 
     # ------------------------------------------------------------------ entry point
-    def run(self, *, resume: bool = False, engine_factory: EngineFactory | None = None) -> Path:
+    def run(self, *, resume: bool = False, force: bool = False, engine_factory: EngineFactory | None = None) -> Path:
         """Run every unit not done yet and write the outputs; returns the output directory.
+
+        The output directory is checked first and created only once the data, the model and the methods'
+        settings have passed their checks; a run that fails before its first result removes what it wrote.
 
         Args:
             resume: continue the run already in the output directory.
+            force: write into a non-empty directory that holds no fedpeft run.
             engine_factory: builds the engine from this process's worker (the Flower ServerApp passes one that
                 talks to its grid); by default the engine named in the config.
         """
-        self._prepare_output(resume)
+        self.check_output(resume=resume, force=force)
         self.worker = Worker(self.cfg, self.out)
         self.methods = [self.worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         self.data = self.worker.data
         seen = len(self.data.pool("seen"))
         if not seen:
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
-        for entry in [*self.cfg.methods, *([self.cfg.base.method] if self.cfg.base.kind == "federated" else [])]:
+        entries = [(f"methods.{i}", entry) for i, entry in enumerate(self.cfg.methods)]
+        if self.cfg.base.kind == "federated":
+            entries.append(("base.method", self.cfg.base.method))
+        for key, entry in entries:  # checked before the output directory exists
             needed = getattr(entry, "min_clients", 1)
             if needed > seen:
                 raise UserError(
-                    f"Method {entry.label or entry.name!r} needs min_clients={needed} per round, but only {seen} "
-                    "clients are in the seen pool; lower min_clients or add clients."
+                    f"Method {entry.label or entry.name!r} needs min_clients={needed} per round ({key}.min_clients), "
+                    f"but only {seen} clients are in the seen pool; lower {key}.min_clients or add clients."
                 )
         for budget in self.cfg.budgets:
             self.worker.runtime.check_budget(budget)
         for method in self.methods:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
-        self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
+        self._check_secure_aggregation(flower=engine_factory is not None or self.cfg.engine.name == "flower")
+        fresh = self._create_output()
         try:
-            for seed in self.cfg.seeds:
-                self._base_stage(seed)
-                if self.worker.per_client_base:
-                    self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
-                self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
-                for method in self.methods:
-                    self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
-        finally:
-            self.engine.close()
+            self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
+            try:
+                for seed in self.cfg.seeds:
+                    self._base_stage(seed)
+                    if self.worker.per_client_base:
+                        self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
+                    self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
+                    for method in self.methods:
+                        self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
+            finally:
+                self.engine.close()
+        except BaseException:
+            if fresh and not has_progress(self.out):
+                self._discard_output()
+            raise
         self._write_outputs()
         return self.out
+
+    def _check_secure_aggregation(self, *, flower: bool) -> None:
+        """Refuse ``engine.secagg`` where it cannot run: off the Flower engine, for a method whose server step is
+        not a weighted mean of the uploads, and with a server step that needs the individual updates."""
+        if self.cfg.engine.secagg is None:
+            return
+        if not flower:
+            raise UserError("Secure aggregation (engine.secagg) runs on the Flower engine; add `--engine flower`.")
+        federated = [m for m in self.methods if m.federated]
+        if self.cfg.base.kind == "federated":
+            federated.append(self.worker.methods[BASE_STAGE_LABEL])
+        for method in federated:
+            if not method.mean_server:
+                raise UserError(
+                    f"Method {method.label!r} cannot run under secure aggregation (engine.secagg): its server step "
+                    "is not a weighted mean of the uploads, and the server would see only their sum."
+                )
+            cfg = method.cfg
+            if isinstance(cfg, MeanServerConfigMixin) and (cfg.dp is not None or cfg.aggregation.active):
+                raise UserError(
+                    f"Method {method.label!r} sets `dp` or `aggregation.robust`, which need the individual updates; "
+                    "secure aggregation (engine.secagg) shows the server only their sum."
+                )
 
     def _make_engine(self, name: str) -> Engine:
         if name == "flower":
@@ -111,22 +166,69 @@ class Experiment:
         return LocalEngine(self.worker, on_client=self.progress.advance_client)
 
     # ------------------------------------------------------------------ output directory
-    def _prepare_output(self, resume: bool) -> None:
-        config_path = self.out / "config.yaml"
-        text = dump_config(self.cfg)
-        if config_path.exists():
+    def check_output(self, *, resume: bool = False, force: bool = False) -> None:
+        """Raise a :class:`UserError` unless this run may write into its output directory; writes nothing.
+
+        It may write into a new or empty directory; into a fedpeft run (its marker file, or ``config.yaml`` for
+        runs of earlier versions) of the same config with ``resume``; into a fedpeft run that never wrote a
+        result (it starts over); and, with ``force``, into any other directory.
+        """
+        out = self.out
+        check_writable_place(out)
+        self._restart = False
+        self._existed_empty = out.is_dir() and is_empty_dir(out)
+        if not out.exists() or self._existed_empty:
+            return
+        config_path = out / "config.yaml"
+        marker = read_marker(out, RUN_MARKER)
+        if config_path.is_file() or marker is not None:
+            if not has_progress(out):  # a run that failed or was stopped before its first result
+                self._restart = True
+                return
             if not resume:
-                raise UserError(
-                    f"{self.out} already holds a run; pass --resume to continue it or choose another --out."
-                )
-            if config_path.read_text() != text:
-                raise UserError(f"The config differs from the one of the run in {self.out}; resume with the same one.")
-        elif resume and self.out.exists() and any(self.out.iterdir()):
-            raise UserError(f"{self.out} holds no config.yaml of a run to resume; choose the run's directory.")
-        self.out.mkdir(parents=True, exist_ok=True)
+                raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
+            if config_path.is_file():
+                same = config_path.read_text() == dump_config(self.cfg)
+            else:
+                same = (marker or {}).get("config_sha256") == self._config_digest()
+            if not same:
+                raise UserError(f"The config differs from the one of the run in {out}; resume with the same one.")
+            return
+        if resume:
+            raise UserError(f"{out} holds no config.yaml of a run to resume; choose the run's directory.")
+        if not force:
+            raise UserError(
+                f"{out} is not empty and holds no fedpeft run; choose a new or empty directory, or pass --force "
+                "to write into it."
+            )
+
+    def _config_digest(self) -> str:
+        """SHA-256 of the resolved config's text (``config.yaml``), kept in the run's marker file."""
+        return hashlib.sha256(dump_config(self.cfg).encode("utf-8")).hexdigest()
+
+    def _create_output(self) -> bool:
+        """Create the output directory (its marker first, then the configs); returns whether the run starts from
+        nothing here (a new or empty directory, or a run without results), so that a failure before its first
+        result may remove what it wrote."""
+        self._created = make_output_dir(self.out, RUN_MARKER, "run", config_sha256=self._config_digest())
+        if self._restart:
+            # Nothing of the earlier attempt is a result; its base model may be of another config.
+            shutil.rmtree(self.out / "base_model", ignore_errors=True)
         (self.out / "parts").mkdir(exist_ok=True)
-        config_path.write_text(text)
-        (self.out / GIVEN_CONFIG_FILE).write_text(dump_given(self.cfg))
+        write_text_atomic(self.out / "config.yaml", dump_config(self.cfg))
+        write_text_atomic(self.out / GIVEN_CONFIG_FILE, dump_given(self.cfg))
+        return self._created or self._existed_empty or self._restart
+
+    def _discard_output(self) -> None:
+        """Remove what a run that wrote no result left, so that nothing blocks the next attempt: the whole
+        directory when this run created it, else only the run's own files (other files stay)."""
+        if self._created:
+            shutil.rmtree(self.out, ignore_errors=True)
+            return
+        for name in OWN_DIRS:
+            shutil.rmtree(self.out / name, ignore_errors=True)
+        for name in OWN_FILES:
+            (self.out / name).unlink(missing_ok=True)
 
     def _unit(self, name: str, work: Any) -> None:
         part = self.out / "parts" / f"{name}.jsonl"
@@ -140,9 +242,7 @@ class Experiment:
     @staticmethod
     def _write_part(part: Path, records: list[dict], costs: list[dict]) -> None:
         lines = [json.dumps(r) for r in records] + [json.dumps({"_cost": c}) for c in costs]
-        tmp = part.with_name(part.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in lines))
-        os.replace(tmp, part)
+        write_text_atomic(part, "".join(line + "\n" for line in lines), fsync=True)
 
     # ------------------------------------------------------------------ stages
     def _base_stage(self, seed: int) -> None:
@@ -160,6 +260,8 @@ class Experiment:
         if name not in self._parts:
             self._parts.append(name)
         if path.exists():
+            if (shared or seed == self.cfg.seeds[0]) and not (self.out / "base_model" / "model.safetensors").is_file():
+                self._save_base_model(torch.load(path, weights_only=False)["tensors"])  # deleted since: rebuilt
             return
         self.progress.stage(f"base model ({base.kind}), seed {seed}")
         runtime = self.worker.runtime
@@ -204,28 +306,31 @@ class Experiment:
 
     def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
         """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT."""
-        target = self.out / "base_model"
-        target.mkdir(parents=True, exist_ok=True)
         runtime = self.worker.runtime
-        runtime.base_model.config.save_pretrained(target)
-        save_file(
-            {k: v.detach().contiguous() for k, v in tensors.items()},
-            str(target / "model.safetensors"),
-            metadata={"format": "pt"},
-        )
-        for processor in (runtime.tokenizer, getattr(runtime.loaded, "image_processor", None)):
-            if processor is not None:
-                processor.save_pretrained(target)
+        with staged_dir(self.out / "base_model") as target:  # written whole, then renamed into place
+            runtime.base_model.config.save_pretrained(target)
+            save_file(
+                {k: v.detach().contiguous() for k, v in tensors.items()},
+                str(target / "model.safetensors"),
+                metadata={"format": "pt"},
+            )
+            for processor in (runtime.tokenizer, getattr(runtime.loaded, "image_processor", None)):
+                if processor is not None:
+                    processor.save_pretrained(target)
 
     def _evaluate_base(self, seed: int) -> tuple[list[dict], list[dict]]:
         self.progress.stage(f"base model evaluation, seed {seed}")
         ids = [c.client_id for c in self.data.clients]
         self.progress.clients(len(ids))
         records: list[dict] = []
-        for _, result in self.engine.map_clients("evaluate_base", ids, seed=seed):
-            if not isinstance(result, BaseException):
+        meter = CostMeter()
+        for client_id, result in self.engine.map_clients("evaluate_base", ids, seed=seed):
+            if isinstance(result, BaseException):
+                meter.failures.append(f"{client_id}: {result!r}")
+            else:
                 records += result
-        return records, []
+        check_clients(f"the base model's evaluation (seed {seed})", len(ids), meter.failures)
+        return records, [r for r in meter.rows(BASE_LABEL, seed, "evaluation") if r["metric"] == "failed_clients"]
 
     def _federate(
         self, method: Method, label: str, seed: int, *, meter: CostMeter, budget: int | None = None
@@ -258,8 +363,26 @@ class Experiment:
             AfterRound(lambda _state, _round, metrics: self.progress.advance_round(metrics)),
         ]
         seen = [c.client_id for c in self.data.pool("seen")]
+        method.bind_pool(seen)  # DP divides by the clients sampled per round from it
+        dp = method.cfg.dp if isinstance(method.cfg, MeanServerConfigMixin) else None
+        if dp is not None and label != BASE_STAGE_LABEL:  # epsilon after every round, saved with the checkpoint
+            from fedpeft.report.privacy import EpsilonRecorder
+
+            rate = (method.clients_per_round() or len(seen)) / len(seen)
+            records = self._round_records.setdefault((label, seed), [])
+            callbacks.insert(1, EpsilonRecorder(label, budget, seed, dp, rate, records))
+        checks = UpdateChecks({c.client_id: len(c.train) for c in self.data.clients}, self.cfg.validation.max_norm)
         return self.engine.run_rounds(
-            label, method, state, seen, seed=seed, meter=meter, start_round=start, callbacks=callbacks
+            label,
+            method,
+            state,
+            seen,
+            seed=seed,
+            meter=meter,
+            start_round=start,
+            callbacks=callbacks,
+            checks=checks,
+            min_updates=self.cfg.validation.min_updates,
         )
 
     def _evaluate_round(self, method: Method, label: str, seed: int, state: ServerState, completed: int) -> None:
@@ -312,6 +435,7 @@ class Experiment:
             meter.client_seconds += seconds
             meter.clients += budgets
         meter.wall_seconds = time.perf_counter() - started
+        check_clients(f"{method.label}'s personalization (seed {seed})", len(ids), meter.failures)
         costs += meter.rows(method.label, seed, "personalization")
         costs += method.compute_costs(self.worker.runtime, seed)  # e.g. per-budget FLOPs and forward time
         costs += merge_cost_rows(method.label, seed, records, federated_meter)
@@ -327,13 +451,22 @@ class Experiment:
             for line in part.read_text().splitlines():
                 row = json.loads(line)
                 (costs.append(row["_cost"]) if "_cost" in row else records.append(row))
-        (self.out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        (self.out / "costs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in costs))
+        write_text_atomic(self.out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        write_text_atomic(self.out / "costs.jsonl", "".join(json.dumps(c) + "\n" for c in costs))
         from fedpeft import report
 
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info))
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots")
+
+
+def has_progress(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds anything a run resumes from: a finished unit, a checkpoint or results."""
+    run_dir = Path(run_dir)
+    if (run_dir / "results.jsonl").is_file() or any((run_dir / "parts").glob("*.jsonl")):
+        return True
+    checkpoints = run_dir / "checkpoints"
+    return checkpoints.is_dir() and any(p.is_file() and p.suffix != ".tmp" for p in checkpoints.rglob("*"))
 
 
 class Checkpoint:
@@ -358,6 +491,13 @@ class Checkpoint:
 
     def after_phase(self, state: ServerState) -> None:
         return None
+
+
+def check_clients(step: str, clients: int, failures: list[str]) -> None:
+    """Stop the run when every one of ``clients`` failed ``step`` (``failures``: one message each): results from
+    nobody would read as a method's result."""
+    if clients and len(failures) >= clients:
+        raise AllClientsFailedError(f"every one of the {clients} clients failed {step}; the first: {failures[0]}")
 
 
 def communication_rows(label: str, seed: int, meter: CostMeter, clients: int) -> list[dict]:

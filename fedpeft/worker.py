@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -20,7 +21,8 @@ from safetensors.torch import save_file
 from fedpeft.base_models import client_base_tensors, train_centralized_base
 from fedpeft.continual import memory_view
 from fedpeft.core.config import ExperimentConfig, MethodConfig, ModelConfig, method_config
-from fedpeft.core.io import save_atomic
+from fedpeft.core.faults import before_work, corrupt
+from fedpeft.core.io import save_atomic, staged_files, write_text_atomic
 from fedpeft.core.registry import DATASETS, METHODS
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.stores import ClientStateStore, make_store
@@ -238,7 +240,9 @@ class Worker:
 
     # ------------------------------------------------------------------ operations
     def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientUpdate:
-        """One client's local work in one federated round."""
+        """One client's local work in one federated round (with the config's injected faults, if any strike)."""
+        faults = [fault for fault in self.cfg.faults if fault.applies(label, client_id, round_)]
+        before_work(faults)
         method = self.methods[label]
         if label == BASE_STAGE_LABEL:
             self.use_base(None)
@@ -255,7 +259,7 @@ class Worker:
         )
         if client_state is not None:
             store.put(client_id, client_state, round_)
-        return update
+        return corrupt(faults, update, payload)
 
     def evaluate_base(self, seed: int, client_id: str) -> list[dict]:
         """The base model (no personalization) on one client's test split (the client's own, if it has one)."""
@@ -306,7 +310,7 @@ class Worker:
             if save_adapters and model.lora is not None:
                 target = self.save_adapter(label, budget, client_id)
                 if model.routing is not None:  # how a mixture-of-experts model runs this adapter
-                    (target / "routing.json").write_text(json.dumps(dataclasses.asdict(model.routing)) + "\n")
+                    write_text_atomic(target / "routing.json", json.dumps(dataclasses.asdict(model.routing)) + "\n")
             elif save_adapters and isinstance(model.extension, SavableExtension):  # adapters PEFT lacks
                 model.extension.save(self.run_dir / "adapters" / label / self._budget_dir(budget) / client_id)
             records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
@@ -351,10 +355,12 @@ class Worker:
         assert runtime.active is not None and runtime.peft is not None
         name = "global" if budget is None else f"r{budget}" if isinstance(budget, int) else str(budget)  # rank or tier
         target = self.run_dir / "adapters" / label / name / client_id
-        target.mkdir(parents=True, exist_ok=True)
         config = runtime.active.to_peft(runtime.loaded.head_modules)
-        config.base_model_name_or_path = str((self.run_dir / "base_model").resolve())
-        config.save_pretrained(str(target))
+        # Relative to the adapter directory (``../../../base_model``), so it still holds after the run is moved.
+        base = (self.run_dir / "base_model").resolve()
+        config.base_model_name_or_path = Path(os.path.relpath(base, target.resolve())).as_posix()
         tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
-        save_file(tensors, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+        with staged_files(target) as staging:  # each file written whole, then renamed into place
+            config.save_pretrained(str(staging))
+            save_file(tensors, str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
         return target

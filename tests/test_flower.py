@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -232,7 +233,11 @@ class InProcessGrid(Grid):
                 lost = Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node lost")
                 self._replies[message_id] = Message(lost, reply_to=message)
             else:
-                self._replies[message_id] = client_app(message, self.contexts[node])
+                # Each node gets its own copy of the content, as it would over the network (protocols such as
+                # SecAgg+ send one content object to every node, and each node's mod consumes its copy).
+                received = Message(copy.deepcopy(message.content), node, message.metadata.message_type)
+                received.metadata.__dict__.update(copy.deepcopy(message.metadata.__dict__))
+                self._replies[message_id] = client_app(received, self.contexts[node])
             ids.append(message_id)
         return ids
 
@@ -357,6 +362,9 @@ def stop(processes: list[subprocess.Popen]) -> None:
 
 @pytest.mark.slow
 def test_deployment_on_loopback(tmp_path):
+    """A SuperLink and two SuperNodes on loopback, each node with its own run directory; the federated round runs
+    as SecAgg+ (its plain form is the same task handling the base evaluation and personalization messages use
+    here, and the simulation tests run it), so one deployment covers both."""
     bin_dir = Path(sys.executable).parent
     home = tmp_path / "flwr-home"
     home.mkdir()
@@ -379,6 +387,7 @@ def test_deployment_on_loopback(tmp_path):
     # is tested in-process (test_nodes_without_the_base_model_receive_it).
     raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 1}])
     raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
+    raw["engine"] = {"secagg": {}}  # the round as SecAgg+: each node masks its update, the server sees the sum
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
@@ -435,6 +444,7 @@ def test_deployment_on_loopback(tmp_path):
     assert sorted((key[0], key[3]) for key in records) == [(m, c) for m in ("base", "fedit") for c in clients]
     assert all(0.0 <= value <= 1.0 for value in records.values())
     assert "fedit" in (out / "summary.md").read_text()
+    assert "Secure aggregation completed" in logs, logs[-4000:]
     # Each node served its own partition, client i on node i, and kept its state and adapter in its run dir.
     for node_dir, client in zip(node_dirs, clients, strict=True):
         assert [p.name for p in (node_dir / "adapters" / "fedit" / "global").iterdir()] == [client]

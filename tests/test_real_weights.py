@@ -107,9 +107,8 @@ def test_pretrained_base_run_saves_base_model_and_the_config_as_given(tmp_path):
         torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0, msg=name)
     client = experiment.data.clients[0].client_id
     adapter_dir = out / "adapters" / "lora" / "r2" / client
-    assert json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
-        base.resolve()
-    )
+    named = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert (adapter_dir / named).resolve() == base.resolve()  # relative to the adapter: the run can move
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter_dir)
     assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
 
@@ -183,7 +182,7 @@ def test_minilm_adapters_load_with_plain_peft_and_reproduce_accuracy(minilm_run)
         adapter_dir = out / "adapters" / "fedp2eft" / "r2" / client.client_id
         config = json.loads((adapter_dir / "adapter_config.json").read_text())
         assert sum(config["rank_pattern"].values()) == 2 * MINILM_LAYERS
-        base = AutoModelForSequenceClassification.from_pretrained(config["base_model_name_or_path"])
+        base = AutoModelForSequenceClassification.from_pretrained(adapter_dir / config["base_model_name_or_path"])
         model = PeftModel.from_pretrained(base, adapter_dir).eval()
         batch = runtime.encode(client.test)
         labels = batch.pop("labels")
@@ -304,7 +303,7 @@ def test_gemma_fedp2eft_adapter_loads_with_plain_peft_and_reproduces_generation(
     for method in ("lora", "fedp2eft"):
         assert lora_b_norm(out / "adapters" / method / "r2" / client.client_id) > 0, method
 
-    base_dir = Path(config["base_model_name_or_path"])
+    base_dir = adapter_dir / config["base_model_name_or_path"]  # relative to the adapter directory
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir).eval()
     cfg = gemma_run.cfg

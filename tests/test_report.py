@@ -262,8 +262,13 @@ def test_summary_warns_about_clients_left_out(tmp_path):
     run = write_run(tmp_path / "run", classification_records(), failed)
     text = write_summary([run], tmp_path / "out")
     section = text.split("## Failed clients")[1].split("## Costs")[0]
-    assert "- **lora**, seed 1: 3 client-round(s) failed" in section
+    assert "- **lora**, seed 1, federated: 3 client-round(s) failed and were left out of the aggregation" in section
     assert "fedp2eft" not in section
+    failed = [*COSTS, cost("lora", 1, "personalization", "failed_clients", 2.0)]
+    run = write_run(tmp_path / "pers", classification_records(), failed)
+    section = write_summary([run], tmp_path / "pers-out").split("## Failed clients")[1].split("## Costs")[0]
+    assert "- **lora**, seed 1, personalization: 2 client(s) failed personalization and have no results" in section
+    assert "aggregation" not in section
 
 
 def test_summary_of_generation_uses_combined_wins(tmp_path):

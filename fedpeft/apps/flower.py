@@ -30,6 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.core.config import ExperimentConfig, load_config
 from fedpeft.core.errors import UserError
+from fedpeft.core.io import path_component
 from fedpeft.core.progress import Progress
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
 from fedpeft.runner import Experiment
@@ -51,7 +52,8 @@ def run_from_run_config(grid: Grid, run_config: UserConfig) -> Path:
     if not source:
         raise UserError("The run config names no experiment; pass --run-config \"config='<preset or YAML path>'\".")
     cfg = flower_config(load_config(source, _overrides(str(run_config.get("overrides", "") or ""))))
-    out = Path(str(run_config.get("out", "") or "")) if run_config.get("out") else Path("runs") / cfg.name
+    default = Path("runs") / path_component(cfg.name)  # the name is one directory below runs/
+    out = Path(str(run_config.get("out", "") or "")) if run_config.get("out") else default
     reply_timeout = float(run_config.get("reply-timeout", 0) or 0) or None
     node_timeout = float(run_config.get("node-timeout", 120) or 120)
     log.info("running %s with the flower engine into %s", source, out.resolve())
@@ -80,7 +82,12 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_flower_simulation(
-    cfg: ExperimentConfig, out: Path, *, resume: bool = False, progress: Progress | None = None
+    cfg: ExperimentConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    force: bool = False,
+    progress: Progress | None = None,
 ) -> Path:
     """Run an experiment on Flower's simulation engine (Ray, in-process); returns the output directory.
 
@@ -95,12 +102,14 @@ def run_flower_simulation(
     cfg = flower_config(cfg)
     progress = progress or Progress()
     experiment = Experiment(cfg, out, progress)  # validates the methods before anything starts
+    experiment.check_output(resume=resume, force=force)  # the output directory too, before Ray starts
     failures: list[BaseException] = []
 
     def main(grid: Grid, context: Context) -> None:
         try:
             experiment.run(
                 resume=resume,
+                force=force,
                 engine_factory=lambda worker: GridEngine(grid, worker, on_client=progress.advance_client),
             )
         except BaseException as err:  # re-raised below, in the caller's thread, as it is

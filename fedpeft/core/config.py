@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.faults import FaultConfig
 
 
 class _Strict(BaseModel):
@@ -63,13 +64,29 @@ def method_config(entry: Any) -> MethodConfig:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
         if not where:  # a check across the method's settings
-            message = str(first["msg"]).removeprefix("Value error, ")
             raise UserError(f"Invalid settings of method {entry['name']!r}: {message}.") from None
-        raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {first['msg']}.") from None
+        raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {message}.") from None
     if "label" not in entry and entry["name"] != cls.name:
         cfg.label = str(entry["name"])
+    _check_server_rule(cls, cfg)
     return cfg
+
+
+def _check_server_rule(cls: Any, cfg: MethodConfig) -> None:
+    """Refuse ``aggregation`` (a robust rule) and ``dp`` for a method whose server step is not a weighted mean
+    (its class's ``mean_server`` flag, read by name: core does not import the methods)."""
+    used = []
+    if getattr(getattr(cfg, "aggregation", None), "robust", "none") != "none":
+        used.append("`aggregation.robust`")
+    if getattr(cfg, "dp", None) is not None:
+        used.append("`dp`")
+    if used and not getattr(cls, "mean_server", False):
+        raise UserError(
+            f"Method {cls.name!r} cannot use {' or '.join(used)}: its server step is not a weighted mean of the "
+            "clients' uploads."
+        )
 
 
 class DataConfig(_Strict):
@@ -134,12 +151,45 @@ class BaseStageConfig(_Strict):
         return method_config(entry)
 
 
+class SecAggConfig(_Strict):
+    """Secure aggregation with Flower's SecAgg+ (docs/privacy.md): the server learns only the sum of a round's
+    updates. ``num_shares``: the neighbours each node shares its secret keys with (an int above 2, or a fraction
+    of the round's nodes); ``reconstruction_threshold``: shares needed to rebuild a key (an int, or a fraction of
+    ``num_shares``), so a round survives up to ``num_shares - reconstruction_threshold`` nodes dropping out after
+    the key exchange; ``clipping_range``, ``quantization_range``, ``modulus_range``: the quantization (every
+    uploaded value is clipped to +-clipping_range); ``timeout``: seconds to wait for the replies of each stage."""
+
+    num_shares: int | float = 1.0
+    reconstruction_threshold: int | float = 0.5
+    clipping_range: float = Field(default=8.0, gt=0)
+    quantization_range: int = Field(default=2**22, gt=0)
+    modulus_range: int = Field(default=2**32, gt=0)
+    timeout: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_protocol(self) -> SecAggConfig:
+        if isinstance(self.num_shares, int) and self.num_shares <= 2:
+            raise ValueError("`num_shares` as an integer must be above 2 (or a fraction of the nodes, e.g. 1.0)")
+        if isinstance(self.num_shares, float) and self.num_shares <= 0:
+            raise ValueError("`num_shares` as a fraction must be above 0")
+        threshold = self.reconstruction_threshold
+        if isinstance(threshold, float) and not 0 < threshold <= 1:
+            raise ValueError("`reconstruction_threshold` as a fraction must be in (0, 1]")
+        if isinstance(threshold, int) and isinstance(self.num_shares, int) and threshold >= self.num_shares:
+            raise ValueError("`reconstruction_threshold` must be below `num_shares`")
+        if self.modulus_range <= self.quantization_range or self.modulus_range & (self.modulus_range - 1):
+            raise ValueError("`modulus_range` must be a power of 2 above `quantization_range`")
+        return self
+
+
 class EngineConfig(_Strict):
-    """Where clients run: ``local`` (in-process) or ``flower`` (Flower simulation engine)."""
+    """Where clients run: ``local`` (in-process) or ``flower`` (Flower simulation engine); ``secagg``: secure
+    aggregation of every federated round (Flower engine only)."""
 
     name: Literal["local", "flower"] = "local"
     state: Literal["memory", "disk"] = "memory"
     num_supernodes: int = 2
+    secagg: SecAggConfig | None = None
 
 
 class EvalConfig(_Strict):
@@ -155,6 +205,15 @@ class EvalConfig(_Strict):
     max_new_tokens: int = 32
     every: int | None = Field(default=None, ge=1)
     others_per_client: int = Field(default=16, ge=1)
+
+
+class ValidationConfig(_Strict):
+    """The server's checks of client updates (docs/privacy.md): keys, shapes, finite values and example counts are
+    always checked; ``max_norm`` also bounds an update's norm (its distance from what the server sent; ``None``:
+    no bound). A round with fewer than ``min_updates`` valid updates keeps the previous server state."""
+
+    max_norm: float | None = Field(default=None, gt=0)
+    min_updates: int = Field(default=1, ge=1)
 
 
 class OutputConfig(_Strict):
@@ -181,6 +240,9 @@ class ExperimentConfig(_Strict):
 
     ``models`` (architecture name -> model) with ``assign`` makes the federation heterogeneous: each client runs
     the base model of its architecture; ``model`` is then not used.
+
+    ``validation`` sets the server's checks of client updates; ``faults`` injects faults into clients' work
+    (:mod:`fedpeft.core.faults`), on either engine, to test a method's robustness.
     """
 
     name: str = "experiment"
@@ -197,6 +259,8 @@ class ExperimentConfig(_Strict):
     threads: int | None = None
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     assign: ModelAssignmentConfig = Field(default_factory=ModelAssignmentConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    faults: list[FaultConfig] = Field(default_factory=list)
 
     @field_validator("methods", mode="before")
     @classmethod

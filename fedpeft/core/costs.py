@@ -47,6 +47,9 @@ class CostMeter:
     client_seconds: float = 0.0
     wall_seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    # What the server did about untrusted updates: one dict per rejected update, injected fault that reached it,
+    # or round that kept the previous state (``{"metric": ..., "round": ..., "client": ..., "reason": ...}``).
+    events: list[dict] = field(default_factory=list)
 
     def record_round(self, seconds: float, bytes_down: int, bytes_up: int) -> None:
         """Account one client's round: its time and what travelled each way."""
@@ -68,8 +71,9 @@ class CostMeter:
             )
         if self.clients:
             values["wall_s_per_client"] = self.client_seconds / self.clients
-        if self.failures:
-            values["failed_client_rounds"] = float(len(self.failures))
-        return [
+        if self.failures:  # client-rounds of a federated phase, clients of the other phases
+            values["failed_client_rounds" if phase == "federated" else "failed_clients"] = float(len(self.failures))
+        rows = [
             {"method": method, "seed": seed, "phase": phase, "metric": k, "value": float(v)} for k, v in values.items()
         ]
+        return rows + [{"method": method, "seed": seed, "phase": phase, "value": 1.0, **e} for e in self.events]

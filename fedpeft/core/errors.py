@@ -6,3 +6,9 @@ class UserError(Exception):
 
     The message is one sentence that names the fix.
     """
+
+
+class AllClientsFailedError(RuntimeError):
+    """Every client of a federated round (or of personalization, or of the base model's evaluation) failed: the
+    run cannot go on. The CLI prints the message, one sentence naming the step and the first failure, and exits
+    with code 1; what the run wrote before stays."""

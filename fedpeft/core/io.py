@@ -1,19 +1,240 @@
-"""Writing files so that a kill never leaves half of one behind."""
+"""Writing files so that a kill never leaves half of one behind, and the output directories fedpeft writes into.
+
+Every output file is written to a temporary sibling (a hidden name ending in ``.tmp``) and renamed over its
+target, so a reader sees the old file or the new one, never a part of one; checkpoints and parts are also
+flushed to disk (``fsync``) before the rename. A directory fedpeft writes in full (a run's ``base_model/``) is
+built as a temporary sibling and renamed into place; a directory a user may share with other files (an adapter
+directory, ``plots/``) receives its files one atomic rename at a time.
+
+An output directory carries a marker file naming what wrote it (:data:`RUN_MARKER`, :data:`REPORT_MARKER`,
+:data:`ADAPTER_MARKER`); a command writes only into a new or empty directory, or into one that holds its own
+marker, unless it is told ``--force`` (:func:`check_output_dir`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import pickle
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
+from fedpeft.core.errors import UserError
+
+MARKER_FORMAT = 1
+"""Version of the marker files' JSON."""
+RUN_MARKER = ".fedpeft-run"
+"""Marker of a run directory (``fedpeft run``): ``{"format", "kind": "run", "config_sha256"}``."""
+REPORT_MARKER = ".fedpeft-report"
+"""Marker of a report directory (``fedpeft report --out``)."""
+ADAPTER_MARKER = ".fedpeft-adapter"
+"""Marker of an adapter directory written by ``fedpeft personalize --out``."""
+
+
+# ---------------------------------------------------------------------------------------------- atomic writes
+def temporary_sibling(path: Path) -> Path:
+    """A hidden, unique name beside ``path`` for writing it before the rename."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort: not every platform opens directories)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[Any], None], *, fsync: bool = False) -> None:
+    """Call ``write(binary file)`` on a temporary sibling of ``path``, then rename it over ``path``.
+
+    With ``fsync``, the data (and the rename) reach the disk before this returns. The temporary file is removed
+    when ``write`` raises.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    write_atomic(path, lambda handle: handle.write(data), fsync=fsync)
+
+
+def write_text_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file and a rename."""
+    write_bytes_atomic(path, text.encode("utf-8"), fsync=fsync)
 
 
 def save_atomic(obj: Any, path: Path) -> None:
-    """torch.save to ``path`` through a temporary file, so a kill never leaves half a checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle, pickle_protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    """torch.save to ``path`` through a temporary file, flushed to disk, so a kill never leaves half a
+    checkpoint."""
+    import torch  # here, so that the command line's light paths import no torch
+
+    write_atomic(path, lambda handle: torch.save(obj, handle, pickle_protocol=pickle.HIGHEST_PROTOCOL), fsync=True)
+
+
+@contextlib.contextmanager
+def staged_dir(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory of ``target``; when the block succeeds, it replaces ``target`` (a
+    previous ``target`` is removed), and when it raises, it is removed. For directories fedpeft owns whole."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if target.exists():
+            old = temporary_sibling(target)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_files(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory of ``target``; when the block succeeds, each file written there is
+    renamed into ``target`` (created if missing; other files of ``target`` stay), and the temporary directory is
+    removed either way. For directories that may hold other files."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    tmp.mkdir()
+    try:
+        yield tmp
+        target.mkdir(parents=True, exist_ok=True)
+        for source in sorted(tmp.rglob("*")):
+            if source.is_file():
+                destination = target / source.relative_to(tmp)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, destination)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- output directories
+def path_component(name: str) -> str:
+    """``name`` as one safe path component: path separators and control characters become ``-``, then leading
+    dots, dashes and spaces are dropped (no ``..``, no hidden directory, nothing that reads as an option);
+    ``run`` when nothing is left. ``../x`` gives ``x``, ``a/b`` gives ``a-b``."""
+    safe = re.sub(r"[/\\\x00-\x1f\x7f]", "-", str(name)).lstrip(".- ").rstrip(" ")
+    return safe or "run"
+
+
+def read_marker(directory: Path, marker: str) -> dict[str, Any] | None:
+    """The JSON of ``directory``'s ``marker`` file; ``None`` when there is none (an unreadable one reads ``{}``)."""
+    path = Path(directory) / marker
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_marker(directory: Path, marker: str, kind: str, **fields: Any) -> None:
+    """Write ``directory``'s marker file (format version, kind and ``fields``)."""
+    text = json.dumps({"format": MARKER_FORMAT, "kind": kind, **fields}, sort_keys=True) + "\n"
+    write_text_atomic(Path(directory) / marker, text)
+
+
+def is_empty_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory without entries."""
+    return Path(path).is_dir() and not any(Path(path).iterdir())
+
+
+def check_writable_place(path: Path) -> None:
+    """Raise a :class:`UserError` when ``path`` cannot become an output directory: it is an existing file, or the
+    nearest existing directory above it cannot be written. Writes nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"The output path {path} is an existing file, not a directory; choose a directory.")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise UserError(f"Cannot create the output directory {path}: {probe} is a file; choose another place.")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"Cannot write to the output directory {path} ({probe} is not writable); choose another place.")
+    try:  # permissions do not tell everything (a read-only or virtual file system): try, and leave nothing
+        os.rmdir(tempfile.mkdtemp(prefix=".fedpeft-probe-", dir=probe))
+    except OSError as err:
+        raise UserError(
+            f"Cannot create the output directory {path}: writing in {probe} fails ({err.strerror or err}); "
+            "choose another place."
+        ) from None
+
+
+def check_output_dir(
+    path: Path,
+    command: str,
+    marker: str,
+    *,
+    force: bool = False,
+    recognised: Callable[[Path], bool] | None = None,
+) -> None:
+    """Raise a :class:`UserError` unless ``fedpeft <command>`` may write into ``path``: a new or empty directory,
+    one holding ``marker`` (or one ``recognised`` accepts, e.g. written by an earlier version), or any directory
+    with ``force``. Writes nothing."""
+    path = Path(path)
+    check_writable_place(path)
+    if not path.exists() or is_empty_dir(path) or force:
+        return
+    if read_marker(path, marker) is not None or (recognised is not None and recognised(path)):
+        return
+    raise UserError(
+        f"{path} is not empty and was not written by `fedpeft {command}`; choose a new or empty directory, "
+        "or pass --force to write into it."
+    )
+
+
+def holds_only(path: Path, names: Iterable[str]) -> bool:
+    """Whether every entry of directory ``path`` is one of ``names`` (markers aside)."""
+    allowed = {*names, RUN_MARKER, REPORT_MARKER, ADAPTER_MARKER}
+    return Path(path).is_dir() and all(entry.name in allowed for entry in Path(path).iterdir())
+
+
+def make_output_dir(path: Path, marker: str, kind: str, **fields: Any) -> bool:
+    """Create ``path`` (and its parents) and write its marker first; returns whether ``path`` was created here.
+
+    A place that cannot be written is a :class:`UserError` naming it.
+    """
+    path = Path(path)
+    check_writable_place(path)
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        write_marker(path, marker, kind, **fields)
+    except OSError as err:
+        raise UserError(
+            f"Cannot write to the output directory {path} ({err.strerror or err}); choose another place."
+        ) from None
+    return created

@@ -8,25 +8,39 @@ about a round happens here, in this order:
 2. ``method.sample(client_ids, round_, seed)`` picks the round's clients (sorted by id);
 3. ``method.payload(state, client)`` for each of them, dispatched by the engine;
 4. the updates stream into ``method.aggregate`` in client-id order, whichever order they arrive in; a client
-   whose work fails is left out of the aggregation and recorded in the cost meter's failures;
-5. the round check: if no sampled client succeeded, the run stops with an error (whatever aggregating nothing
-   gave, or raised, is discarded), since going on would report an untrained model as the method's result;
+   whose work fails is left out of the aggregation and recorded in the cost meter's failures, and so is an
+   update that fails the server's checks (:mod:`fedpeft.engine.validation`: the keys and shapes
+   ``method.update_spec`` declares, finite values, a plausible example count, the norm bound), recorded with
+   its reason in the meter's events;
+5. the round check: if every sampled client failed (raised or dropped), the run stops with
+   :class:`~fedpeft.core.errors.AllClientsFailedError` (whatever aggregating nothing gave, or raised, is
+   discarded), since going on would report an untrained model as the method's result; otherwise, if fewer than
+   ``min_updates`` updates passed the checks, the round keeps the previous server state (recorded as an event);
 6. the state's round counter is set, and every callback's ``after_round`` runs (evaluation, checkpoint,
    progress, in the order given); after the last round every callback's ``after_phase``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from fedpeft.core.costs import CostMeter
+from fedpeft.core.errors import AllClientsFailedError
+from fedpeft.core.faults import FAULT_EXTRA, ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
+from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
 from fedpeft.methods.base import Method
 
 log = logging.getLogger("fedpeft")
+
+# ``ClientUpdate.extras`` key of an update that is the securely aggregated mean of several clients' updates
+# (fedpeft.engine.flower.secagg): the clients it sums, which count as valid updates of the round.
+SUM_OF = "fedpeft.sum_of"
+SECONDS_OF = "fedpeft.seconds_of"  # and each one's seconds of work
 
 # What an engine yields for each client of a round: its id, its update (or the exception its work raised) and the
 # seconds its work took.
@@ -88,9 +102,15 @@ class Engine:
         meter: CostMeter,
         start_round: int = 0,
         callbacks: Sequence[RoundCallback] = (),
+        checks: UpdateChecks | None = None,
+        min_updates: int = 1,
     ) -> ServerState:
         """Run rounds ``start_round .. method.rounds - 1`` of ``method`` over ``client_ids`` (see the module
-        docstring for the order of what happens in a round); returns the final server state."""
+        docstring for the order of what happens in a round); returns the final server state.
+
+        ``checks``: the server's checks of every update (default: shapes, finite values and positive example
+        counts, no norm bound); ``min_updates``: the fewest valid updates a round needs to change the state."""
+        checks = checks or UpdateChecks()
         self.start_phase(label, seed)
         for round_ in range(start_round, method.rounds):
             if method.should_stop(state):
@@ -98,13 +118,23 @@ class Engine:
             sampled = sorted(method.sample(client_ids, round_, seed))
             started = time.perf_counter()
             failures: list[str] = []
-            updates = self._updates(label, method, state, sampled, seed, round_, meter, failures)
+            rejected: list[str] = []
+            updates = self._updates(label, method, state, sampled, seed, round_, meter, failures, rejected, checks)
             try:
                 new_state, metrics = method.aggregate(state, updates)
             except Exception:
                 check_round(round_, len(sampled), failures)  # a round of failures explains the error better
-                raise
+                if len(failures) + len(rejected) < len(sampled):
+                    raise
+                new_state, metrics = state, {"clients": 0.0}  # nothing valid to aggregate: kept below
             check_round(round_, len(sampled), failures)
+            valid = len(sampled) - len(failures) - len(rejected)
+            if valid < min_updates:
+                reason = f"{valid} valid update(s), fewer than min_updates={min_updates}"
+                log.warning("round %d: the server kept its previous state (%s)", round_, reason)
+                meter.events.append({"metric": "kept_previous_state", "round": round_, "reason": reason})
+                new_state = dataclasses.replace(state)
+            metrics = {**metrics, "clients": float(valid)}
             state = new_state
             state.round = round_ + 1
             meter.wall_seconds += time.perf_counter() - started
@@ -124,22 +154,50 @@ class Engine:
         round_: int,
         meter: CostMeter,
         failures: list[str],
+        rejected: list[str],
+        checks: UpdateChecks,
     ) -> Iterator[ClientUpdate]:
-        bytes_down: dict[str, int] = {}
+        sent: dict[str, Payload] = {}
 
         def payload_of(client_id: str) -> Payload:
-            payload = method.payload(state, client_id)
-            bytes_down[client_id] = num_bytes(payload.tensors)
-            return payload
+            sent[client_id] = method.payload(state, client_id)
+            return sent[client_id]
 
         for client_id, outcome, seconds in self.train_clients(label, seed, round_, sampled, payload_of):
+            payload = sent.pop(client_id, Payload())
+            if isinstance(outcome, UpdateRejectedError):  # checked on its node (secure aggregation)
+                log.warning("round %d: the update of client %s was rejected: %s", round_, client_id, outcome)
+                rejected.append(client_id)
+                event = {"metric": "rejected_update", "round": round_, "client": client_id, "reason": str(outcome)}
+                meter.events.append(event)
+                continue
             if isinstance(outcome, BaseException):
-                message = f"round {round_}: client {client_id} failed and was left out ({outcome!r})"
+                how = "dropped out" if isinstance(outcome, ClientDroppedError) else "failed"
+                message = f"round {round_}: client {client_id} {how} and was left out ({outcome!r})"
                 log.warning(message)
                 failures.append(message)
                 meter.failures.append(message)
+                if isinstance(outcome, ClientDroppedError):
+                    meter.events.append({"metric": "dropped_client", "round": round_, "client": client_id})
                 continue
-            meter.record_round(seconds, bytes_down.get(client_id, 0), upload_bytes(outcome))
+            sum_of: list[str] | None = outcome.extras.pop(SUM_OF, None)
+            contributors = sum_of or [client_id]
+            client_seconds = outcome.extras.pop(SECONDS_OF, None) or {client_id: seconds}
+            for contributor in contributors:
+                down = num_bytes((sent.pop(contributor, None) or payload).tensors)
+                meter.record_round(client_seconds.get(contributor, seconds), down, upload_bytes(outcome))
+            fault = outcome.extras.pop(FAULT_EXTRA, None)
+            faults = fault if isinstance(fault, dict) else {client_id: fault} if fault is not None else {}
+            for contributor, kind in faults.items():
+                meter.events.append({"metric": "injected_fault", "round": round_, "client": contributor, "kind": kind})
+            reason = checks.reject_reason(outcome, payload, method.update_spec(payload), sum_of)
+            if reason is not None:
+                log.warning("round %d: the update of client(s) %s was rejected: %s", round_, contributors, reason)
+                rejected += contributors
+                for contributor in contributors:
+                    event = {"metric": "rejected_update", "round": round_, "client": contributor, "reason": reason}
+                    meter.events.append(event)
+                continue
             yield outcome
 
 
@@ -148,4 +206,4 @@ def check_round(round_: int, sampled: int, failures: list[str]) -> None:
     a round without a single update means the method cannot train (a configuration or code error), and going
     on would report the untrained model as the method's result."""
     if sampled and len(failures) >= sampled:
-        raise RuntimeError(f"round {round_}: all {sampled} sampled clients failed; the first: {failures[0]}")
+        raise AllClientsFailedError(f"round {round_}: all {sampled} sampled clients failed; the first: {failures[0]}")

@@ -5,12 +5,15 @@ over its config, its server state and its client state: ``Method[ConfigT, Server
 the worker and the engines call only what :class:`Method` declares here, each hook with a default:
 
 - federated phase: ``init_server`` (or ``init_server_for_budget``), ``should_stop``, ``sample``, ``payload``,
-  ``client_update``, ``aggregate``;
+  ``client_update``, ``update_spec`` (what the server accepts back), ``aggregate``;
 - personalization: ``budgets_of``, ``check_budgets``, ``prepare_personalization``, ``personalize``,
   ``evaluate``;
 - base stage: ``export_base``, ``client_base``;
 - outputs: ``save_server_artifacts``, ``save_client_artifacts``, ``compute_costs``, and the reporting hooks;
-- the server's view of the federation: ``bind_federation``.
+- the server's view of the federation: ``bind_federation``, ``bind_pool`` (the clients rounds sample from).
+
+The default server step is the weighted mean of the uploads (``mean_aggregate``), which a method's config may
+replace by a robust rule (``aggregation``) or client-level differential privacy (``dp``); docs/privacy.md.
 
 Methods never choose how clients are executed (sequentially, in Flower, in parallel); the engine does.
 """
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, model_validator
 
 from fedpeft.base_models import ClientBase
 from fedpeft.core.config import MethodConfig
@@ -31,11 +34,30 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
+from fedpeft.merging.dp import DPConfig, dp_mean, noise_generator
+from fedpeft.merging.robust import AggregationConfig, robust_aggregate
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
-class FederatedConfig(MethodConfig):
-    """The usual knobs of a federated phase: rounds, client sampling, local training."""
+class MeanServerConfigMixin(BaseModel):
+    """The server step's knobs of a method whose server step is the weighted mean of the uploads
+    (docs/privacy.md): a robust rule (``aggregation``) or client-level differential privacy (``dp``), not both."""
+
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    dp: DPConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_server_rule(self) -> MeanServerConfigMixin:
+        if self.dp is not None and self.aggregation.active:
+            raise ValueError(
+                "`dp` and `aggregation.robust` cannot be combined, since DP-FedAvg's server step is its own "
+                "clipped mean"
+            )
+        return self
+
+
+class FederatedConfig(MethodConfig, MeanServerConfigMixin):
+    """The usual knobs of a federated phase: rounds, client sampling, local training, the server step's rule."""
 
     rounds: int = 10
     fraction: float = 0.1
@@ -104,6 +126,13 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     architecture_aware: ClassVar[bool] = False
     # Sends tensors between server and clients in its rounds (False: rounds of local training only).
     communicates: ClassVar[bool] = True
+    # The server step is the weighted mean of the uploads (through :meth:`mean_aggregate`), so the config's
+    # ``aggregation`` (robust rules) and ``dp`` (DP-FedAvg) apply to it; a method whose server step is something
+    # else sets False, and ``core.config.method_config`` refuses those keys for it.
+    mean_server: ClassVar[bool] = True
+    # The clients rounds sample from (the seen pool), given by the runner before a federated phase
+    # (:meth:`bind_pool`); DP's fixed denominator m is the number of clients sampled from it.
+    pool: list[str] | None = None
 
     def __init__(self, cfg: ConfigT) -> None:
         self.cfg: ConfigT = cfg
@@ -125,6 +154,16 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
     def check_budgets(self, budgets: list[int]) -> None:
         """Refuse, before any training, budgets this method cannot serve (raise ``UserError``)."""
+
+    def bind_pool(self, client_ids: Sequence[str]) -> None:
+        """The clients the federated phase samples from, given by the runner before its rounds; DP's release
+        divides by the number of clients :meth:`sample` draws from them (:meth:`clients_per_round`)."""
+        self.pool = list(client_ids)
+
+    def clients_per_round(self, round_: int = 0) -> int | None:
+        """m, the number of clients :meth:`sample` draws in round ``round_`` from the bound pool (``None`` before
+        :meth:`bind_pool`); the count does not depend on the seed."""
+        return None if self.pool is None else len(self.sample(self.pool, round_, 0))
 
     # ------------------------------------------------------------------ federated phase
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerT:
@@ -156,12 +195,45 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         """One client's local work in one round: its upload and its new client state (``None``: keep none)."""
         raise NotImplementedError(f"{self.name} has no federated phase")
 
+    def update_spec(self, payload: Payload) -> dict[str, torch.Size] | None:
+        """The keys and shapes of the tensors a client answering ``payload`` uploads; the server rejects an update
+        with others (:mod:`fedpeft.engine.validation`). By default exactly the payload's tensors; ``None``: no
+        check (a method whose uploads are not determined by what it sends)."""
+        return {key: tensor.shape for key, tensor in payload.tensors.items()}
+
     def aggregate(self, state: ServerT, updates: Iterable[ClientUpdate]) -> tuple[ServerT, Metrics]:
         """The next server state from the round's updates (an iterator: aggregate as it streams)."""
-        tensors, metrics = weighted_mean(updates)
+        tensors, metrics = self.mean_aggregate(state, updates)
         if not tensors:
             return state, metrics
         return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+
+    def mean_aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
+        """The weighted mean of the uploads (:func:`weighted_mean`, streaming), or, when the config sets a robust
+        ``aggregation`` rule or ``dp``, that rule applied to the updates relative to ``state.tensors`` (the global
+        tensors the clients started from), with the uploads held in memory. Non-float tensors (integer buffers)
+        always take the weighted mean. Metrics as :func:`weighted_mean`'s, plus the rule's (``robust_*``, ``dp_*``).
+        """
+        cfg = self.cfg
+        if not isinstance(cfg, MeanServerConfigMixin) or (cfg.dp is None and not cfg.aggregation.active):
+            return weighted_mean(updates)
+        received = list(updates)
+        tensors, metrics = weighted_mean(iter(received))
+        if not tensors:
+            return tensors, metrics
+        uploads = [{k: v for k, v in u.tensors.items() if v.is_floating_point()} for u in received]
+        if cfg.dp is not None:
+            sampled = self.clients_per_round(state.round) or len(received)
+            generator = noise_generator(cfg.dp.seed, state.round)
+            released, clipped = dp_mean(uploads, state.tensors, cfg.dp, sampled, generator)
+            tensors.update(released)
+            metrics["dp_clipped_fraction"] = clipped
+        else:
+            weights = [float(u.weight) for u in received]
+            robust, extra = robust_aggregate(uploads, weights, state.tensors, cfg.aggregation)
+            tensors.update(robust)
+            metrics.update({f"robust_{k}": v for k, v in extra.items()})
+        return tensors, metrics
 
     # ------------------------------------------------------------------ personalization
     def budgets_of(self, client: ClientData, budgets: Sequence[int]) -> list[Budget]:

@@ -127,6 +127,7 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
 
     name = "fedalt"
     Config = FedALTConfig
+    mean_server = False  # the server builds each client's rest-of-world LoRA
     private_keys = ("classifier", "score", "pooler", "gates")
     mergeable = False  # a mixer gates the individual and rest-of-world LoRA per input
 

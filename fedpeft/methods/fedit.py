@@ -9,6 +9,7 @@ Personalization: every client, seen or unseen, keeps the global adapter, optiona
 
 An optional ``merge`` block (:class:`fedpeft.merging.MergeConfig`: operator, space, alpha, ...) replaces the
 average by another merge of the uploaded adapters, e.g. ``merge: {operator: ties}`` is FedIT with TIES-Merging.
+Without one, a robust ``aggregation`` rule or client-level ``dp`` may replace the average (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
+
+from pydantic import model_validator
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
@@ -39,6 +42,14 @@ class FedITConfig(FederatedLoraConfig):
     finetune_epochs: float = 0.0
     finetune_lr: float | None = None
     merge: MergeConfig | None = None
+
+    @model_validator(mode="after")
+    def _merge_replaces_the_mean(self) -> FedITConfig:
+        if self.merge is not None and (self.dp is not None or self.aggregation.active):
+            raise ValueError(
+                "`merge` replaces the weighted mean, so it cannot be combined with `aggregation.robust` or `dp`"
+            )
+        return self
 
 
 @dataclass

@@ -40,7 +40,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.hypergradient import ift_hypergradient
-from fedpeft.methods.base import FederatedConfig, Method, local_schedule, weighted_mean
+from fedpeft.methods.base import FederatedConfig, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
@@ -218,7 +218,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), client_state
 
     def aggregate(self, state: FedL2PState, updates: Iterable[ClientUpdate]) -> tuple[FedL2PState, Metrics]:
-        tensors, metrics = weighted_mean(updates)
+        tensors, metrics = self.mean_aggregate(state, updates)
         if not tensors:
             return state, metrics
         loss = metrics.get("train_val_loss", math.inf)

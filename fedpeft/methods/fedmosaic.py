@@ -114,6 +114,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
 
     name = "fedmosaic"
     Config = FedMosaicConfig
+    mean_server = False  # relevance-weighted aggregation of PQ-LoRA
     mergeable = False  # PQ-LoRA branches with a gate, attached as an extension
     architecture_aware = True
     private_keys = ("gate/", "head/")
@@ -179,6 +180,10 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
             "mask_seed": state.mask_seed,
         }
         return Payload(tensors=tensors, config=config)
+
+    def update_spec(self, payload: Payload) -> dict[str, torch.Size] | None:
+        """A client uploads its local adapter: the global adapter's keys and shapes (the PQ frames stay)."""
+        return {k: v.shape for k, v in payload.tensors.items() if not k.startswith("frame/")}
 
     def aggregate(self, state: FedMosaicState, updates: Iterable[ClientUpdate]) -> tuple[FedMosaicState, Metrics]:
         uploads = dict(state.uploads)

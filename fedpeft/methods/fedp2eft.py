@@ -26,13 +26,14 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
+from fedpeft.methods.base import MeanServerConfigMixin
 from fedpeft.methods.families.bayestune import BayesTuneMethod, BayesTuneSettings
 from fedpeft.models.runtime import ModelRuntime
 
 PSG_DIR = "psg"
 
 
-class FedP2EFTConfig(BayesTuneSettings):
+class FedP2EFTConfig(BayesTuneSettings, MeanServerConfigMixin):  # the PSG's server step is a weighted mean
     rounds: int = 150
     fraction: float = 0.1
     min_clients: int = 1

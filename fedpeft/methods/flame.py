@@ -63,6 +63,7 @@ class Flame(TieredMethod[FlameConfig]):
 
     name = "flame"
     Config = FlameConfig
+    mean_server = False  # per-tier rescaled aggregation of the experts' LoRAs
     private_keys = ("rescaler",)
 
     def max_rank(self) -> int:

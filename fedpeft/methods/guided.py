@@ -73,6 +73,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
 
     name = "guided"
     Config = GuidedConfig
+    mean_server = False  # a merge operator (`merge`), with ReLoRA folds
 
     def spec(self, runtime: ModelRuntime, slot: str = "") -> LoraSpec:
         rank = self.cfg.rank

@@ -34,6 +34,7 @@ class SftRounds(BranchedLoraMethod[SftRoundsConfig]):
     branches = ("local",)
     shared = None
     communicates = False
+    mean_server = False  # nothing is aggregated
 
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int

@@ -108,15 +108,51 @@ def render_cost_tables(costs: Sequence[Record]) -> str:
     return "\n\n".join(parts)
 
 
+_FAILURE_TEXT = {
+    "federated": "client-round(s) failed and were left out of the aggregation (the run's log names them); its "
+    "numbers come from fewer updates than configured",
+    "personalization": "client(s) failed personalization and have no results (the run's log names them)",
+    "evaluation": "client(s) failed the base model's evaluation and have no base results",
+    "client-base": "client(s) failed to build their own base model",
+}
+
+
 def render_failures(costs: Sequence[Record]) -> str:
-    """A warning line per method and seed whose federated phase left clients out because they failed."""
+    """A warning line per method, seed and phase that left clients out because they failed, in that phase's words."""
     lines = [
-        f"- **{c['method']}**, seed {c['seed']}: {int(c['value'])} client-round(s) failed and were left out of "
-        "the aggregation (the run's log names them); its numbers come from fewer updates than configured."
+        f"- **{c['method']}**, seed {c['seed']}, {c.get('phase', 'federated')}: {int(c['value'])} "
+        + _FAILURE_TEXT.get(str(c.get("phase")), "client(s) failed")
+        + "."
         for c in costs
-        if c.get("metric") == "failed_client_rounds" and c.get("value", 0) > 0
+        if c.get("metric") in ("failed_client_rounds", "failed_clients") and c.get("value", 0) > 0
     ]
     return "\n".join(lines)
+
+
+def render_rejections(costs: Sequence[Record]) -> str:
+    """Markdown table of the server's actions on untrusted updates (costs events): rejected updates with their
+    reason, injected faults, dropped clients and rounds that kept the previous state. Empty when there are none."""
+    kinds = {
+        "rejected_update": "rejected",
+        "injected_fault": "fault injected",
+        "dropped_client": "dropped",
+        "kept_previous_state": "round kept the previous state",
+    }
+    rows = [
+        [
+            str(c["method"]),
+            str(c["seed"]),
+            str(c.get("round", "")),
+            str(c.get("client") or "—"),
+            kinds[c["metric"]],
+            str(c.get("reason") or c.get("kind") or ""),
+        ]
+        for c in costs
+        if c.get("metric") in kinds
+    ]
+    if not rows:
+        return ""
+    return markdown_table(["Method", "Seed", "Round", "Client", "What", "Reason"], rows)
 
 
 def render_compute_table(costs: Sequence[Record]) -> str:

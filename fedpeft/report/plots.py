@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedpeft.core.io import staged_files
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.records import (
     Budget,
@@ -126,21 +127,24 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     """
     run_dirs = [Path(d) for d in run_dirs]
     records, _ = read_records(run_dirs)
-    plots_dir = Path(out_dir)
-    plots_dir.mkdir(parents=True, exist_ok=True)
+    target = Path(out_dir)
     written: list[Path] = []
-    results = [r for r in records if is_test(r)]
-    for pool in pool_order(results):
-        pool_records = [r for r in results if r["pool"] == pool]
-        metrics = metric_order(pool_records)
-        path = plots_dir / f"mean_{file_part(pool)}.png"
-        _plot_pool_means(pool_records, pool, metrics, path)
-        written.append(path)
-        for metric in metrics:
-            path = plots_dir / f"groups_{file_part(pool)}_{file_part(metric)}.png"
-            _plot_group_heatmap(pool_records, pool, metric, path)
+    # Drawn into a temporary directory, then each file renamed into out_dir: no half-written PNG is ever seen.
+    with staged_files(target) as plots_dir:
+        results = [r for r in records if is_test(r)]
+        for pool in pool_order(results):
+            pool_records = [r for r in results if r["pool"] == pool]
+            metrics = metric_order(pool_records)
+            path = plots_dir / f"mean_{file_part(pool)}.png"
+            _plot_pool_means(pool_records, pool, metrics, path)
             written.append(path)
-    written += write_sweep_plots(run_dirs, plots_dir)
-    for hook, method_records in method_hook_calls(records, run_dirs, "report_plots"):
-        written += hook(method_records, run_dirs, plots_dir)
+            for metric in metrics:
+                path = plots_dir / f"groups_{file_part(pool)}_{file_part(metric)}.png"
+                _plot_group_heatmap(pool_records, pool, metric, path)
+                written.append(path)
+        written += write_sweep_plots(run_dirs, plots_dir)
+        for hook, method_records in method_hook_calls(records, run_dirs, "report_plots"):
+            written += hook(method_records, run_dirs, plots_dir)
+        written = [target / Path(p).relative_to(plots_dir) if Path(p).is_relative_to(plots_dir) else p for p in written]
+    target.mkdir(parents=True, exist_ok=True)
     return written

@@ -20,7 +20,8 @@ POOL_ORDER = ("seen", "unseen", "all")
 METRIC_LABELS = {"accuracy": "Accuracy", "meteor": "METEOR", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L"}
 
 RESULT_KEY = ("method", "budget", "pool", "client", "seed", "split", "metric")
-_COST_KEY = ("method", "budget", "seed", "phase", "metric")  # budget: per-tier compute records
+# budget: per-tier compute records; round and client: the events of untrusted updates (rejections, faults).
+_COST_KEY = ("method", "budget", "seed", "phase", "metric", "round", "client")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.io import write_text_atomic
 from fedpeft.report.continual import continual_sections, read_round_records
-from fedpeft.report.costs import render_compute_table, render_cost_tables, render_failures
+from fedpeft.report.costs import render_compute_table, render_cost_tables, render_failures, render_rejections
 from fedpeft.report.method_hooks import method_hook_calls
+from fedpeft.report.privacy import privacy_sections
 from fedpeft.report.records import (
     Record,
     budget_label,
@@ -151,9 +153,18 @@ def write_summary(
     for hook, records in method_hook_calls(results, run_dirs, "report_sections"):
         parts += hook(records, run_dirs)
     parts += continual_sections(read_round_records(run_dirs))
+    parts += privacy_sections(results)  # methods with `dp`: the final epsilon per method and seed
     failures = render_failures(costs)
     if failures:
         parts += ["## Failed clients", failures]
+    rejections = render_rejections(costs)
+    if rejections:
+        parts += [
+            "## Rejected updates",
+            "Updates the server did not aggregate (failed checks: docs/privacy.md), injected faults and dropped "
+            "clients, per round (0-based).",
+            rejections,
+        ]
     if costs:
         parts += [
             "## Costs",
@@ -171,7 +182,5 @@ def write_summary(
                 compute,
             ]
     text = "\n\n".join(parts) + "\n"
-    path = _summary_path(Path(out))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    write_text_atomic(_summary_path(Path(out)), text)  # through a temporary file and a rename
     return text

@@ -16,6 +16,7 @@ from typing import Any
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.memory import check_fits_in_memory
 from fedpeft.data.partition import Scheme, partition_examples, split_train_test
 from fedpeft.data.synthetic.languages import INVENTORY, RESOURCE_SHARE, language
 from fedpeft.data.tokenizer import cache_root
@@ -230,8 +231,10 @@ def cache_path(name: str, cfg: DataConfig) -> Path:
 def cached(name: str, cfg: DataConfig, build: Callable[[DataConfig], FederatedData]) -> FederatedData:
     """``build(cfg)`` for benchmark ``name``, read from the disk cache when present.
 
-    An unreadable cache file (truncated, corrupted, from an incompatible version) is rebuilt and replaced.
+    An unreadable cache file (truncated, corrupted, from an incompatible version) is rebuilt and replaced. Sizes
+    that cannot fit in memory are refused first, from an estimate (:func:`~fedpeft.data.memory.check_fits_in_memory`).
     """
+    check_fits_in_memory(cfg)
     path = cache_path(name, cfg)
     if path.exists():
         try:

@@ -16,9 +16,11 @@ from flwr.common.constant import ErrorCode
 
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.costs import release_memory
+from fedpeft.core.faults import ClientDroppedError, InjectedFaultError
 from fedpeft.core.io import save_atomic
 from fedpeft.engine.flower.codec import ClientTask, TaskResult, decode, encode, tensors_digest
 from fedpeft.engine.flower.messages import NODE_RUN_DIR, NUM_PARTITIONS, OPERATIONS, PARTITION_ID
+from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request, secure_aggregation_mod
 
 if TYPE_CHECKING:  # the worker pulls in transformers: imported when first needed, not for a node's queries
     from fedpeft.worker import Worker
@@ -49,13 +51,18 @@ def cached_worker(run_dir: Path, config_text: str) -> Worker:
 
 
 def _error_reply(message: Message, err: BaseException) -> Message:
-    log.warning("%s failed on this node: %r\n%s", message.metadata.message_type, err, traceback.format_exc())
+    trace = "" if isinstance(err, (InjectedFaultError, ClientDroppedError)) else "\n" + traceback.format_exc()
+    log.warning("%s failed on this node: %r%s", message.metadata.message_type, err, trace)
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)), reply_to=message)
 
 
 def handle_task(message: Message, context: Context) -> Message:
     """Run the worker operation a :class:`ClientTask` message asks for; a failure becomes an error reply."""
     try:
+        if is_secure_request(message.content):  # a SecAgg+ round: all of this node's clients at once
+            return handle_secure_train(
+                message, lambda run_dir, text: cached_worker(_node_run_dir(run_dir, context), text)
+            )
         task = ClientTask.from_content(message.content)
         if OPERATIONS.get(task.op) != message.metadata.message_type:
             raise ValueError(f"operation {task.op!r} cannot run as a {message.metadata.message_type} message")
@@ -105,7 +112,7 @@ def _file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
-client_app = ClientApp()
+client_app = ClientApp(mods=[secure_aggregation_mod])
 client_app.train()(handle_task)
 client_app.evaluate("base")(handle_task)
 client_app.train("personalize")(handle_task)

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid
 
 from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.core.errors import UserError
+from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.engine.flower.codec import ClientTask, ClientTaskError, TaskResult, decode, encode, tensors_digest
 from fedpeft.engine.flower.messages import BASE_QUERY, NUM_PARTITIONS, OPERATIONS, PARTITION_ID, PARTITION_QUERY
@@ -84,7 +85,13 @@ class GridEngine(Engine):
         self, label: str, seed: int, round_: int, client_ids: list[str], payload_of: Callable[[str], Payload]
     ) -> Iterator[ClientOutcome]:
         """Send every client's round as one message; once all replies are in, yield them in client-id order
-        (the order the local engine aggregates in, so the sums round alike)."""
+        (the order the local engine aggregates in, so the sums round alike). With ``engine.secagg`` the round
+        runs as SecAgg+ (:mod:`fedpeft.engine.flower.secagg`) and yields one update, the secure mean."""
+        if self.cfg.engine.secagg is not None:
+            from fedpeft.engine.flower.secagg import secure_round
+
+            yield from secure_round(self, self.cfg.engine.secagg, label, seed, round_, client_ids, payload_of)
+            return
         tasks = []
         for client_id in client_ids:
             kwargs = {"label": label, "seed": seed, "round_": round_, "payload": payload_of(client_id)}
@@ -123,6 +130,17 @@ class GridEngine(Engine):
 
     def close(self) -> None:
         """Nothing to release: the ClientApps keep their workers for the life of their process."""
+
+    def worker_sizes(self) -> dict[str, int]:
+        """The training-set size of every client the server knows."""
+        return {c.client_id: len(c.train) for c in self.worker.data.clients}
+
+    def spec_of(self, label: str, payload: Payload) -> dict[str, torch.Size]:
+        """The keys and shapes method ``label`` expects back for ``payload`` (the layout of a secure sum)."""
+        spec = self.worker.methods[label].update_spec(payload)
+        if spec is None:
+            raise UserError(f"{label} declares no update shapes, which secure aggregation needs.")
+        return spec
 
     # ------------------------------------------------------------------ nodes
     def node_of(self, client_id: str) -> int:
@@ -196,6 +214,8 @@ class GridEngine(Engine):
                 self.on_client()
             if isinstance(reply, str):
                 yield client_id, ClientTaskError(reply)
+            elif reply.has_error() and (reply.error.reason or "").startswith(ClientDroppedError.__name__):
+                yield client_id, ClientDroppedError(reply.error.reason)  # an injected drop: no update came
             elif reply.has_error():
                 yield client_id, ClientTaskError(f"error {reply.error.code}: {reply.error.reason}")
             else:

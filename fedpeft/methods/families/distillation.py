@@ -154,6 +154,7 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
     the whole client update unless a subclass adds a personal step."""
 
     shared: ClassVar[str] = "global"  # the branch the server averages and distils (never None here)
+    mean_server = False  # the mean is then distilled on the server
     federation: Any = None
 
     def bind_federation(self, federation: Any) -> None:

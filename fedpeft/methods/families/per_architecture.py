@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedpeft.core.errors import UserError
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
@@ -50,6 +51,10 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
 
     def check_budgets(self, budgets: list[int]) -> None:
         self.inner.check_budgets(budgets)
+
+    def bind_pool(self, client_ids: Sequence[str]) -> None:
+        super().bind_pool(client_ids)
+        self.inner.bind_pool(client_ids)
 
     def sample(self, client_ids: list[str], round_: int, seed: int) -> list[str]:
         return self.inner.sample(client_ids, round_, seed)
@@ -117,4 +122,10 @@ def for_architectures(method: Method[Any, Any, Any], heterogeneous: bool) -> Met
     heterogeneous and the method does not share across architectures itself."""
     if not heterogeneous or not method.federated or method.architecture_aware:
         return method
+    if getattr(method.cfg, "dp", None) is not None:
+        # Whether an architecture's state changes in a round would show whether one of its clients was sampled.
+        raise UserError(
+            f"Method {method.label!r} cannot use `dp` in a federation of several architectures, where it runs one "
+            "copy per architecture; use one model."
+        )
     return ArchitectureGroups(method)

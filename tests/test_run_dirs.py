@@ -1,0 +1,339 @@
+"""Output directories: where `run`, `report` and `personalize` may write, atomic outputs, failed start-ups that
+leave nothing in the way, `--resume` rebuilding derived outputs, adapters that survive moving the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedpeft.core.config import load_config
+from fedpeft.core.errors import UserError
+from fedpeft.core.io import RUN_MARKER, path_component, staged_dir, staged_files, write_text_atomic
+from fedpeft.runner import Experiment
+
+TINY = [
+    "data.groups=[lat1]",
+    "data.train_per_group=40",
+    "data.test_per_group=20",
+    "data.base_samples=200",
+    "budgets=[2]",
+    "methods=[{name: lora, lr: 0.005, epochs: 1}]",
+]
+
+
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The ``fedpeft`` console entry point, in process; returns (exit code, stdout, stderr)."""
+    from fedpeft.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_args(out: Path | None, *extra: str) -> list[str]:
+    args = ["run", "smoke", *(["--out", str(out)] if out is not None else [])]
+    for item in TINY:
+        args += ["--set", item]
+    return [*args, *extra]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    Experiment(load_config("smoke", TINY), out).run()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- bad outputs
+def _not_ours(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    mine = tmp / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    return run_args(mine), mine, tmp
+
+
+def _a_file(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    (tmp / "file.txt").write_text("keep me\n")
+    return run_args(tmp / "file.txt"), tmp / "file.txt", tmp
+
+
+def _proc(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    (tmp / "untouched.txt").write_text("x\n")
+    return run_args(Path("/proc/x")), Path("/proc/x"), tmp
+
+
+def _name_escapes(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    # `name: ../victim` is the directory runs/victim (one component below runs/), here a user's own directory.
+    victim = tmp / "runs" / "victim"
+    victim.mkdir(parents=True)
+    (victim / "data.csv").write_text("a,b\n1,2\n")
+    (tmp / "victim").mkdir()
+    (tmp / "victim" / "keep.txt").write_text("outside runs/\n")
+    return [*run_args(None), "--set", "name=../victim"], Path("runs") / "victim", tmp
+
+
+def _report_out(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    mine = tmp / "mine"
+    mine.mkdir()
+    (mine / "summary.md").write_text("my own summary\n")
+    (mine / "thesis.tex").write_text("\\section{x}\n")
+    return ["report", str(run), "--out", str(mine)], mine, tmp
+
+
+def _personalize_out(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    mine = tmp / "mine"
+    mine.mkdir()
+    (mine / "model.bin").write_bytes(b"\x00\x01")
+    return ["personalize", str(run), "--budget", "2", "--client", "lat1-seen-00", "--out", str(mine)], mine, tmp
+
+
+def _personalize_at_file(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    (tmp / "adapter").write_text("not a directory\n")
+    args = ["personalize", str(run), "--budget", "2", "--client", "lat1-seen-00", "--out", str(tmp / "adapter")]
+    return args, tmp / "adapter", tmp
+
+
+def _report_at_proc(tmp: Path, run: Path) -> tuple[list[str], Path, Path]:
+    (tmp / "untouched.txt").write_text("x\n")
+    return ["report", str(run), "--out", "/proc/x/report"], Path("/proc/x/report"), tmp
+
+
+@pytest.mark.parametrize(
+    "case",
+    [_not_ours, _a_file, _proc, _name_escapes, _report_out, _personalize_out, _personalize_at_file, _report_at_proc],
+    ids=lambda case: case.__name__.strip("_"),
+)
+def test_a_bad_output_is_one_line_naming_it_exit_2_and_touches_nothing(case, tiny_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args, named, root = case(tmp_path, tiny_run)
+    before, run_before = snapshot(root), snapshot(tiny_run)
+    code, _, err = cli(monkeypatch, capsys, *args)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert str(named) in err
+    assert snapshot(root) == before
+    assert snapshot(tiny_run) == run_before
+    assert not Path("/proc/x").exists()
+
+
+def test_run_names_become_one_path_component():
+    assert path_component("../victim") == "victim"
+    assert path_component("a/../x") == "a-..-x"
+    assert path_component("..") == "run" and path_component("") == "run"
+    assert path_component("a\\b") == "a-b" and path_component(".hidden") == "hidden"
+    assert path_component("quickstart") == "quickstart"
+
+
+def test_min_clients_above_the_clients_fails_before_the_output_exists(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    code, _, err = cli(monkeypatch, capsys, *run_args(out, "--set", "methods=[{name: fedit, min_clients: 100}]"))
+    assert code == 2 and "min_clients" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_dataset_too_large_for_memory_is_refused_before_generating_it(tmp_path, monkeypatch, capsys):
+    from fedpeft.data import synthetic  # noqa: F401  (registers the builders)
+    from fedpeft.data.synthetic import xnli
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the dataset was generated")
+
+    monkeypatch.setattr(xnli, "classification_pools", never)
+    out = tmp_path / "run"
+    code, _, err = cli(monkeypatch, capsys, *run_args(out, "--set", "data.train_per_group=10000000000"))
+    assert code == 2, err
+    assert "data.train_per_group" in err and "memory" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_the_memory_estimate_leaves_the_presets_alone():
+    from fedpeft.core.config import preset_names
+    from fedpeft.data.memory import check_fits_in_memory
+
+    for name in preset_names():
+        check_fits_in_memory(load_config(name).data, available=1024**3)  # 1 GiB is plenty for every preset
+    with pytest.raises(UserError, match="data.clients_per_group"):
+        check_fits_in_memory(load_config("smoke", ["data.clients_per_group=10000000000"]).data, available=1024**3)
+
+
+# ---------------------------------------------------------------------------------------------- existing runs
+def test_an_existing_run_needs_resume_and_the_same_config(tiny_run, monkeypatch, capsys):
+    before = snapshot(tiny_run)
+    code, _, err = cli(monkeypatch, capsys, *run_args(tiny_run))
+    assert code == 2 and "already holds a run" in err
+    code, _, err = cli(monkeypatch, capsys, *run_args(tiny_run, "--resume", "--set", "seeds=[5]"))
+    assert code == 2 and "config differs" in err
+    code, _, err = cli(monkeypatch, capsys, *run_args(tiny_run, "--force"))  # --force never mixes two runs
+    assert code == 2 and "already holds a run" in err
+    assert snapshot(tiny_run) == before
+    marker = json.loads((tiny_run / RUN_MARKER).read_text())
+    assert marker["format"] == 1 and marker["kind"] == "run" and len(marker["config_sha256"]) == 64
+
+
+def test_force_writes_into_a_foreign_directory_and_keeps_its_files(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes\n")
+    code, _, err = cli(monkeypatch, capsys, *run_args(out, "--force"))
+    assert code == 0, err
+    assert (out / "notes.txt").read_text() == "my notes\n"
+    assert (out / RUN_MARKER).is_file() and (out / "summary.md").is_file()
+    # Now a fedpeft run: --resume continues it without --force.
+    code, _, err = cli(monkeypatch, capsys, *run_args(out, "--resume"))
+    assert code == 0, err
+
+
+def test_report_and_personalize_rewrite_their_own_directories(tiny_run, tmp_path, monkeypatch, capsys):
+    report = tmp_path / "report"
+    for _ in range(2):  # the second time into a directory it wrote
+        code, _, err = cli(monkeypatch, capsys, "report", str(tiny_run), "--out", str(report))
+        assert code == 0, err
+    assert (report / ".fedpeft-report").is_file() and list((report / "plots").glob("*.png"))
+    assert not [p for p in report.rglob("*") if p.name.endswith(".tmp")]
+    # A run's own directory may receive its report again; a foreign one with --force.
+    run = Path(shutil.copytree(tiny_run, tmp_path / "run"))
+    code, _, err = cli(monkeypatch, capsys, "report", str(run), "--out", str(run))
+    assert code == 0, err
+    assert not (run / ".fedpeft-report").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("x\n")
+    code, _, err = cli(monkeypatch, capsys, "report", str(tiny_run), "--out", str(mine), "--force")
+    assert code == 0, err
+    assert (mine / "thesis.tex").read_text() == "x\n" and (mine / "summary.md").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- failed start-ups
+def test_a_start_up_failure_leaves_nothing_in_the_way(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    # Fails while loading the data: the output directory is never created.
+    code, _, err = cli(monkeypatch, capsys, *run_args(out, "--set", "data.name=nope"))
+    assert code == 2 and "nope" in err and not out.exists()
+
+    # Fails after the directory was created, before any result: what it wrote is removed again.
+    def broken(worker):
+        raise RuntimeError("no engine")
+
+    with pytest.raises(RuntimeError, match="no engine"):
+        Experiment(load_config("smoke", TINY), out).run(engine_factory=broken)
+    assert not out.exists()
+
+    # Killed before its first result (nothing could clean up): the same or a corrected config starts over,
+    # with or without --resume, and a stale base model of the other config is not reused.
+    out.mkdir()
+    (out / RUN_MARKER).write_text(json.dumps({"format": 1, "kind": "run", "config_sha256": "0" * 64}))
+    (out / "config.yaml").write_text("name: something else\n")
+    (out / "parts").mkdir()
+    (out / "base_model").mkdir()
+    (out / "base_model" / "config.json").write_text("{}")
+    code, _, err = cli(monkeypatch, capsys, *run_args(out))
+    assert code == 0, err
+    assert load_config(str(out / "config.yaml")).name == "smoke"
+    assert (out / "base_model" / "model.safetensors").is_file()
+    assert json.loads((out / "base_model" / "config.json").read_text())
+
+
+def test_a_start_up_failure_in_an_empty_directory_keeps_the_directory(tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+
+    def broken(worker):
+        raise RuntimeError("no engine")
+
+    with pytest.raises(RuntimeError):
+        Experiment(load_config("smoke", TINY), out).run(engine_factory=broken)
+    assert out.is_dir() and not any(out.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- resume, move
+def test_resume_rebuilds_base_model_summary_and_plots(tiny_run, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(tiny_run, out)
+    results = (out / "results.jsonl").read_bytes()
+    base = (out / "base_model" / "model.safetensors").read_bytes()
+    summary = (out / "summary.md").read_text()
+    shutil.rmtree(out / "base_model")
+    shutil.rmtree(out / "plots")
+    (out / "summary.md").unlink()
+    code, _, err = cli(monkeypatch, capsys, *run_args(out, "--resume"))
+    assert code == 0, err
+    assert (out / "base_model" / "model.safetensors").read_bytes() == base
+    assert (out / "base_model" / "config.json").is_file()
+    assert list((out / "plots").glob("*.png"))
+    assert (out / "summary.md").read_text().replace(str(out), "") == summary.replace(str(tiny_run), "")
+    assert (out / "results.jsonl").read_bytes() == results
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_adapters_load_with_plain_peft_after_the_run_is_moved(tiny_run, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    shutil.move(str(shutil.copytree(tiny_run, tmp_path / "original")), str(moved))
+    assert not (tmp_path / "original").exists()
+    adapter = moved / "adapters" / "lora" / "r2" / "lat1-seen-00"
+    named = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert not os.path.isabs(named)
+    base_dir = (adapter / named).resolve()
+    assert base_dir == (moved / "base_model").resolve() and (base_dir / "model.safetensors").is_file()
+    model = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base_dir), adapter)
+    original = PeftModel.from_pretrained(
+        AutoModelForSequenceClassification.from_pretrained(tiny_run / "base_model"),
+        tiny_run / "adapters" / "lora" / "r2" / "lat1-seen-00",
+    )
+    ids = torch.tensor([[2, 10, 11, 12, 3]])
+    with torch.no_grad():
+        assert torch.equal(model.eval()(input_ids=ids).logits, original.eval()(input_ids=ids).logits)
+
+
+# ---------------------------------------------------------------------------------------------- atomic writes
+def test_atomic_writes_leave_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "a.txt"
+    write_text_atomic(path, "old\n")
+
+    class BoomError(Exception):
+        pass
+
+    from fedpeft.core.io import write_atomic
+
+    def half(handle):
+        handle.write(b"ne")
+        raise BoomError
+
+    with pytest.raises(BoomError):
+        write_atomic(path, half)
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+    target = tmp_path / "whole"
+    with pytest.raises(BoomError), staged_dir(target) as staging:
+        (staging / "x").write_text("1")
+        raise BoomError
+    assert not target.exists()
+    with staged_dir(target) as staging:
+        (staging / "x").write_text("2")
+    assert (target / "x").read_text() == "2"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "mine").write_text("keep")
+    with staged_files(shared) as staging:
+        (staging / "new").write_text("3")
+    assert sorted(p.name for p in shared.iterdir()) == ["mine", "new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "shared", "whole"]
