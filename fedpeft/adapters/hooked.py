@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from fedpeft.adapters.pq_lora import Site, orthonormal_columns, orthonormal_rows
+from fedpeft.core.io import write_bytes_atomic
 
 GATED = "gated"
 SUM = "sum"
@@ -164,7 +166,8 @@ class HookedAdapter:
         sites = ";".join(f"{s.module},{s.layer},{s.kind},{s.key},{s.d_in},{s.d_out}" for s in self.sites)
         metadata = {"rank": str(self.rank), "scaling": str(self.scaling), "mix": self.mix, "sites": sites}
         path = directory / "adapter.safetensors"
-        save_file({k: v.detach().contiguous() for k, v in self.tensors.items()}, str(path), metadata=metadata)
+        tensors = {k: v.detach().contiguous() for k, v in self.tensors.items()}
+        write_bytes_atomic(path, safetensors_bytes(tensors, metadata=metadata))
         return path
 
     @classmethod

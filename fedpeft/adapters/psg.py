@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, clamp_st
 from fedpeft.core.errors import UserError
+from fedpeft.core.io import write_bytes_atomic, write_text_atomic
 from fedpeft.core.types import StateDict
 
 
@@ -91,8 +93,9 @@ def regress_toward(
 def save_generator(path: Path, tensors: StateDict, meta: dict[str, Any]) -> None:
     """Write PSG weights (``path``, safetensors) and what personalization needs (``path`` with ``.json``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    data = safetensors_bytes({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata={"format": "pt"})
+    write_bytes_atomic(path, data)
+    write_text_atomic(path.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
 
 
 def load_generator(path: Path) -> tuple[StateDict, dict[str, Any]]:

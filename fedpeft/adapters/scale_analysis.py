@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 
 from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, prune_to_budget
+from fedpeft.core.io import write_bytes_atomic
 
 SCALES_DIR = "lambdas"
 
@@ -59,7 +60,9 @@ def save_client_scales(path: Path, record: ScaleRecord) -> None:
         "r_max": str(record.r_max),
         "modules": json.dumps(record.modules),
     }
-    save_file({"scales": record.scales.detach().float().contiguous().cpu()}, str(path), metadata=meta)
+    write_bytes_atomic(
+        path, safetensors_bytes({"scales": record.scales.detach().float().contiguous().cpu()}, metadata=meta)
+    )
 
 
 def read_scales(run_dir: Path) -> list[ScaleRecord]:

@@ -7,11 +7,12 @@ clients fit. Every entry is tagged with the round that wrote it so a resumed run
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+from fedpeft.core.io import save_atomic
 
 
 class ClientStateStore(Protocol):
@@ -83,10 +84,7 @@ class DiskStore:
         return torch.load(versions[-1][1], weights_only=False)
 
     def put(self, client_id: str, state: Any, round_: int) -> None:
-        target = self.root / f"{client_id}.r{round_}.pt"
-        tmp = target.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, target)
+        save_atomic(state, self.root / f"{client_id}.r{round_}.pt")
         for _, path in self._versions(client_id)[:-2]:
             path.unlink()
 
