@@ -281,7 +281,8 @@ class Experiment:
             tensors = method.export_base(runtime, state)
         meter.wall_seconds = time.perf_counter() - started
         save_atomic({"tensors": tensors}, path)
-        self._write_part(self.out / "parts" / f"{name}.jsonl", [], meter.rows(BASE_LABEL, seed, "base"))
+        privacy = self._round_records.pop((BASE_STAGE_LABEL, seed), [])  # a DP base stage's epsilon per round
+        self._write_part(self.out / "parts" / f"{name}.jsonl", privacy, meter.rows(BASE_LABEL, seed, "base"))
         if shared or seed == self.cfg.seeds[0]:
             self._save_base_model(tensors)
 
@@ -365,7 +366,7 @@ class Experiment:
         seen = [c.client_id for c in self.data.pool("seen")]
         method.bind_pool(seen)  # DP divides by the clients sampled per round from it
         dp = method.cfg.dp if isinstance(method.cfg, MeanServerConfigMixin) else None
-        if dp is not None and label != BASE_STAGE_LABEL:  # epsilon after every round, saved with the checkpoint
+        if dp is not None:  # epsilon after every round, saved with the checkpoint
             from fedpeft.report.privacy import EpsilonRecorder
 
             rate = (method.clients_per_round() or len(seen)) / len(seen)

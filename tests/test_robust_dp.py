@@ -325,3 +325,20 @@ def test_a_dp_run_writes_epsilon_every_round_and_a_privacy_section(tmp_path):
     assert "## Privacy" in summary
     assert f"| fedit | 0 | 3 | 0.8 | 1 | 0.5 | 1e-05 | {expected[-1]:.4g} |" in summary
     assert "dp_epsilon" not in summary  # the result tables read only the test split
+
+
+def test_a_dp_base_stage_writes_its_epsilon_too(tmp_path):
+    out = tmp_path / "run"
+    base = (
+        "base={kind: federated, method: {name: fedit_merged, rounds: 2, fraction: 0.5, local_steps: 1, "
+        "lr: 0.005, dp: {clip_norm: 1.0, noise_multiplier: 1.0, seed: 1}}}"
+    )
+    args = ["--set", "data.groups=[lat1, lat4]", "--set", base, "--set", "methods=[{name: lora, epochs: 1}]"]
+    args += ["--set", "output.plots=false", "--set", "output.save_adapters=false"]
+    result = cli("run", "smoke", "--out", str(out), *args)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    epsilons = {r["round"]: r["value"] for r in records if r["metric"] == "dp_epsilon"}
+    assert {r["method"] for r in records if r["split"] == "privacy"} == {"base-stage"}
+    assert [epsilons[r] for r in (1, 2)] == pytest.approx([epsilon(1.0, 0.5, r, 1e-5) for r in (1, 2)])
+    assert "| base-stage | 0 | 2 |" in (out / "summary.md").read_text()
