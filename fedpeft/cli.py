@@ -18,6 +18,26 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized
 console = Console()
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"fedpeft {version('fedpeft')}")
+        except PackageNotFoundError:  # run from a checkout that is not installed
+            typer.echo("fedpeft (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Personalized federated fine-tuning with adapters."""
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,

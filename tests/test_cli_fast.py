@@ -90,6 +90,14 @@ def test_help_imports_nothing_heavy():
     assert heavy_modules(modules) == []
 
 
+def test_version_prints_the_installed_version_and_imports_nothing_heavy():
+    from importlib.metadata import version
+
+    stdout, modules = run_cli("--version")
+    assert stdout.strip() == f"fedpeft {version('fedpeft')}"
+    assert heavy_modules(modules) == []
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_preset_starts_with_a_one_line_description(preset):
     from importlib import resources

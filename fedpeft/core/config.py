@@ -89,11 +89,32 @@ def _check_server_rule(cls: Any, cfg: MethodConfig) -> None:
         )
 
 
+class DataColumns(_Strict):
+    """Which columns of a user's own data (datasets ``files`` and ``hub``) hold what.
+
+    Each value is a column name; ``None`` means the data has no such column. ``text``, ``text_pair`` and
+    ``label`` are read for classification, ``prompt`` and ``response`` for generation; ``client`` names each
+    row's client (the ``natural`` partition) and ``split`` marks each row ``train`` or ``test``.
+    """
+
+    text: str | None = "text"
+    text_pair: str | None = "text_pair"
+    label: str | None = "label"
+    prompt: str | None = "prompt"
+    response: str | None = "response"
+    client: str | None = "client"
+    split: str | None = "split"
+
+
 class DataConfig(_Strict):
     """Which federated dataset to build and how to split it.
 
     Synthetic benchmarks use the size fields; real loaders read ``path`` (a local directory or file) or
     ``hub_id`` (a Hugging Face dataset id, read from the local cache when offline).
+
+    The generic datasets ``files`` and ``hub`` (a user's own data, docs/real-data.md) also read ``task``,
+    ``columns``, ``label_names``, ``num_clients``, ``test_fraction``, ``unseen_fraction``, and for ``hub``
+    ``subset`` and ``revision``; every other dataset ignores these keys.
     """
 
     name: str = "synthetic-xnli"
@@ -109,6 +130,14 @@ class DataConfig(_Strict):
     unseen_pool: bool = True
     base_samples: int | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    task: Literal["classification", "generation"] | None = None
+    columns: DataColumns = Field(default_factory=DataColumns)
+    label_names: list[str] | None = None
+    num_clients: int | None = Field(default=None, ge=1)
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    unseen_fraction: float = Field(default=0.0, ge=0, lt=1)
+    subset: str | None = None
+    revision: str | None = None
 
 
 class ModelConfig(_Strict):
@@ -241,11 +270,14 @@ class ExperimentConfig(_Strict):
     ``models`` (architecture name -> model) with ``assign`` makes the federation heterogeneous: each client runs
     the base model of its architecture; ``model`` is then not used.
 
+    ``plugins`` names modules imported before anything else is read (their ``register`` calls add methods,
+    datasets or models; installed packages can publish them through entry points instead, docs/contributing.md).
     ``validation`` sets the server's checks of client updates; ``faults`` injects faults into clients' work
     (:mod:`fedpeft.core.faults`), on either engine, to test a method's robustness.
     """
 
     name: str = "experiment"
+    plugins: list[str] = Field(default_factory=list)
     seeds: list[int] = Field(default_factory=lambda: [0])
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -380,7 +412,14 @@ def load_raw(source: str) -> dict[str, Any]:
 
 
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
-    """Validate a raw mapping into an :class:`ExperimentConfig`, with one-sentence errors."""
+    """Validate a raw mapping into an :class:`ExperimentConfig`, with one-sentence errors; the config's
+    ``plugins`` are imported first, so that the methods, datasets and models they register are known."""
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise UserError("`plugins` must list module names, e.g. `plugins: [my_methods]`.")
+    from fedpeft.core.registry import import_plugins
+
+    import_plugins(plugins)
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:

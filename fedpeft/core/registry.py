@@ -8,7 +8,9 @@ from the declarations alone, so listing what exists imports no method, dataset o
 
 :data:`METHODS`, :data:`DATASETS` and :data:`MODELS` read their catalogue (``fedpeft.catalog.methods``,
 ``.datasets``, ``.models``: declarations only) on first use, so every shipped entry is known wherever the registry
-is used, whatever has been imported.
+is used, whatever has been imported, and then the entries installed packages declare through the entry-point
+groups ``fedpeft.methods``, ``fedpeft.datasets`` and ``fedpeft.models`` (plugins). A config's ``plugins`` list
+names modules to import before its methods are read (:func:`import_plugins`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Entry:
     """The module whose import registers the object; None for an object registered directly (undeclared)."""
     description: str
     aliases: tuple[str, ...] = ()
+    plugin: str | None = None
+    """The distribution whose entry point declared it (its registration may add aliases); None for fedpeft's own."""
 
 
 class Registry(Generic[T]):
@@ -41,10 +45,13 @@ class Registry(Generic[T]):
     Args:
         kind: what the entries are, for messages ("method").
         catalog: a module of ``declare`` calls read on first use of the registry, or None.
+        entry_points: the entry-point group through which installed packages declare entries of their own
+            (plugins): each entry point ``name = module`` declares ``name`` as registered by importing ``module``.
     """
 
-    def __init__(self, kind: str, *, catalog: str | None = None) -> None:
+    def __init__(self, kind: str, *, catalog: str | None = None, entry_points: str | None = None) -> None:
         self.kind = kind
+        self._group = entry_points
         self._catalog = catalog
         self._catalog_done = catalog is None
         self._catalog_loading = False
@@ -83,6 +90,13 @@ class Registry(Generic[T]):
         self._load_catalog()
         with self._lock:
             entry = self._entries.get(name)
+            if entry is not None and entry.plugin is not None and name not in self._objects:
+                self._objects[name] = obj  # a plugin's entry point names the module, its register call the rest
+                self._entries[name] = Entry(name, entry.module, description, tuple(aliases), entry.plugin)
+                for alias in aliases:
+                    self._claim(alias, ())
+                    self._aliases[alias] = name
+                return
             if entry is not None and entry.module is not None and name not in self._objects:
                 if set(aliases) != set(entry.aliases):
                     raise ValueError(
@@ -113,9 +127,25 @@ class Registry(Generic[T]):
             self._catalog_loading = True
             try:
                 importlib.import_module(str(self._catalog))
+                self._declare_plugins()
                 self._catalog_done = True
             finally:
                 self._catalog_loading = False
+
+    def _declare_plugins(self) -> None:
+        """Declare the entries installed packages publish under this registry's entry-point group."""
+        if self._group is None:
+            return
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=self._group):
+            if point.name in self._entries or point.name in self._aliases:
+                raise UserError(
+                    f"The plugin {point.value!r} declares the {self.kind} {point.name!r}, which already exists; "
+                    "rename it in the plugin's entry points."
+                )
+            dist = point.dist.name if point.dist is not None else point.value
+            self._entries[point.name] = Entry(point.name, point.module, f"(plugin: {dist})", (), dist)
 
     # -------------------------------------------------------------------------------------------- looking up
 
@@ -166,6 +196,17 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
-METHODS: Registry = Registry("method", catalog="fedpeft.catalog.methods")
-DATASETS: Registry = Registry("dataset", catalog="fedpeft.catalog.datasets")
-MODELS: Registry = Registry("model", catalog="fedpeft.catalog.models")
+METHODS: Registry = Registry("method", catalog="fedpeft.catalog.methods", entry_points="fedpeft.methods")
+DATASETS: Registry = Registry("dataset", catalog="fedpeft.catalog.datasets", entry_points="fedpeft.datasets")
+MODELS: Registry = Registry("model", catalog="fedpeft.catalog.models", entry_points="fedpeft.models")
+
+
+def import_plugins(modules: list[str]) -> None:
+    """Import the ``plugins`` modules of a config, whose ``register`` calls add methods, datasets or models."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise UserError(
+                f"The plugin module {module!r} could not be imported ({err}); install it or fix `plugins`."
+            ) from None
