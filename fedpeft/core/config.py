@@ -75,13 +75,15 @@ def method_config(entry: Any) -> MethodConfig:
 
 
 def _check_server_rule(cls: Any, cfg: MethodConfig) -> None:
-    """Refuse ``aggregation`` (a robust rule) and ``dp`` for a method whose server step is not a weighted mean
-    (its class's ``mean_server`` flag, read by name: core does not import the methods)."""
+    """Refuse ``aggregation`` (a robust rule), ``dp`` and ``server_optimizer`` for a method whose server step is not
+    a weighted mean (its class's ``mean_server`` flag, read by name: core does not import the methods)."""
     used = []
     if getattr(getattr(cfg, "aggregation", None), "robust", "none") != "none":
         used.append("`aggregation.robust`")
     if getattr(cfg, "dp", None) is not None:
         used.append("`dp`")
+    if getattr(cfg, "server_optimizer", None) is not None:
+        used.append("`server_optimizer`")
     if used and not getattr(cls, "mean_server", False):
         raise UserError(
             f"Method {cls.name!r} cannot use {' or '.join(used)}: its server step is not a weighted mean of the "

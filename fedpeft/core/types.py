@@ -46,10 +46,15 @@ class ServerState:
     A method that keeps more subclasses it (a dataclass whose fields all have defaults and hold only tensors,
     numbers, strings, ``None``, lists, tuples and dicts of these, or other server states), so that it
     checkpoints and travels in Flower messages; ``dataclasses.replace`` keeps the subclass.
+
+    ``server_optimizer`` holds the moments of the config's server optimizer (moment name -> tensor name ->
+    tensor; ``None`` without one; docs/server-optimizers.md). It is keyword-only, so subclasses' fields keep
+    their positions, and its class-level default ``None`` also serves states pickled before it existed.
     """
 
     tensors: StateDict = field(default_factory=dict)
     round: int = 0
+    server_optimizer: dict[str, StateDict] | None = field(default=None, kw_only=True)
 
 
 def num_bytes(tensors: StateDict) -> int:

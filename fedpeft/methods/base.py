@@ -13,7 +13,9 @@ the worker and the engines call only what :class:`Method` declares here, each ho
 - the server's view of the federation: ``bind_federation``, ``bind_pool`` (the clients rounds sample from).
 
 The default server step is the weighted mean of the uploads (``mean_aggregate``), which a method's config may
-replace by a robust rule (``aggregation``) or client-level differential privacy (``dp``); docs/privacy.md.
+replace by a robust rule (``aggregation``) or client-level differential privacy (``dp``); docs/privacy.md. A
+``server_optimizer`` then takes that aggregate as a pseudo-gradient (``server_optimize``);
+docs/server-optimizers.md.
 
 Methods never choose how clients are executed (sequentially, in Flower, in parallel); the engine does.
 """
@@ -36,15 +38,18 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData
 from fedpeft.merging.dp import DPConfig, dp_mean, noise_generator
 from fedpeft.merging.robust import AggregationConfig, robust_aggregate
+from fedpeft.merging.server_opt import OptimizerState, ServerOptimizerConfig, server_step
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
 class MeanServerConfigMixin(BaseModel):
     """The server step's knobs of a method whose server step is the weighted mean of the uploads
-    (docs/privacy.md): a robust rule (``aggregation``) or client-level differential privacy (``dp``), not both."""
+    (docs/privacy.md): a robust rule (``aggregation``) or client-level differential privacy (``dp``), not both,
+    and a server optimizer applied to the result (``server_optimizer``, docs/server-optimizers.md)."""
 
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     dp: DPConfig | None = None
+    server_optimizer: ServerOptimizerConfig | None = None
 
     @model_validator(mode="after")
     def _one_server_rule(self) -> MeanServerConfigMixin:
@@ -126,9 +131,10 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     architecture_aware: ClassVar[bool] = False
     # Sends tensors between server and clients in its rounds (False: rounds of local training only).
     communicates: ClassVar[bool] = True
-    # The server step is the weighted mean of the uploads (through :meth:`mean_aggregate`), so the config's
-    # ``aggregation`` (robust rules) and ``dp`` (DP-FedAvg) apply to it; a method whose server step is something
-    # else sets False, and ``core.config.method_config`` refuses those keys for it.
+    # The server step is the weighted mean of the uploads (through :meth:`mean_aggregate`, then
+    # :meth:`server_optimize`), so the config's ``aggregation`` (robust rules), ``dp`` (DP-FedAvg) and
+    # ``server_optimizer`` apply to it; a method whose server step is something else sets False, and
+    # ``core.config.method_config`` refuses those keys for it.
     mean_server: ClassVar[bool] = True
     # The clients rounds sample from (the seen pool), given by the runner before a federated phase
     # (:meth:`bind_pool`); DP's fixed denominator m is the number of clients sampled from it.
@@ -206,13 +212,28 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         tensors, metrics = self.mean_aggregate(state, updates)
         if not tensors:
             return state, metrics
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+        tensors, moments = self.server_optimize(state, tensors)
+        return dataclasses.replace(state, tensors=tensors, server_optimizer=moments, round=state.round + 1), metrics
+
+    def server_optimize(self, state: ServerState, aggregate: StateDict) -> tuple[StateDict, OptimizerState | None]:
+        """The new global tensors from the round's ``aggregate`` (what :meth:`mean_aggregate` gave) and the server
+        optimizer's new moments (for ``state.server_optimizer``): the config's ``server_optimizer`` step along
+        ``aggregate - state.tensors`` (:func:`~fedpeft.merging.server_opt.server_step`, with Flower's 1-based
+        round ``state.round + 1``); without one, ``aggregate`` and the state's moments unchanged. Every override
+        of :meth:`aggregate` that uses :meth:`mean_aggregate` passes its result through here."""
+        cfg = self.cfg
+        optimizer = cfg.server_optimizer if isinstance(cfg, MeanServerConfigMixin) else None
+        if optimizer is None:
+            return aggregate, state.server_optimizer
+        return server_step(optimizer, state.tensors, aggregate, state.server_optimizer, state.round + 1)
 
     def mean_aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
         """The weighted mean of the uploads (:func:`weighted_mean`, streaming), or, when the config sets a robust
         ``aggregation`` rule or ``dp``, that rule applied to the updates relative to ``state.tensors`` (the global
         tensors the clients started from), with the uploads held in memory. Non-float tensors (integer buffers)
         always take the weighted mean. Metrics as :func:`weighted_mean`'s, plus the rule's (``robust_*``, ``dp_*``).
+        The config's ``server_optimizer`` is not applied here: callers pass the result through
+        :meth:`server_optimize`.
         """
         cfg = self.cfg
         if not isinstance(cfg, MeanServerConfigMixin) or (cfg.dp is None and not cfg.aggregation.active):

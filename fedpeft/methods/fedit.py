@@ -9,7 +9,8 @@ Personalization: every client, seen or unseen, keeps the global adapter, optiona
 
 An optional ``merge`` block (:class:`fedpeft.merging.MergeConfig`: operator, space, alpha, ...) replaces the
 average by another merge of the uploaded adapters, e.g. ``merge: {operator: ties}`` is FedIT with TIES-Merging.
-Without one, a robust ``aggregation`` rule or client-level ``dp`` may replace the average (docs/privacy.md).
+Without one, a robust ``aggregation`` rule or client-level ``dp`` may replace the average (docs/privacy.md), and a
+``server_optimizer`` (FedAdam, FedYogi, FedAdagrad, FedAvgM) may step along it (docs/server-optimizers.md).
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ class FedITConfig(FederatedLoraConfig):
 
     @model_validator(mode="after")
     def _merge_replaces_the_mean(self) -> FedITConfig:
-        if self.merge is not None and (self.dp is not None or self.aggregation.active):
+        if self.merge is not None and (
+            self.dp is not None or self.aggregation.active or self.server_optimizer is not None
+        ):
             raise ValueError(
-                "`merge` replaces the weighted mean, so it cannot be combined with `aggregation.robust` or `dp`"
+                "`merge` replaces the weighted mean, so it cannot be combined with `aggregation.robust`, `dp` or "
+                "`server_optimizer`"
             )
         return self
 

@@ -226,7 +226,8 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
             state = dataclasses.replace(state, best_loss=loss, best_tensors=dict(state.tensors), since_best=0)
         else:
             state = dataclasses.replace(state, since_best=state.since_best + 1)
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+        tensors, moments = self.server_optimize(state, tensors)
+        return dataclasses.replace(state, tensors=tensors, server_optimizer=moments, round=state.round + 1), metrics
 
     def should_stop(self, state: FedL2PState) -> bool:
         return state.since_best >= self.cfg.patience

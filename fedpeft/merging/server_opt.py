@@ -1,0 +1,176 @@
+"""Server optimizers: the round's aggregate taken as a pseudo-gradient for an optimizer step on the global tensors.
+
+With x the global tensors the clients started from, a the round's aggregate (the weighted mean, a robust rule's
+result or the DP release) and t the round counted from 1, every tensor moves along the pseudo-gradient
+``Delta = a - x``, elementwise, with the optimizer's moments (0 before the first round) kept in the server state:
+
+- ``sgd``: ``x' = x + lr Delta`` (``lr`` 1: x' = a, the plain server step, returned as it is);
+- ``avgm`` (FedAvgM: T.-M. H. Hsu, H. Qi, M. Brown, "Measuring the Effects of Non-Identical Data Distribution for
+  Federated Visual Classification", 2019): ``u' = mu u + Delta``, ``x' = x + lr u'``;
+- ``adam``, ``yogi``, ``adagrad`` (S. J. Reddi et al., "Adaptive Federated Optimization", ICLR 2021):
+  ``m' = b1 m + (1 - b1) Delta`` and
+
+  - ``adam``: ``v' = b2 v + (1 - b2) Delta^2``, ``x' = x + lr c_t m' / (sqrt(v') + tau)`` with the bias
+    correction ``c_t = sqrt(1 - b2^(t+1)) / (1 - b1^(t+1))``;
+  - ``yogi``: ``v' = v - (1 - b2) Delta^2 sign(v - Delta^2)``, ``x' = x + lr m' / (sqrt(v') + tau)``;
+  - ``adagrad``: ``v' = v + Delta^2``, ``x' = x + lr Delta / (sqrt(v') + tau)`` (b1 = 0, so m' = Delta).
+
+These are the update rules of Flower's FedAvgM, FedAdam, FedYogi and FedAdagrad strategies
+(``flwr.serverapp.strategy``), including their zero initial moments and FedAdam's bias-correction exponent t + 1
+(t: Flower's 1-based ``server_round``); the defaults are theirs too, except FedAvgM's momentum (Flower: 0, here
+0.9, as in Hsu et al.). The step runs in float64; the new tensors take the aggregate's dtype, the moments at least
+float32. A tensor the global tensors lack (or hold with another shape) and a non-float tensor (an integer buffer)
+take the aggregate unchanged. See docs/server-optimizers.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedpeft.core.types import StateDict
+
+_EXACT = torch.float64
+OptimizerName = Literal["sgd", "avgm", "adam", "yogi", "adagrad"]
+OptimizerState = dict[str, StateDict]  # moment name ("momentum", "m", "v") -> tensor name -> moment
+ADAPTIVE = ("adam", "yogi", "adagrad")
+# The moments each optimizer keeps between rounds.
+MOMENTS: dict[str, tuple[str, ...]] = {
+    "sgd": (),
+    "avgm": ("momentum",),
+    "adam": ("m", "v"),
+    "yogi": ("m", "v"),
+    "adagrad": ("v",),
+}
+# The server learning rate when the config gives none (Flower's FedAvgM, FedAdam, FedYogi, FedAdagrad defaults).
+DEFAULT_LR: dict[str, float] = {"sgd": 1.0, "avgm": 1.0, "adam": 0.1, "yogi": 0.01, "adagrad": 0.1}
+DEFAULT_BETAS = (0.9, 0.99)
+DEFAULT_TAU = 1e-3
+DEFAULT_MOMENTUM = 0.9
+
+
+class ServerOptimizerConfig(BaseModel):
+    """The server optimizer of a method whose server step is a weighted mean (the ``server_optimizer`` key).
+
+    Attributes:
+        name: ``sgd``, ``avgm`` (FedAvgM), ``adam`` (FedAdam), ``yogi`` (FedYogi) or ``adagrad`` (FedAdagrad).
+        lr: the server learning rate (eta); default 1 for ``sgd`` and ``avgm``, 0.1 for ``adam`` and ``adagrad``,
+            0.01 for ``yogi``.
+        betas: (b1, b2), each in [0, 1), the moment decays of ``adam`` and ``yogi`` (default (0.9, 0.99)).
+        tau: > 0, the adaptivity of ``adam``, ``yogi`` and ``adagrad`` (default 1e-3).
+        momentum: mu in [0, 1), the server momentum of ``avgm`` (default 0.9).
+
+    A key that does not apply to ``name`` is refused, and the defaults are filled in when the config is read.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: OptimizerName
+    lr: float | None = Field(default=None, gt=0.0)
+    betas: tuple[float, float] | None = None
+    tau: float | None = Field(default=None, gt=0.0)
+    momentum: float | None = Field(default=None, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _keys_of_the_optimizer(self) -> ServerOptimizerConfig:
+        if self.momentum is not None and self.name != "avgm":
+            raise ValueError("`server_optimizer.momentum` applies only to `name: avgm`")
+        if self.betas is not None and self.name not in ("adam", "yogi"):
+            raise ValueError("`server_optimizer.betas` applies only to `name: adam` and `name: yogi`")
+        if self.tau is not None and self.name not in ADAPTIVE:
+            raise ValueError("`server_optimizer.tau` applies only to `name: adam`, `yogi` and `adagrad`")
+        if self.betas is not None and not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError("`server_optimizer.betas` must both be in [0, 1)")
+        if self.lr is None:
+            self.lr = DEFAULT_LR[self.name]
+        if self.name in ("adam", "yogi") and self.betas is None:
+            self.betas = DEFAULT_BETAS
+        if self.name in ADAPTIVE and self.tau is None:
+            self.tau = DEFAULT_TAU
+        if self.name == "avgm" and self.momentum is None:
+            self.momentum = DEFAULT_MOMENTUM
+        return self
+
+    @property
+    def identity(self) -> bool:
+        """Whether the step gives the aggregate itself: ``sgd``, or ``avgm`` without momentum, at ``lr`` 1."""
+        return self.lr == 1.0 and (self.name == "sgd" or (self.name == "avgm" and self.momentum == 0.0))
+
+
+def _moment_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _step(
+    cfg: ServerOptimizerConfig, delta: torch.Tensor, moments: dict[str, torch.Tensor], round_: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The change of one tensor from its pseudo-gradient ``delta`` and its previous ``moments`` (float64, zeros
+    before the first round), and its new moments."""
+    lr = float(cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.name])
+    if cfg.name == "sgd":
+        return lr * delta, {}
+    if cfg.name == "avgm":
+        momentum = float(cfg.momentum or 0.0) * moments["momentum"] + delta
+        return lr * momentum, {"momentum": momentum}
+    tau = float(cfg.tau if cfg.tau is not None else DEFAULT_TAU)
+    squared = delta * delta
+    if cfg.name == "adagrad":
+        v = moments["v"] + squared
+        return lr * delta / (v.sqrt() + tau), {"v": v}
+    b1, b2 = cfg.betas or DEFAULT_BETAS
+    m = b1 * moments["m"] + (1.0 - b1) * delta
+    if cfg.name == "adam":
+        v = b2 * moments["v"] + (1.0 - b2) * squared
+        lr = lr * (1.0 - b2 ** (round_ + 1)) ** 0.5 / (1.0 - b1 ** (round_ + 1))
+    else:  # yogi
+        v = moments["v"] - (1.0 - b2) * squared * torch.sign(moments["v"] - squared)
+    return lr * m / (v.sqrt() + tau), {"m": m, "v": v}
+
+
+def server_step(
+    cfg: ServerOptimizerConfig,
+    reference: Mapping[str, torch.Tensor],
+    aggregate: Mapping[str, torch.Tensor],
+    state: OptimizerState | None,
+    round_: int,
+) -> tuple[StateDict, OptimizerState]:
+    """The new global tensors: ``cfg``'s optimizer step along ``aggregate - reference``, and its new moments.
+
+    Args:
+        cfg: the optimizer.
+        reference: x, the global tensors the clients started from.
+        aggregate: a, the round's aggregate (weighted mean, robust rule or DP release).
+        state: the moments of the previous rounds (``None`` or empty before the first).
+        round_: t, the round counted from 1 (Flower's ``server_round``; FedAdam's bias correction reads it).
+
+    Returns:
+        The new tensors (the keys of ``aggregate``, each in its dtype) and the moments: those of this round's
+        tensors, and the previous ones of tensors this round did not aggregate.
+    """
+    previous = state or {}
+    moments: OptimizerState = {name: dict(previous.get(name, {})) for name in MOMENTS[cfg.name]}
+    if cfg.identity:
+        return dict(aggregate), moments
+    out: StateDict = {}
+    for key, value in aggregate.items():
+        ref = reference.get(key)
+        if ref is None or not value.is_floating_point() or ref.shape != value.shape:
+            out[key] = value
+            continue
+        x = ref.detach().to(device=value.device, dtype=_EXACT)
+        delta = value.detach().to(_EXACT) - x
+        before = {}
+        for name in MOMENTS[cfg.name]:
+            held = moments[name].get(key)
+            if held is not None and held.shape == delta.shape:
+                before[name] = held.to(device=delta.device, dtype=_EXACT)
+            else:  # the first round of this tensor, or it changed shape
+                before[name] = torch.zeros_like(delta)
+        change, after = _step(cfg, delta, before, round_)
+        out[key] = (x + change).to(value.dtype)
+        for name, moment in after.items():
+            moments[name][key] = moment.to(_moment_dtype(value.dtype))
+    return out, moments
