@@ -23,6 +23,9 @@ ALL = METHODS.names()
 MOE_ONLY = {"flame"}
 # Methods whose aggregation re-factorizes the LoRA (an SVD): identical updates give back the same product B A.
 SAME_PRODUCT = {"flexlora"}
+# Methods whose state re-expresses the uploads in another form (FLoRA folds the products into a base update, FedSVD
+# re-factorizes B A with the server's A): tests/test_lora_aggregation.py checks their identical updates.
+REEXPRESSED = {"flora", "fedsvd"}
 
 
 def toy_setup(name: str, request) -> tuple:
@@ -48,6 +51,8 @@ def make(name: str, **extra):
 
 @pytest.mark.parametrize("name", FEDERATED)
 def test_aggregating_identical_updates_is_identity(name, request):
+    if name in REEXPRESSED:
+        pytest.skip("checked in tests/test_lora_aggregation.py::test_identical_updates_keep_their_product")
     toy_runtime, toy_clients, _ = toy_setup(name, request)
     method = make(name)
     state = method.init_server(toy_runtime, seed=0)

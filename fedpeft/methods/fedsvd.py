@@ -1,0 +1,119 @@
+"""FedSVD: clients train only B; the server averages B and re-factorizes B A by SVD into a new orthonormal A.
+
+S. Lee, S. Park, D. B. Lee, D. Wagner, H. Seong, T. Bocklet, J. Lee, S. J. Hwang, "FedSVD: Adaptive
+Orthogonalization for Private Federated Learning with LoRA", NeurIPS 2025, https://arxiv.org/abs/2505.12805.
+
+Every client receives the global A and B, keeps A frozen and trains B (and the task head); it uploads B only. The
+server averages B by data size (p_k = n_k / sum_j n_j; A was the same for everyone, so B_avg A equals
+sum_k p_k B_k A exactly), then re-factorizes the product M = B_avg A at the same rank r by its SVD M = U S V^T:
+A <- V_r^T (orthonormal rows: the principal input directions of the aggregate update), B <- U_r S_r. M has rank at
+most r, so the global model is unchanged by the re-factorization (computed from a thin QR of A^T and an (out, r)
+SVD, without forming M; :func:`~fedpeft.methods.families.folding.refactor`). ``refactor_every`` re-factorizes
+every that many rounds (1: every round). Every client keeps the global adapter, optionally fine-tuned locally for
+``finetune_epochs`` epochs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field, model_validator
+
+from fedpeft.core.registry import METHODS
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
+from fedpeft.data.types import ClientData
+from fedpeft.methods.base import FederatedLoraConfig, Method, fine_tune, local_training, lora_spec
+from fedpeft.methods.families.folding import A_SUFFIX, B_SUFFIX, lora_modules, refactor
+from fedpeft.methods.families.lora_keys import is_lora_a
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+
+
+class FedSvdConfig(FederatedLoraConfig):
+    """FedSVD's knobs: the LoRA shape, how often the server re-factorizes, optional local fine-tuning."""
+
+    refactor_every: int = Field(default=1, ge=1)
+    finetune_epochs: float = 0.0
+    finetune_lr: float | None = None
+
+    @model_validator(mode="after")
+    def _stateless_server_step(self) -> FedSvdConfig:
+        # Each re-factorization rotates A and B, so moments kept for B would mix bases across rounds.
+        if self.server_optimizer is not None and self.server_optimizer.name != "sgd":
+            raise ValueError(
+                "fedsvd re-factorizes B A every round, which invalidates a server optimizer's moments; use "
+                "`server_optimizer: {name: sgd}` or none"
+            )
+        return self
+
+
+@dataclasses.dataclass
+class FedSvdState(ServerState):
+    """The global adapter (``tensors``: A, B and the head)."""
+
+
+@METHODS.register(
+    "fedsvd", description="FedSVD: clients train B only; the server averages B and re-factorizes B A by SVD (new A)"
+)
+class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
+    """B trained and averaged with A frozen; the server's SVD of B A gives the next orthonormal A."""
+
+    name = "fedsvd"
+    Config: ClassVar[type[FedSvdConfig]] = FedSvdConfig
+
+    def spec(self, runtime: ModelRuntime) -> LoraSpec:
+        return lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
+
+    def init_server(self, runtime: ModelRuntime, seed: int) -> FedSvdState:
+        runtime.install(ClientModel(lora=self.spec(runtime)), seed=derive_seed(seed, self.name, "init"))
+        return FedSvdState(tensors=runtime.adapter_state())
+
+    def update_spec(self, payload: Payload) -> dict[str, torch.Size]:
+        """B and the head (A stays with the server)."""
+        return {k: v.shape for k, v in payload.tensors.items() if not is_lora_a(k)}
+
+    def client_update(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: None, seed: int
+    ) -> tuple[ClientUpdate, None]:
+        runtime.install(ClientModel(lora=self.spec(runtime), adapter=payload.tensors), seed=seed)
+        trainable = {n: p for n, p in runtime.adapter_parameters().items() if not is_lora_a(n)}
+        metrics = runtime.train(client.train, trainable, seed=seed, **local_training(self.cfg))
+        upload = {k: v for k, v in runtime.adapter_state().items() if not is_lora_a(k)}
+        return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), None
+
+    def aggregate(self, state: FedSvdState, updates: Iterable[ClientUpdate]) -> tuple[FedSvdState, Metrics]:
+        mean, metrics = self.mean_aggregate(state, updates)
+        if not mean:
+            return state, metrics
+        mean, moments = self.server_optimize(state, mean)
+        tensors: StateDict = {**state.tensors, **mean}
+        if (state.round + 1) % self.cfg.refactor_every == 0:
+            for module in lora_modules(tensors):
+                a_key, b_key = module + A_SUFFIX, module + B_SUFFIX
+                tensors[a_key], tensors[b_key] = refactor(tensors[a_key], tensors[b_key])
+        return dataclasses.replace(state, tensors=tensors, server_optimizer=moments, round=state.round + 1), metrics
+
+    def personalize(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: FedSvdState,
+        client_state: Any,
+        budget: Any,
+        seed: int,
+    ) -> ClientModel:
+        model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)
+        if self.cfg.finetune_epochs <= 0:
+            return model
+        return fine_tune(
+            runtime,
+            model,
+            client.train,
+            seed=seed,
+            lr=self.cfg.finetune_lr or self.cfg.lr,
+            batch_size=self.cfg.batch_size,
+            epochs=self.cfg.finetune_epochs,
+        )
