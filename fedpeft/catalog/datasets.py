@@ -68,6 +68,18 @@ DATASETS.declare(
     "XNLI: cross-lingual natural language inference, per-language client pools",
 )
 
+# Generic datasets: a user's own data (fedpeft/data/files.py, keys in docs/real-data.md).
+DATASETS.declare(
+    "files",
+    "fedpeft.data.files",
+    "Your own data: .jsonl/.json/.csv/.tsv/.parquet files (a file, directory or glob), clients by column or drawn",
+)
+DATASETS.declare(
+    "hub",
+    "fedpeft.data.files",
+    "Your own data from datasets.load_dataset (a hub id read from the cache, or a local dataset directory)",
+)
+
 # Synthetic benchmarks (fedpeft/data/synthetic, generated from a seed and cached; docs/data.md).
 DATASETS.declare(
     "synthetic-fedaya",

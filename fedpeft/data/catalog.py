@@ -5,4 +5,4 @@ It is never needed to find a dataset: the names, descriptions and modules are de
 module only to load every builder at once.
 """
 
-from fedpeft.data import real, synthetic  # noqa: F401
+from fedpeft.data import files, real, synthetic  # noqa: F401

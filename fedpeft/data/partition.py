@@ -81,11 +81,12 @@ def partition_examples(
     )
     partitioner.dataset = dataset
     if scheme == "natural":
-        with contextlib.redirect_stderr(io.StringIO()):  # the partitioner draws a progress bar while indexing
+        # The partitioner draws a tqdm progress bar while it indexes the rows (on the first load_partition).
+        with contextlib.redirect_stderr(io.StringIO()):
             _ = partitioner.num_partitions  # builds the id map
-        ids = partitioner.partition_id_to_natural_id
-        order = sorted(ids, key=lambda pid: str(ids[pid]))
-        return [partitioner.load_partition(pid).to_list() for pid in order]
+            ids = partitioner.partition_id_to_natural_id
+            order = sorted(ids, key=lambda pid: str(ids[pid]))
+            return [partitioner.load_partition(pid).to_list() for pid in order]
     return [partitioner.load_partition(pid).to_list() for pid in range(partitioner.num_partitions)]
 
 
