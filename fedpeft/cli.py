@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -44,6 +45,9 @@ def _setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not verbose:
+        # Libraries' deprecation notices are for their users' code, not for fedpeft's: shown with -v only.
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
         for name in ("transformers", "datasets", "flwr", "peft", "ray"):
             logging.getLogger(name).setLevel(logging.ERROR)
         import transformers
@@ -81,7 +85,8 @@ def run(
         overrides.append(f"engine.name={engine}")
     cfg = load_config(config, overrides)
     target = out or Path("runs") / path_component(cfg.name)  # the name is one directory below runs/
-    with Progress(enabled=sys.stderr.isatty() or verbose) as progress:
+    terminal = sys.stderr.isatty()
+    with Progress(enabled=terminal, plain=not terminal) as progress:
         if cfg.engine.name == "flower":
             from fedpeft.apps.flower import run_flower_simulation
 

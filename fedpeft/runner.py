@@ -8,10 +8,15 @@ finished units and continues a federated phase from its last completed round. Ev
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import hashlib
 import json
 import logging
+import platform
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +51,8 @@ from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 log = logging.getLogger("fedpeft")
 # What a run writes before its first result (removed again when it fails before one).
 OWN_DIRS = ("parts", "checkpoints", "base_model")
-OWN_FILES = (RUN_MARKER, "config.yaml", GIVEN_CONFIG_FILE)
+ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
+OWN_FILES = (RUN_MARKER, "config.yaml", GIVEN_CONFIG_FILE, ENV_FILE)
 EngineFactory = Callable[[Worker], Engine]
 
 
@@ -217,6 +223,7 @@ class Experiment:
         (self.out / "parts").mkdir(exist_ok=True)
         write_text_atomic(self.out / "config.yaml", dump_config(self.cfg))
         write_text_atomic(self.out / GIVEN_CONFIG_FILE, dump_given(self.cfg))
+        write_text_atomic(self.out / ENV_FILE, json.dumps(environment(self.cfg.device), indent=2) + "\n")
         return self._created or self._existed_empty or self._restart
 
     def _discard_output(self) -> None:
@@ -358,8 +365,12 @@ class Experiment:
         per_budget = "" if budget is None else f", r={budget}"
         self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
         self.progress.rounds(method.rounds, start)
+        train_records = self._round_records.setdefault((label, seed), [])
         callbacks: list[RoundCallback] = [
             AfterRound(lambda state, round_, _: self._evaluate_round(method, label, seed, state, round_ + 1)),
+            AfterRound(
+                lambda _state, round_, metrics: train_records.extend(train_rows(label, budget, seed, round_, metrics))
+            ),
             Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), [])),
             AfterRound(lambda _state, _round, metrics: self.progress.advance_round(metrics)),
         ]
@@ -492,6 +503,62 @@ class Checkpoint:
 
     def after_phase(self, state: ServerState) -> None:
         return None
+
+
+def environment(device: str) -> dict[str, Any]:
+    """The software and machine a run starts on: Python and library versions, fedpeft's git commit when it runs
+    from a checkout, the device, the command line and the start time (UTC)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions: dict[str, str | None] = {}
+    for package in ("fedpeft", "torch", "transformers", "peft", "flwr", "datasets"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
+        commit = (done.stdout.strip() or None) if done.returncode == 0 else None
+        if commit is not None:  # a checkout with uncommitted changes does not run that commit's code
+            status = ["git", "status", "--porcelain", "--untracked-files=no"]
+            dirty = subprocess.run(status, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+            commit += "+changes" if dirty.stdout.strip() else ""
+    accelerator = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "python": platform.python_version(),
+        "versions": versions,
+        "git_commit": commit,
+        "device": device,
+        "accelerator": accelerator,
+        "platform": platform.platform(),
+        "command": sys.argv,
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def train_rows(label: str, budget: int | None, seed: int, round_: int, metrics: Metrics) -> list[dict]:
+    """``results.jsonl`` records (split ``train``) of one federated round (0-based ``round_``): the clients' mean
+    training loss where the method reports one, the clients and examples aggregated, and the round's seconds."""
+    names = {"train_loss": "loss", "clients": "clients", "examples": "examples", "seconds": "seconds"}
+    return [
+        {
+            "method": label,
+            "budget": budget,
+            "pool": "seen",
+            "client": None,
+            "group": None,
+            "seed": seed,
+            "round": round_ + 1,
+            "split": "train",
+            "metric": name,
+            "value": float(metrics[key]),
+        }
+        for key, name in names.items()
+        if key in metrics
+    ]
 
 
 def check_clients(step: str, clients: int, failures: list[str]) -> None:

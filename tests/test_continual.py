@@ -146,7 +146,10 @@ def test_per_round_evaluation_end_to_end(tmp_path):
         FedMosaic.aggregate = original  # type: ignore[method-assign]
     Experiment(validate(raw), tmp_path / "resumed").run(resume=True)
     again = [json.loads(line) for line in (tmp_path / "resumed" / "results.jsonl").read_text().splitlines()]
-    assert sorted(again, key=json.dumps) == sorted(rows, key=json.dumps)
+    timing = lambda r: r["split"] == "train" and r["metric"] == "seconds"  # noqa: E731  (not reproducible)
+    assert sorted((r for r in again if not timing(r)), key=json.dumps) == sorted(
+        (r for r in rows if not timing(r)), key=json.dumps
+    )
 
 
 PRESETS = ["fedmosaic-text", "fedmosaic-text-static", "fedmosaic-vqa", "fedmosaic-drake", "fedmosaic-hflb"]

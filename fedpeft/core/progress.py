@@ -1,8 +1,10 @@
-"""Progress display over stages, rounds and clients (rich), quiet unless asked."""
+"""Progress display over stages, rounds and clients: rich bars on a terminal, one plain line per round when the
+output goes to a file (nohup, Slurm), nothing when neither is asked for."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -12,10 +14,15 @@ log = logging.getLogger("fedpeft")
 
 
 class Progress:
-    """Bars for the current stage: its rounds and its clients. A no-op when ``enabled`` is False."""
+    """Bars for the current stage: its rounds and its clients (``enabled``); or, with ``plain``, one line per
+    finished round on stderr, flushed at once. A no-op when both are False."""
 
-    def __init__(self, enabled: bool = False, console: Console | None = None) -> None:
+    def __init__(self, enabled: bool = False, console: Console | None = None, *, plain: bool = False) -> None:
         self.enabled = enabled
+        self.plain = plain and not enabled
+        self._stage = ""
+        self._round = 0
+        self._total = 0
         self._bars: RichProgress | None = None
         self._round_task: TaskID | None = None
         self._client_task: TaskID | None = None
@@ -40,6 +47,7 @@ class Progress:
 
     def stage(self, description: str) -> None:
         log.info(description)
+        self._stage = description
         if self._bars is None:
             return
         for task in list(self._bars.task_ids):
@@ -49,6 +57,7 @@ class Progress:
         self._client_task = None
 
     def rounds(self, total: int, done: int = 0) -> None:
+        self._round, self._total = done, total
         if self._bars is not None:
             self._round_task = self._bars.add_task("rounds", total=total, completed=done)
 
@@ -58,9 +67,24 @@ class Progress:
 
     def advance_round(self, metrics: dict | None = None) -> None:
         log.debug("round done: %s", metrics)
+        self._round += 1
+        if self.plain:
+            print(round_line(self._stage, self._round, self._total, metrics or {}), file=sys.stderr, flush=True)
         if self._bars is not None and self._round_task is not None:
             self._bars.advance(self._round_task)
 
     def advance_client(self) -> None:
         if self._bars is not None and self._client_task is not None:
             self._bars.advance(self._client_task)
+
+
+def round_line(stage: str, round_: int, total: int, metrics: dict) -> str:
+    """One plain line for a finished round: the stage, the round, and the round's loss, clients and seconds."""
+    parts = [f"{stage}: round {round_}/{total}"]
+    if "train_loss" in metrics:
+        parts.append(f"train loss {metrics['train_loss']:.4f}")
+    if "clients" in metrics:
+        parts.append(f"{int(metrics['clients'])} clients")
+    if "seconds" in metrics:
+        parts.append(f"{metrics['seconds']:.1f} s")
+    return ", ".join(parts)

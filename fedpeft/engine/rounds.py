@@ -17,7 +17,9 @@ about a round happens here, in this order:
    discarded), since going on would report an untrained model as the method's result; otherwise, if fewer than
    ``min_updates`` updates passed the checks, the round keeps the previous server state (recorded as an event);
 6. the state's round counter is set, and every callback's ``after_round`` runs (evaluation, checkpoint,
-   progress, in the order given); after the last round every callback's ``after_phase``.
+   progress, in the order given) with the round's metrics: the aggregation's (``train_loss``, ...) and
+   ``clients``, ``examples`` (of the valid updates) and ``seconds``; after the last round every callback's
+   ``after_phase``.
 """
 
 from __future__ import annotations
@@ -119,7 +121,10 @@ class Engine:
             started = time.perf_counter()
             failures: list[str] = []
             rejected: list[str] = []
-            updates = self._updates(label, method, state, sampled, seed, round_, meter, failures, rejected, checks)
+            examples: list[float] = []  # the weight of every update aggregated
+            updates = self._updates(
+                label, method, state, sampled, seed, round_, meter, failures, rejected, checks, examples
+            )
             try:
                 new_state, metrics = method.aggregate(state, updates)
             except Exception:
@@ -134,7 +139,8 @@ class Engine:
                 log.warning("round %d: the server kept its previous state (%s)", round_, reason)
                 meter.events.append({"metric": "kept_previous_state", "round": round_, "reason": reason})
                 new_state = dataclasses.replace(state)
-            metrics = {**metrics, "clients": float(valid)}
+            seconds = time.perf_counter() - started
+            metrics = {**metrics, "clients": float(valid), "examples": sum(examples), "seconds": seconds}
             state = new_state
             state.round = round_ + 1
             meter.wall_seconds += time.perf_counter() - started
@@ -156,6 +162,7 @@ class Engine:
         failures: list[str],
         rejected: list[str],
         checks: UpdateChecks,
+        examples: list[float],
     ) -> Iterator[ClientUpdate]:
         sent: dict[str, Payload] = {}
 
@@ -198,6 +205,7 @@ class Engine:
                     event = {"metric": "rejected_update", "round": round_, "client": contributor, "reason": reason}
                     meter.events.append(event)
                 continue
+            examples.append(float(outcome.weight))
             yield outcome
 
 
