@@ -430,6 +430,26 @@ def local_training(cfg: FederatedConfig, *, steps: int | None = None, lr: float 
     }
 
 
+class FineTuneSettings(Protocol):
+    """The config fields of optional local fine-tuning at personalization (FedIT and the methods like it)."""
+
+    finetune_epochs: float
+    finetune_lr: float | None
+    lr: float
+    batch_size: int
+
+
+def fine_tune_if_asked(
+    runtime: ModelRuntime, model: ClientModel, examples: list[Any], cfg: FineTuneSettings, *, seed: int
+) -> ClientModel:
+    """``model`` as it is, or, with ``cfg.finetune_epochs`` above 0, fine-tuned on ``examples`` for that many epochs
+    (at ``cfg.finetune_lr``, else the training ``lr``)."""
+    if cfg.finetune_epochs <= 0:
+        return model
+    settings = {"lr": cfg.finetune_lr or cfg.lr, "batch_size": cfg.batch_size, "epochs": cfg.finetune_epochs}
+    return fine_tune(runtime, model, examples, seed=seed, **settings)
+
+
 def fine_tune(
     runtime: ModelRuntime, model: ClientModel, examples: list[Any], *, seed: int, **settings: Any
 ) -> ClientModel:

@@ -30,7 +30,7 @@ from fedpeft.merging import MergeConfig, merge_lora_states
 from fedpeft.methods.base import (
     FederatedLoraConfig,
     Method,
-    fine_tune,
+    fine_tune_if_asked,
     local_training,
     lora_spec,
     weighted_mean,
@@ -148,17 +148,7 @@ class FedIT(FedITBase[FedITConfigT, FedITState]):
         seed: int,
     ) -> ClientModel:
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)
-        if self.cfg.finetune_epochs <= 0:
-            return model
-        return fine_tune(
-            runtime,
-            model,
-            client.train,
-            seed=seed,
-            lr=self.cfg.finetune_lr or self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            epochs=self.cfg.finetune_epochs,
-        )
+        return fine_tune_if_asked(runtime, model, client.train, self.cfg, seed=seed)
 
 
 def _state_key(param_name: str, runtime: ModelRuntime) -> str:

@@ -26,7 +26,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, fine_tune, local_training, lora_spec
+from fedpeft.methods.base import FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
 from fedpeft.methods.families.folding import A_SUFFIX, B_SUFFIX, lora_modules, refactor
 from fedpeft.methods.families.lora_keys import is_lora_a
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -106,14 +106,4 @@ class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
         seed: int,
     ) -> ClientModel:
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)
-        if self.cfg.finetune_epochs <= 0:
-            return model
-        return fine_tune(
-            runtime,
-            model,
-            client.train,
-            seed=seed,
-            lr=self.cfg.finetune_lr or self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            epochs=self.cfg.finetune_epochs,
-        )
+        return fine_tune_if_asked(runtime, model, client.train, self.cfg, seed=seed)
