@@ -70,15 +70,22 @@ def run(
         bool, typer.Option("--force", help="Write into a non-empty --out that holds no fedpeft run.")
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every stage and round.")] = False,
+    plot_format: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--plot-format", help="Plot file formats, comma-separated: png,pdf,svg (output.plot_formats)."),
+    ] = None,
 ) -> None:
     """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters)."""
     _setup_logging(verbose)
     from fedpeft.core.config import load_config
+    from fedpeft.core.figures import parse_formats
     from fedpeft.core.io import path_component
     from fedpeft.core.progress import Progress
     from fedpeft.runner import Experiment
 
     overrides = list(set_ or [])
+    if plot_format is not None:
+        overrides.append(f"output.plot_formats=[{','.join(parse_formats(plot_format))}]")
     if engine is not None:
         if engine not in ("local", "flower"):
             raise UserError(f"Unknown engine {engine!r}; choose local or flower.")
@@ -130,11 +137,24 @@ def report(
     force: Annotated[
         bool, typer.Option("--force", help="Write into a non-empty --out not written by `fedpeft report`.")
     ] = False,
+    plot_format: Annotated[
+        str, typer.Option("--plot-format", help="Plot file formats, comma-separated: png,pdf,svg.")
+    ] = "png",
+    csv: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--csv", help="Also write the result tables as one tidy CSV: a .csv file or a directory."),
+    ] = None,
+    latex: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--latex", help="Also write the result tables as LaTeX (booktabs): a .tex file or a directory."),
+    ] = None,
 ) -> None:
-    """Merge the results of several runs into one summary."""
+    """Merge the results of several runs into one summary (and plots; with --csv, --latex, the tables as files)."""
     from fedpeft import report as reporting
+    from fedpeft.core.figures import parse_formats
     from fedpeft.core.io import REPORT_MARKER, check_output_dir, holds_only, make_output_dir
 
+    formats = parse_formats(plot_format)  # a bad format fails before anything is written
     for run_dir in runs:
         if not (run_dir / "results.jsonl").is_file():
             raise UserError(f"{run_dir} holds no results.jsonl; pass directories written by `fedpeft run`.")
@@ -151,8 +171,15 @@ def report(
     if out.resolve() not in given:
         make_output_dir(out, REPORT_MARKER, "report")
     text = reporting.write_summary(runs, out / "summary.md")
-    reporting.write_plots(runs, out / "plots")
+    reporting.write_plots(runs, out / "plots", formats=formats)
     console.print(Markdown(text))
+    tables = []
+    if csv is not None:
+        tables.append(reporting.write_csv(runs, csv))
+    if latex is not None:
+        tables.append(reporting.write_latex(runs, latex))
+    for target in tables:
+        console.print(f"Tables written to [bold]{target}[/bold]")
 
 
 @app.command()

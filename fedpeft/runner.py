@@ -46,12 +46,14 @@ from fedpeft.data.types import FederatedData
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import MeanServerConfigMixin, Method
+from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 
 log = logging.getLogger("fedpeft")
 # What a run writes before its first result (removed again when it fails before one).
 OWN_DIRS = ("parts", "checkpoints", "base_model")
 ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
+DATA_FILE = "data.json"  # the data overview the summary's Data section renders (fedpeft.report.records.DATA_FILE)
 OWN_FILES = (RUN_MARKER, "config.yaml", GIVEN_CONFIG_FILE, ENV_FILE)
 EngineFactory = Callable[[Worker], Engine]
 
@@ -63,6 +65,7 @@ class Experiment:
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress or Progress()
+        self.metric_log = MetricLog(out, cfg.name, tensorboard=None, wandb=None, config={})  # the config's: in run()
         # Every method's settings were validated with the config; what remains are facts across entries.
         labels = [entry.label or entry.name for entry in cfg.methods]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
@@ -121,8 +124,16 @@ class Experiment:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self._check_secure_aggregation(flower=engine_factory is not None or self.cfg.engine.name == "flower")
+        check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
         fresh = self._create_output()
         try:
+            self.metric_log = MetricLog(
+                self.out,
+                self.cfg.name,
+                tensorboard=self.cfg.log.tensorboard,
+                wandb=self.cfg.log.wandb,
+                config=self.cfg.model_dump(mode="json"),
+            )
             self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
             try:
                 for seed in self.cfg.seeds:
@@ -134,6 +145,7 @@ class Experiment:
                         self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
             finally:
                 self.engine.close()
+                self.metric_log.close()
         except BaseException:
             if fresh and not has_progress(self.out):
                 self._discard_output()
@@ -245,6 +257,7 @@ class Experiment:
             return
         records, costs = work()
         self._write_part(part, records, costs)
+        self.metric_log.unit(records)
 
     @staticmethod
     def _write_part(part: Path, records: list[dict], costs: list[dict]) -> None:
@@ -315,8 +328,9 @@ class Experiment:
     def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
         """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT."""
         runtime = self.worker.runtime
+        config = labelled_config(runtime.base_model.config, self.data.label_names)
         with staged_dir(self.out / "base_model") as target:  # written whole, then renamed into place
-            runtime.base_model.config.save_pretrained(target)
+            config.save_pretrained(target)
             save_file(
                 {k: v.detach().contiguous() for k, v in tensors.items()},
                 str(target / "model.safetensors"),
@@ -371,6 +385,7 @@ class Experiment:
             AfterRound(
                 lambda _state, round_, metrics: train_records.extend(train_rows(label, budget, seed, round_, metrics))
             ),
+            AfterRound(lambda _state, round_, metrics: self.metric_log.round(label, budget, seed, round_ + 1, metrics)),
             Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), [])),
             AfterRound(lambda _state, _round, metrics: self.progress.advance_round(metrics)),
         ]
@@ -465,11 +480,13 @@ class Experiment:
                 (costs.append(row["_cost"]) if "_cost" in row else records.append(row))
         write_text_atomic(self.out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
         write_text_atomic(self.out / "costs.jsonl", "".join(json.dumps(c) + "\n" for c in costs))
+        # The data overview, kept in the run so that `fedpeft report` prints the same Data section.
+        write_text_atomic(self.out / DATA_FILE, json.dumps(data_overview(self.data), indent=2, default=str) + "\n")
         from fedpeft import report
 
-        report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name, info=dict(self.data.info))
+        report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name)
         if self.cfg.output.plots:
-            report.write_plots([self.out], self.out / "plots")
+            report.write_plots([self.out], self.out / "plots", formats=self.cfg.output.plot_formats)
 
 
 def has_progress(run_dir: Path) -> bool:
@@ -602,8 +619,10 @@ def merge_cost_rows(label: str, seed: int, records: list[dict], federated: CostM
 
 
 def data_overview(data: FederatedData) -> dict[str, Any]:
-    """The data facts a summary states: one row per group (clients and samples per pool, and every per-group
-    fact the dataset reports, such as resource level or script) plus the dataset's scalar facts."""
+    """The data facts a summary states (the run's ``data.json``): the dataset, task and class names, the dataset's
+    scalar facts; ``groups``: one row per group (clients and samples per pool, and every per-group fact the dataset
+    reports, such as resource level or script); then the dataset's other tables (e.g. the generator's edit mix).
+    Keys read as words (``resource level``, not ``resource_level``)."""
     per_group: dict[str, dict[str, Any]] = {g: {} for g in data.groups}
     for pool in ("seen", "unseen"):
         for group in data.groups:
@@ -613,13 +632,33 @@ def data_overview(data: FederatedData) -> dict[str, Any]:
             if clients:
                 row[f"{pool} train/client"] = round(sum(len(c.train) for c in clients) / len(clients), 1)
                 row[f"{pool} test/client"] = round(sum(len(c.test) for c in clients) / len(clients), 1)
-    overview: dict[str, Any] = {}
+    overview: dict[str, Any] = {"dataset": data.name, "task": data.task}
+    if data.label_names:
+        overview["labels"] = list(data.label_names)
+    tables: dict[str, Any] = {}
     for key, value in data.info.items():
-        if isinstance(value, dict) and set(value) <= set(data.groups):
+        name = key.replace("_", " ")
+        if isinstance(value, dict) and value and set(value) <= set(data.groups):
             if all(not isinstance(v, dict) for v in value.values()):
                 for group, fact in value.items():
-                    per_group[group][key.replace("_", " ")] = fact
-        elif not isinstance(value, dict):
-            overview[key.replace("_", " ")] = value
-    overview["groups"] = per_group
-    return overview
+                    per_group[group][name] = fact
+                continue
+        if isinstance(value, dict):
+            if value:
+                tables[name] = value
+        else:
+            overview[name] = value
+    return {**overview, "groups": per_group, **tables}
+
+
+def labelled_config(config: Any, label_names: list[str] | None) -> Any:
+    """A copy of a model config that names its classes (``id2label``, ``label2id``) after the dataset's labels,
+    when it has one output per label; otherwise the config itself."""
+    if not label_names or getattr(config, "num_labels", None) != len(label_names):
+        return config
+    import copy
+
+    named = copy.deepcopy(config)
+    named.id2label = dict(enumerate(label_names))
+    named.label2id = {name: index for index, name in enumerate(label_names)}
+    return named

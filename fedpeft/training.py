@@ -4,11 +4,17 @@ Every method trains through :func:`train_loop`; what differs between methods ent
 ``extra_loss`` adds terms to the task loss (FedProx's proximal term, guidance losses, BayesTune priors),
 ``after_backward`` edits gradients before the optimizer step, ``after_step`` runs after it (AdaLoRA's budget
 allocation reads the gradients and masks the weights the step produced).
+
+At LLM scale the loop also accumulates gradients over micro-batches (an item of ``batches`` that is a list of
+batches is one optimizer step), runs forward passes under ``autocast`` (bfloat16 / float16 compute) and, for
+float16, scales the loss with a ``GradScaler``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -17,11 +23,23 @@ from fedpeft.core.types import Metrics
 
 LossHook = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any], torch.Tensor]
 StepHook = Callable[[int], None]
+Batch = dict[str, torch.Tensor]
+Step = Batch | list[Batch]
+"""One optimizer step's data: a batch, or the micro-batches of one step (gradient accumulation)."""
+
+
+def loss_units(batch: Batch) -> int:
+    """How many terms the task loss of ``batch`` averages: the predicted tokens of a causal LM (labels of
+    shape (batch, length), shifted by one, ``-100`` ignored), else the examples."""
+    labels = batch["labels"]
+    if labels.dim() > 1:
+        return int((labels[:, 1:] != -100).sum())
+    return int(labels.shape[0])
 
 
 def train_loop(
     model: torch.nn.Module,
-    batches: Iterator[dict[str, torch.Tensor]],
+    batches: Iterator[Step],
     params: dict[str, torch.nn.Parameter],
     *,
     steps: int,
@@ -32,12 +50,16 @@ def train_loop(
     after_backward: StepHook | None = None,
     optimizer_groups: list[dict[str, Any]] | None = None,
     after_step: StepHook | None = None,
+    autocast: Callable[[], AbstractContextManager[Any]] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Metrics:
     """Run ``steps`` AdamW steps on ``params`` only; every other parameter stays frozen.
 
     Args:
         model: a module whose forward takes a batch dict (with ``labels``) and returns an output with ``.loss``.
-        batches: an endless iterator of batch dicts.
+        batches: an endless iterator of batch dicts; an item that is a list of batch dicts is one step with
+            gradient accumulation: each micro-batch's loss is weighted by its share of the step's loss terms
+            (:func:`loss_units`), so the step equals one step on the micro-batches joined into one batch.
         params: the parameters to train, by name.
         steps: number of optimizer steps.
         lr: learning rate (of every group without its own ``lr``).
@@ -45,6 +67,9 @@ def train_loop(
         after_backward: ``f(step)`` called after backward, before clipping and the optimizer step.
         optimizer_groups: optional extra parameter groups (``{"params": [...], "lr": ...}``) trained alongside.
         after_step: ``f(step)`` called after the optimizer step, before the gradients are cleared.
+        autocast: returns the context every forward pass (and loss) runs in (mixed precision); ``None``: none.
+        scaler: a float16 ``GradScaler``: the loss is scaled before backward and the gradients unscaled before
+            ``after_backward`` and clipping; the scaler skips a step whose gradients overflowed.
 
     Returns:
         ``{"loss": mean task loss over the steps, "steps": steps}``.
@@ -61,21 +86,40 @@ def train_loop(
     optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
     model.train()
     total_loss = 0.0
+    context = autocast if autocast is not None else contextlib.nullcontext
     try:
         for step in range(steps):
-            batch = next(batches)
-            outputs = model(**batch)
-            loss = outputs.loss
-            total_loss += float(loss.detach())
-            if extra_loss is not None:
-                loss = loss + extra_loss(model, batch, outputs)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            item = next(batches)
+            if isinstance(item, dict):
+                micro: list[tuple[Batch, float | None]] = [(item, None)]
+            else:
+                units = [loss_units(b) for b in item]
+                micro = [(b, n / sum(units)) for b, n in zip(item, units, strict=True) if n > 0]
+                if not micro:  # no loss term in the whole step: no gradient, so the step changes nothing
+                    optimizer.zero_grad(set_to_none=True)
+            for index, (batch, weight) in enumerate(micro):
+                with context():
+                    outputs = model(**batch)
+                    task_loss = outputs.loss if weight is None else outputs.loss * weight
+                    loss = task_loss
+                    if extra_loss is not None:
+                        extra = extra_loss(model, batch, outputs)
+                        loss = loss + (extra if weight is None else extra * weight)
+                total_loss += float(task_loss.detach())
+                if index == 0:
+                    optimizer.zero_grad(set_to_none=True)
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            if scaler is not None:
+                scaler.unscale_(optimizer)
             if after_backward is not None:
                 after_backward(step)
             if max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], max_grad_norm)
-            optimizer.step()
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             if after_step is not None:
                 after_step(step)
     finally:

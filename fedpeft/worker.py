@@ -59,10 +59,12 @@ def build_data(cfg: ExperimentConfig) -> FederatedData:
 
 def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig | None = None) -> ModelRuntime:
     """Load the base model once for this process (``model``: another architecture's; default: the first one)."""
+    from fedpeft.models.runtime import resolve_device
     from fedpeft.models.table import load_model
 
     model = model or (next(iter(cfg.models.values())) if cfg.models else cfg.model)
-    loaded = load_model(model, task=data.task, num_labels=data.num_labels, corpus=data.corpus)
+    device = resolve_device(cfg.device)
+    loaded = load_model(model, task=data.task, num_labels=data.num_labels, corpus=data.corpus, device=device)
     runtime_class = ModelRuntime
     if getattr(loaded.model.config, "vision_config", None) is not None:  # image-text models (LLaVA)
         from fedpeft.models.multimodal import MultimodalRuntime
@@ -71,9 +73,12 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig
     return runtime_class(
         loaded,
         max_length=model.max_length,
-        device=cfg.device,
+        device=device,
         eval_batch_size=cfg.eval.batch_size,
         max_new_tokens=cfg.eval.max_new_tokens,
+        dtype=model.dtype,
+        grad_accum_steps=cfg.train.grad_accum_steps,
+        chat_template=model.chat_template,
     )
 
 
@@ -143,6 +148,7 @@ class Worker:
         self._stores: dict[tuple[str, int], ClientStateStore] = {}
         self._base_seed: int | None = None
         self._client_undo: dict[str, torch.Tensor] = {}  # shared tensors a client's own base replaced
+        self._shared_saved: set[Path] = set()  # shared adapters this process wrote (written once)
 
     # ------------------------------------------------------------------ base weights
     def base_checkpoint(self, seed: int) -> Path:
@@ -308,11 +314,12 @@ class Worker:
             metrics = method.evaluate(runtime, client, model, pseed)
             records += records_of(label, budget, client, seed, rounds, metrics)
             if save_adapters and model.lora is not None:
-                target = self.save_adapter(label, budget, client_id)
+                shared = self._is_shared(model, budget_state, runtime)
+                target = self.save_adapter(label, budget, client_id, shared=shared)
                 if model.routing is not None:  # how a mixture-of-experts model runs this adapter
                     write_text_atomic(target / "routing.json", json.dumps(dataclasses.asdict(model.routing)) + "\n")
             elif save_adapters and isinstance(model.extension, SavableExtension):  # adapters PEFT lacks
-                model.extension.save(self.run_dir / "adapters" / label / self._budget_dir(budget) / client_id)
+                model.extension.save(adapter_dir(self.run_dir, label, budget, client_id))
             records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
             for name, variant in model.variants.items():
                 runtime.install(variant, seed=pseed)
@@ -320,9 +327,13 @@ class Worker:
                 records += records_of(f"{label}-{name}", budget, client, seed, rounds, metrics)
         return records, seconds
 
-    @staticmethod
-    def _budget_dir(budget: Budget) -> str:
-        return "global" if budget is None else f"r{budget}"
+    def _is_shared(self, model: ClientModel, state: ServerState, runtime: ModelRuntime) -> bool:
+        """Whether the client's personalized model is the server's global adapter as it is (FedIT or FedProx
+        without fine-tuning): the same for every client, so saved once. Decided on content: the active adapter's
+        tensors equal ``state.tensors`` (same names, dtypes, shapes and values), on the shared base model."""
+        if model.base is not None or model.extension is not None or self.per_client_base or not state.tensors:
+            return False
+        return same_tensors(runtime.adapter_state(), state.tensors)
 
     def evaluate_round(self, label: str, seed: int, round_: int, client_id: str, state: ServerState) -> list[dict]:
         """A client's current model after ``round_`` completed rounds of a federated phase: accuracy on its own
@@ -349,18 +360,59 @@ class Worker:
             records += [{**r, "split": continual.OTHERS_SPLIT} for r in others_records]
         return records
 
-    def save_adapter(self, label: str, budget: Budget, client_id: str) -> Path:
-        """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``)."""
+    def save_adapter(self, label: str, budget: Budget, client_id: str, *, shared: bool = False) -> Path:
+        """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``); returns its directory.
+
+        A client's own adapter goes to :func:`adapter_dir`; a ``shared`` one (the global adapter every client keeps)
+        goes to ``adapters/<label>/global/`` (``adapters/<label>/<budget>/global/`` at a budget), written once by
+        this process however many clients keep it.
+        """
         runtime = self.runtime_for(client_id)
         assert runtime.active is not None and runtime.peft is not None
-        name = "global" if budget is None else f"r{budget}" if isinstance(budget, int) else str(budget)  # rank or tier
-        target = self.run_dir / "adapters" / label / name / client_id
+        target = adapter_dir(self.run_dir, label, budget, None if shared else client_id)
+        if shared and target in self._shared_saved:
+            return target
         config = runtime.active.to_peft(runtime.loaded.head_modules)
-        # Relative to the adapter directory (``../../../base_model``), so it still holds after the run is moved.
+        # Relative to the adapter directory (``../../../base_model`` for adapters/<label>/global/), so it still
+        # holds after the run is moved.
         base = (self.run_dir / "base_model").resolve()
         config.base_model_name_or_path = Path(os.path.relpath(base, target.resolve())).as_posix()
         tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
         with staged_files(target) as staging:  # each file written whole, then renamed into place
             config.save_pretrained(str(staging))
             save_file(tensors, str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
+        if shared:
+            self._shared_saved.add(target)
         return target
+
+
+SHARED_ADAPTER_DIR = "global"  # the one adapter every client of a method keeps
+OWN_ADAPTERS_DIR = "clients"  # budget-less methods' per-client adapters: adapters/<label>/clients/<client>/
+
+
+def adapter_dir(run_dir: Path, label: str, budget: Budget, client_id: str | None) -> Path:
+    """Where a run keeps an adapter of method ``label``.
+
+    ``client_id`` ``None`` is the adapter every client keeps: ``adapters/<label>/global/`` (budget-less) or
+    ``adapters/<label>/r<budget>/global/``. A client's own adapter: ``adapters/<label>/r<budget>/<client>/`` (a tier
+    name instead of ``r<budget>``), or ``adapters/<label>/clients/<client>/`` for a budget-less method.
+    """
+    root = Path(run_dir) / "adapters" / label
+    if budget is not None:
+        root = root / (f"r{budget}" if isinstance(budget, int) else str(budget))  # rank or tier
+    if client_id is None:
+        return root / SHARED_ADAPTER_DIR
+    return (root / OWN_ADAPTERS_DIR if budget is None else root) / client_id
+
+
+def same_tensors(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:
+    """Whether two named-tensor mappings hold the same names, dtypes, shapes and values."""
+    if first.keys() != second.keys():
+        return False
+    for key, tensor in first.items():
+        other = second[key]
+        if tensor.dtype != other.dtype or tensor.shape != other.shape:
+            return False
+        if not torch.equal(tensor.detach().cpu(), other.detach().cpu()):
+            return False
+    return True

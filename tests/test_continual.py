@@ -125,7 +125,7 @@ def test_per_round_evaluation_end_to_end(tmp_path):
     assert "## Continual personalization" in (out / "summary.md").read_text()
     from fedpeft.adapters.hooked import HookedAdapter
 
-    saved = HookedAdapter.load_file(out / "adapters" / "fedmosaic" / "global" / "client-01" / "adapter.safetensors")
+    saved = HookedAdapter.load_file(out / "adapters" / "fedmosaic" / "clients" / "client-01" / "adapter.safetensors")
     assert any(k.startswith("local/pq1.") for k in saved.tensors) and any(k.startswith("gate/") for k in saved.tensors)
 
     # Interrupted after round 2 (its evaluation is in the checkpoint), then resumed: the same records.

@@ -244,8 +244,8 @@ def test_write_summary(tmp_path):
     text = write_summary([run], tmp_path / "out", title="Toy XNLI", info=info)
     assert (tmp_path / "out" / "summary.md").read_text() == text
     assert text.startswith("# Toy XNLI\n")
-    assert "- **samples per client**: 100" in text
-    assert "| en | high |" in text
+    assert "| samples per client | 100 |" in text
+    assert "| en | high |" in text and "{" not in text.split("## Results")[0]
     assert text.index("## Seen pool") < text.index("## Unseen pool")
     assert "### r = 2 — Accuracy" in text and "### r = 4 — Accuracy" in text
     assert "budget-independent" in text

@@ -119,7 +119,9 @@ def run_flower_simulation(
     server_app.main()(main)
     nodes = max(1, cfg.engine.num_supernodes)
     parallel = max(1, min(nodes, os.cpu_count() or 1))
-    gpus = 1.0 / parallel if cfg.device.startswith("cuda") else 0.0
+    from fedpeft.models.runtime import resolve_device
+
+    gpus = 1.0 / parallel if resolve_device(cfg.device).startswith("cuda") else 0.0
     verbose = log.isEnabledFor(logging.INFO)
     backend_config: dict[str, Any] = {
         "client_resources": {"num_cpus": 1, "num_gpus": gpus},

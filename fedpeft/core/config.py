@@ -5,6 +5,7 @@ Parse once at the boundary: everything past :func:`load_config` receives typed o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -143,13 +144,24 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """Which base model to load: a registry name (``tiny-bert``), a hub id or a local path."""
+    """Which base model to load: a registry name (``tiny-bert``), a hub id or a local path, and how to run it.
+
+    LLM-scale settings (docs/models.md, "Training at LLM scale"): ``dtype`` of the base weights (adapters stay in
+    float32; forward passes run under autocast in that dtype), ``gradient_checkpointing`` (recompute each layer's
+    activations in the backward pass), ``quantization`` of the base weights through bitsandbytes (``4bit``: NF4
+    with double quantization, the QLoRA recipe; ``8bit``: LLM.int8; CUDA only), and ``chat_template``: format
+    generation prompts (and training responses) with the tokenizer's chat template, for instruct models.
+    """
 
     name: str = "tiny-bert"
     revision: str | None = None
     max_length: int = 64
     overrides: dict[str, Any] = Field(default_factory=dict)
     vocab_size: int = 2000
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gradient_checkpointing: bool = False
+    quantization: Literal["4bit", "8bit"] | None = None
+    chat_template: bool = False
 
 
 class BaseStageConfig(_Strict):
@@ -247,9 +259,36 @@ class ValidationConfig(_Strict):
     min_updates: int = Field(default=1, ge=1)
 
 
+class LogConfig(_Strict):
+    """Live metrics for TensorBoard (``tensorboard``: a directory, relative to the run directory unless
+    absolute) and Weights & Biases (``wandb``: a project name); needs ``pip install 'fedpeft[log]'``."""
+
+    tensorboard: str | None = None
+    wandb: str | None = None
+
+
+class TrainConfig(_Strict):
+    """Local training settings that apply to every method.
+
+    ``grad_accum_steps``: each optimizer step accumulates the gradients of this many micro-batches of the
+    method's ``batch_size``, weighted so that the step equals one step on a batch ``grad_accum_steps`` times as
+    large (the same examples, the same loss); epochs count these larger steps.
+    """
+
+    grad_accum_steps: int = Field(default=1, ge=1)
+
+
 class OutputConfig(_Strict):
+    """What a run writes besides its records: adapters, and plots in each of ``plot_formats``."""
+
     save_adapters: bool = True
     plots: bool = True
+    plot_formats: list[Literal["png", "pdf", "svg"]] = Field(default=["png"], min_length=1)  # copied per config
+
+    @field_validator("plot_formats")
+    @classmethod
+    def _distinct_formats(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
 
 
 class ModelAssignmentConfig(_Strict):
@@ -274,8 +313,11 @@ class ExperimentConfig(_Strict):
 
     ``plugins`` names modules imported before anything else is read (their ``register`` calls add methods,
     datasets or models; installed packages can publish them through entry points instead, docs/contributing.md).
-    ``validation`` sets the server's checks of client updates; ``faults`` injects faults into clients' work
-    (:mod:`fedpeft.core.faults`), on either engine, to test a method's robustness.
+    ``device``: where the models run: ``cpu`` (the default), ``cuda``, ``cuda:N`` (the N-th GPU), ``mps`` (Apple
+    GPUs) or ``auto`` (cuda if available, else mps, else cpu). ``train`` holds local training settings that apply
+    to every method (gradient accumulation). ``validation`` sets the server's checks of client updates;
+    ``faults`` injects faults into clients' work (:mod:`fedpeft.core.faults`), on either engine, to test a
+    method's robustness.
     """
 
     name: str = "experiment"
@@ -291,10 +333,12 @@ class ExperimentConfig(_Strict):
     output: OutputConfig = Field(default_factory=OutputConfig)
     device: str = "cpu"
     threads: int | None = None
+    train: TrainConfig = Field(default_factory=TrainConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     assign: ModelAssignmentConfig = Field(default_factory=ModelAssignmentConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     faults: list[FaultConfig] = Field(default_factory=list)
+    log: LogConfig = Field(default_factory=LogConfig)
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -302,6 +346,13 @@ class ExperimentConfig(_Strict):
         if not isinstance(entries, list) or not entries:
             raise UserError("`methods` must list at least one method; e.g. `methods: [{name: lora}]`.")
         return [method_config(entry) for entry in entries]
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        if not re.fullmatch(r"cpu|mps|auto|cuda(:\d+)?", device):
+            raise UserError(f"`device` must be cpu, cuda, cuda:N, mps or auto, not {device!r}.")
+        return device
 
     @field_validator("seeds")
     @classmethod

@@ -10,8 +10,8 @@ inside :func:`~fedpeft.models.tiny.seeded_init`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import torch
 from huggingface_hub.errors import HFValidationError
 from transformers import (
     AutoConfig,
@@ -31,14 +31,19 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import MODELS
 from fedpeft.models.gguf import cached_gguf_checkpoint, local_gguf_source
 from fedpeft.models.multimodal import load_image_text_checkpoint
+from fedpeft.models.precision import quantization_config, torch_dtype
 from fedpeft.models.tiny import apply_overrides, seeded_init, set_labels
 from fedpeft.models.vision import is_image_classifier, load_image_checkpoint
 
 
 def load_checkpoint(
-    source: str, cfg: ModelConfig, task: str, num_labels: int, *, revision: str | None = None
+    source: str, cfg: ModelConfig, task: str, num_labels: int, *, revision: str | None = None, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized."""
+    """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized.
+
+    The weights load in ``cfg.dtype``; with ``cfg.quantization`` the linear layers are quantized by bitsandbytes
+    while loading, straight onto ``device`` (checked by :func:`~fedpeft.models.precision.check_quantization`).
+    """
     config = AutoConfig.from_pretrained(source, revision=revision)
     if task == "classification" and is_image_classifier(config):
         return load_image_checkpoint(source, cfg, num_labels, revision)
@@ -51,12 +56,16 @@ def load_checkpoint(
             f"choose a model that supports {task}."
         )
     auto_class = AutoModelForSequenceClassification if task == "classification" else AutoModelForCausalLM
+    quantized: dict[str, Any] = {}
+    if cfg.quantization is not None:
+        quantized = {"quantization_config": quantization_config(cfg), "device_map": {"": device}}
     with seeded_init():
         model = auto_class.from_pretrained(
             source,
             config=config,
             revision=revision,
-            dtype=torch.float32,
+            dtype=torch_dtype(cfg),
+            **quantized,
             # A checkpoint with a head for another label count gets a fresh head instead of an error.
             ignore_mismatched_sizes=task == "classification",
         )
@@ -70,8 +79,11 @@ def load_checkpoint(
     return model, tokenizer
 
 
-def load_external(cfg: ModelConfig, task: str, num_labels: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model ``cfg.name`` names when it is not registered: a ``.gguf`` file, a local directory or a hub id."""
+def load_external(
+    cfg: ModelConfig, task: str, num_labels: int, *, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model ``cfg.name`` names when it is not registered: a ``.gguf`` file, a local directory or a hub id
+    (``device``: where a quantized model is loaded)."""
     path = Path(cfg.name).expanduser()
     if path.suffix == ".gguf":
         checkpoint = cached_gguf_checkpoint(local_gguf_source(path))
@@ -96,4 +108,4 @@ def load_external(cfg: ModelConfig, task: str, num_labels: int) -> tuple[PreTrai
         raise UserError(f"Model {cfg.name} cannot be read by this transformers version ({reason}).") from None
     if config.model_type == "llava":
         return load_image_text_checkpoint(source, cfg, task, revision=cfg.revision)
-    return load_checkpoint(source, cfg, task, num_labels, revision=cfg.revision)
+    return load_checkpoint(source, cfg, task, num_labels, revision=cfg.revision, device=device)

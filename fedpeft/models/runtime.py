@@ -24,8 +24,21 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.moe import MoeControl, Routing
+from fedpeft.models.precision import DTYPES
 from fedpeft.models.targets import lora_modules, max_rank
-from fedpeft.training import LossHook, StepHook, train_loop
+from fedpeft.training import Batch, LossHook, Step, StepHook, train_loop
+
+
+def resolve_device(device: str) -> str:
+    """The torch device ``device`` names; ``auto``: ``cuda`` if available, else ``mps`` if available, else ``cpu``."""
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
 
 
 @dataclass(frozen=True)
@@ -118,9 +131,14 @@ class ModelRuntime:
     Args:
         loaded: the loaded model (``fedpeft.models.table.LoadedModel``).
         max_length: truncation length of tokenized inputs.
-        device: torch device string.
+        device: torch device string (``auto``: see :func:`resolve_device`).
         eval_batch_size: batch size of evaluation.
         max_new_tokens: generation length for generation tasks.
+        dtype: ``model.dtype``, the dtype the base weights were loaded in; other than ``float32``, forward passes
+            of :meth:`train` and :meth:`predict` run under ``torch.autocast`` in it, and adapters are kept in
+            float32 (float16 also scales the loss with a ``GradScaler``; it needs a CUDA device).
+        grad_accum_steps: micro-batches per optimizer step in :meth:`train` (``train.grad_accum_steps``).
+        chat_template: format generation prompts (and training responses) with the tokenizer's chat template.
     """
 
     def __init__(
@@ -131,15 +149,29 @@ class ModelRuntime:
         device: str = "cpu",
         eval_batch_size: int = 64,
         max_new_tokens: int = 32,
+        dtype: str = "float32",
+        grad_accum_steps: int = 1,
+        chat_template: bool = False,
     ) -> None:
         self.loaded = loaded
         self.task: str = loaded.task
         self.tokenizer = loaded.tokenizer
-        self.device = torch.device(device)
+        self.device = torch.device(resolve_device(device))
         self.max_length = max_length
         self.eval_batch_size = eval_batch_size
         self.max_new_tokens = max_new_tokens
-        self.base_model = loaded.model.to(self.device)
+        if dtype not in DTYPES:
+            raise UserError(f"model.dtype must be one of {', '.join(DTYPES)}, not {dtype!r}.")
+        if dtype == "float16" and self.device.type == "cpu":
+            raise UserError("model.dtype float16 needs a GPU (cuda or mps); use bfloat16 or float32 on the cpu.")
+        self.dtype = DTYPES[dtype]
+        self.grad_accum_steps = grad_accum_steps
+        self.chat_template = chat_template
+        # float16 gradients underflow without loss scaling; the scaler's scale carries over between train calls.
+        self._scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
+        # A bitsandbytes-quantized model is placed on its GPU when loaded and cannot be moved.
+        quantized = getattr(loaded.model, "is_quantized", False) is True
+        self.base_model = loaded.model if quantized else loaded.model.to(self.device)
         # Parameter objects survive PEFT's injection (they move under base_layer / original_module), so these
         # references keep addressing the base weights under their canonical names.
         self.base_params: dict[str, torch.nn.Parameter] = dict(self.base_model.named_parameters())
@@ -192,7 +224,27 @@ class ModelRuntime:
             self.peft.add_adapter(name, config)
         self.peft.set_adapter(name)
         self.active = spec
+        if self.dtype != torch.float32:
+            self._adapter_in_float32()
         return self.peft
+
+    def _adapter_in_float32(self) -> None:
+        """Keep the active adapter's trainable tensors (LoRA weights, head copy) in float32 under a low-precision
+        base: the optimizer then updates float32 weights, and autocast computes in the low precision."""
+        with torch.no_grad():
+            for param in self.adapter_parameters().values():
+                if param.is_floating_point() and param.dtype != torch.float32:
+                    param.data = param.data.float()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context forward passes run in: ``torch.autocast`` in ``model.dtype`` (none for float32).
+
+        Code that calls the model itself (outside :meth:`train` and :meth:`predict`) wraps its forward passes in
+        it, so that float32 adapters and a low-precision base compute together.
+        """
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def _model(self) -> torch.nn.Module:
         if self.active is None:
@@ -379,10 +431,47 @@ class ModelRuntime:
             return dict(batch)
         return self._encode_generation(examples)
 
+    def _chat_ids(self, prompt: str, response: str | None = None) -> tuple[list[int], list[int]]:
+        """Token ids of ``prompt`` as a user turn rendered by the tokenizer's chat template (with the generation
+        prompt that opens the assistant's turn), and of ``response`` as the assistant's turn that follows.
+
+        The prompt is cut, inside the template, to half of ``max_length``. The response ids are what the full
+        conversation adds after the prompt (its end-of-turn tokens included); for a template whose conversation
+        does not start with the prompt's rendering they are the response's own tokens and eos.
+        """
+        tok = self.tokenizer
+
+        def render(messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+
+        limit = self.max_length // 2
+        user = [{"role": "user", "content": prompt}]
+        ids = render(user, True)
+        if len(ids) > limit:  # cut the user's text, keeping the template's tokens around it
+            content = tok(prompt, add_special_tokens=False)["input_ids"]
+            keep = max(0, len(content) - (len(ids) - limit))
+            prompt = tok.decode(content[:keep], skip_special_tokens=True)
+            user = [{"role": "user", "content": prompt}]
+            ids = render(user, True)[:limit]
+        if response is None:
+            return ids, []
+        full = render([*user, {"role": "assistant", "content": response}], False)
+        if full[: len(ids)] == ids:
+            return ids, full[len(ids) :]
+        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        return ids, list(tok(response, add_special_tokens=False)["input_ids"]) + eos
+
     def _encode_generation(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         tok = self.tokenizer
         ids, labels = [], []
         for ex in examples:
+            if self.chat_template:
+                prompt, answer = self._chat_ids(ex["prompt"], ex["response"])
+                full = (prompt + answer)[: self.max_length]
+                ids.append(full)
+                labels.append([-100] * len(prompt) + full[len(prompt) :])
+                continue
             prompt = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
             response = tok(ex["response"], add_special_tokens=False)["input_ids"]
             bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
@@ -401,16 +490,38 @@ class ModelRuntime:
 
     def batches(self, examples: list[Example], batch_size: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
         """An endless stream of shuffled minibatches; each pass over the data is a new permutation."""
+        for chunk in self._chunks(examples, batch_size, seed):
+            yield self._to_device(self.encode(chunk))
+
+    def accumulated_batches(
+        self, examples: list[Example], batch_size: int, accumulation: int, seed: int
+    ) -> Iterator[list[Batch]]:
+        """An endless stream of optimizer steps, each the micro-batches (of ``batch_size``) of one batch of
+        ``batch_size * accumulation`` examples drawn as :meth:`batches` draws them: the same examples in the
+        same order as ``batches(examples, batch_size * accumulation, seed)``."""
+        for chunk in self._chunks(examples, batch_size * accumulation, seed):
+            yield [
+                self._to_device(self.encode(chunk[start : start + batch_size]))
+                for start in range(0, len(chunk), batch_size)
+            ]
+
+    @staticmethod
+    def _chunks(examples: list[Example], size: int, seed: int) -> Iterator[list[Example]]:
         generator = torch.Generator().manual_seed(seed)
         while True:
             order = torch.randperm(len(examples), generator=generator).tolist()
-            for start in range(0, len(order), batch_size):
-                chunk = [examples[i] for i in order[start : start + batch_size]]
-                yield {k: v.to(self.device) for k, v in self.encode(chunk).items()}
+            for start in range(0, len(order), size):
+                yield [examples[i] for i in order[start : start + size]]
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> Batch:
+        return {k: v.to(self.device) for k, v in batch.items()}
 
     # ------------------------------------------------------------------ training
     def steps_for(self, n_examples: int, batch_size: int, epochs: float | None, steps: int | None) -> int:
-        """Number of optimizer steps for ``steps`` or ``epochs`` passes over ``n_examples``."""
+        """Number of optimizer steps for ``steps`` or ``epochs`` passes over ``n_examples``.
+
+        With gradient accumulation ``batch_size`` is the examples of one step (micro-batch size x accumulation).
+        """
         if steps is not None:
             return steps
         return max(1, math.ceil(float(epochs or 1.0) * math.ceil(n_examples / batch_size)))
@@ -438,22 +549,41 @@ class ModelRuntime:
         ``model`` is the module to call instead of the runtime's own (a PEFT model of another adapter type wrapped
         around the base model after :meth:`detach_adapters`); ``after_step`` runs after every optimizer step;
         ``max_grad_norm`` clips the global gradient norm (``None``: no clipping).
+
+        With ``grad_accum_steps`` k above 1 a step accumulates k micro-batches of ``batch_size``: the same step as
+        one batch of ``batch_size * k`` (:meth:`accumulated_batches`), and ``epochs`` count those steps.
         """
         if not examples:
             raise ValueError("no training examples")
         if params == "adapter":
             params = self.adapter_parameters()
         elif params == "all":
+            if getattr(self.base_model, "is_quantized", False) is True:
+                raise UserError(
+                    "A quantized base model (model.quantization) cannot train its own weights; "
+                    "train adapters only, or drop model.quantization."
+                )
             params = self.base_params
         assert isinstance(params, dict)
-        total = self.steps_for(len(examples), batch_size, epochs, steps)
+        if self._scaler is not None and any(p.dtype == torch.float16 for p in params.values()):
+            raise UserError(
+                "model.dtype float16 trains adapters only (float16 weights cannot be updated with "
+                "loss scaling); use bfloat16 to train the base weights."
+            )
+        accumulation = self.grad_accum_steps
+        total = self.steps_for(len(examples), batch_size * accumulation, epochs, steps)
+        stream: Iterator[Step] = (
+            self.batches(examples, batch_size, seed)
+            if accumulation == 1
+            else self.accumulated_batches(examples, batch_size, accumulation, seed)
+        )
         model = model if model is not None else self._model()
         with self._adapter_context():
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 return train_loop(
                     model,
-                    self.batches(examples, batch_size, seed),
+                    stream,
                     params,
                     steps=total,
                     lr=lr,
@@ -463,6 +593,8 @@ class ModelRuntime:
                     optimizer_groups=optimizer_groups,
                     max_grad_norm=max_grad_norm,
                     after_step=after_step,
+                    autocast=None if self.dtype == torch.float32 else self.autocast,
+                    scaler=self._scaler,
                 )
 
     # ------------------------------------------------------------------ evaluation
@@ -474,7 +606,7 @@ class ModelRuntime:
         model.eval()
         outputs: list[Any] = []
         try:
-            with self._adapter_context():
+            with self._adapter_context(), self.autocast():
                 for start in range(0, len(examples), self.eval_batch_size):
                     chunk = examples[start : start + self.eval_batch_size]
                     if self.task == "classification":
@@ -491,9 +623,13 @@ class ModelRuntime:
     def _generate(self, model: torch.nn.Module, examples: list[Example]) -> list[str]:
         tok = self.tokenizer
         bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-        prompts = [
-            (bos + tok(ex["prompt"], add_special_tokens=False)["input_ids"])[: self.max_length // 2] for ex in examples
-        ]
+        if self.chat_template:
+            prompts = [self._chat_ids(ex["prompt"])[0] for ex in examples]
+        else:
+            prompts = [
+                (bos + tok(ex["prompt"], add_special_tokens=False)["input_ids"])[: self.max_length // 2]
+                for ex in examples
+            ]
         width = max(len(p) for p in prompts)
         pad = tok.pad_token_id
         # Left padding so that every prompt ends at the same position.

@@ -22,6 +22,7 @@ from fedpeft.core.registry import MODELS
 from fedpeft.models.checkpoints import load_external
 from fedpeft.models.multimodal import build_tiny_llava, language_model_targets
 from fedpeft.models.packaged import GEMMA3_TASKS, build_gemma3_270m, build_minilm
+from fedpeft.models.precision import check_quantization, prepare_model
 from fedpeft.models.targets import (
     FAMILY_LORA_PARAMETERS,
     FAMILY_LORA_TARGETS,
@@ -228,6 +229,7 @@ def load_model(
     task: str,
     num_labels: int = 0,
     corpus: Callable[[], list[str]] | None = None,
+    device: str = "cpu",
 ) -> LoadedModel:
     """Load a base model with its task head and tokenizer.
 
@@ -238,17 +240,28 @@ def load_model(
         num_labels: number of classes, at least 2 for classification.
         corpus: returns every text of the federation; needed by models whose tokenizer is trained on the data
             (``tiny-bert``, ``tiny-llama``), called only by them.
+        device: the resolved device the model will run on; a quantized checkpoint (``cfg.quantization``) is
+            loaded onto it, and refused unless it is a CUDA device with bitsandbytes installed.
 
     Returns:
         The model in eval mode, its tokenizer and where LoRA goes.
 
     Raises:
-        UserError: unknown model, task the model cannot do, bad overrides, missing packages or corpus.
+        UserError: unknown model, task the model cannot do, bad overrides, missing packages or corpus, an
+            LLM-scale setting the model or machine cannot honour (quantization, chat template, checkpointing).
     """
     if task not in TASKS:
         raise UserError(f"Unknown task {task!r}; choose 'classification' or 'generation'.")
     if task == "classification" and num_labels < 2:
         raise UserError(f"Classification needs at least 2 labels, got num_labels={num_labels}.")
+    if cfg.chat_template and task != "generation":
+        raise UserError("model.chat_template formats generation prompts; drop it for a classification dataset.")
+    check_quantization(cfg, device)
+    if cfg.quantization is not None and cfg.name in MODELS:
+        raise UserError(
+            f"model.quantization applies to hub or local checkpoints, not to the registered model {cfg.name}; "
+            "drop model.quantization."
+        )
     if cfg.name in MODELS:
         name = MODELS.canonical(cfg.name)
         spec: ModelSpec = MODELS.get(name)
@@ -259,8 +272,15 @@ def load_model(
         family = spec.family
     else:
         name = cfg.name
-        model, tokenizer = load_external(cfg, task, num_labels)
+        model, tokenizer = load_external(cfg, task, num_labels, device=device)
         family = normalize_family(model.config.model_type)
+    if cfg.chat_template and (family == "llava" or getattr(tokenizer, "chat_template", None) is None):
+        what = "an image-text model" if family == "llava" else "a tokenizer without a chat template"
+        raise UserError(
+            f"model.chat_template needs a text model whose tokenizer has a chat template, and {name} "
+            f"has {what}; drop model.chat_template."
+        )
+    prepare_model(model, cfg)
 
     processor = None
     if isinstance(tokenizer, PreTrainedTokenizerBase):

@@ -7,49 +7,65 @@ reporting hooks of their class (``Method.report_sections``, ``Method.report_plot
 
 Modules: :mod:`.records` (reading and merging runs, orders, labels), :mod:`.tables` (statistics over seeds,
 per-group tables, Wins, gain over base), :mod:`.costs`, :mod:`.continual`, :mod:`.plots`, :mod:`.sweeps`,
-:mod:`.summary` (``summary.md``); :mod:`.merge_plots` and :mod:`.scale_plots` hold the reports of Potara and of
-the BayesTune methods, called by their hooks.
+:mod:`.summary` (``summary.md``), :mod:`.export` (the result tables as CSV and LaTeX). Every plot is saved in each
+format of :func:`plot_formats` (:mod:`fedpeft.core.figures`). The reports of Potara and of the BayesTune methods
+(:mod:`fedpeft.methods.families.merge_report`, :mod:`fedpeft.adapters.scale_plots`) are called by their hooks.
 """
 
+from fedpeft.core.figures import PLOT_FORMATS, plot_formats, save_figure
 from fedpeft.report.continual import continual_cells, continual_sections, read_round_records, render_continual_table
 from fedpeft.report.costs import cost_cells, render_compute_table, render_cost_tables, render_failures
+from fedpeft.report.export import render_csv, render_latex, table_rows, write_csv, write_latex
 from fedpeft.report.plots import write_plots
 from fedpeft.report.records import budget_label, budget_order, method_order, metric_label, read_records
-from fedpeft.report.summary import render_info, write_summary
+from fedpeft.report.summary import data_sections, render_info, write_summary
 from fedpeft.report.sweeps import method_sweeps, write_sweep_plots
 from fedpeft.report.tables import (
     Cell,
     GroupTable,
+    ResultTable,
     combined_wins,
     gain_over_base,
     group_table,
     over_seeds,
     render_group_table,
+    result_tables,
 )
 
 __all__ = [
+    "PLOT_FORMATS",
     "Cell",
     "GroupTable",
+    "ResultTable",
     "budget_label",
     "budget_order",
     "combined_wins",
     "continual_cells",
     "continual_sections",
     "cost_cells",
+    "data_sections",
     "gain_over_base",
     "group_table",
     "method_order",
     "method_sweeps",
     "metric_label",
     "over_seeds",
+    "plot_formats",
     "read_records",
     "read_round_records",
     "render_compute_table",
     "render_continual_table",
     "render_cost_tables",
+    "render_csv",
     "render_failures",
     "render_group_table",
     "render_info",
+    "render_latex",
+    "result_tables",
+    "save_figure",
+    "table_rows",
+    "write_csv",
+    "write_latex",
     "write_plots",
     "write_summary",
     "write_sweep_plots",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from fedpeft.core.figures import DEFAULT_FORMATS, plot_formats, save_figure
 from fedpeft.core.io import staged_files
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.records import (
@@ -27,7 +28,7 @@ from fedpeft.report.sweeps import write_sweep_plots
 from fedpeft.report.tables import MEAN_COLUMN, Cell, group_table
 
 
-def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str], path: Path) -> None:
+def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str], path: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     methods = method_order(results)
@@ -64,10 +65,10 @@ def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str
         axes.set_title(f"{pool} pool: mean over clients, ± SD over seeds")
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    return save_figure(figure, path)
 
 
-def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path: Path) -> None:
+def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     labels: list[str] = []
@@ -106,11 +107,13 @@ def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path:
     figure.colorbar(image, ax=axes, label=f"{metric_label(metric)} (x100)")
     axes.set_title(f"{pool} pool: {metric_label(metric)}, mean over seeds", fontsize="medium")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    return save_figure(figure, path)
 
 
-def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
-    """Write the report's plots as PNG files into ``out_dir`` (a run's or a report's ``plots/``).
+def write_plots(
+    run_dirs: Sequence[Path], out_dir: Path, *, formats: str | Iterable[str] = DEFAULT_FORMATS
+) -> list[Path]:
+    """Write the report's plots into ``out_dir`` (a run's or a report's ``plots/``), each in every ``formats``.
 
     Per pool, ``mean_<pool>.png``: bars of the pool mean of each metric per method and budget, with
     SD-over-seeds error bars. Per pool and metric, ``groups_<pool>_<metric>.png``: a heatmap of every method
@@ -121,6 +124,8 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     Args:
         run_dirs: run directories to merge (see :func:`read_records`).
         out_dir: the directory that receives the files, created if missing.
+        formats: file formats among png, pdf and svg (a list or ``"png,pdf"``); each plot is written once per
+            format, the methods' own plots too (:func:`~fedpeft.report.figures.save_figure`).
 
     Returns:
         Paths of the files written.
@@ -130,18 +135,15 @@ def write_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     target = Path(out_dir)
     written: list[Path] = []
     # Drawn into a temporary directory, then each file renamed into out_dir: no half-written PNG is ever seen.
-    with staged_files(target) as plots_dir:
+    with plot_formats(formats), staged_files(target) as plots_dir:
         results = [r for r in records if is_test(r)]
         for pool in pool_order(results):
             pool_records = [r for r in results if r["pool"] == pool]
             metrics = metric_order(pool_records)
-            path = plots_dir / f"mean_{file_part(pool)}.png"
-            _plot_pool_means(pool_records, pool, metrics, path)
-            written.append(path)
+            written += _plot_pool_means(pool_records, pool, metrics, plots_dir / f"mean_{file_part(pool)}.png")
             for metric in metrics:
                 path = plots_dir / f"groups_{file_part(pool)}_{file_part(metric)}.png"
-                _plot_group_heatmap(pool_records, pool, metric, path)
-                written.append(path)
+                written += _plot_group_heatmap(pool_records, pool, metric, path)
         written += write_sweep_plots(run_dirs, plots_dir)
         for hook, method_records in method_hook_calls(records, run_dirs, "report_plots"):
             written += hook(method_records, run_dirs, plots_dir)

@@ -15,6 +15,7 @@ Record = dict[str, Any]
 
 RESULTS_FILE = "results.jsonl"
 COSTS_FILE = "costs.jsonl"
+DATA_FILE = "data.json"  # the run's data overview (fedpeft.runner.data_overview), the summary's Data section
 BASE_METHOD = "base"
 POOL_ORDER = ("seen", "unseen", "all")
 METRIC_LABELS = {"accuracy": "Accuracy", "meteor": "METEOR", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L"}

@@ -3,6 +3,8 @@ evaluation, failures and costs, assembled in that order."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,9 @@ from fedpeft.report.costs import render_compute_table, render_cost_tables, rende
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.privacy import privacy_sections
 from fedpeft.report.records import (
+    DATA_FILE,
     Record,
     budget_label,
-    budget_order,
     first_seen,
     method_order,
     metric_label,
@@ -28,47 +30,102 @@ from fedpeft.report.records import (
 from fedpeft.report.tables import (
     GENERATION_METRICS,
     GENERATION_MIN_BEST,
-    combined_wins,
     gain_over_base,
-    group_table,
     markdown_table,
     render_gain_table,
     render_group_table,
+    result_tables,
 )
 
 SUMMARY_FILE = "summary.md"
 
 
 def _render_scalar(value: Any) -> str:
+    if isinstance(value, Mapping):  # deeper than a table shows: "key: value" pairs, never a Python dict
+        return "; ".join(f"{key}: {_render_scalar(inner)}" for key, inner in value.items())
     if isinstance(value, (list, tuple)):
-        return ", ".join(map(str, value))
+        return ", ".join(map(_render_scalar, value)) if value else "none"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
 
 
-def render_info(info: Mapping[str, Any]) -> str:
-    """Markdown of descriptive facts as given: scalars and lists as a bullet list, mappings as small tables.
+def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level, their keys joined with spaces (``{"seen": {"clients": 2}}`` ->
+    ``{"seen clients": 2}``)."""
+    flat: dict[str, Any] = {}
+    for key, inner in value.items():
+        name = f"{prefix}{key}"
+        if isinstance(inner, Mapping) and inner:
+            flat.update(_flatten(inner, f"{name} "))
+        else:
+            flat[name] = inner
+    return flat
 
-    A mapping of mappings (e.g. ``{"sizes": {"en": {"train": 2000, "test": 500}}}``) becomes one table with a
-    column per inner key.
+
+def render_info(info: Mapping[str, Any]) -> str:
+    """Markdown tables of descriptive facts: the scalars and lists in one ``fact | value`` table, then one small
+    table per mapping, each under its key in bold.
+
+    A mapping of scalars is a ``key | value`` table; a mapping of mappings (e.g. the per-group facts
+    ``{"en": {"seen clients": 2, "script": "latin"}}``) one table with a row per outer key and a column per inner
+    key, deeper mappings flattened into columns (``{"seen": {"clients": 2}}`` gives the column ``seen clients``).
+    No value is ever printed as a Python dict.
     """
-    bullets = []
+    facts = []
     tables = []
     for key, value in info.items():
         if not isinstance(value, Mapping):
-            bullets.append(f"- **{key}**: {_render_scalar(value)}")
-        elif value and all(isinstance(inner, Mapping) for inner in value.values()):
-            columns = first_seen(column for inner in value.values() for column in inner)
-            rows = [
-                [str(name), *(_render_scalar(inner[c]) if c in inner else "—" for c in columns)]
+            facts.append([str(key), _render_scalar(value)])
+        elif not value:
+            continue
+        elif any(isinstance(inner, Mapping) for inner in value.values()):
+            rows_of = {
+                name: _flatten(inner) if isinstance(inner, Mapping) else {"value": inner}
                 for name, inner in value.items()
+            }
+            columns = first_seen(column for row in rows_of.values() for column in row)
+            rows = [
+                [str(name), *(_render_scalar(row[c]) if c in row else "—" for c in columns)]
+                for name, row in rows_of.items()
             ]
             tables.append(f"**{key}**\n\n" + markdown_table(["", *map(str, columns)], rows))
         else:
             rows = [[str(name), _render_scalar(inner)] for name, inner in value.items()]
             tables.append(f"**{key}**\n\n" + markdown_table(["", "value"], rows))
-    return "\n\n".join(part for part in ["\n".join(bullets), *tables] if part)
+    parts = [markdown_table(["fact", "value"], facts)] if facts else []
+    return "\n\n".join([*parts, *tables])
+
+
+def data_sections(run_dirs: Sequence[Path]) -> list[str]:
+    """The ``Data`` section of a report of ``run_dirs``: each run's data overview (``data.json``, written by the
+    run; for runs written before it existed, the Data section of their ``summary.md``), once when the runs agree,
+    else one sub-section per run. Empty when no run has one."""
+    found: list[tuple[Path, str]] = []
+    for run_dir in map(Path, run_dirs):
+        data_file = run_dir / DATA_FILE
+        if data_file.is_file():
+            try:
+                overview = json.loads(data_file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                raise UserError(f"{data_file} is not valid JSON; delete it or rerun the run with --resume.") from None
+            if isinstance(overview, Mapping) and overview:
+                found.append((run_dir, render_info(overview)))
+            continue
+        summary = run_dir / SUMMARY_FILE
+        text = summary.read_text(encoding="utf-8") if summary.is_file() else ""
+        section = re.search(r"^## Data\n\n(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
+        if section and section.group(1).strip():
+            found.append((run_dir, section.group(1).strip()))
+    texts = first_seen(text for _, text in found)
+    if not texts:
+        return []
+    if len(texts) == 1:
+        return ["## Data", texts[0]]
+    parts = ["## Data"]
+    for run_dir, text in found:
+        parts += [f"### `{run_dir}`", text]
+    return parts
 
 
 _NOTES = (
@@ -86,18 +143,15 @@ def _result_sections(results: Sequence[Record]) -> list[str]:
     labels = ", ".join(map(metric_label, combined))
     criterion = f" in at least {GENERATION_MIN_BEST} of {labels}" if combined else ""
     sections = [_NOTES.format(criterion=criterion)]
+    tables = result_tables(results)
     for pool in pool_order(results):
-        pool_records = [r for r in results if r["pool"] == pool]
         sections.append(f"## {pool_label(pool)}")
-        for budget in budget_order(pool_records) or [None]:
-            tables = {m: group_table(pool_records, pool=pool, metric=m, budget=budget) for m in metrics}
-            wins = combined_wins([tables[m] for m in combined]) if combined else None
-            for metric, table in tables.items():
-                if not table.methods:
-                    continue
-                heading = metric_label(metric) if budget is None else f"{budget_label(budget)} — {metric_label(metric)}"
-                sections.append(f"### {heading}")
-                sections.append(render_group_table(table, wins if metric in combined else None))
+        for found in (t for t in tables if t.table.pool == pool):
+            table = found.table
+            metric, budget = table.metric, table.budget
+            heading = metric_label(metric) if budget is None else f"{budget_label(budget)} — {metric_label(metric)}"
+            sections.append(f"### {heading}")
+            sections.append(render_group_table(table, found.wins))
     return sections
 
 
@@ -134,7 +188,8 @@ def write_summary(
         run_dirs: run directories to merge (see :func:`read_records`).
         out: a directory (the summary goes to ``out/summary.md``) or a ``.md`` file path.
         title: the heading; defaults to the run directory names.
-        info: facts about the data (group sizes, samples per client, resource levels, ...), shown as given.
+        info: facts about the data (group sizes, samples per client, resource levels, ...), rendered as tables
+            (:func:`render_info`); by default the runs' own data overviews (:func:`data_sections`).
 
     Returns:
         The markdown text written.
@@ -147,7 +202,9 @@ def write_summary(
     seeds = ", ".join(map(str, first_seen(r["seed"] for r in results)))
     runs = ", ".join(f"`{d}`" for d in run_dirs)
     parts = [f"# {title}", f"Runs: {runs}. Seeds: {seeds}. Methods: {', '.join(method_order(results))}."]
-    if info:
+    if info is None:
+        parts += data_sections(run_dirs)
+    elif info:
         parts += ["## Data", render_info(info)]
     parts += ["## Results", *_result_sections(results), *_gain_sections(results)]
     for hook, records in method_hook_calls(results, run_dirs, "report_sections"):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedpeft.core.figures import save_figure
 from fedpeft.report.method_hooks import config_method_entries, method_class
 from fedpeft.report.records import (
     budget_label,
@@ -99,7 +100,5 @@ def write_sweep_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
             axes.set_title(f"{name}: {metric_label(metric)} vs {key}")
             axes.legend(fontsize="small")
         figure.tight_layout()
-        path = Path(out_dir) / f"sweep_{file_part(name)}_{file_part(key)}.png"
-        figure.savefig(path, dpi=120)
-        written.append(path)
+        written += save_figure(figure, Path(out_dir) / f"sweep_{file_part(name)}_{file_part(key)}.png")
     return written

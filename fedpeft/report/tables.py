@@ -17,6 +17,8 @@ from fedpeft.report.records import (
     first_seen,
     is_test,
     method_order,
+    metric_order,
+    pool_order,
 )
 
 MEAN_COLUMN = "Mean"
@@ -146,6 +148,38 @@ def group_table(records: Sequence[Record], *, pool: str, metric: str, budget: Bu
     return table
 
 
+@dataclass(frozen=True)
+class ResultTable:
+    """One per-group table of a report as printed: its table and the Wins it prints (``wins``: the combined Wins
+    of a generation benchmark's METEOR, ROUGE-1 and ROUGE-L tables, else ``None`` for the table's own)."""
+
+    table: GroupTable
+    wins: Mapping[str, int] | None = None
+
+    @property
+    def printed_wins(self) -> Mapping[str, int]:
+        """The Wins column: ``wins`` when given, else the table's own."""
+        return self.table.wins if self.wins is None else self.wins
+
+
+def result_tables(results: Sequence[Record]) -> list[ResultTable]:
+    """Every per-group table of a report, in the summary's order: per pool, per budget (``None`` when there is no
+    budget), per metric; tables without rows left out. With METEOR, ROUGE-1 and ROUGE-L all measured, their tables
+    print the combined Wins (:func:`combined_wins`)."""
+    metrics = metric_order(results)
+    combined = list(GENERATION_METRICS) if set(GENERATION_METRICS) <= set(metrics) else []
+    found = []
+    for pool in pool_order(results):
+        pool_records = [r for r in results if r["pool"] == pool]
+        for budget in budget_order(pool_records) or [None]:
+            tables = {m: group_table(pool_records, pool=pool, metric=m, budget=budget) for m in metrics}
+            wins = combined_wins([tables[m] for m in combined]) if combined else None
+            for metric, table in tables.items():
+                if table.methods:
+                    found.append(ResultTable(table, wins if metric in combined else None))
+    return found
+
+
 def combined_wins(tables: Sequence[GroupTable], min_best: int = GENERATION_MIN_BEST) -> dict[str, int]:
     """Wins over several metrics of the same pool and budget: groups where a method is best in ``min_best``.
 
@@ -224,12 +258,18 @@ def gain_over_base(records: Sequence[Record], *, pool: str, metric: str) -> dict
     }
 
 
-def render_gain_table(gains: Mapping[tuple[str, Budget], Cell], records: Sequence[Record]) -> str:
-    """Markdown of :func:`gain_over_base`: a row per method, a column per budget (x100, signed)."""
+def gain_layout(gains: Mapping[tuple[str, Budget], Cell], records: Sequence[Record]) -> tuple[list[str], list[Budget]]:
+    """The rows (methods) and columns (budgets, ``None`` last for budget-less methods) of a gain table."""
     methods = [m for m in method_order(records) if any(key[0] == m for key in gains)]
     budgets: list[Budget] = [b for b in budget_order(records) if any(key[1] == b for key in gains)]
     if any(key[1] is None for key in gains):
         budgets.append(None)
+    return methods, budgets
+
+
+def render_gain_table(gains: Mapping[tuple[str, Budget], Cell], records: Sequence[Record]) -> str:
+    """Markdown of :func:`gain_over_base`: a row per method, a column per budget (x100, signed)."""
+    methods, budgets = gain_layout(gains, records)
     rows = [
         [method, *(format_cell(gains.get((method, budget)), signed=True) for budget in budgets)] for method in methods
     ]

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedpeft.core.figures import save_figure
+
 _GRID_METRIC = re.compile(r"^test_(?P<metric>.+)@(?P<alpha>[0-9.eE+-]+)$")
 
 
@@ -71,8 +73,7 @@ def write_mixing_weight_plots(records: Sequence[dict[str, Any]], out_dir: Path) 
         figure.suptitle(f"{method}: merged model against the mixing weight (mean over seeds)", fontsize="small")
         figure.tight_layout()
         path = Path(out_dir) / f"mixing_weight_{re.sub(r'[^A-Za-z0-9_.-]+', '-', method)}.png"
-        figure.savefig(path, dpi=110)
-        written.append(path)
+        written += save_figure(figure, path, dpi=110)  # in every plot format of the report
     return written
 
 

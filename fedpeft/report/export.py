@@ -1,0 +1,222 @@
+"""The summary's result tables as files for papers and further analysis: one tidy CSV, and LaTeX tables.
+
+Both hold the tables of ``summary.md``'s results, computed the same way (:func:`~fedpeft.report.tables.result_tables`
+and :func:`~fedpeft.report.tables.gain_over_base`): every per-group table (pool, budget, metric) and every gain
+over base table (pool, metric). ``fedpeft report --csv`` and ``--latex`` write them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedpeft.core.errors import UserError
+from fedpeft.core.io import write_text_atomic
+from fedpeft.report.records import (
+    Budget,
+    Record,
+    budget_label,
+    metric_label,
+    metric_order,
+    pool_label,
+    pool_order,
+    read_records,
+)
+from fedpeft.report.tables import (
+    MEAN_COLUMN,
+    Cell,
+    format_cell,
+    gain_layout,
+    gain_over_base,
+    result_tables,
+)
+
+CSV_FILE = "summary.csv"
+LATEX_FILE = "summary.tex"
+CSV_FIELDS = ("table", "pool", "metric", "budget", "method", "column", "mean", "sd", "seeds", "best", "wins", "text")
+
+
+def _budget_value(budget: Budget) -> str:
+    return "" if budget is None else str(budget)
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _cell_fields(cell: Cell | None, *, signed: bool = False) -> dict[str, str]:
+    if cell is None:
+        return {"mean": "", "sd": "", "seeds": "", "text": "—"}
+    return {
+        "mean": _number(cell.mean * 100),
+        "sd": _number(None if cell.sd is None else cell.sd * 100),
+        "seeds": str(cell.seeds),
+        "text": format_cell(cell, signed=signed),
+    }
+
+
+def table_rows(results: Sequence[Record]) -> list[dict[str, str]]:
+    """The result tables as tidy rows (:data:`CSV_FIELDS`), one per printed cell, values x100.
+
+    Per-group tables give ``table = results``, the table's ``budget`` (empty without one), one row per method and
+    column (a group or ``Mean``), with ``best`` (``1`` for a bold cell) and the row's ``wins`` (empty for ``base``).
+    Gain tables give ``table = gain``, ``budget`` and ``column`` the budget of the cell (``no budget`` for budget-less
+    methods). ``mean`` and ``sd`` are unrounded; ``text`` is the cell as ``summary.md`` prints it (without bold).
+    """
+    rows: list[dict[str, str]] = []
+    for found in result_tables(results):
+        table = found.table
+        wins = found.printed_wins
+        for method in table.methods:
+            for column in [*table.groups, MEAN_COLUMN]:
+                rows.append(
+                    {
+                        "table": "results",
+                        "pool": table.pool,
+                        "metric": table.metric,
+                        "budget": _budget_value(table.budget),
+                        "method": method,
+                        "column": column,
+                        **_cell_fields(table.cells.get((method, column))),
+                        "best": "1" if method in table.best.get(column, set()) else "0",
+                        "wins": str(wins[method]) if method in wins else "",
+                    }
+                )
+    for pool in pool_order(results):  # as summary.md's gain section
+        for metric in metric_order(results):
+            gains = gain_over_base(results, pool=pool, metric=metric)
+            methods, budgets = gain_layout(gains, results)
+            for method in methods:
+                for budget in budgets:
+                    rows.append(
+                        {
+                            "table": "gain",
+                            "pool": pool,
+                            "metric": metric,
+                            "budget": _budget_value(budget),
+                            "method": method,
+                            "column": budget_label(budget),
+                            **_cell_fields(gains.get((method, budget)), signed=True),
+                            "best": "",
+                            "wins": "",
+                        }
+                    )
+    return rows
+
+
+def render_csv(results: Sequence[Record]) -> str:
+    """The CSV text of :func:`table_rows` (a header line, then one line per cell)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table_rows(results))
+    return buffer.getvalue()
+
+
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped."""
+    return "".join(_LATEX_SPECIAL.get(char, char) for char in str(text))
+
+
+def _latex_cell(text: str, *, bold: bool = False) -> str:
+    if text == "—":
+        return "---"
+    cell = latex_escape(text).replace(" ± ", r" $\pm$ ")
+    return rf"\textbf{{{cell}}}" if bold else cell
+
+
+def _latex_table(caption: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [
+        r"\begin{table}[ht]",
+        r"\centering",
+        rf"\caption{{{caption}}}",
+        r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
+        r"\toprule",
+        " & ".join(latex_escape(h) for h in header) + r" \\",
+        r"\midrule",
+        *(" & ".join(row) + r" \\" for row in rows),
+        r"\bottomrule",
+        r"\end{tabular}",
+        r"\end{table}",
+    ]
+    return "\n".join(lines)
+
+
+def render_latex(results: Sequence[Record]) -> str:
+    """LaTeX of the result tables: one ``table`` with a booktabs ``tabular`` per per-group table and per gain
+    table, the cells as ``summary.md`` prints them (x100, ``mean $\\pm$ SD``, best in bold, ``---`` for no data).
+    Needs ``\\usepackage{booktabs}``."""
+    parts = ["% fedpeft result tables; needs \\usepackage{booktabs}"]
+    for found in result_tables(results):
+        table = found.table
+        wins = found.printed_wins
+        columns = [*table.groups, MEAN_COLUMN]
+        rows = []
+        for method in table.methods:
+            row = [latex_escape(method)]
+            for column in columns:
+                bold = method in table.best.get(column, set())
+                row.append(_latex_cell(format_cell(table.cells.get((method, column))), bold=bold))
+            row.append(str(wins[method]) if method in wins else "---")
+            rows.append(row)
+        where = pool_label(table.pool)
+        if table.budget is not None:
+            where += f", {budget_label(table.budget)}"
+        caption = latex_escape(f"{where}: {metric_label(table.metric)} (x100, mean ± SD over seeds).")
+        parts.append(_latex_table(caption.replace("±", r"$\pm$"), ["Method", *columns, "Wins"], rows))
+    for pool in pool_order(results):  # as summary.md's gain section
+        for metric in metric_order(results):
+            gains = gain_over_base(results, pool=pool, metric=metric)
+            if not gains:
+                continue
+            methods, budgets = gain_layout(gains, results)
+            rows = [
+                [latex_escape(m), *(_latex_cell(format_cell(gains.get((m, b)), signed=True)) for b in budgets)]
+                for m in methods
+            ]
+            caption = latex_escape(f"{pool_label(pool)}: gain over base, {metric_label(metric)} (x100).")
+            parts.append(_latex_table(caption, ["Method", *map(budget_label, budgets)], rows))
+    return "\n\n".join(parts) + "\n"
+
+
+def _target(out: Path, default_name: str, suffix: str) -> Path:
+    out = Path(out)
+    if out.suffix == suffix:
+        return out
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; give a directory or a path ending in {suffix}.")
+    return out / default_name
+
+
+def write_csv(run_dirs: Sequence[Path], out: Path) -> Path:
+    """Write :func:`render_csv` of the merged runs to ``out`` (a ``.csv`` file, or a directory that receives
+    ``summary.csv``); returns the file."""
+    results, _ = read_records([Path(d) for d in run_dirs])
+    target = _target(out, CSV_FILE, ".csv")
+    write_text_atomic(target, render_csv(results))
+    return target
+
+
+def write_latex(run_dirs: Sequence[Path], out: Path) -> Path:
+    """Write :func:`render_latex` of the merged runs to ``out`` (a ``.tex`` file, or a directory that receives
+    ``summary.tex``); returns the file."""
+    results, _ = read_records([Path(d) for d in run_dirs])
+    target = _target(out, LATEX_FILE, ".tex")
+    write_text_atomic(target, render_latex(results))
+    return target

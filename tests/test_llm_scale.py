@@ -1,0 +1,268 @@
+"""LLM-scale training on tiny models: dtype and autocast, gradient checkpointing, gradient accumulation,
+quantization refusals, chat templates, ``device: auto`` and the paper-scale presets' dtype."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedpeft.core.config import ExperimentConfig, ModelConfig, load_config
+from fedpeft.core.errors import UserError
+from fedpeft.methods.base import lora_spec
+from fedpeft.models import load_model
+from fedpeft.models import precision as precision_module
+from fedpeft.models.precision import check_quantization, quantization_config
+from fedpeft.models.runtime import ClientModel, ModelRuntime, resolve_device
+
+WORDS = "the a cat dog sees runs red blue small big house tree river sky bird fish".split()
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def sentence(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+@pytest.fixture(scope="module")
+def texts() -> dict[str, list[dict]]:
+    rng = random.Random(0)
+    generation = [{"prompt": sentence(rng, 2, 6), "response": sentence(rng, 1, 7)} for _ in range(40)]
+    classification = []
+    for _ in range(40):
+        text = sentence(rng, 3, 8)
+        classification.append({"text": text, "text_pair": None, "label": int("cat" in text.split())})
+    return {"generation": generation, "classification": classification}
+
+
+@pytest.fixture(autouse=True)
+def cache_root(tmp_path_factory, monkeypatch) -> Path:
+    root = tmp_path_factory.getbasetemp() / "fedpeft-cache-llm"
+    monkeypatch.setenv("FEDPEFT_CACHE", str(root))
+    return root
+
+
+def corpus(examples: dict[str, list[dict]]):
+    def texts() -> list[str]:
+        return [" ".join(str(v) for v in ex.values() if isinstance(v, str)) for exs in examples.values() for ex in exs]
+
+    return texts
+
+
+def runtime(texts, task: str = "generation", **settings) -> ModelRuntime:
+    model_keys = {"dtype", "gradient_checkpointing", "chat_template"}
+    cfg = ModelConfig(name="tiny-llama", vocab_size=400, **{k: v for k, v in settings.items() if k in model_keys})
+    loaded = load_model(cfg, task=task, num_labels=2, corpus=corpus(texts))
+    rest = {k: v for k, v in settings.items() if k not in model_keys}
+    return ModelRuntime(loaded, dtype=cfg.dtype, chat_template=cfg.chat_template, **rest)
+
+
+def train_adapter(rt: ModelRuntime, examples: list[dict], *, batch_size: int, steps: int) -> tuple[dict, float]:
+    rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
+    metrics = rt.train(examples, lr=5e-2, batch_size=batch_size, seed=3, steps=steps)
+    return rt.adapter_state(), metrics["loss"]
+
+
+# ------------------------------------------------------------------------------------------- config, device
+
+
+def test_defaults_keep_cpu_runs_as_they_were():
+    cfg = ExperimentConfig()
+    assert (cfg.model.dtype, cfg.model.gradient_checkpointing, cfg.model.quantization) == ("float32", False, None)
+    assert cfg.model.chat_template is False and cfg.train.grad_accum_steps == 1 and cfg.device == "cpu"
+
+
+def test_config_keys_validate():
+    cfg = load_config("quickstart", ["train.grad_accum_steps=4", "model.dtype=bfloat16", "device=cuda:1"])
+    assert cfg.train.grad_accum_steps == 4 and cfg.model.dtype == "bfloat16" and cfg.device == "cuda:1"
+    for bad in ["train.grad_accum_steps=0", "model.dtype=float8", "model.quantization=2bit"]:
+        with pytest.raises(UserError):
+            load_config("quickstart", [bad])
+    with pytest.raises(UserError, match="`device` must be cpu, cuda, cuda:N, mps or auto"):
+        load_config("quickstart", ["device=gpu"])
+
+
+def test_device_auto(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("auto") == "mps"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    assert resolve_device("cuda:1") == "cuda:1"
+
+
+# ---------------------------------------------------------------------------------------- gradient accumulation
+
+
+@pytest.mark.parametrize("task", ["generation", "classification"])
+def test_accumulation_equals_the_larger_batch(texts, task):
+    """6 x 3 micro-batches per step = batches of 18: the same examples, weights and loss (40 examples: the
+    third step is the pass's last 4 examples, one micro-batch; responses of unequal length weight by tokens)."""
+    examples = texts[task]
+    big, big_loss = train_adapter(runtime(texts, task), examples, batch_size=18, steps=4)
+    small, small_loss = train_adapter(runtime(texts, task, grad_accum_steps=3), examples, batch_size=6, steps=4)
+    assert big.keys() == small.keys()
+    # Summing micro-batch gradients rounds differently from one batch; AdamW's normalization lifts those
+    # float32 rounding differences to ~1e-5 where a gradient is near 0 (each step moves a weight by up to 5e-2).
+    for key in big:
+        torch.testing.assert_close(small[key], big[key], rtol=1e-4, atol=5e-5, msg=key)
+    assert small_loss == pytest.approx(big_loss, rel=1e-5)
+    moved = train_adapter(runtime(texts, task), examples, batch_size=6, steps=4)[0]
+    assert max(float((moved[k] - big[k]).abs().max()) for k in big) > 1e-2  # without accumulation: other steps
+
+
+def test_accumulated_steps_count_epochs_of_the_larger_batch(texts):
+    rt = runtime(texts, grad_accum_steps=2)
+    rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
+    assert rt.train(texts["generation"], lr=1e-2, batch_size=8, seed=0, epochs=1)["steps"] == 3  # 40 / 16
+
+
+# ---------------------------------------------------------------------------------------- checkpointing, dtype
+
+
+def test_gradient_checkpointing_trains_the_same_adapter(texts):
+    plain = runtime(texts)
+    checkpointed = runtime(texts, gradient_checkpointing=True)
+    assert checkpointed.base_model.is_gradient_checkpointing and not plain.base_model.is_gradient_checkpointing
+    expected, expected_loss = train_adapter(plain, texts["generation"], batch_size=8, steps=3)
+    got, loss = train_adapter(checkpointed, texts["generation"], batch_size=8, steps=3)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=5e-5, msg=key)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+
+
+def test_bfloat16_base_with_float32_adapter_trains_under_autocast(texts):
+    rt = runtime(texts, dtype="bfloat16")
+    assert all(p.dtype == torch.bfloat16 for p in rt.base_params.values())
+    rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
+    assert all(p.dtype == torch.float32 for p in rt.adapter_parameters().values())
+    before = rt.adapter_state()
+    metrics = rt.train(texts["generation"], lr=5e-2, batch_size=8, seed=0, steps=3)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    after = rt.adapter_state()
+    assert any("lora_B" in k and not torch.equal(after[k], before[k]) for k in after)
+    assert len(rt.predict(texts["generation"][:2])) == 2
+
+
+def test_bfloat16_classification_head_is_trained_in_float32(texts):
+    rt = runtime(texts, "classification", dtype="bfloat16")
+    rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
+    heads = {k: p for k, p in rt.adapter_parameters().items() if "score" in k}
+    assert heads and all(p.dtype == torch.float32 for p in heads.values())
+    rt.train(texts["classification"], lr=1e-2, batch_size=8, seed=0, steps=2)
+    assert set(rt.predict(texts["classification"][:4])) <= {0, 1}
+
+
+def test_float16_on_the_cpu_is_refused(texts):
+    with pytest.raises(UserError, match="float16 needs a GPU"):
+        runtime(texts, dtype="float16")
+
+
+# ------------------------------------------------------------------------------------------------ quantization
+
+
+def test_quantization_without_bitsandbytes_is_refused(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name))
+    with pytest.raises(UserError, match="^model.quantization 4bit needs the bitsandbytes package, which is not"):
+        check_quantization(ModelConfig(name="org/model", quantization="4bit"), "cuda")
+
+
+def test_quantization_without_cuda_is_refused(monkeypatch):
+    monkeypatch.setattr(precision_module.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match=r"^model.quantization 8bit needs a CUDA device \(this run's device is cpu\)"):
+        check_quantization(ModelConfig(name="org/model", quantization="8bit"), "cpu")
+    with pytest.raises(UserError, match="needs a CUDA device"):
+        check_quantization(ModelConfig(name="org/model", quantization="8bit"), "cuda")
+    check_quantization(ModelConfig(name="org/model"), "cpu")  # not asked for: nothing to check
+
+
+def test_quantizing_a_registered_model_is_refused(monkeypatch, texts):
+    monkeypatch.setattr(precision_module.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = ModelConfig(name="tiny-llama", quantization="4bit")
+    with pytest.raises(UserError, match="applies to hub or local checkpoints"):
+        load_model(cfg, task="generation", corpus=corpus(texts), device="cuda")
+
+
+def test_qlora_recipe():
+    config = quantization_config(ModelConfig(name="org/model", quantization="4bit", dtype="bfloat16"))
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4" and config.bnb_4bit_use_double_quant
+    assert config.bnb_4bit_compute_dtype == torch.bfloat16
+    assert quantization_config(ModelConfig(name="org/model", quantization="8bit")).load_in_8bit
+    assert quantization_config(ModelConfig(name="org/model")) is None
+
+
+# ---------------------------------------------------------------------------------------------- chat template
+
+
+def test_chat_template_formats_prompts_and_responses(texts, monkeypatch):
+    rt = runtime(texts, max_length=256)
+    tok = rt.tokenizer
+    monkeypatch.setattr(tok, "chat_template", CHAT_TEMPLATE, raising=False)
+    rt.chat_template = True
+    example = {"prompt": "the cat sees a bird", "response": "a red bird"}
+    user = [{"role": "user", "content": example["prompt"]}]
+    conversation = [*user, {"role": "assistant", "content": example["response"]}]
+    prompt_text = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    full_text = tok.apply_chat_template(conversation, tokenize=False)
+    assert prompt_text.endswith("<|assistant|>") and full_text.endswith("<|end|>")
+    prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
+    full_ids = tok(full_text, add_special_tokens=False)["input_ids"]
+    assert full_ids[: len(prompt_ids)] == prompt_ids
+
+    batch = rt.encode([example])
+    assert batch["input_ids"][0].tolist() == full_ids
+    assert batch["labels"][0].tolist() == [-100] * len(prompt_ids) + full_ids[len(prompt_ids) :]
+    assert rt._chat_ids(example["prompt"])[0] == prompt_ids  # what generation is prompted with
+    rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
+    rt.train([example] * 4, lr=1e-2, batch_size=2, seed=0, steps=1)
+    assert len(rt.predict([example])) == 1
+
+
+def test_chat_template_cuts_the_user_text_not_the_template(texts, monkeypatch):
+    rt = runtime(texts, max_length=120)
+    monkeypatch.setattr(rt.tokenizer, "chat_template", CHAT_TEMPLATE, raising=False)
+    rt.chat_template = True
+    ids, _ = rt._chat_ids(" ".join(["cat"] * 100))
+    assert 40 < len(ids) <= 60
+    assert rt.tokenizer.decode(ids).endswith("<|end|><|assistant|>")
+
+
+def test_chat_template_needs_a_template_and_generation(texts):
+    with pytest.raises(UserError, match="has a tokenizer without a chat template"):
+        runtime(texts, chat_template=True)
+    with pytest.raises(UserError, match="formats generation prompts"):
+        runtime(texts, "classification", chat_template=True)
+
+
+# ------------------------------------------------------------------------------------------------- presets
+
+PAPER_SCALE_LLM_PRESETS = [
+    "fedmosaic-drake",
+    "fedmosaic-fedscope",
+    "fedmosaic-hflb",
+    "fedp2eft-fedaya",
+    "flame-alpagasus",
+    "flame-alpagasus-dense",
+    "flame-dolly",
+    "flame-dolly-dense",
+    "guidance-sni",
+    "potara-commonsense",
+    "potara-flan",
+]
+
+
+@pytest.mark.parametrize("preset", PAPER_SCALE_LLM_PRESETS)
+def test_paper_scale_llm_presets_use_bfloat16(preset):
+    cfg = load_config(preset)
+    models = list(cfg.models.values()) or [cfg.model]
+    assert all(m.dtype == "bfloat16" for m in models)
