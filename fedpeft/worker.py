@@ -333,6 +333,8 @@ class Worker:
         tensors equal ``state.tensors`` (same names, dtypes, shapes and values), on the shared base model."""
         if model.base is not None or model.extension is not None or self.per_client_base or not state.tensors:
             return False
+        if model.routing is not None:  # how the client runs the adapter (e.g. FLAME's learned rescaler) is its own
+            return False
         return same_tensors(runtime.adapter_state(), state.tensors)
 
     def evaluate_round(self, label: str, seed: int, round_: int, client_id: str, state: ServerState) -> list[dict]:

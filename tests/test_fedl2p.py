@@ -88,11 +88,12 @@ def test_one_federated_phase_per_budget_with_per_client_bases_and_resume(tmp_pat
     out = tmp_path / "run"
     Experiment(load_config("smoke", overrides), out).run()
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {(r["method"], r["budget"]) for r in records} == {("base", None), ("fedl2p", 2), ("fedl2p", 4)}
+    evaluated = [r for r in records if r["split"] != "train"]  # train: the base stage's and fedl2p's rounds
+    assert {(r["method"], r["budget"]) for r in evaluated} == {("base", None), ("fedl2p", 2), ("fedl2p", 4)}
     states = {b: torch.load(out / "checkpoints" / "fedl2p" / f"seed0-r{b}.pt", weights_only=False) for b in (2, 4)}
     assert [states[b]["state"].budget for b in (2, 4)] == [2, 4]
     assert all(s["round"] == 2 for s in states.values())
-    clients = sorted({r["client"] for r in records})
+    clients = sorted({r["client"] for r in evaluated})
     assert sorted(p.stem for p in (out / "checkpoints" / "client-base" / "seed0").iterdir()) == clients
     base_rows = {r["client"]: r["value"] for r in records if r["method"] == "base"}
     assert len(set(base_rows.values())) > 1
@@ -106,5 +107,8 @@ def test_one_federated_phase_per_budget_with_per_client_bases_and_resume(tmp_pat
     (out / "results.jsonl").unlink()
     Experiment(load_config("smoke", overrides), out).run(resume=True)
     resumed = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    key = lambda r: (r["method"], str(r["budget"]), r["client"], r["metric"])  # noqa: E731
-    assert sorted(resumed, key=key) == sorted(records, key=key)
+    timing = lambda r: r["split"] == "train" and r["metric"] == "seconds"  # noqa: E731  (wall time: not reproducible)
+    key = lambda r: tuple(str(r[k]) for k in ("method", "budget", "client", "split", "round", "metric"))  # noqa: E731
+    assert sorted((r for r in resumed if not timing(r)), key=key) == sorted(
+        (r for r in records if not timing(r)), key=key
+    )

@@ -161,7 +161,7 @@ def test_minilm_run_writes_the_output_contract(minilm_run):
     assert len(clients) == 8 and {c.pool for c in minilm_run.data.clients} == {"seen", "unseen"}
     assert {r["client"] for r in records if r["method"] == "base"} == clients
     for method in ("lora", "bayestune_lora", "fedp2eft"):
-        mine = [r for r in records if r["method"] == method]
+        mine = [r for r in records if r["method"] == method and r["split"] == "test"]
         assert {(r["client"], r["budget"], r["metric"]) for r in mine} == {(c, 2, "accuracy") for c in clients}
         assert all(0.0 <= r["value"] <= 1.0 for r in mine)
         assert {p.name for p in (out / "adapters" / method / "r2").iterdir()} == clients
@@ -272,7 +272,7 @@ def test_gemma_run_writes_generation_metrics_psg_and_adapters(gemma_run):
     assert len(clients) == 4 and {c.pool for c in gemma_run.data.clients} == {"seen", "unseen"}
     expected_budget = {"base": None, "lora": 2, "fedp2eft": 2}
     for method, budget in expected_budget.items():
-        mine = [r for r in records if r["method"] == method]
+        mine = [r for r in records if r["method"] == method and r["split"] == "test"]
         assert {(r["client"], r["budget"], r["metric"]) for r in mine} == {
             (c, budget, m) for c in clients for m in GENERATION_METRICS
         }, method
