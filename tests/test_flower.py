@@ -441,7 +441,9 @@ def test_deployment_on_loopback(tmp_path):
     finally:
         stop(processes)
 
-    records = read_records(out)
+    records = {key: value for key, value in read_records(out).items() if key[7] == "test"}  # evaluations
+    train = {key[0] for key in read_records(out) if key[7] == "train"}
+    assert train == {"fedit"}  # the secure round's training records (loss, clients, examples)
     clients = ["lat1-seen-00", "lat1-seen-01"]
     assert sorted((key[0], key[3]) for key in records) == [(m, c) for m in ("base", "fedit") for c in clients]
     assert all(0.0 <= value <= 1.0 for value in records.values())
