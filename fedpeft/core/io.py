@@ -95,14 +95,23 @@ def save_atomic(obj: Any, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(target: Path) -> Iterator[Path]:
-    """Yield a temporary sibling directory of ``target``; when the block succeeds, it replaces ``target`` (a
-    previous ``target`` is removed), and when it raises, it is removed. For directories fedpeft owns whole."""
-    target = Path(target)
+def _scratch_beside(target: Path) -> Iterator[Path]:
+    """A new temporary directory beside ``target`` (its parent created), removed when the block ends."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(target)
     tmp.mkdir()
     try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_dir(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory of ``target``; when the block succeeds, it replaces ``target`` (a
+    previous ``target`` is removed), and when it raises, it is removed. For directories fedpeft owns whole."""
+    target = Path(target)
+    with _scratch_beside(target) as tmp:
         yield tmp
         if target.exists():
             old = temporary_sibling(target)
@@ -111,9 +120,6 @@ def staged_dir(target: Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -122,10 +128,7 @@ def staged_files(target: Path) -> Iterator[Path]:
     renamed into ``target`` (created if missing; other files of ``target`` stay), and the temporary directory is
     removed either way. For directories that may hold other files."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(target)
-    tmp.mkdir()
-    try:
+    with _scratch_beside(target) as tmp:
         yield tmp
         target.mkdir(parents=True, exist_ok=True)
         for source in sorted(tmp.rglob("*")):
@@ -133,8 +136,6 @@ def staged_files(target: Path) -> Iterator[Path]:
                 destination = target / source.relative_to(tmp)
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(source, destination)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- output directories
