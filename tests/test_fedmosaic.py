@@ -11,9 +11,32 @@ from fedpeft.core.config import validate
 from fedpeft.core.costs import CostMeter
 from fedpeft.engine.local import LocalEngine
 from fedpeft.merging import rela
-from fedpeft.methods.families.branched import example_batches, frozen_gradient, gradient_module, hooked_adapter
+from fedpeft.methods.families.branched import (
+    example_batches,
+    frozen_gradient,
+    gradient_module,
+    hooked_adapter,
+    matched_steps,
+)
+from fedpeft.methods.fedmosaic import FedMosaicConfig
 from fedpeft.models.runtime import ClientModel
 from tests.test_federation import HETERO, generation_data
+
+
+def test_defaults_are_the_papers_text_protocol():
+    # Sec. A.6 (text-only runs), Table 15 and Sec. A.17: the values docs/methods/fedmosaic.md#fidelity checks.
+    cfg = FedMosaicConfig(name="fedmosaic")
+    assert (cfg.rounds, cfg.local_steps, cfg.batch_size, cfg.fraction) == (20, 100, 4, 1.0)
+    assert (cfg.rank, cfg.lr, cfg.pq_lr, cfg.weight_decay, cfg.blocks) == (16, 3e-4, None, 0.0, 4)
+    assert (cfg.tau, cfg.ema, cfg.noise, cfg.keep, cfg.grad_every) == (0.5, 0.5, 1e-4, 0.4, 10)
+    assert (cfg.align_samples, cfg.align_lr, cfg.align_epochs, cfg.align_batch_size, cfg.align_lambda) == (
+        5000,
+        5e-5,
+        1.0,
+        4,
+        0.5,
+    )
+    assert matched_steps(cfg) == 91  # 100 steps / 1.098, SFT's compute per round
 
 
 def test_relevance_weights_match_a_hand_computed_softmax():

@@ -370,6 +370,21 @@ def test_rescaler_modes(mode, init, expected, toy_moe_runtime, toy_moe_clients):
     assert model.routing == Routing(top_k=1, scale=learned)
 
 
+def test_learned_rescaler_trains_at_the_lora_learning_rate_unless_given_its_own(toy_moe_runtime, toy_moe_clients):
+    # The paper trains s_i in the client's one Adam (lr 1.5e-4): an Adam step moves a scalar by about lr, so two
+    # steps at lr 1e-3 move s_i by at most ~2e-3; its own rate (here 5e-2) moves it much further.
+    runtime, client = toy_moe_runtime, toy_moe_clients[3]
+    moved = {}
+    for rescaler_lr in (None, 5e-2):
+        flame = method("flame", lr=1e-3, rescaler_lr=rescaler_lr)
+        state = flame.init_server(runtime, seed=0)
+        _, client_state = flame.client_update(runtime, client, flame.payload(state, "c3"), None, seed=1)
+        moved[rescaler_lr] = abs(client_state["rescaler"] - 1.0)
+    assert flame.cfg.local_steps == 2 and method("flame").cfg.rescaler_lr is None
+    assert 0 < moved[None] <= 2.5e-3
+    assert moved[5e-2] > 10 * moved[None]
+
+
 def test_flame_round_counts_only_what_the_client_routed(toy_moe_runtime, toy_moe_clients):
     flame = method("flame")
     state = flame.init_server(toy_moe_runtime, seed=0)

@@ -6,12 +6,12 @@ Adaptive SMoE", 2025, https://arxiv.org/abs/2506.16600.
 Every client trains the full global LoRA (rank 20 on attention and on every expert) and adapts its compute by
 the number of experts its router activates per token: its tier's top-k. In each MoE layer the client computes
 h = s_i * sum_j TopK(p, k_i)_j (W^j x + B^j A^j x) with a scalar rescaler s_i (``rescaler``: ``learned`` from
-1.0 or k / k_i, trained with the LoRA at ``rescaler_lr``; ``static`` k / k_i; ``none``), which stays on the
-client. The client uploads its LoRA, |D_i| and, per layer and expert, the number of tokens routed to the expert
-during local training. The server averages expert j's LoRA with weights gamma_i^j = (f_i^j)^t * |D_i|, f = the
-token-level activation frequency (tokens routed to j / tokens the layer processed), in log space; an expert
-no sampled client activated keeps its previous value; attention LoRA is averaged by |D_i| (FedAvg). t = 0 is
-FedAvg.
+1.0 or k / k_i, trained with the LoRA by the same Adam at the LoRA's learning rate unless ``rescaler_lr`` is
+set; ``static`` k / k_i; ``none``), which stays on the client. The client uploads its LoRA, |D_i| and, per
+layer and expert, the number of tokens routed to the expert during local training. The server averages expert
+j's LoRA with weights gamma_i^j = (f_i^j)^t * |D_i|, f = the token-level activation frequency (tokens routed to
+j / tokens the layer processed), in log space; an expert no sampled client activated keeps its previous value;
+attention LoRA is averaged by |D_i| (FedAvg). t = 0 is FedAvg.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ class FlameConfig(TieredConfig):
     temperature: float = Field(default=2.0, ge=0.0)
     rescaler: Literal["learned", "static", "none"] = "learned"
     rescaler_init: Literal["one", "ratio"] = "one"
-    rescaler_lr: float = Field(default=1e-2, gt=0.0)
+    # The paper trains s_i in the client's one Adam at lr 1.5e-4; None keeps that, a value gives s_i its own rate.
+    rescaler_lr: float | None = Field(default=None, gt=0.0)
 
 
 @METHODS.register(
@@ -108,7 +109,8 @@ class Flame(TieredMethod[FlameConfig]):
         runtime.install(model, seed=seed)
         groups = []
         if self.cfg.rescaler == "learned":
-            groups = [{"params": [moe.trainable_scale()], "lr": self.cfg.rescaler_lr}]
+            lr = self.cfg.lr if self.cfg.rescaler_lr is None else self.cfg.rescaler_lr
+            groups = [{"params": [moe.trainable_scale()], "lr": lr}]
         with moe.counting() as counts:
             metrics = self.train_local(runtime, client, seed, optimizer_groups=groups)
         scale = float(moe.scale.detach())
