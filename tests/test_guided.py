@@ -168,8 +168,8 @@ def test_using_adapter_computes_with_the_teacher_and_restores_the_student(toy_ru
 
 
 def test_defaults_are_fedit_with_the_clients_own_adapters_kept(toy_runtime, toy_clients):
-    fedit = build_method({"name": "fedit", **FAST})
     method = guided()
+    fedit = build_method({"name": "fedit", **FAST, "batch_size": method.cfg.batch_size})
     state = method.init_server(toy_runtime, seed=0)
     ours, client_state = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
     theirs, _ = fedit.client_update(toy_runtime, toy_clients[0], fedit.payload(state, "c0"), None, seed=1)
@@ -177,6 +177,25 @@ def test_defaults_are_fedit_with_the_clients_own_adapters_kept(toy_runtime, toy_
         torch.testing.assert_close(ours.tensors[key], theirs.tensors[key])
     model = method.personalize(toy_runtime, toy_clients[0], state, client_state, None, seed=3)
     assert all(torch.equal(model.adapter[k], ours.tensors[k]) for k in ours.tensors)
+
+
+def test_defaults_are_the_papers_protocol(toy_runtime, toy_clients):
+    # Section 3: 20 rounds, every client, one local epoch of batch 32 per round, AdamW at lr 5e-5, rank 8.
+    method = build_method({"name": "guided"})
+    cfg = method.cfg
+    assert (cfg.rounds, cfg.fraction, cfg.local_epochs, cfg.local_steps) == (20, 1.0, 1.0, None)
+    assert (cfg.batch_size, cfg.lr, cfg.rank, cfg.guidance) == (32, 5e-5, 8, "hard_init")
+    state = method.init_server(toy_runtime, seed=0)
+    update, _ = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
+    assert update.metrics["steps"] == math.ceil(len(toy_clients[0].train) / 32)
+    # Steps given without epochs replace the epoch (the CPU preset's rounds of 6 steps); both given: epochs win.
+    stepped = build_method({"name": "guided", "local_steps": 6}).cfg
+    assert (stepped.local_steps, stepped.local_epochs) == (6, None)
+    both = build_method({"name": "guided", "local_steps": 6, "local_epochs": 2.0}).cfg
+    assert both.local_epochs == 2.0
+    for entry in load_config("guidance-tasks-cpu").methods:
+        if entry.name == "guided":
+            assert (entry.local_steps, entry.local_epochs) == (6, None)
 
 
 def test_first_round_trains_without_guidance(toy_runtime, toy_clients):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -172,6 +173,28 @@ def test_potara_local_phase_starts_from_the_federated_initialization(toy_runtime
     model = method.personalize(toy_runtime, toy_clients[0], state, None, None, seed=9)
     for key, tensor in state.tensors.items():  # no local steps: the local part is the initialization itself
         torch.testing.assert_close(model.variants["local"].adapter[key], tensor)
+
+
+def test_potara_local_round_is_a_fedit_round_of_work(toy_runtime, toy_clients, monkeypatch):
+    # With local_epochs set, a round of either phase is that many passes over the data (local_steps is unused).
+    entry = {"name": "potara", **FAST, "local_epochs": 1.0, "batch_size": 4, "local_rounds": 2, "parts": False}
+    method = build_method(entry)
+    client = toy_clients[0]
+    per_round = math.ceil(len(client.train) / 4)
+    state = method.init_server(toy_runtime, seed=0)
+    update, _ = method.client_update(toy_runtime, client, method.payload(state, "c0"), None, seed=1)
+    assert update.metrics["steps"] == per_round
+    steps: list[float] = []
+    train = toy_runtime.train
+
+    def counted(*args, **kwargs):
+        metrics = train(*args, **kwargs)
+        steps.append(metrics["steps"])
+        return metrics
+
+    monkeypatch.setattr(toy_runtime, "train", counted)
+    method.personalize(toy_runtime, client, state, None, None, seed=2)
+    assert steps == [2 * per_round]
 
 
 def test_potara_grid_search_scores_every_weight(toy_runtime, toy_clients):

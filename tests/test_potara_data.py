@@ -264,3 +264,5 @@ def test_potara_presets_validate(preset, tmp_path):
     labels = [m.label or m.name for m in cfg.methods]  # every entry was validated into its typed config
     assert "potara" in labels and "local" in labels and "fedit" in labels
     assert cfg.data.name in DATASETS
+    if not preset.endswith("-cpu"):  # the paper's baselines of Tables 2, 3 and 6
+        assert {"ffa_lora", "fedsa_lora", "fedalt", "feddpa"} <= set(labels)

@@ -35,6 +35,15 @@ _PEFT_PREFIX = "base_model.model."
 
 
 class GuidedConfig(FederatedLoraConfig):
+    """The paper's protocol by default (Section 3): 20 rounds of every client, one local epoch per round,
+    batch 32, AdamW at lr 5e-5, LoRA rank 8. ``local_steps`` given without ``local_epochs`` replaces the epoch."""
+
+    rounds: int = 20
+    fraction: float = 1.0
+    local_steps: int | None = None
+    local_epochs: float | None = 1.0
+    batch_size: int = 32
+    lr: float = 5e-5
     merge: MergeConfig = Field(default_factory=MergeConfig)
     relora: bool = False
     guidance: Literal["hard_init", "l2", "kd"] = "hard_init"
@@ -45,6 +54,13 @@ class GuidedConfig(FederatedLoraConfig):
     temperature: float = Field(2.0, gt=0.0)
     kd_direction: Literal["student_teacher", "teacher_student"] = "student_teacher"
     targets: list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_replace_the_epoch(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("local_steps") is not None and "local_epochs" not in data:
+            return {**data, "local_epochs": None}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> GuidedConfig:

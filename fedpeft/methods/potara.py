@@ -29,7 +29,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import FederatedLoraConfig
+from fedpeft.methods.base import FederatedLoraConfig, local_schedule
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedITBase, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -163,7 +163,10 @@ class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
         """Phase 2: a LoRA from the federated phase's initialization, trained on ``fit`` alone."""
         cfg = self.cfg
         runtime.install(ClientModel(lora=spec), seed=init_seed)
-        per_round = runtime.steps_for(len(fit), cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+        # A local "round" is exactly a FedIT round's work: local_epochs passes when set, else local_steps steps.
+        schedule = local_schedule(cfg)
+        batch = cfg.batch_size * runtime.grad_accum_steps
+        per_round = runtime.steps_for(len(fit), batch, schedule["epochs"], schedule["steps"])
         if cfg.local_rounds > 0:
             runtime.train(
                 fit,
