@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -228,6 +230,11 @@ def _stopped(code: int, how: str) -> None:
         again = " ".join(args if "--resume" in args else [*args, "--resume"])
         hint = f"; continue it with `fedpeft {again}`"
     print(f"{how}{hint}.", file=sys.stderr)
+    busy = [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    if busy:  # a thread left blocked (a Flower simulation's server) would keep the process from ending
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -50,6 +50,8 @@ from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 
 log = logging.getLogger("fedpeft")
+
+ENGINE_PART = "engine"  # parts/engine.jsonl: the engine's own cost rows
 # What a run writes before its first result (removed again when it fails before one).
 OWN_DIRS = ("parts", "checkpoints", "base_model")
 ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
@@ -145,6 +147,7 @@ class Experiment:
                         self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
             finally:
                 self.engine.close()
+                self._write_engine_costs(self.engine.cost_rows())
                 self.metric_log.close()
         except BaseException:
             if fresh and not has_progress(self.out):
@@ -258,6 +261,20 @@ class Experiment:
         records, costs = work()
         self._write_part(part, records, costs)
         self.metric_log.unit(records)
+
+    def _write_engine_costs(self, rows: list[dict[str, Any]]) -> None:
+        """Keep the engine's own cost rows (a Flower engine's per-node messages, model loads and seconds) in
+        ``costs.jsonl`` as method ``engine``, phase ``nodes``; each sitting of a resumed run adds its rows."""
+        if not rows:
+            return
+        part = self.out / "parts" / f"{ENGINE_PART}.jsonl"
+        earlier = part.read_text() if part.exists() else ""
+        sittings = [json.loads(line)["_cost"]["sitting"] for line in earlier.splitlines()]
+        sitting = max(sittings) + 1 if sittings else 0
+        costs = [{"method": "engine", "seed": None, "phase": "nodes", "sitting": sitting, **row} for row in rows]
+        write_text_atomic(part, earlier + "".join(json.dumps({"_cost": c}) + "\n" for c in costs), fsync=True)
+        if ENGINE_PART not in self._parts:
+            self._parts.append(ENGINE_PART)
 
     @staticmethod
     def _write_part(part: Path, records: list[dict], costs: list[dict]) -> None:

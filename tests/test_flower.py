@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -24,6 +23,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedpeft.apps.flower import run_flower_simulation
+from fedpeft.apps.loopback import LoopbackDeployment
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.progress import Progress
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
@@ -189,6 +189,44 @@ def test_user_error_inside_the_simulation_reaches_the_cli(tmp_path, monkeypatch,
     assert "rank" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) ends `fedpeft run --engine flower` within seconds with exit
+    code 130, leaves no Ray or ClientApp process behind and a checkpoint from which --resume finishes the run
+    with the numbers of an uninterrupted one."""
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 12}])
+    raw["data"] = {**raw["data"], "unseen_pool": False}
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "flower"
+    fedpeft = str(Path(sys.executable).parent / "fedpeft")
+    command = [fedpeft, "run", str(config), "--engine", "flower", "--out", str(out)]
+    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    checkpoint = out / "checkpoints" / "fedit" / "seed0.pt"
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert run.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(run.pid, signal.SIGINT)
+    interrupted = time.monotonic()
+    _, err = run.communicate(timeout=120)
+    assert time.monotonic() - interrupted < 60  # seconds on an idle machine; generous for a loaded one
+    assert run.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1].endswith("--resume`."), err[-3000:]
+    left = subprocess.run(["ps", "-o", "pid=,comm=", "-s", str(run.pid)], capture_output=True, text=True).stdout
+    assert not left.strip(), left
+    state = torch.load(checkpoint, weights_only=False)
+    assert 1 <= state["state"].round < 12 and not state["meter"]["failures"]  # no round of the ended backend
+
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    Experiment(validate(raw), tmp_path / "local").run()
+    local, flower = read_records(tmp_path / "local"), read_records(out)
+    assert local.keys() == flower.keys()
+    for key, value in local.items():
+        assert flower[key] == pytest.approx(value, abs=ATOL), key
+
+
 # ---------------------------------------------------------------------------------------------- failures
 class InProcessGrid(Grid):
     """A grid whose nodes are ClientApp calls in this process, each node with its partition's node config."""
@@ -330,63 +368,14 @@ def test_nodes_without_the_base_model_receive_it(tmp_path, task_identity):
 
 
 # ---------------------------------------------------------------------------------------------- deployment
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"process exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"nothing listens on port {port} after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-def stop(processes: list[subprocess.Popen]) -> None:
-    """Stop each started process and what it started (its own session), by id: SIGTERM, then SIGKILL."""
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=15)
-
-
 @pytest.mark.slow
 def test_deployment_on_loopback(tmp_path):
     """A SuperLink and two SuperNodes on loopback, each node with its own run directory; the federated round runs
     as SecAgg+ (its plain form is the same task handling the base evaluation and personalization messages use
     here, and the simulation tests run it), so one deployment covers both."""
-    bin_dir = Path(sys.executable).parent
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    link_port, node_ports = free_port(), [free_port(), free_port()]
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local-deployment"\n\n'
-        f'[superlink.local-deployment]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
-    )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",  # no internet: use this environment as it is
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",  # start ClientApp processes soon after a message arrives
-        "OMP_NUM_THREADS": "1",  # the two "machines" share this machine's cores
-    }
-    # Every message starts a ClientApp process on its node (Flower's deployment runtime), so the run is minimal:
-    # one client per node, the pretrained base, one round of FedIT. The base-model transfer to nodes that lack it
-    # is tested in-process (test_nodes_without_the_base_model_receive_it).
+    # Every message starts a ClientApp process on its node (Flower's deployment runtime) that relays to the node's
+    # worker process, so the run is short: one client per node, the pretrained base, one round of FedIT. The
+    # base-model transfer to nodes that lack it is tested in-process (test_nodes_without_the_base_model_receive_it).
     raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 1}])
     raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
     raw["engine"] = {"secagg": {}}  # the round as SecAgg+: each node masks its update, the server sees the sum
@@ -394,52 +383,24 @@ def test_deployment_on_loopback(tmp_path):
     config.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     node_dirs = [tmp_path / f"node{i}" for i in range(2)]  # as on separate machines: each node its own run dir
-
-    processes: list[subprocess.Popen] = []
-
-    def start(name: str, args: list[str]) -> tuple[subprocess.Popen, Path]:
-        log = tmp_path / f"{name}.log"
-        with open(log, "wb") as handle:
-            process = subprocess.Popen(
-                [str(bin_dir / args[0]), *args[1:]],
-                cwd=tmp_path,
-                env=env,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        processes.append(process)
-        return process, log
-
-    try:
-        link, link_log = start(
-            "superlink",
-            ["flower-superlink", "--insecure", "--port", str(link_port), "--disable-runtime-dependency-installation"],
-        )
-        wait_for_port(link_port, link, link_log)
-        for i, port in enumerate(node_ports):
-            node_config = f"partition-id={i} num-partitions=2 run-dir='{node_dirs[i]}'"
-            node, node_log = start(
-                f"supernode{i}",
-                ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link_port}", "--port", str(port),
-                 "--node-config", node_config],
-            )  # fmt: skip
-            wait_for_port(port, node, node_log)
+    worker_dir = Path(tempfile.mkdtemp(prefix="fp"))  # short: a Unix socket's path is limited to ~100 bytes
+    node_configs = [
+        f"partition-id={i} num-partitions=2 run-dir='{node_dirs[i]}' worker-dir='{worker_dir}'" for i in range(2)
+    ]
+    env = {"OMP_NUM_THREADS": "1"}  # the two "machines" share this machine's cores
+    with LoopbackDeployment(tmp_path, node_configs, env) as deployment:
         run_config = f"config='{config}' out='{out}' node-timeout=60"
-        finished = subprocess.run(
-            [str(bin_dir / "flwr"), "run", str(REPO), "local-deployment", "--stream", "--run-config", run_config],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,  # a ClientApp process per message (4 per node for the SecAgg+ round) on a loaded machine
-        )
+        # A ClientApp process per message (4 per node for the SecAgg+ round) on a loaded machine.
+        finished = deployment.run(REPO, run_config, timeout=900)
         logs = finished.stdout + finished.stderr
         (tmp_path / "flwr-run.log").write_text(logs)
         assert finished.returncode == 0, logs[-4000:]
         assert (out / "summary.md").exists(), logs[-4000:]
-    finally:
-        stop(processes)
+        # The server closed the run: each node's worker process has ended and removed its socket.
+        deadline = time.monotonic() + 30
+        while list(worker_dir.glob("*.sock")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not list(worker_dir.glob("*.sock"))
 
     records = {key: value for key, value in read_records(out).items() if key[7] == "test"}  # evaluations
     train = {key[0] for key in read_records(out) if key[7] == "train"}
@@ -453,6 +414,19 @@ def test_deployment_on_loopback(tmp_path):
     # one every client keeps, written once) in its run dir.
     for node_dir in node_dirs:
         assert (node_dir / "adapters" / "fedit" / "global" / "adapter_model.safetensors").is_file()
+    # Per node: one message for the base evaluation, one for the personalization (the secure round's messages
+    # are the protocol's own), one model load for the whole run, and the seconds split into their parts.
+    costs = [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
+    nodes: dict[int, dict[str, float]] = {}
+    for row in costs:
+        if row["method"] == "engine":
+            nodes.setdefault(row["node"], {})[row["metric"]] = row["value"]
+    assert len(nodes) == 2
+    for counters in nodes.values():
+        assert counters["messages"] == 2 and counters["model_loads"] == 1
+        parts = ("flower_start_seconds", "worker_startup_seconds", "fedpeft_overhead_seconds", "client_work_seconds")
+        assert all(counters[part] > 0 for part in parts), counters
+        assert counters["message_seconds"] > counters["client_work_seconds"]
 
 
 def test_flower_config_keeps_client_state_on_disk():

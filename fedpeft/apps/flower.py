@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import signal
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedpeft.core.config import ExperimentConfig, load_config
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import path_component
+from fedpeft.core.processes import end_descendants
 from fedpeft.core.progress import Progress
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
 from fedpeft.runner import Experiment
@@ -104,13 +107,14 @@ def run_flower_simulation(
     experiment = Experiment(cfg, out, progress)  # validates the methods before anything starts
     experiment.check_output(resume=resume, force=force)  # the output directory too, before Ray starts
     failures: list[BaseException] = []
+    stop = threading.Event()
 
     def main(grid: Grid, context: Context) -> None:
         try:
             experiment.run(
                 resume=resume,
                 force=force,
-                engine_factory=lambda worker: GridEngine(grid, worker, on_client=progress.advance_client),
+                engine_factory=lambda worker: GridEngine(grid, worker, on_client=progress.advance_client, stop=stop),
             )
         except BaseException as err:  # re-raised below, in the caller's thread, as it is
             failures.append(err)
@@ -135,11 +139,26 @@ def run_flower_simulation(
     }
     if not verbose:  # importing flwr resets its logger to DEBUG
         logging.getLogger("flwr").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-        run_simulation(
-            server_app=server_app, client_app=client_app, num_supernodes=nodes, backend_config=backend_config
-        )
+
+    def interrupt(signum: int, frame: object) -> None:
+        """Ctrl-C: stop the server's round loop where it stands (a round in flight is dropped, never aggregated
+        or checkpointed), end Ray's processes and the ClientApps at once, and interrupt the caller. The
+        checkpoints are atomic, so the run continues with ``--resume``; whoever handles the interrupt ends the
+        process without waiting for the server thread (the CLI does)."""
+        stop.set()
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)  # the ended backend's errors are expected
+        end_descendants()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+            run_simulation(
+                server_app=server_app, client_app=client_app, num_supernodes=nodes, backend_config=backend_config
+            )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if failures:
         raise failures[0]
     if not (Path(out) / "results.jsonl").exists():

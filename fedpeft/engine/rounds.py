@@ -93,6 +93,10 @@ class Engine:
     def close(self) -> None:
         """Release what the engine holds (nothing by default)."""
 
+    def cost_rows(self) -> list[dict[str, Any]]:
+        """The engine's own cost rows for ``costs.jsonl`` (none by default; the Flower engine's per node)."""
+        return []
+
     def run_rounds(
         self,
         label: str,

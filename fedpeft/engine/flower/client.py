@@ -1,16 +1,19 @@
-"""The ClientApp: runs the worker operation a message asks for on this node's long-lived worker."""
+"""A node's side of fedpeft's messages: the worker operations a message asks for, run on the node's long-lived
+worker; and the ClientApp of the simulation engine, which runs them in its own (long-lived) process."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch  # ArrayRecord.to_torch_state_dict needs torch imported
 import yaml
-from flwr.app import Context, Error, Message
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
@@ -18,9 +21,20 @@ from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.costs import release_memory
 from fedpeft.core.faults import ClientDroppedError, InjectedFaultError
 from fedpeft.core.io import save_atomic
-from fedpeft.engine.flower.codec import ClientTask, TaskResult, decode, encode, tensors_digest
-from fedpeft.engine.flower.messages import NODE_RUN_DIR, NUM_PARTITIONS, OPERATIONS, PARTITION_ID
-from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request, secure_aggregation_mod
+from fedpeft.engine.flower.codec import NodeResult, NodeTask, decode, encode, tensors_digest
+from fedpeft.engine.flower.messages import (
+    BASE_QUERY,
+    CLOSE_QUERY,
+    MESSAGE_TYPES,
+    NODE_RUN_DIR,
+    NUM_PARTITIONS,
+    OPERATIONS,
+    PARTITION_ID,
+    PARTITION_QUERY,
+    TRAIN,
+)
+from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request
+from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
 
 if TYPE_CHECKING:  # the worker pulls in transformers: imported when first needed, not for a node's queries
     from fedpeft.worker import Worker
@@ -29,10 +43,11 @@ log = logging.getLogger("fedpeft")
 
 _WORKERS: dict[tuple[str, str], Worker] = {}
 _DIGESTS: dict[tuple[str, int, int], str] = {}
+_COUNTS: dict[str, float] = {"model_loads": 0, "load_seconds": 0.0}  # workers this process built, and their time
 
 
-def _node_run_dir(task_run_dir: str, context: Context) -> Path:
-    return Path(str(context.node_config.get(NODE_RUN_DIR) or task_run_dir))
+def _node_run_dir(task_run_dir: str, node_config: Mapping[str, Any]) -> Path:
+    return Path(str(node_config.get(NODE_RUN_DIR) or task_run_dir))
 
 
 def cached_worker(run_dir: Path, config_text: str) -> Worker:
@@ -45,63 +60,83 @@ def cached_worker(run_dir: Path, config_text: str) -> Worker:
     key = (str(run_dir), config_text)
     if key not in _WORKERS:
         _WORKERS.clear()
+        started = time.perf_counter()
         cfg: ExperimentConfig = validate(yaml.safe_load(config_text))
         _WORKERS[key] = Worker(cfg, run_dir)
+        _COUNTS["model_loads"] += 1
+        _COUNTS["load_seconds"] += time.perf_counter() - started
     return _WORKERS[key]
 
 
-def _error_reply(message: Message, err: BaseException) -> Message:
-    trace = "" if isinstance(err, (InjectedFaultError, ClientDroppedError)) else "\n" + traceback.format_exc()
-    log.warning("%s failed on this node: %r%s", message.metadata.message_type, err, trace)
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)), reply_to=message)
+def handle_content(message_type: str, content: RecordDict, node_config: Mapping[str, Any]) -> RecordDict:
+    """The reply content to a message of ``message_type`` (raises when the node cannot answer it at all).
 
-
-def handle_task(message: Message, context: Context) -> Message:
-    """Run the worker operation a :class:`ClientTask` message asks for; a failure becomes an error reply."""
+    The one handler of fedpeft's messages on a node: the ClientApp of the simulation calls it in its own process,
+    a deployment's node worker process (:mod:`fedpeft.engine.flower.node_worker`) for the ClientApp that relays
+    to it.
+    """
     try:
-        if is_secure_request(message.content):  # a SecAgg+ round: all of this node's clients at once
+        if message_type == PARTITION_QUERY:
+            return encode(partition_answer(node_config))
+        if message_type == BASE_QUERY:
+            return _base_query(decode(content), node_config)
+        if message_type == CLOSE_QUERY:  # the run is over: let go of its model and data
+            _WORKERS.clear()
+            return encode({"closed": True})
+        if message_type == TRAIN and is_secure_request(content):  # a SecAgg+ round: all of this node's clients
             return handle_secure_train(
-                message, lambda run_dir, text: cached_worker(_node_run_dir(run_dir, context), text)
+                content, lambda run_dir, text: cached_worker(_node_run_dir(run_dir, node_config), text)
             )
-        task = ClientTask.from_content(message.content)
-        if OPERATIONS.get(task.op) != message.metadata.message_type:
-            raise ValueError(f"operation {task.op!r} cannot run as a {message.metadata.message_type} message")
-        worker = cached_worker(_node_run_dir(task.run_dir, context), task.config_text)
-        started = time.perf_counter()
-        value = getattr(worker, task.op)(client_id=task.client_id, **task.kwargs)
-        result = TaskResult(value, time.perf_counter() - started)
-        return Message(result.to_content(), reply_to=message)
-    except Exception as err:  # reported to the server, which leaves the client out
-        return _error_reply(message, err)
+        return _node_task(message_type, NodeTask.from_content(content), node_config)
     finally:
         release_memory()
 
 
-def handle_partition_query(message: Message, context: Context) -> Message:
-    """Tell the server which partition of the clients this node serves (from its node config)."""
-    config = context.node_config
-    answer = {
-        "partition_id": int(config[PARTITION_ID]) if PARTITION_ID in config else None,
-        "num_partitions": int(config[NUM_PARTITIONS]) if NUM_PARTITIONS in config else None,
+def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]) -> RecordDict:
+    """Run the worker operation of a :class:`NodeTask` for each of its clients, one after the other."""
+    started, loaded = time.perf_counter(), _COUNTS["load_seconds"]
+    if OPERATIONS.get(task.op) != message_type:
+        raise ValueError(f"operation {task.op!r} cannot run as a {message_type} message")
+    worker = cached_worker(_node_run_dir(task.run_dir, node_config), task.config_text)
+    load = _COUNTS["load_seconds"] - loaded
+    results: list[dict[str, Any]] = []
+    work = 0.0
+    for client_id, kwargs in task.clients:
+        client_started = time.perf_counter()
+        try:
+            value = getattr(worker, task.op)(client_id=client_id, **kwargs)
+        except Exception as err:  # reported to the server, which leaves the client out
+            dropped = isinstance(err, ClientDroppedError)
+            trace = "" if isinstance(err, (InjectedFaultError, ClientDroppedError)) else "\n" + traceback.format_exc()
+            log.warning("%s of client %s failed on this node: %r%s", task.op, client_id, err, trace)
+            results.append({"client": client_id, "error": repr(err), "dropped": dropped})
+        else:
+            results.append({"client": client_id, "value": value, "seconds": time.perf_counter() - client_started})
+        work += time.perf_counter() - client_started
+    stats = {"pid": os.getpid(), "model_loads": int(_COUNTS["model_loads"]), "work_seconds": work}
+    stats.update(load_seconds=load, seconds=time.perf_counter() - started)
+    return NodeResult(results, stats).to_content()
+
+
+def partition_answer(node_config: Mapping[str, Any]) -> dict[str, int | None]:
+    """Which partition of the clients this node serves (from its node config)."""
+    return {
+        "partition_id": int(node_config[PARTITION_ID]) if PARTITION_ID in node_config else None,
+        "num_partitions": int(node_config[NUM_PARTITIONS]) if NUM_PARTITIONS in node_config else None,
     }
-    return Message(encode(answer), reply_to=message)
 
 
-def handle_base_query(message: Message, context: Context) -> Message:
+def _base_query(request: dict[str, Any], node_config: Mapping[str, Any]) -> RecordDict:
     """Say whether this node holds the server's base model of a seed; store it when the message carries it."""
-    try:
-        request = decode(message.content)
-        root = _node_run_dir(request["run_dir"], context)
-        path = root / request["path"]
-        if not path.resolve().is_relative_to(root.resolve()):
-            raise ValueError(f"{request['path']!r} lies outside the run directory")
-        if request.get("tensors") is not None:
-            save_atomic({"tensors": request["tensors"]}, path)
-            _WORKERS.clear()  # a worker may hold an older base of this seed
-        present = path.exists() and _file_digest(path) == request["digest"]
-        return Message(encode({"present": present}), reply_to=message)
-    except Exception as err:
-        return _error_reply(message, err)
+    root = _node_run_dir(request["run_dir"], node_config)
+    path = root / request["path"]
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"{request['path']!r} lies outside the run directory")
+    if request.get("tensors") is not None:
+        save_atomic({"tensors": request["tensors"]}, path)
+        _WORKERS.clear()  # a worker may hold an older base of this seed
+    present = path.exists() and _file_digest(path) == request["digest"]
+    return encode({"present": present})
 
 
 def _file_digest(path: Path) -> str:
@@ -112,11 +147,23 @@ def _file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
+def error_reply(message: Message, reason: str) -> Message:
+    """The error reply to ``message``: the server leaves out the clients it was for."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+
+
+def handle_message(message: Message, context: Context) -> Message:
+    """A ClientApp handler: answer ``message`` in this process (the simulation's long-lived Ray workers)."""
+    try:
+        reply = handle_content(message.metadata.message_type, message.content, context.node_config)
+    except Exception as err:
+        log.warning("%s failed on this node: %r\n%s", message.metadata.message_type, err, traceback.format_exc())
+        return error_reply(message, repr(err))
+    return Message(reply, reply_to=message)
+
+
 client_app = ClientApp(mods=[secure_aggregation_mod])
-client_app.train()(handle_task)
-client_app.evaluate("base")(handle_task)
-client_app.train("personalize")(handle_task)
-client_app.evaluate("round")(handle_task)
-client_app.train("client_base")(handle_task)
-client_app.query("partition")(handle_partition_query)
-client_app.query("base")(handle_base_query)
+for _message_type in MESSAGE_TYPES:
+    _category, _, _action = _message_type.partition(".")
+    _register = getattr(client_app, _category)
+    (_register(_action) if _action else _register())(handle_message)

@@ -42,6 +42,9 @@ class _Packer:
 
     def __init__(self) -> None:
         self.arrays = ArrayRecord()
+        # id(tensor) -> (the tensor, kept alive so that its id stays its own; its marker): a tensor met twice
+        # (a payload every client of a node gets) travels once
+        self._markers: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
 
     def pack(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -67,6 +70,11 @@ class _Packer:
         )
 
     def _tensor(self, tensor: torch.Tensor) -> dict[str, Any]:
+        if id(tensor) not in self._markers:
+            self._markers[id(tensor)] = (tensor, self._tensor_marker(tensor))
+        return self._markers[id(tensor)][1]
+
+    def _tensor_marker(self, tensor: torch.Tensor) -> dict[str, Any]:
         name = f"t{len(self.arrays)}"
         tensor = tensor.detach().cpu()
         marker: dict[str, Any] = {_TENSOR: name}
@@ -120,51 +128,53 @@ def decode(content: RecordDict) -> Any:
 
 
 @dataclass
-class ClientTask:
-    """One worker operation for one client, as the ServerApp sends it.
+class NodeTask:
+    """One worker operation for every client a node serves in a step (a round, an evaluation), as one message.
 
     Attributes:
         op: the worker operation (a key of :data:`OPERATIONS`).
-        client_id: the client it runs for.
         run_dir: the run directory (a node may keep its own copy: node config ``run-dir``).
-        config_text: the experiment config as given (``dump_given``), from which the ClientApp builds its worker.
-        kwargs: the operation's keyword arguments besides ``client_id``.
+        config_text: the experiment config as given (``dump_given``), from which the node builds its worker.
+        clients: (client id, the operation's keyword arguments besides ``client_id``) per client, in the order
+            the node runs them.
     """
 
     op: str
-    client_id: str
     run_dir: str
     config_text: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    clients: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def to_content(self) -> RecordDict:
         return encode(
-            {
-                "op": self.op,
-                "client_id": self.client_id,
-                "run_dir": self.run_dir,
-                "config_text": self.config_text,
-                "kwargs": self.kwargs,
-            }
+            {"op": self.op, "run_dir": self.run_dir, "config_text": self.config_text, "clients": self.clients}
         )
 
     @classmethod
-    def from_content(cls, content: RecordDict) -> ClientTask:
-        return cls(**decode(content))
+    def from_content(cls, content: RecordDict) -> NodeTask:
+        value = decode(content)
+        return cls(value["op"], value["run_dir"], value["config_text"], [tuple(c) for c in value["clients"]])
 
 
 @dataclass
-class TaskResult:
-    """What the ClientApp returns for a :class:`ClientTask`: the operation's result and its seconds."""
+class NodeResult:
+    """A node's answer to a :class:`NodeTask`: per client its result or its failure, and the node's counters.
 
-    value: Any
-    seconds: float
+    Attributes:
+        results: per client, in the task's order, ``{"client", "value", "seconds"}`` or ``{"client", "error",
+            "dropped"}`` (``dropped``: the client left the round, an injected fault, not an error of the node).
+        stats: the node process's counters: ``pid``, ``model_loads`` (workers built by the process so far),
+            ``seconds`` (handling the message, decoding and encoding included) and ``work_seconds`` (the clients'
+            operations alone).
+    """
+
+    results: list[dict[str, Any]]
+    stats: dict[str, Any] = field(default_factory=dict)
 
     def to_content(self) -> RecordDict:
-        return encode({"value": self.value, "seconds": self.seconds})
+        return encode({"results": self.results, "stats": self.stats})
 
     @classmethod
-    def from_content(cls, content: RecordDict) -> TaskResult:
+    def from_content(cls, content: RecordDict) -> NodeResult:
         return cls(**decode(content))
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -16,8 +18,17 @@ from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Payload
-from fedpeft.engine.flower.codec import ClientTask, ClientTaskError, TaskResult, decode, encode, tensors_digest
-from fedpeft.engine.flower.messages import BASE_QUERY, NUM_PARTITIONS, OPERATIONS, PARTITION_ID, PARTITION_QUERY
+from fedpeft.engine.flower.codec import ClientTaskError, NodeResult, NodeTask, decode, encode, tensors_digest
+from fedpeft.engine.flower.messages import (
+    BASE_QUERY,
+    CLOSE_QUERY,
+    JSON_FIELD,
+    NUM_PARTITIONS,
+    OPERATIONS,
+    PARTITION_ID,
+    PARTITION_QUERY,
+    TIMING_KEY,
+)
 from fedpeft.engine.rounds import ClientOutcome, Engine
 
 if TYPE_CHECKING:
@@ -41,6 +52,8 @@ class GridEngine(Engine):
         node_timeout: seconds to wait for SuperNodes to cover every partition.
         poll_interval: seconds between two pulls of replies.
         max_in_flight: messages sent and not yet answered, at most.
+        stop: once set, the engine sends and receives nothing more: its caller gets a ``KeyboardInterrupt``
+            (the run was interrupted; what is in flight is dropped).
     """
 
     name = "flower"
@@ -57,6 +70,7 @@ class GridEngine(Engine):
         node_timeout: float = 120.0,
         poll_interval: float = 0.1,
         max_in_flight: int = 64,
+        stop: threading.Event | None = None,
     ) -> None:
         self.grid = grid
         self.worker = worker
@@ -68,10 +82,12 @@ class GridEngine(Engine):
         self.node_timeout = node_timeout
         self.poll_interval = poll_interval
         self.max_in_flight = max_in_flight
+        self.stop = stop
         ids = sorted(c.client_id for c in worker.data.clients)
         self._client_index = {client_id: i for i, client_id in enumerate(ids)}
         self._partition_nodes: list[int] | None = None
         self._base_synced: set[int] = set()
+        self._node_stats: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ engine interface
     def start_phase(self, label: str, seed: int) -> None:
@@ -92,16 +108,12 @@ class GridEngine(Engine):
 
             yield from secure_round(self, self.cfg.engine.secagg, label, seed, round_, client_ids, payload_of)
             return
-        tasks = []
-        for client_id in client_ids:
-            kwargs = {"label": label, "seed": seed, "round_": round_, "payload": payload_of(client_id)}
-            tasks.append(self._task("train", client_id, kwargs))
+        step = {"label": label, "seed": seed, "round_": round_}
+        clients = [(client_id, {**step, "payload": payload_of(client_id)}) for client_id in client_ids]
         outcomes: dict[str, tuple[ClientUpdate | BaseException, float]] = {}
-        for client_id, outcome in self._run_tasks(tasks, group=f"{label}-seed{seed}-round{round_}"):
-            if isinstance(outcome, BaseException):
-                outcomes[client_id] = (outcome, 0.0)
-            else:
-                outcomes[client_id] = (outcome.value, outcome.seconds)
+        group = f"{label}-seed{seed}-round{round_}"
+        for client_id, outcome, seconds in self._run_tasks("train", clients, group=group):
+            outcomes[client_id] = (outcome, seconds)
         for client_id in client_ids:
             update, seconds = outcomes[client_id]
             yield client_id, update, seconds
@@ -115,21 +127,43 @@ class GridEngine(Engine):
             raise ValueError(f"unknown worker operation {op!r}")
         if "seed" in kwargs:
             self._sync_base(int(kwargs["seed"]))
-        tasks = [self._task(op, client_id, kwargs) for client_id in client_ids]
         done: dict[str, Any] = {}
         position = 0
-        for client_id, outcome in self._run_tasks(tasks, group=op):
+        for client_id, outcome, _ in self._run_tasks(op, [(c, kwargs) for c in client_ids], group=op):
             if isinstance(outcome, BaseException):
                 log.warning("client %s failed in %s: %r", client_id, op, outcome)
-                done[client_id] = outcome
-            else:
-                done[client_id] = outcome.value
+            done[client_id] = outcome
             while position < len(client_ids) and client_ids[position] in done:
                 yield client_ids[position], done.pop(client_ids[position])
                 position += 1
 
     def close(self) -> None:
-        """Nothing to release: the ClientApps keep their workers for the life of their process."""
+        """Tell every node the run is over, so that it ends the worker process it kept for the run."""
+        if self._partition_nodes is None:
+            return
+        queries = [(n, n, CLOSE_QUERY, encode({})) for n in sorted(set(self._partition_nodes))]
+        for node, reply in self._exchange(queries, group="close", timeout=self.reply_timeout or 60.0):
+            if isinstance(reply, str) or reply.has_error():
+                log.info("node %s did not confirm the end of the run", node)
+
+    def cost_rows(self) -> list[dict[str, Any]]:
+        """Per node: messages, model loads (workers its processes built for the run) and where the seconds of
+        its messages went: Flower's start of a ClientApp process per message, the node worker's start and model
+        load (once per run), fedpeft's relay and codec, and the clients' work; ``message_seconds`` is the sum of
+        the server's waits for the node's replies."""
+        rows = []
+        for node, stats in sorted(self._node_stats.items()):
+            values = {
+                "messages": stats["messages"],
+                "model_loads": sum(stats["loads"].values()),
+                "message_seconds": stats["round_trip"],
+                "flower_start_seconds": stats["start"],
+                "worker_startup_seconds": stats["startup"],
+                "fedpeft_overhead_seconds": stats["overhead"],
+                "client_work_seconds": stats["work"],
+            }
+            rows += [{"node": node, "metric": metric, "value": value} for metric, value in values.items()]
+        return rows
 
     def worker_sizes(self) -> dict[str, int]:
         """The training-set size of every client the server knows."""
@@ -203,23 +237,70 @@ class GridEngine(Engine):
         self._base_synced.add(seed)
 
     # ------------------------------------------------------------------ messaging
-    def _task(self, op: str, client_id: str, kwargs: dict[str, Any]) -> ClientTask:
-        return ClientTask(op, client_id, self.run_dir, self.config_text, dict(kwargs))
+    def _run_tasks(
+        self, op: str, clients: list[tuple[str, dict[str, Any]]], *, group: str
+    ) -> Iterator[tuple[str, Any, float]]:
+        """Send each node one message with ``op`` for all of its clients; yield (client id, result or error,
+        seconds) for every client as the nodes' replies arrive."""
+        by_node: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        for client_id, kwargs in clients:
+            by_node.setdefault(self.node_of(client_id), []).append((client_id, dict(kwargs)))
+        tasks = {node: NodeTask(op, self.run_dir, self.config_text, items) for node, items in by_node.items()}
+        messages = ((node, node, OPERATIONS[op], task) for node, task in tasks.items())
+        sent = time.monotonic()
+        for node, reply in self._exchange(messages, group=group, timeout=self.reply_timeout):
+            ids = [client_id for client_id, _ in tasks[node].clients]
+            for client_id, outcome, seconds in self._outcomes(node, ids, reply, time.monotonic() - sent):
+                if self.on_client is not None:
+                    self.on_client()
+                yield client_id, outcome, seconds
 
-    def _run_tasks(self, tasks: list[ClientTask], *, group: str) -> Iterator[tuple[str, TaskResult | Exception]]:
-        """Send each task to its client's node; yield (client id, result or error) as replies arrive."""
-        messages = ((t.client_id, self.node_of(t.client_id), OPERATIONS[t.op], t) for t in tasks)
-        for client_id, reply in self._exchange(messages, group=group, timeout=self.reply_timeout):
-            if self.on_client is not None:
-                self.on_client()
+    def _outcomes(
+        self, node: int, client_ids: list[str], reply: Message | str, round_trip: float
+    ) -> Iterator[tuple[str, Any, float]]:
+        """Each client's result or error in a node's reply (all clients fail alike when the message did)."""
+        if isinstance(reply, str) or reply.has_error():
             if isinstance(reply, str):
-                yield client_id, ClientTaskError(reply)
-            elif reply.has_error() and (reply.error.reason or "").startswith(ClientDroppedError.__name__):
-                yield client_id, ClientDroppedError(reply.error.reason)  # an injected drop: no update came
-            elif reply.has_error():
-                yield client_id, ClientTaskError(f"error {reply.error.code}: {reply.error.reason}")
+                error: Exception = ClientTaskError(reply)
+            elif (reply.error.reason or "").startswith(ClientDroppedError.__name__):
+                error = ClientDroppedError(reply.error.reason)  # an injected drop: no update came
             else:
-                yield client_id, TaskResult.from_content(reply.content)
+                error = ClientTaskError(f"error {reply.error.code}: {reply.error.reason}")
+            for client_id in client_ids:
+                yield client_id, error, 0.0
+            return
+        result = NodeResult.from_content(reply.content)
+        self._count(node, result.stats, reply, round_trip)
+        for entry in result.results:
+            if "error" not in entry:
+                yield entry["client"], entry["value"], float(entry["seconds"])
+            elif entry.get("dropped"):
+                yield entry["client"], ClientDroppedError(entry["error"]), 0.0
+            else:
+                yield entry["client"], ClientTaskError(entry["error"]), 0.0
+
+    def _count(self, node: int, stats: dict[str, Any], reply: Message, round_trip: float) -> None:
+        """Add a node's reply to its counters (see :meth:`cost_rows`)."""
+        zero = {"messages": 0, "loads": {}, "round_trip": 0.0, "start": 0.0, "startup": 0.0, "overhead": 0.0}
+        entry = self._node_stats.setdefault(node, {**zero, "work": 0.0})
+        timing: dict[str, Any] = {}
+        if TIMING_KEY in reply.content.config_records:  # a deployment node: its ClientApp relayed the message
+            timing = json.loads(str(reply.content.config_records[TIMING_KEY][JSON_FIELD]))
+        work = float(stats.get("work_seconds", 0.0))
+        handled = float(timing.get("relay_seconds") or stats.get("seconds", 0.0))
+        # Starting the worker process and building its model are the run's one-off costs, not a message's.
+        startup = float(timing.get("worker_start_seconds") or 0.0) + float(stats.get("load_seconds", 0.0))
+        entry["messages"] += 1
+        entry["loads"][stats.get("pid")] = int(stats.get("model_loads", 0))
+        entry["round_trip"] += round_trip
+        entry["start"] += float(timing.get("start_seconds") or 0.0)
+        entry["startup"] += startup
+        entry["overhead"] += max(0.0, handled - work - startup)
+        entry["work"] += work
+
+    def _check_stop(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise KeyboardInterrupt("the run was interrupted")
 
     def _exchange(
         self, messages: Iterable[tuple[Any, int, str, Any]], *, group: str, timeout: float | None
@@ -233,10 +314,11 @@ class GridEngine(Engine):
         in_flight: dict[str, tuple[Any, float]] = {}
         exhausted = False
         while True:
+            self._check_stop()
             if not exhausted and len(in_flight) < self.max_in_flight:
                 batch, keys = [], []
                 for key, node, message_type, content in pending:
-                    if isinstance(content, ClientTask):
+                    if isinstance(content, NodeTask):
                         content = content.to_content()
                     batch.append(Message(content, int(node), message_type, group_id=group))
                     keys.append(key)
@@ -257,6 +339,7 @@ class GridEngine(Engine):
                     return
                 continue
             replies = list(self.grid.pull_messages(list(in_flight)))
+            self._check_stop()  # replies that come after an interrupt are the ended backend's errors
             for reply in replies:
                 entry = in_flight.pop(reply.metadata.reply_to_message_id, None)
                 if entry is not None:

@@ -10,6 +10,11 @@ EVALUATE_ROUND = "evaluate.round"  # one client's current model during a federat
 CLIENT_BASE = "train.client_base"  # one client's own base model after a per-client base stage
 PARTITION_QUERY = "query.partition"  # which partition of the clients a node serves
 BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
+CLOSE_QUERY = "query.close"  # the run is over: the node ends its worker process
+
+# Every message type a node handles.
+MESSAGE_TYPES = [TRAIN, EVALUATE_BASE, PERSONALIZE, EVALUATE_ROUND, CLIENT_BASE, PARTITION_QUERY, BASE_QUERY]
+MESSAGE_TYPES.append(CLOSE_QUERY)
 
 # Worker operation -> message type. Only these operations can be called through a message.
 OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}
@@ -20,6 +25,7 @@ OPERATIONS["prepare_client_base"] = CLIENT_BASE
 ARRAYS_KEY = "fedpeft.arrays"  # ArrayRecord: every tensor of the message
 CONFIG_KEY = "fedpeft.config"  # ConfigRecord: the rest, as JSON
 JSON_FIELD = "json"
+TIMING_KEY = "fedpeft.timing"  # ConfigRecord a deployment's ClientApp adds: where the message's time went
 
 # Node config keys (``flower-supernode --node-config``); the simulation engine sets the first two itself.
 PARTITION_ID = "partition-id"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fedpeft.core.config import SecAggConfig
 from fedpeft.core.faults import FAULT_EXTRA, ClientDroppedError
@@ -247,13 +247,13 @@ def _request_of(content: RecordDict) -> dict[str, Any]:
     return decode(RecordDict({ARRAYS_KEY: record, CONFIG_KEY: ConfigRecord({"json": text})}))
 
 
-def handle_secure_train(message: Message, worker_of: Callable[[str, str], Worker]) -> Message:
+def handle_secure_train(content: RecordDict, worker_of: Callable[[str, str], Worker]) -> RecordDict:
     """Train every client of this node's request, check each update, and answer with the weighted mean of the
     valid ones as a legacy fit result (which ``secaggplus_mod`` masks before it leaves the node)."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.compat.common import recorddict_compat as compat
 
-    request = _request_of(message.content)
+    request = _request_of(content)
     worker = worker_of(request["run_dir"], request["config_text"])
     method = worker.methods[request["label"]]
     sizes = {c.client_id: len(c.train) for c in worker.data.clients}
@@ -296,35 +296,4 @@ def handle_secure_train(message: Message, worker_of: Callable[[str, str], Worker
         int(round(total)),
         {_REPORT: json.dumps(reports)},
     )
-    return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=message)
-
-
-def secure_aggregation_mod(
-    message: Message, context: Context, call_next: Callable[[Message, Context], Message]
-) -> Message:
-    """A ClientApp mod: hand the messages of a SecAgg+ round to Flower's ``secaggplus_mod``, pass the rest on.
-
-    A node that cannot train its part of the round (every client of it dropped out, or it failed) answers with an
-    error, which the server's workflow takes as the node dropping out."""
-    from flwr.app import Error
-    from flwr.client.mod import secaggplus_mod
-    from flwr.common.constant import ErrorCode
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-
-    if message.metadata.message_type != "train" or RECORD_KEY_CONFIGS not in message.content.config_records:
-        return call_next(message, context)
-
-    def train_or_raise(inner: Message, ctx: Context) -> Message:
-        reply = call_next(inner, ctx)
-        if reply.has_error():
-            raise _NodeOutError(reply.error.reason or "the node failed")
-        return reply
-
-    try:
-        return secaggplus_mod(message, context, train_or_raise)
-    except _NodeOutError as err:
-        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=message)
-
-
-class _NodeOutError(Exception):
-    """This node answers the round with an error (its reason is the message)."""
+    return compat.fitres_to_recorddict(fitres, keep_input=False)

@@ -1,0 +1,53 @@
+"""The ClientApp of a deployment (``flwr run .`` with SuperNodes): it relays every message to the node's
+long-lived worker process (:mod:`fedpeft.engine.flower.relay`).
+
+Flower starts a ClientApp process per message, so this module imports Flower and the relay only: the model, the
+data and the clients' state live in the worker process, built once per node and run. The simulation engine's
+ClientApp (:data:`fedpeft.engine.flower.client.client_app`) runs the same handler in its own long-lived process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from flwr.app import ConfigRecord, Context, Error, Message
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from fedpeft.engine.flower import relay
+from fedpeft.engine.flower.messages import CLOSE_QUERY, JSON_FIELD, MESSAGE_TYPES, TIMING_KEY
+from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
+
+log = logging.getLogger("fedpeft")
+
+__all__ = ["node_app"]
+
+
+def relay_message(message: Message, context: Context) -> Message:
+    """Hand ``message`` to this node's worker process; its answer (or its failure) is the reply."""
+    entered, age = time.perf_counter(), relay.process_age()
+    message_type = message.metadata.message_type
+    run_id, node_id = message.metadata.run_id, context.node_id
+    try:
+        if message_type == CLOSE_QUERY:  # the run is over: end the worker process, if one runs
+            closed = relay.close(run_id, node_id, context.node_config)
+            return Message(relay.json_content({"closed": closed}), reply_to=message)
+        content, spawn = relay.forward(
+            message_type, message.content, context.node_config, run_id=run_id, node_id=node_id
+        )
+    except Exception as err:  # the server leaves out the clients of this message
+        log.warning("%s failed on this node: %r", message_type, err)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)), reply_to=message)
+    # Where this message's time went on the node: Flower's start of this process, then the relay to the worker.
+    timing = {"start_seconds": age, "relay_seconds": time.perf_counter() - entered, "worker_start_seconds": spawn}
+    content[TIMING_KEY] = ConfigRecord({JSON_FIELD: json.dumps(timing)})
+    return Message(content, reply_to=message)
+
+
+node_app = ClientApp(mods=[secure_aggregation_mod])
+for _message_type in MESSAGE_TYPES:
+    _category, _, _action = _message_type.partition(".")
+    _register = getattr(node_app, _category)
+    (_register(_action) if _action else _register())(relay_message)

@@ -1,0 +1,106 @@
+"""A node's worker process for one run: it keeps the model, the data and the clients' state between messages.
+
+Started by :mod:`fedpeft.engine.flower.relay` on the first message of a run, as
+``python -m fedpeft.engine.flower.node_worker SOCKET KEY --parent PID --idle-timeout S``; it answers one message at
+a time over a Unix socket, authenticated with the key in the file ``KEY``, with the same handler the simulation's
+ClientApp calls (:func:`fedpeft.engine.flower.client.handle_content`). It ends on a ``close`` request, when the
+process ``PID`` (the SuperNode) is gone, or after ``S`` seconds without a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import threading
+import time
+import traceback
+from multiprocessing.connection import Listener
+from pathlib import Path
+
+import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch imported)
+
+from fedpeft.engine.flower.client import handle_content
+from fedpeft.engine.flower.relay import from_bytes, to_bytes
+
+log = logging.getLogger("fedpeft")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(socket_path: Path, key: bytes, *, parent: int | None, idle_timeout: float) -> None:
+    """Answer requests on ``socket_path`` until told to close, the parent is gone, or no request came for
+    ``idle_timeout`` seconds."""
+    listener = Listener(str(socket_path), family="AF_UNIX", authkey=key)
+    os.chmod(socket_path, 0o600)
+    last = [time.monotonic()]
+    busy = threading.Lock()
+
+    def watch() -> None:  # ends the process from outside the blocking accept()
+        while True:
+            time.sleep(1.0)
+            gone = parent is not None and not _alive(parent)
+            if gone or (not busy.locked() and time.monotonic() - last[0] > idle_timeout):
+                log.info("node worker %s ends: %s", os.getpid(), "its SuperNode is gone" if gone else "idle")
+                with contextlib.suppress(OSError):
+                    socket_path.unlink()
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    log.info("node worker %s listens on %s", os.getpid(), socket_path)
+    while True:
+        try:
+            connection = listener.accept()
+        except Exception as err:  # a client that failed authentication, or went away: wait for the next
+            log.warning("a connection was refused: %r", err)
+            continue
+        with busy, connection:
+            try:
+                message_type, data, node_config = connection.recv()
+            except (EOFError, OSError):
+                continue
+            if message_type == "close":
+                with contextlib.suppress(OSError):
+                    connection.send(("ok", b""))
+                break
+            reply: tuple[str, bytes | str]
+            try:
+                reply = ("ok", to_bytes(handle_content(message_type, from_bytes(data), node_config)))
+            except Exception as err:
+                log.warning("%s failed on this node: %r\n%s", message_type, err, traceback.format_exc())
+                reply = ("error", repr(err))
+            with contextlib.suppress(OSError):
+                connection.send(reply)
+            last[0] = time.monotonic()
+    listener.close()
+    with contextlib.suppress(OSError):
+        socket_path.unlink()
+    log.info("node worker %s closed by the server", os.getpid())
+
+
+def main() -> None:
+    """Command-line entry point (started by the relay, not by users)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("socket", type=Path)
+    parser.add_argument("key", type=Path)
+    parser.add_argument("--parent", type=int, default=None)
+    parser.add_argument("--idle-timeout", type=float, default=3600.0)
+    args = parser.parse_args()
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s fedpeft: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    serve(args.socket, args.key.read_bytes(), parent=args.parent, idle_timeout=args.idle_timeout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""A node's long-lived worker process, and the relay that hands it a Flower message.
+
+Flower's deployment runtime starts one ClientApp process per message. Building a worker there (importing torch,
+loading the model, building the data) would cost every message seconds. Instead the ClientApp of a deployment
+(:mod:`fedpeft.apps.node`) imports only this module and Flower: it passes the message's content to a worker
+process that lives on the node for the whole run, started by the first message of the run and reached over a Unix
+socket, and returns that process's answer. The worker process (:mod:`fedpeft.engine.flower.node_worker`) keeps
+the model, the data and the clients' state between messages.
+
+One worker process serves one (run, node): its socket, key and log live in the node's worker directory (node
+config ``worker-dir``, default ``$TMPDIR/fedpeft-<uid>``, readable by the node's user only). The process ends when
+the server closes the run (a ``query.close`` message), when the SuperNode that started it is gone, or after
+``worker-idle-timeout`` seconds without a message (node config, default 3600).
+
+This module imports nothing heavy (no torch, no fedpeft worker): its cost is paid by every message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+
+from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD
+
+WORKER_DIR = "worker-dir"  # node config: where the node keeps its worker processes' sockets, keys and logs
+IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker process waits for a message before it ends
+DEFAULT_IDLE_TIMEOUT = 3600.0
+START_TIMEOUT = 300.0  # seconds a new worker process may take to import, before its first message
+
+
+class RelayError(RuntimeError):
+    """The node's worker process could not be started or reached, or it failed to handle the message."""
+
+
+def json_content(value: Any) -> RecordDict:
+    """Message content holding ``value`` (JSON data, no tensors) as :func:`fedpeft.engine.flower.codec.decode`
+    reads it."""
+    return RecordDict({CONFIG_KEY: ConfigRecord({JSON_FIELD: json.dumps(value)})})
+
+
+def to_bytes(content: RecordDict) -> bytes:
+    """A message content as Flower serializes it."""
+    return bytes(recorddict_to_proto(content).SerializeToString())
+
+
+def from_bytes(data: bytes) -> RecordDict:
+    """The message content :func:`to_bytes` serialized."""
+    proto = ProtoRecordDict()
+    proto.ParseFromString(data)
+    return recorddict_from_proto(proto)
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """Where the worker process of one (run, node) listens, and the files beside its socket."""
+
+    directory: Path
+    name: str
+
+    @classmethod
+    def of(cls, run_id: int, node_id: int, node_config: Mapping[str, Any]) -> WorkerAddress:
+        directory = node_config.get(WORKER_DIR) or Path(tempfile.gettempdir()) / f"fedpeft-{os.getuid()}"
+        # A short name: a Unix socket's path is limited to about 100 bytes.
+        name = hashlib.sha256(f"{run_id}:{node_id}".encode()).hexdigest()[:16]
+        return cls(Path(str(directory)), name)
+
+    @property
+    def socket(self) -> Path:
+        return self.directory / f"{self.name}.sock"
+
+    @property
+    def key(self) -> Path:
+        return self.directory / f"{self.name}.key"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / f"{self.name}.log"
+
+    @property
+    def lock(self) -> Path:
+        return self.directory / f"{self.name}.lock"
+
+
+def _connect(address: WorkerAddress) -> Connection | None:
+    """A connection to the running worker process, or None when none listens."""
+    if not address.socket.exists() or not address.key.exists():
+        return None
+    try:
+        return Client(str(address.socket), family="AF_UNIX", authkey=address.key.read_bytes())
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
+
+
+def _start(address: WorkerAddress, node_config: Mapping[str, Any]) -> None:
+    """Start the worker process of ``address`` in its own session, so that it outlives this ClientApp process."""
+    address.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        address.socket.unlink()
+    descriptor = os.open(address.key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(secrets.token_bytes(32))
+    idle = float(node_config.get(IDLE_TIMEOUT) or DEFAULT_IDLE_TIMEOUT)
+    command = [sys.executable, "-m", "fedpeft.engine.flower.node_worker", str(address.socket), str(address.key)]
+    command += ["--parent", str(os.getppid()), "--idle-timeout", str(idle)]
+    with open(address.log, "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + START_TIMEOUT
+    while not address.socket.exists():
+        if process.poll() is not None:
+            tail = address.log.read_text(errors="replace")[-2000:]
+            raise RelayError(f"the node's worker process exited with {process.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RelayError(f"the node's worker process did not start within {START_TIMEOUT:.0f} s")
+        time.sleep(0.05)
+
+
+def connect(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> tuple[Connection, float]:
+    """A connection to the worker process of (run, node), started first if none runs (one starts at a time);
+    and the seconds spent starting it (0 when it ran already)."""
+    address = WorkerAddress.of(run_id, node_id, node_config)
+    connection = _connect(address)
+    if connection is not None:
+        return connection, 0.0
+    started = time.perf_counter()
+    address.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(address.lock, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        connection = _connect(address)  # another message's process may have started it meanwhile
+        if connection is None:
+            _start(address, node_config)
+            connection = _connect(address)
+    if connection is None:
+        raise RelayError(f"the node's worker process does not answer on {address.socket}")
+    return connection, time.perf_counter() - started
+
+
+def forward(
+    message_type: str, content: RecordDict, node_config: Mapping[str, Any], *, run_id: int, node_id: int
+) -> tuple[RecordDict, float]:
+    """Have the node's worker process handle one message; returns the reply's content and the seconds spent
+    starting the worker process (0 when it ran already).
+
+    Raises :class:`RelayError` with the worker's reason when it could not handle the message.
+    """
+    config = {key: value for key, value in node_config.items() if isinstance(value, (str, int, float, bool))}
+    connection, start_seconds = connect(run_id, node_id, node_config)
+    with connection:
+        connection.send((message_type, to_bytes(content), config))
+        status, data = connection.recv()
+    if status != "ok":
+        raise RelayError(str(data))
+    return from_bytes(data), start_seconds
+
+
+def close(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> bool:
+    """End the worker process of (run, node) if one runs; whether one did."""
+    connection = _connect(WorkerAddress.of(run_id, node_id, node_config))
+    if connection is None:
+        return False
+    with connection:
+        connection.send(("close", b"", {}))
+        with contextlib.suppress(EOFError, ConnectionError):
+            connection.recv()
+    return True
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux), or None where that cannot be read."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
