@@ -214,6 +214,50 @@ def personalize(
     console.print(f"Adapter written to [bold]{result.path}[/bold] (load it with PeftModel.from_pretrained).")
 
 
+@app.command()
+def launch(
+    config: Annotated[str, typer.Argument(help="A preset name or a YAML file (read on the SuperLink's machine).")],
+    federation: Annotated[str, typer.Option(help="The SuperLink connection in Flower's config.toml.")],
+    out: Annotated[Optional[Path], typer.Option(help="Output directory on the SuperLink's machine.")] = None,  # noqa: UP045
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set seeds=[0,1].")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out.")] = False,
+    node_timeout: Annotated[float, typer.Option(help="Seconds to wait for SuperNodes.")] = 120.0,
+    reply_timeout: Annotated[float, typer.Option(help="Seconds to wait for a node's reply (0: no limit).")] = 0.0,
+    app_dir: Annotated[Path, typer.Option("--app", help="The fedpeft checkout `flwr run` packs.")] = Path("."),
+) -> None:
+    """Run an experiment on a Flower deployment (`flwr run`), exiting non-zero when the run fails."""
+    from fedpeft.apps.launch import launch as launch_run
+    from fedpeft.apps.launch import run_config
+
+    text = run_config(
+        config, out, list(set_ or []), resume=resume, node_timeout=node_timeout, reply_timeout=reply_timeout
+    )
+    code = launch_run(app_dir.resolve(), federation, text)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def certs(
+    directory: Annotated[Path, typer.Argument(help="Where to write the files.")],
+    host: Annotated[
+        list[str], typer.Option("--host", help="A name or IP address of the SuperLink (repeat for several).")
+    ],
+    nodes: Annotated[int, typer.Option(help="SuperNode key pairs to write (node-1, node-1.pub, ...).")] = 0,
+) -> None:
+    """Write a CA, the SuperLink's TLS certificate and SuperNode keys for a secure deployment (docs/flower.md)."""
+    from fedpeft.apps.certs import make_certificates, make_node_key
+
+    if nodes < 0:
+        raise UserError("--nodes must be 0 or more.")
+    if any((directory / name).exists() for name in ("ca.key", "server.key")):
+        raise UserError(f"{directory} already holds keys; choose an empty directory (nothing was overwritten).")
+    make_certificates(directory, host)
+    for i in range(1, nodes + 1):
+        make_node_key(directory / f"node-{i}")
+    console.print(f"CA, SuperLink certificate and {nodes} SuperNode key pair(s) written to [bold]{directory}[/bold].")
+
+
 class Terminated(BaseException):
     """SIGTERM arrived (a BaseException, so that no ``except Exception`` around a client's work swallows it)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -351,6 +352,71 @@ def test_a_lost_node_leaves_its_clients_out(tmp_path, task_identity):
     assert (out / "summary.md").exists()
 
 
+def test_a_restarted_node_takes_its_partition_back(tmp_path, task_identity):
+    """A node lost mid-run leaves its clients out of the rounds it misses; restarted (a new node id, the same
+    partition) it serves them again from the next step, and the run completes."""
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 5}])
+    raw["data"] = {**raw["data"], "unseen_pool": False}
+    grid = InProcessGrid(num_nodes=2)
+    original = grid.push_messages
+    rounds_seen: list[str] = []
+
+    def push(messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        trains = {m.metadata.group_id for m in messages if m.metadata.message_type == "train"}
+        rounds_seen.extend(sorted(trains - set(rounds_seen)))
+        if len(rounds_seen) == 2 and 1001 not in grid.lost:  # round 1: node 1001 goes down
+            grid.lost.add(1001)
+        if len(rounds_seen) == 3 and 1005 not in grid.contexts:  # during round 2 it is back, as node 1005
+            config = grid.contexts.pop(1001).node_config
+            grid.contexts[1005] = Context(run_id=1, node_id=1005, node_config=config, state=RecordDict(), run_config={})
+            grid.served[1005] = []
+        return original(messages)
+
+    grid.push_messages = push  # type: ignore[method-assign]
+    progress = RoundLog()
+    out = Experiment(flower_config(validate(raw)), tmp_path / "run", progress).run(
+        engine_factory=lambda worker: GridEngine(grid, worker)
+    )
+    # Round 0 with both nodes, rounds 1 and 2 without node 1001's two clients, then all four again on node 1005.
+    assert [m["clients"] for m in progress.round_metrics] == [4.0, 2.0, 2.0, 4.0, 4.0]
+    assert "train" in grid.served[1005] and "train.personalize" in grid.served[1005]
+    fedit = {key[3] for key in read_records(out) if key[0] == "fedit" and key[7] == "test"}
+    assert len(fedit) == 4  # every client personalized and evaluated, on the node that serves it at the end
+
+
+def test_a_round_below_min_clients_stops_the_run(tmp_path, task_identity):
+    """Fewer answers than min_clients: the run stops with one sentence and no checkpoint of that round."""
+    from fedpeft.core.errors import AllClientsFailedError
+
+    method = tiny_raw()["methods"][0] | {"min_clients": 4}
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[method])
+    raw["data"] = {**raw["data"], "unseen_pool": False}
+    grid = InProcessGrid(num_nodes=2, lost_after_query={1001})
+    with pytest.raises(AllClientsFailedError, match=r"only 2 of 4 sampled clients answered, fewer than min_clients=4"):
+        Experiment(flower_config(validate(raw)), tmp_path / "run").run(
+            engine_factory=lambda worker: GridEngine(grid, worker)
+        )
+    assert not (tmp_path / "run" / "checkpoints" / "fedit").exists()
+    assert (tmp_path / "run" / "parts" / "base-seed0.jsonl").exists()  # what was done stays: --resume goes on
+
+
+def test_a_node_that_claims_a_served_partition_is_refused(tmp_path, task_identity):
+    """Two nodes that claim one partition stop the run with one sentence; neither is silently preferred."""
+    from fedpeft.core.errors import UserError
+
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[{"name": "lora", "epochs": 1, "batch_size": 8}])
+    raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
+    grid = InProcessGrid(num_nodes=3)
+    grid.contexts[1002].node_config["partition-id"] = 0  # a third node that claims partition 0 of 3
+    with pytest.raises(UserError, match=r"SuperNodes 1000 and 1002 both claim partition-id=0"):
+        Experiment(flower_config(validate(raw)), tmp_path / "run").run(
+            engine_factory=lambda worker: GridEngine(grid, worker)
+        )
+    assert all(served == ["query.partition"] for served in grid.served.values())  # no task reached any node
+    assert not (tmp_path / "run").exists()
+
+
 def test_nodes_without_the_base_model_receive_it(tmp_path, task_identity):
     raw = tiny_raw(methods=[{"name": "lora", "epochs": 1, "batch_size": 8}])
     raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
@@ -370,9 +436,11 @@ def test_nodes_without_the_base_model_receive_it(tmp_path, task_identity):
 # ---------------------------------------------------------------------------------------------- deployment
 @pytest.mark.slow
 def test_deployment_on_loopback(tmp_path):
-    """A SuperLink and two SuperNodes on loopback, each node with its own run directory; the federated round runs
-    as SecAgg+ (its plain form is the same task handling the base evaluation and personalization messages use
-    here, and the simulation tests run it), so one deployment covers both."""
+    """A secure deployment on loopback (TLS, SuperNode authentication with registered keys): a SuperLink and two
+    SuperNodes, each with its own run directory; the federated round runs as SecAgg+ (its plain form is the same
+    task handling the base evaluation and personalization messages use here, and the simulation tests run it), so
+    one deployment covers both. A node without a registered key cannot join; a node that claims a served
+    partition stops the next run with one sentence and a non-zero status."""
     # Every message starts a ClientApp process on its node (Flower's deployment runtime) that relays to the node's
     # worker process, so the run is short: one client per node, the pretrained base, one round of FedIT. The
     # base-model transfer to nodes that lack it is tested in-process (test_nodes_without_the_base_model_receive_it).
@@ -387,11 +455,25 @@ def test_deployment_on_loopback(tmp_path):
     node_configs = [
         f"partition-id={i} num-partitions=2 run-dir='{node_dirs[i]}' worker-dir='{worker_dir}'" for i in range(2)
     ]
-    env = {"OMP_NUM_THREADS": "1"}  # the two "machines" share this machine's cores
-    with LoopbackDeployment(tmp_path, node_configs, env) as deployment:
-        run_config = f"config='{config}' out='{out}' node-timeout=60"
+    fedpeft = str(Path(sys.executable).parent / "fedpeft")
+    certs = tmp_path / "certs"
+    made = subprocess.run(
+        [fedpeft, "certs", str(certs), "--host", "localhost", "--host", "127.0.0.1", "--nodes", "4"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    env = {"OMP_NUM_THREADS": "1"}  # the "machines" share this machine's cores
+    with LoopbackDeployment(tmp_path, node_configs, env, certs=certs) as deployment:
+        # A node whose key was never registered is turned away by the SuperLink.
+        intruder = deployment.start_node(2, "partition-id=0 num-partitions=2", key=certs / "node-3", wait=False)
+        assert intruder.wait(timeout=120) != 0
+        assert "Failed to activate SuperNode" in deployment.log("supernode2").read_text()
+
+        launch = [fedpeft, "launch", str(config), "--federation", "local-deployment", "--app", str(REPO)]
+        launch += ["--out", str(out), "--node-timeout", "60"]
         # A ClientApp process per message (4 per node for the SecAgg+ round) on a loaded machine.
-        finished = deployment.run(REPO, run_config, timeout=900)
+        finished = subprocess.run(launch, cwd=tmp_path, env=deployment.env, capture_output=True, text=True, timeout=900)
         logs = finished.stdout + finished.stderr
         (tmp_path / "flwr-run.log").write_text(logs)
         assert finished.returncode == 0, logs[-4000:]
@@ -401,6 +483,22 @@ def test_deployment_on_loopback(tmp_path):
         while list(worker_dir.glob("*.sock")) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not list(worker_dir.glob("*.sock"))
+
+        # A registered node that claims partition 0, which a node serves already: the next run stops at once.
+        deployment.register(certs / "node-4")
+        deployment.start_node(3, "partition-id=0 num-partitions=2", key=certs / "node-4")
+        refused = subprocess.run(
+            [*launch[:-4], "--out", str(tmp_path / "out2"), "--node-timeout", "60"],
+            cwd=tmp_path,
+            env=deployment.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert refused.returncode == 2, refused.stdout[-3000:]
+        last = refused.stdout.strip().splitlines()[-1]
+        assert last.startswith("error: SuperNodes") and "both claim partition-id=0" in last, last
+        assert "Traceback" not in refused.stdout + refused.stderr
 
     records = {key: value for key, value in read_records(out).items() if key[7] == "test"}  # evaluations
     train = {key[0] for key in read_records(out) if key[7] == "train"}
@@ -427,6 +525,60 @@ def test_deployment_on_loopback(tmp_path):
         parts = ("flower_start_seconds", "worker_startup_seconds", "fedpeft_overhead_seconds", "client_work_seconds")
         assert all(counters[part] > 0 for part in parts), counters
         assert counters["message_seconds"] > counters["client_work_seconds"]
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_run_comes_back(tmp_path):
+    """A SuperNode killed by its process id mid-run: the rounds go on with the other node's client (after the reply
+    timeout), and the node started again takes part from the next step on; the run completes."""
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 6}])
+    raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    worker_dir = Path(tempfile.mkdtemp(prefix="fp"))
+    node_configs = [
+        f"partition-id={i} num-partitions=2 run-dir='{tmp_path / f'node{i}'}' worker-dir='{worker_dir}'"
+        for i in range(2)
+    ]
+    checkpoint = out / "checkpoints" / "fedit" / "seed0.pt"
+
+    def wait_for_round(done: int, run: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and run.poll() is None:
+            with contextlib.suppress(Exception):  # absent, or being replaced
+                if torch.load(checkpoint, weights_only=False)["state"].round >= done:
+                    return
+            time.sleep(0.5)
+        raise AssertionError(f"round {done} never completed")
+
+    fedpeft = str(Path(sys.executable).parent / "fedpeft")
+    with LoopbackDeployment(tmp_path, node_configs, {"OMP_NUM_THREADS": "1"}) as deployment:
+        launch = [fedpeft, "launch", str(config), "--federation", "local-deployment", "--app", str(REPO)]
+        launch += ["--out", str(out), "--node-timeout", "180", "--reply-timeout", "30"]
+        log = open(tmp_path / "launch.log", "w")  # noqa: SIM115  (closed below)
+        run = subprocess.Popen(launch, cwd=tmp_path, env=deployment.env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_round(1, run)
+            deployment.kill("supernode1")  # its SuperNode and ClientApp processes; its worker follows
+            wait_for_round(2, run)
+            deployment.start_node(1, node_configs[1])
+            assert run.wait(timeout=900) == 0, (tmp_path / "launch.log").read_text()[-4000:]
+        finally:
+            if run.poll() is None:
+                run.kill()
+            log.close()
+
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    clients = {r["round"]: r["value"] for r in rows if r["split"] == "train" and r["metric"] == "clients"}
+    assert clients[min(clients)] == 2.0 and 1.0 in clients.values() and clients[max(clients)] == 2.0, clients
+    costs = [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
+    nodes = {row["node"] for row in costs if row["method"] == "engine"}
+    assert len(nodes) == 3  # the killed node, the other one, and the killed one started again (a new node id)
+    assert {key[3] for key in read_records(out) if key[0] == "fedit" and key[7] == "test"} == {
+        "lat1-seen-00",
+        "lat1-seen-01",
+    }
 
 
 def test_flower_config_keeps_client_state_on_disk():

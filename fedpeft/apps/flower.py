@@ -31,7 +31,7 @@ from flwr.app import Context, UserConfig
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.core.config import ExperimentConfig, load_config
-from fedpeft.core.errors import UserError
+from fedpeft.core.errors import AllClientsFailedError, UserError
 from fedpeft.core.io import path_component
 from fedpeft.core.processes import end_descendants
 from fedpeft.core.progress import Progress
@@ -79,9 +79,12 @@ def main(grid: Grid, context: Context) -> None:
         log.setLevel(logging.INFO)
     try:
         run_from_run_config(grid, context.run_config)
-    except UserError as err:
-        log.error("error: %s", err)
-        raise
+    except (UserError, AllClientsFailedError) as err:  # one sentence, no traceback; the run ends as failed
+        from flwr.supercore.exit import ExitCode, flwr_exit
+
+        stopped = isinstance(err, AllClientsFailedError)
+        hint = "; continue it with resume=true (fedpeft launch --resume) once the nodes are back" if stopped else ""
+        flwr_exit(ExitCode.SERVERAPP_EXCEPTION, f"error: {'the run stopped: ' if stopped else ''}{err}{hint}")
 
 
 def run_flower_simulation(

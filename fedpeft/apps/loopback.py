@@ -2,7 +2,9 @@
 
 Each component is a real Flower process (``flower-superlink``, ``flower-supernode``) started in its own session
 and stopped by process id; ``flwr run`` talks to the SuperLink through a connection written to a private
-``FLWR_HOME``. Insecure (no TLS): for experiments on one machine only.
+``FLWR_HOME``. With ``certs`` (a directory from ``fedpeft certs``) the deployment is the secure one of
+docs/flower.md: TLS with the CA's certificate, and SuperNode authentication with each node's registered key;
+without, it is insecure, for experiments on one machine only.
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ class LoopbackDeployment:
         workdir: where the logs and the Flower home go.
         node_configs: one ``--node-config`` string per SuperNode.
         env: extra environment variables for every process.
+        certs: a directory written by ``fedpeft certs`` (``ca.crt``, ``server.pem``, ``server.key`` and a key pair
+            ``node-<i>`` per SuperNode, i from 1): TLS and SuperNode authentication; None: insecure.
     """
 
-    def __init__(self, workdir: Path, node_configs: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, node_configs: list[str], env: dict[str, str] | None = None, certs: Path | None = None
+    ) -> None:
         self.workdir = Path(workdir)
         self.node_configs = node_configs
+        self.certs = Path(certs) if certs is not None else None
         self.bin_dir = Path(sys.executable).parent
         self.link_port = free_port()
         self.home = self.workdir / "flwr-home"
@@ -57,14 +64,27 @@ class LoopbackDeployment:
 
     def __enter__(self) -> LoopbackDeployment:
         self.home.mkdir(parents=True, exist_ok=True)
+        security = "insecure = true" if self.certs is None else f'root-certificates = "{self.certs / "ca.crt"}"'
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.link_port}"\ninsecure = true\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.link_port}"\n{security}\n'
         )
         try:
-            link = ["flower-superlink", "--insecure", "--port", str(self.link_port)]
-            self.start("superlink", [*link, "--disable-runtime-dependency-installation"], self.link_port)
+            link = ["flower-superlink", "--port", str(self.link_port), "--disable-runtime-dependency-installation"]
+            if self.certs is None:
+                link.append("--insecure")
+            else:
+                link += [
+                    "--ssl-ca-certfile",
+                    str(self.certs / "ca.crt"),
+                    "--ssl-certfile",
+                    str(self.certs / "server.pem"),
+                ]
+                link += ["--ssl-keyfile", str(self.certs / "server.key"), "--enable-supernode-auth"]
+            self.start("superlink", link, self.link_port)
             for i, node_config in enumerate(self.node_configs):
+                if self.certs is not None:
+                    self.register(self.node_key(i))
                 self.start_node(i, node_config)
         except BaseException:
             self.stop()
@@ -80,8 +100,8 @@ class LoopbackDeployment:
         """The log file of component ``name`` (``superlink``, ``supernode<i>``)."""
         return self.workdir / f"{name}.log"
 
-    def start(self, name: str, args: list[str], port: int) -> subprocess.Popen:
-        """Start component ``name`` and wait until it listens on ``port``."""
+    def start(self, name: str, args: list[str], port: int | None) -> subprocess.Popen:
+        """Start component ``name`` and wait until it listens on ``port`` (None: do not wait)."""
         with open(self.log(name), "ab") as handle:
             process = subprocess.Popen(
                 [str(self.bin_dir / args[0]), *args[1:]],
@@ -92,14 +112,35 @@ class LoopbackDeployment:
                 start_new_session=True,
             )
         self.processes[name] = process
-        self._wait_for_port(port, process, self.log(name))
+        if port is not None:
+            self._wait_for_port(port, process, self.log(name))
         return process
 
-    def start_node(self, index: int, node_config: str) -> subprocess.Popen:
-        """Start SuperNode ``index`` (again, after :meth:`kill`) with its node config."""
+    def node_key(self, index: int) -> Path:
+        """The private key of SuperNode ``index`` (its public key is the same path with ``.pub``)."""
+        if self.certs is None:
+            raise ValueError("an insecure deployment has no node keys")
+        return self.certs / f"node-{index + 1}"
+
+    def register(self, key: Path) -> None:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
+        command = [str(self.bin_dir / "flwr"), "supernode", "register", f"{key}.pub", CONNECTION]
+        subprocess.run(command, cwd=self.workdir, env=self.env, check=True, capture_output=True, timeout=120)
+
+    def start_node(
+        self, index: int, node_config: str, *, key: Path | None = None, wait: bool = True
+    ) -> subprocess.Popen:
+        """Start SuperNode ``index`` (again, after :meth:`kill`) with its node config; in a secure deployment with
+        ``key`` (default: its own, :meth:`node_key`). ``wait``: until it listens on its port."""
         port = free_port()
-        args = ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.link_port}", "--port", str(port)]
-        return self.start(f"supernode{index}", [*args, "--node-config", node_config], port)
+        args = ["flower-supernode", "--superlink", f"127.0.0.1:{self.link_port}", "--port", str(port)]
+        if self.certs is None:
+            args.append("--insecure")
+        else:
+            key = key or self.node_key(index)
+            args += ["--root-certificates", str(self.certs / "ca.crt")]
+            args += ["--auth-supernode-private-key", str(key)]
+        return self.start(f"supernode{index}", [*args, "--node-config", node_config], port if wait else None)
 
     def kill(self, name: str) -> None:
         """Kill component ``name`` and what it started, at once (a machine that fails)."""

@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from fedpeft.engine.flower import relay
-from fedpeft.engine.flower.messages import CLOSE_QUERY, JSON_FIELD, MESSAGE_TYPES, TIMING_KEY
+from fedpeft.engine.flower.messages import CLOSE_QUERY, JSON_FIELD, MESSAGE_TYPES, PARTITION_QUERY, TIMING_KEY
 from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
 
 log = logging.getLogger("fedpeft")
@@ -34,6 +34,8 @@ def relay_message(message: Message, context: Context) -> Message:
         if message_type == CLOSE_QUERY:  # the run is over: end the worker process, if one runs
             closed = relay.close(run_id, node_id, context.node_config)
             return Message(relay.json_content({"closed": closed}), reply_to=message)
+        if message_type == PARTITION_QUERY:  # from the node config: no need to start the worker for it
+            return Message(relay.json_content(relay.partition_answer(context.node_config)), reply_to=message)
         content, spawn = relay.forward(
             message_type, message.content, context.node_config, run_id=run_id, node_id=node_id
         )

@@ -35,7 +35,7 @@ from fedpeft.core.errors import AllClientsFailedError
 from fedpeft.core.faults import FAULT_EXTRA, ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
-from fedpeft.methods.base import Method
+from fedpeft.methods.base import Method, SamplingConfig
 
 log = logging.getLogger("fedpeft")
 
@@ -129,14 +129,15 @@ class Engine:
             updates = self._updates(
                 label, method, state, sampled, seed, round_, meter, failures, rejected, checks, examples
             )
+            needed = method.cfg.min_clients if isinstance(method.cfg, SamplingConfig) else 1
             try:
                 new_state, metrics = method.aggregate(state, updates)
             except Exception:
-                check_round(round_, len(sampled), failures)  # a round of failures explains the error better
+                check_round(round_, len(sampled), failures, needed)  # a round of failures explains the error better
                 if len(failures) + len(rejected) < len(sampled):
                     raise
                 new_state, metrics = state, {"clients": 0.0}  # nothing valid to aggregate: kept below
-            check_round(round_, len(sampled), failures)
+            check_round(round_, len(sampled), failures, needed)
             valid = len(sampled) - len(failures) - len(rejected)
             if valid < min_updates:
                 reason = f"{valid} valid update(s), fewer than min_updates={min_updates}"
@@ -213,9 +214,19 @@ class Engine:
             yield outcome
 
 
-def check_round(round_: int, sampled: int, failures: list[str]) -> None:
-    """Stop the run when every client sampled in round ``round_`` failed (``failures``: that round's messages):
-    a round without a single update means the method cannot train (a configuration or code error), and going
-    on would report the untrained model as the method's result."""
-    if sampled and len(failures) >= sampled:
+def check_round(round_: int, sampled: int, failures: list[str], min_clients: int = 1) -> None:
+    """Stop the run when fewer than ``min_clients`` of the clients sampled in round ``round_`` answered
+    (``failures``: that round's messages of those that did not; a client whose update arrived answered, valid or
+    not). A round without a single update means the method cannot train (a configuration or code error, or every
+    node gone), and going on would report the untrained model as the method's result; below ``min_clients`` the
+    round is not the one the config asks for. The round is not aggregated or checkpointed: ``--resume`` repeats
+    it, for example once the lost nodes are back."""
+    answered = sampled - len(failures)
+    if not sampled or answered >= min(max(1, min_clients), sampled):
+        return
+    if answered <= 0:
         raise AllClientsFailedError(f"round {round_}: all {sampled} sampled clients failed; the first: {failures[0]}")
+    raise AllClientsFailedError(
+        f"round {round_}: only {answered} of {sampled} sampled clients answered, fewer than min_clients="
+        f"{min_clients}; the first failure: {failures[0]}"
+    )

@@ -27,12 +27,11 @@ from fedpeft.engine.flower.messages import (
     CLOSE_QUERY,
     MESSAGE_TYPES,
     NODE_RUN_DIR,
-    NUM_PARTITIONS,
     OPERATIONS,
-    PARTITION_ID,
     PARTITION_QUERY,
     TRAIN,
 )
+from fedpeft.engine.flower.relay import partition_answer
 from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request
 from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
 
@@ -116,14 +115,6 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
     stats = {"pid": os.getpid(), "model_loads": int(_COUNTS["model_loads"]), "work_seconds": work}
     stats.update(load_seconds=load, seconds=time.perf_counter() - started)
     return NodeResult(results, stats).to_content()
-
-
-def partition_answer(node_config: Mapping[str, Any]) -> dict[str, int | None]:
-    """Which partition of the clients this node serves (from its node config)."""
-    return {
-        "partition_id": int(node_config[PARTITION_ID]) if PARTITION_ID in node_config else None,
-        "num_partitions": int(node_config[NUM_PARTITIONS]) if NUM_PARTITIONS in node_config else None,
-    }
 
 
 def _base_query(request: dict[str, Any], node_config: Mapping[str, Any]) -> RecordDict:

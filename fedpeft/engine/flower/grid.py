@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from flwr.app import Message
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedpeft.core.config import ExperimentConfig, dump_given
@@ -48,7 +49,8 @@ class GridEngine(Engine):
         cfg: the experiment config sent to the ClientApps (default: the worker's).
         run_dir: the run directory sent to the ClientApps (default: the worker's).
         on_client: called after every client's reply (progress).
-        reply_timeout: seconds to wait for one message's reply before leaving the client out (None: no limit).
+        reply_timeout: seconds to wait for one message's reply before leaving its clients out (None: no limit);
+            at least ``node_timeout`` for a node's first task, which starts its worker and loads the model.
         node_timeout: seconds to wait for SuperNodes to cover every partition.
         poll_interval: seconds between two pulls of replies.
         max_in_flight: messages sent and not yet answered, at most.
@@ -85,7 +87,9 @@ class GridEngine(Engine):
         self.stop = stop
         ids = sorted(c.client_id for c in worker.data.clients)
         self._client_index = {client_id: i for i, client_id in enumerate(ids)}
-        self._partition_nodes: list[int] | None = None
+        self._partition_nodes: list[int | None] | None = None
+        self._answers: dict[int, tuple[int | None, int | None]] = {}  # node -> (partition, num_partitions)
+        self._lost: set[int] = set()  # nodes that did not answer a message
         self._base_synced: set[int] = set()
         self._node_stats: dict[int, dict[str, Any]] = {}
 
@@ -103,6 +107,11 @@ class GridEngine(Engine):
         """Send every client's round as one message; once all replies are in, yield them in client-id order
         (the order the local engine aggregates in, so the sums round alike). With ``engine.secagg`` the round
         runs as SecAgg+ (:mod:`fedpeft.engine.flower.secagg`) and yields one update, the secure mean."""
+        from fedpeft.worker import BASE_STAGE_LABEL
+
+        self._refresh()
+        if label != BASE_STAGE_LABEL:
+            self._sync_base(seed)  # a node that took over a partition mid-phase needs the base model
         if self.cfg.engine.secagg is not None:
             from fedpeft.engine.flower.secagg import secure_round
 
@@ -125,6 +134,7 @@ class GridEngine(Engine):
         """
         if op not in OPERATIONS:
             raise ValueError(f"unknown worker operation {op!r}")
+        self._refresh()
         if "seed" in kwargs:
             self._sync_base(int(kwargs["seed"]))
         done: dict[str, Any] = {}
@@ -141,7 +151,7 @@ class GridEngine(Engine):
         """Tell every node the run is over, so that it ends the worker process it kept for the run."""
         if self._partition_nodes is None:
             return
-        queries = [(n, n, CLOSE_QUERY, encode({})) for n in sorted(set(self._partition_nodes))]
+        queries = [(n, n, CLOSE_QUERY, encode({})) for n in sorted({n for n in self._partition_nodes if n is not None})]
         for node, reply in self._exchange(queries, group="close", timeout=self.reply_timeout or 60.0):
             if isinstance(reply, str) or reply.has_error():
                 log.info("node %s did not confirm the end of the run", node)
@@ -177,35 +187,65 @@ class GridEngine(Engine):
         return spec
 
     # ------------------------------------------------------------------ nodes
-    def node_of(self, client_id: str) -> int:
-        """The node that serves ``client_id``: the node of partition ``index % num_partitions``."""
+    def node_of(self, client_id: str) -> int | None:
+        """The node that serves ``client_id``: the node of partition ``index % num_partitions`` (None while that
+        partition's node is lost)."""
         nodes = self._nodes()
         return nodes[self._client_index[client_id] % len(nodes)]
 
-    def _nodes(self) -> list[int]:
+    def _nodes(self) -> list[int | None]:
         """Node id of each partition, learnt from the nodes (waits for nodes in deployment)."""
         if self._partition_nodes is not None:
             return self._partition_nodes
         deadline = time.monotonic() + self.node_timeout
-        answers: dict[int, tuple[int | None, int | None]] = {}
         while True:
-            new = sorted(int(n) for n in self.grid.get_node_ids() if int(n) not in answers)
-            queries = [(node, node, PARTITION_QUERY, encode({})) for node in new]
-            for node, reply in self._exchange(queries, group="partition", timeout=self.node_timeout):
-                if isinstance(reply, str) or reply.has_error():
-                    log.warning("node %s did not say which partition it serves; it gets no clients", node)
-                    answers[node] = (-1, None)
-                    continue
-                answer = decode(reply.content)
-                answers[node] = (answer["partition_id"], answer["num_partitions"])
-            nodes = _assign_partitions(answers)
+            self._query_partitions(sorted(int(n) for n in self.grid.get_node_ids() if int(n) not in self._answers))
+            nodes = _assign_partitions(self._answers)
             if nodes is not None:
                 log.info("clients map to nodes by partition: %s", nodes)
-                self._partition_nodes = nodes
-                return nodes
+                self._partition_nodes = list(nodes)
+                return self._partition_nodes
             if time.monotonic() > deadline:
-                raise UserError(_missing_partitions_message(answers, self.node_timeout))
+                raise UserError(_missing_partitions_message(self._answers, self.node_timeout))
             time.sleep(1.0)
+
+    def _query_partitions(self, nodes: list[int], timeout: float | None = None) -> None:
+        """Ask ``nodes`` which partition each serves (into ``_answers``; -1: a node that did not say)."""
+        queries = [(node, node, PARTITION_QUERY, encode({})) for node in nodes]
+        for node, reply in self._exchange(queries, group="partition", timeout=timeout or self.node_timeout):
+            if isinstance(reply, str) or reply.has_error():
+                log.warning("node %s did not say which partition it serves; it gets no clients", node)
+                self._answers[node] = (-1, None)
+                continue
+            answer = decode(reply.content)
+            self._answers[node] = (answer["partition_id"], answer["num_partitions"])
+
+    def _lose(self, node: int, reason: str) -> None:
+        """``node`` did not answer: its clients are left out until it, or a node in its place, answers again."""
+        if node not in self._lost:
+            log.warning(
+                "node %s is lost (%s); its clients are left out until a node serves its partition", node, reason
+            )
+            self._lost.add(node)
+
+    def _refresh(self) -> None:
+        """After a node was lost, at the start of a step: ask the lost nodes still connected and the nodes that
+        joined since which partition they serve, and map every partition to a node that answers (a restarted
+        SuperNode comes back with a new node id; it takes over its partition's clients from this step on)."""
+        if not self._lost or self._partition_nodes is None:
+            return
+        listed = {int(n) for n in self.grid.get_node_ids()}
+        ask = sorted(n for n in listed if n not in self._answers or n in self._lost)
+        for node in ask:
+            self._answers.pop(node, None)
+        self._query_partitions(ask, timeout=min(self.reply_timeout or 30.0, 30.0))
+        self._lost = {n for n in self._lost if n not in self._answers or self._answers[n][0] == -1}
+        live = {n: a for n, a in self._answers.items() if n in listed and n not in self._lost}
+        before = list(self._partition_nodes)
+        self._partition_nodes = _assign_partitions(live, partial=len(before)) or before
+        if self._partition_nodes != before:
+            log.info("clients map to nodes by partition: %s", self._partition_nodes)
+            self._base_synced.clear()  # a new node may lack the base model
 
     def _sync_base(self, seed: int) -> None:
         """Make sure every node holds the base model of ``seed`` (sent only to nodes that lack it)."""
@@ -220,17 +260,19 @@ class GridEngine(Engine):
             "path": str(path.resolve().relative_to(self.run_dir)),
             "digest": tensors_digest(tensors),
         }
-        nodes = sorted(set(self._nodes()))
+        nodes = sorted({n for n in self._nodes() if n is not None})
         lacking = []
         queries = [(n, n, BASE_QUERY, encode(request)) for n in nodes]
-        for node, reply in self._exchange(queries, group="base", timeout=self.reply_timeout):
+        # The base query may be a node's first message of the run, which starts its worker process.
+        timeout = None if self.reply_timeout is None else max(self.reply_timeout, self.node_timeout)
+        for node, reply in self._exchange(queries, group="base", timeout=timeout):
             if not isinstance(reply, str) and not reply.has_error() and decode(reply.content)["present"]:
                 continue
             lacking.append(node)
         if lacking:
             log.info("sending the base model of seed %s to nodes %s", seed, lacking)
             sends = [(n, n, BASE_QUERY, encode({**request, "tensors": tensors})) for n in lacking]
-            for node, reply in self._exchange(sends, group="base", timeout=self.reply_timeout):
+            for node, reply in self._exchange(sends, group="base", timeout=timeout):
                 if isinstance(reply, str) or reply.has_error() or not decode(reply.content)["present"]:
                     reason = reply if isinstance(reply, str) else reply.error.reason if reply.has_error() else "?"
                     log.warning("node %s could not store the base model of seed %s (%s)", node, seed, reason)
@@ -244,11 +286,18 @@ class GridEngine(Engine):
         seconds) for every client as the nodes' replies arrive."""
         by_node: dict[int, list[tuple[str, dict[str, Any]]]] = {}
         for client_id, kwargs in clients:
-            by_node.setdefault(self.node_of(client_id), []).append((client_id, dict(kwargs)))
+            node = self.node_of(client_id)
+            if node is None:  # its partition's node is lost, and none took its place yet
+                yield client_id, ClientTaskError("no SuperNode serves its partition now (its node was lost)"), 0.0
+                continue
+            by_node.setdefault(node, []).append((client_id, dict(kwargs)))
         tasks = {node: NodeTask(op, self.run_dir, self.config_text, items) for node, items in by_node.items()}
         messages = ((node, node, OPERATIONS[op], task) for node, task in tasks.items())
+        timeout = self.reply_timeout
+        if timeout is not None and any(node not in self._node_stats for node in tasks):
+            timeout = max(timeout, self.node_timeout)  # a node's first task starts its worker and loads the model
         sent = time.monotonic()
-        for node, reply in self._exchange(messages, group=group, timeout=self.reply_timeout):
+        for node, reply in self._exchange(messages, group=group, timeout=timeout):
             ids = [client_id for client_id, _ in tasks[node].clients]
             for client_id, outcome, seconds in self._outcomes(node, ids, reply, time.monotonic() - sent):
                 if self.on_client is not None:
@@ -260,6 +309,8 @@ class GridEngine(Engine):
     ) -> Iterator[tuple[str, Any, float]]:
         """Each client's result or error in a node's reply (all clients fail alike when the message did)."""
         if isinstance(reply, str) or reply.has_error():
+            if isinstance(reply, str) or reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+                self._lose(node, reply if isinstance(reply, str) else str(reply.error.reason))
             if isinstance(reply, str):
                 error: Exception = ClientTaskError(reply)
             elif (reply.error.reason or "").startswith(ClientDroppedError.__name__):
@@ -354,17 +405,19 @@ class GridEngine(Engine):
                 time.sleep(self.poll_interval)
 
 
-def _assign_partitions(answers: dict[int, tuple[int | None, int | None]]) -> list[int] | None:
+def _assign_partitions(answers: dict[int, tuple[int | None, int | None]], partial: int = 0) -> list[int | None] | None:
     """Node id per partition, or None while some partition has no node yet.
 
-    Nodes that declare no partition (no node config) split the clients by their sorted node ids.
+    Nodes that declare no partition (no node config) split the clients by their sorted node ids. With
+    ``partial`` (the number of partitions known already), a partition without a node gets None instead.
     """
     usable = {n: a for n, a in answers.items() if a[0] != -1}
-    if not usable:
-        return None
     declared = {n: a for n, a in usable.items() if a[0] is not None}
     if not declared:
-        return sorted(usable)
+        found: list[int | None] = [*sorted(usable)]
+        if partial:  # undeclared nodes fill the partitions in node-id order
+            return found[:partial] + [None] * (partial - len(found[:partial]))
+        return found or None
     totals = {a[1] for a in declared.values()}
     if len(totals) != 1 or None in totals:
         raise UserError(
@@ -378,19 +431,15 @@ def _assign_partitions(answers: dict[int, tuple[int | None, int | None]]) -> lis
             raise UserError(
                 f"SuperNode {node} says {PARTITION_ID}={partition}, outside 0..{total - 1}; fix its --node-config."
             )
-        if partition in owners:
-            log.warning(
-                "nodes %s and %s both serve partition %s; using %s",
-                owners[partition],
-                node,
-                partition,
-                owners[partition],
+        if partition in owners:  # never prefer one silently: either may be the impostor
+            raise UserError(
+                f"SuperNodes {owners[partition]} and {node} both claim {PARTITION_ID}={partition}; each partition "
+                "needs exactly one node: stop the node that should not serve it (check `flwr supernode list`)."
             )
-            continue
         owners[partition] = node
-    if len(owners) < total:
+    if len(owners) < total and not partial:
         return None
-    return [owners[p] for p in range(total)]
+    return [owners.get(p) for p in range(total)]
 
 
 def _missing_partitions_message(answers: dict[int, tuple[int | None, int | None]], waited: float) -> str:

@@ -37,10 +37,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve(socket_path: Path, key: bytes, *, parent: int | None, idle_timeout: float) -> None:
-    """Answer requests on ``socket_path`` until told to close, the parent is gone, or no request came for
-    ``idle_timeout`` seconds."""
-    listener = Listener(str(socket_path), family="AF_UNIX", authkey=key)
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout: float) -> None:
+    """Answer requests on ``socket_path`` (authenticated with the key in ``key_path``) until told to close, the
+    parent is gone, or no request came for ``idle_timeout`` seconds; then remove the socket and the key."""
+    listener = Listener(str(socket_path), family="AF_UNIX", authkey=key_path.read_bytes())
     os.chmod(socket_path, 0o600)
     last = [time.monotonic()]
     busy = threading.Lock()
@@ -51,8 +57,7 @@ def serve(socket_path: Path, key: bytes, *, parent: int | None, idle_timeout: fl
             gone = parent is not None and not _alive(parent)
             if gone or (not busy.locked() and time.monotonic() - last[0] > idle_timeout):
                 log.info("node worker %s ends: %s", os.getpid(), "its SuperNode is gone" if gone else "idle")
-                with contextlib.suppress(OSError):
-                    socket_path.unlink()
+                _remove(socket_path, key_path)
                 os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
@@ -82,8 +87,7 @@ def serve(socket_path: Path, key: bytes, *, parent: int | None, idle_timeout: fl
                 connection.send(reply)
             last[0] = time.monotonic()
     listener.close()
-    with contextlib.suppress(OSError):
-        socket_path.unlink()
+    _remove(socket_path, key_path)
     log.info("node worker %s closed by the server", os.getpid())
 
 
@@ -99,7 +103,7 @@ def main() -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s fedpeft: %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    serve(args.socket, args.key.read_bytes(), parent=args.parent, idle_timeout=args.idle_timeout)
+    serve(args.socket, args.key, parent=args.parent, idle_timeout=args.idle_timeout)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD
+from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD, NUM_PARTITIONS, PARTITION_ID
 
 WORKER_DIR = "worker-dir"  # node config: where the node keeps its worker processes' sockets, keys and logs
 IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker process waits for a message before it ends
@@ -47,6 +47,14 @@ START_TIMEOUT = 300.0  # seconds a new worker process may take to import, before
 
 class RelayError(RuntimeError):
     """The node's worker process could not be started or reached, or it failed to handle the message."""
+
+
+def partition_answer(node_config: Mapping[str, Any]) -> dict[str, int | None]:
+    """Which partition of the clients this node serves (from its node config)."""
+    return {
+        "partition_id": int(node_config[PARTITION_ID]) if PARTITION_ID in node_config else None,
+        "num_partitions": int(node_config[NUM_PARTITIONS]) if NUM_PARTITIONS in node_config else None,
+    }
 
 
 def json_content(value: Any) -> RecordDict:

@@ -65,7 +65,7 @@ class RoundHost(Protocol):
     run_dir: str
     config_text: str
 
-    def node_of(self, client_id: str) -> int: ...
+    def node_of(self, client_id: str) -> int | None: ...
 
     def worker_sizes(self) -> dict[str, int]: ...
 
@@ -143,7 +143,9 @@ def secure_round(
 
     by_node: dict[int, list[str]] = {}
     for client_id in client_ids:
-        by_node.setdefault(engine.node_of(client_id), []).append(client_id)
+        node = engine.node_of(client_id)
+        if node is not None:  # a client of a lost node has no report: it counts as dropped out
+            by_node.setdefault(node, []).append(client_id)
     payloads = {client_id: payload_of(client_id) for client_id in client_ids}
     if len(by_node) < 2:
         reason = (
