@@ -17,7 +17,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from fedpeft.engine.flower import relay
-from fedpeft.engine.flower.messages import CLOSE_QUERY, JSON_FIELD, MESSAGE_TYPES, PARTITION_QUERY, TIMING_KEY
+from fedpeft.engine.flower.messages import CLOSE_QUERY, JSON_FIELD, PARTITION_QUERY, TIMING_KEY
+from fedpeft.engine.flower.relay import serve_every_message
 from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
 
 log = logging.getLogger("fedpeft")
@@ -49,7 +50,4 @@ def relay_message(message: Message, context: Context) -> Message:
 
 
 node_app = ClientApp(mods=[secure_aggregation_mod])
-for _message_type in MESSAGE_TYPES:
-    _category, _, _action = _message_type.partition(".")
-    _register = getattr(node_app, _category)
-    (_register(_action) if _action else _register())(relay_message)
+serve_every_message(node_app, relay_message)

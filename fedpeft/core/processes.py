@@ -33,7 +33,7 @@ def end_descendants(grace: float = 3.0) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_exists(pid) for pid in pids):
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
         time.sleep(0.1)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -41,7 +41,8 @@ def end_descendants(grace: float = 3.0) -> list[int]:
     return pids
 
 
-def _exists(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

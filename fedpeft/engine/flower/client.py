@@ -25,13 +25,12 @@ from fedpeft.engine.flower.codec import NodeResult, NodeTask, decode, encode, te
 from fedpeft.engine.flower.messages import (
     BASE_QUERY,
     CLOSE_QUERY,
-    MESSAGE_TYPES,
     NODE_RUN_DIR,
     OPERATIONS,
     PARTITION_QUERY,
     TRAIN,
 )
-from fedpeft.engine.flower.relay import partition_answer
+from fedpeft.engine.flower.relay import partition_answer, serve_every_message
 from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request
 from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
 
@@ -154,7 +153,4 @@ def handle_message(message: Message, context: Context) -> Message:
 
 
 client_app = ClientApp(mods=[secure_aggregation_mod])
-for _message_type in MESSAGE_TYPES:
-    _category, _, _action = _message_type.partition(".")
-    _register = getattr(client_app, _category)
-    (_register(_action) if _action else _register())(handle_message)
+serve_every_message(client_app, handle_message)

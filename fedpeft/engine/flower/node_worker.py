@@ -21,20 +21,11 @@ from pathlib import Path
 
 import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch imported)
 
+from fedpeft.core.processes import process_alive
 from fedpeft.engine.flower.client import handle_content
 from fedpeft.engine.flower.relay import from_bytes, to_bytes
 
 log = logging.getLogger("fedpeft")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(*paths: Path) -> None:
@@ -54,7 +45,7 @@ def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout
     def watch() -> None:  # ends the process from outside the blocking accept()
         while True:
             time.sleep(1.0)
-            gone = parent is not None and not _alive(parent)
+            gone = parent is not None and not process_alive(parent)
             if gone or (not busy.locked() and time.monotonic() - last[0] > idle_timeout):
                 log.info("node worker %s ends: %s", os.getpid(), "its SuperNode is gone" if gone else "idle")
                 _remove(socket_path, key_path)

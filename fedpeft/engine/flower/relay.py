@@ -27,17 +27,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD, NUM_PARTITIONS, PARTITION_ID
+from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD, MESSAGE_TYPES, NUM_PARTITIONS, PARTITION_ID
 
 WORKER_DIR = "worker-dir"  # node config: where the node keeps its worker processes' sockets, keys and logs
 IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker process waits for a message before it ends
@@ -55,6 +56,14 @@ def partition_answer(node_config: Mapping[str, Any]) -> dict[str, int | None]:
         "partition_id": int(node_config[PARTITION_ID]) if PARTITION_ID in node_config else None,
         "num_partitions": int(node_config[NUM_PARTITIONS]) if NUM_PARTITIONS in node_config else None,
     }
+
+
+def serve_every_message(app: ClientApp, handler: Callable[[Message, Context], Message]) -> None:
+    """Register ``handler`` on ``app`` for every message type fedpeft's server sends."""
+    for message_type in MESSAGE_TYPES:
+        category, _, action = message_type.partition(".")
+        register = getattr(app, category)
+        (register(action) if action else register())(handler)
 
 
 def json_content(value: Any) -> RecordDict:
