@@ -27,8 +27,8 @@ EMBEDDINGS = {"bert.embeddings.word_embeddings.weight", "bert.embeddings.positio
 
 
 SMOKE_FEDP2EFT = (
-    "{name: fedp2eft, rounds: 1, fraction: 0.5, r_max: 4, bt_steps: 2, psg_steps: 1, lr: 0.005, psg_lr: 0.01, "
-    "finetune_epochs: 1}"
+    "{name: fedp2eft, rounds: 1, fraction: 0.5, r_max: 4, r_init: 8, stage1_steps: 2, psg_steps: 1, lr: 0.005, "
+    "psg_lr: 0.01, finetune_epochs: 1}"
 )
 SMOKE_POTARA = "{name: potara, rounds: 1, fraction: 1.0, local_steps: 2, local_rounds: 1, lr: 0.005}"
 

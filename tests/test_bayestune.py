@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from fedpeft.adapters.bayestune import (
     SCALE_MIN,
@@ -21,7 +22,7 @@ from fedpeft.adapters.bayestune import (
     prune_to_budget,
     pruned_spec,
 )
-from fedpeft.adapters.psg import make_generator, regress_toward
+from fedpeft.adapters.psg import make_generator, regress_toward, regression_loss
 from fedpeft.core.errors import UserError
 from fedpeft.methods.bayestune_lora import BayesTuneLoraConfig
 from fedpeft.models.runtime import ClientModel
@@ -121,13 +122,56 @@ def test_psg_init_and_clamped_output():
 
 
 def test_regression_moves_the_psg_toward_the_target():
-    generator = make_generator(2, 3, seed=0)
     statistics = torch.tensor([0.5, 1.0, -0.5, 2.0])
     target = torch.tensor([[0.02, 0.001, -3.0], [0.01, 0.03, 0.004]])
-    before, after = regress_toward(generator, statistics, target, steps=20, lr=1e-3)
     goal = target.clamp_min(1e-4)
-    assert before == pytest.approx(float((goal - 1e-4).abs().mean()), rel=1e-3)
-    assert after < 0.5 * before
+    for reduction, total in (("mean", float((goal - 1e-4).abs().mean())), ("sum", float((goal - 1e-4).abs().sum()))):
+        generator = make_generator(2, 3, seed=0)
+        before, after = regress_toward(generator, statistics, target, steps=20, lr=1e-3, reduction=reduction)
+        assert before == pytest.approx(total, rel=1e-3)
+        assert after < 0.5 * before
+
+
+def test_regression_loss_sum_is_the_number_of_scales_times_the_mean():
+    predicted = torch.tensor([[0.5, 1e-4], [2.0, 0.25]], requires_grad=True)
+    target = torch.tensor([[0.25, 1e-4], [1.0, 1.0]])
+    # |differences| = 0.25, 0, 1.0, 0.75: sum 2.0 over the 4 scales, mean 0.5.
+    total = regression_loss(predicted, target, "sum")
+    torch.testing.assert_close(total, torch.tensor(2.0))
+    torch.testing.assert_close(regression_loss(predicted, target, "mean"), torch.tensor(0.5))
+    (grad_sum,) = torch.autograd.grad(total, predicted)
+    (grad_mean,) = torch.autograd.grad(regression_loss(predicted, target, "mean"), predicted)
+    torch.testing.assert_close(grad_sum, torch.tensor([[1.0, 0.0], [1.0, -1.0]]))
+    torch.testing.assert_close(grad_mean, grad_sum / 4)
+    with pytest.raises(ValueError, match="median"):
+        regression_loss(predicted, target, "median")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, 2 * 5),  # 48 examples at batch 10: 2 epochs of ceil(48 / 10) = 5 steps
+        ({"stage1_epochs": 1.0}, 5),
+        ({"stage1_steps": 3}, 3),  # the cap ends stage 1 early
+        ({"stage1_steps": 50}, 10),  # a cap above 2 epochs changes nothing
+    ],
+)
+def test_bayestune_lora_stage1_runs_epochs_of_batches_up_to_the_cap(settings, expected, toy_runtime, toy_clients):
+    from fedpeft.core.types import ServerState
+    from fedpeft.worker import build_method
+
+    method = build_method({"name": "bayestune_lora", "r_max": 2, "r_init": 4, "batch_size": 10, **settings})
+    assert (BayesTuneLoraConfig(name="bayestune_lora").stage1_epochs, method.cfg.r_init) == (2.0, 4)
+    client = toy_clients[0]
+    assert len(client.train) == 48
+    steps: list[int] = []
+    handle = register_optimizer_step_post_hook(lambda *_: steps.append(1))
+    try:
+        scales = method.client_scales(toy_runtime, client, ServerState(), None, seed=0)
+    finally:
+        handle.remove()
+    assert len(steps) == expected and scales.metrics["steps"] == expected
+    assert scales.scales.shape == (len(toy_runtime.target_modules), 4)
 
 
 def test_hooks_scale_each_rank_and_fold_into_a_gives_the_same_function(toy_runtime, toy_clients):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from fedpeft.adapters.scale_analysis import ScaleRecord, language_distances, rank_structure, read_scales
 from fedpeft.core.config import ExperimentConfig, load_config
@@ -17,15 +18,15 @@ from fedpeft.data.types import FederatedData
 from fedpeft.runner import Experiment
 from fedpeft.worker import Worker, build_method
 
-SMALL = {"r_max": 4, "lr": 1e-2, "finetune_epochs": 1.0}
+SMALL = {"r_max": 4, "r_init": 8, "lr": 1e-2, "finetune_epochs": 1.0}
 PSG_KEYS = {"hidden.weight", "hidden.bias", "output.weight", "output.bias"}
 
 
 def test_a_federated_round_uploads_only_the_psg(toy_runtime, toy_clients):
-    method = build_method({"name": "fedp2eft", **SMALL, "bt_steps": 3, "psg_steps": 2, "psg_lr": 1e-2})
+    method = build_method({"name": "fedp2eft", **SMALL, "stage1_steps": 3, "psg_steps": 2, "psg_lr": 1e-2})
     state = method.init_server(toy_runtime, seed=0)
     assert set(state.tensors) == PSG_KEYS
-    # L = 4 LoRA modules (query, value in 2 layers), r_init = 2 * r_max = 8: 2L -> 4L -> L * r_init.
+    # L = 4 LoRA modules (query, value in 2 layers), r_init = 8: 2L -> 4L -> L * r_init.
     assert state.tensors["hidden.weight"].shape == (16, 8) and state.tensors["output.weight"].shape == (32, 16)
     updates = []
     for client in toy_clients[:2]:
@@ -41,9 +42,89 @@ def test_a_federated_round_uploads_only_the_psg(toy_runtime, toy_clients):
         torch.testing.assert_close(new_state.tensors[key], expected)
 
 
+class OptimizerSteps:
+    """Counts the optimizer steps taken inside the ``with`` block, by optimizer class name (AdamW: stage 1, the
+    one training loop; Adam: stage 2, the PSG's regression)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def _count(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
+        name = type(optimizer).__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def __enter__(self) -> OptimizerSteps:
+        self.handle = register_optimizer_step_post_hook(self._count)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+def test_fedp2eft_defaults_follow_the_reference_protocol():
+    cfg = build_method({"name": "fedp2eft"}).cfg
+    assert (cfg.stage1_epochs, cfg.stage1_steps, cfg.psg_steps, cfg.psg_loss, cfg.r_init) == (2.0, None, 10, "sum", 32)
+
+
+@pytest.mark.parametrize(
+    ("settings", "stage1", "stage2"),
+    [
+        ({}, 2 * 5, 10),  # 48 examples at batch 10: ceil(48 / 10) = 5 steps per epoch, 2 epochs; 10 PSG steps
+        ({"stage1_epochs": 1.0, "psg_steps": 3}, 5, 3),
+        ({"stage1_steps": 4}, 4, 10),  # the cap ends stage 1 early
+        ({"stage1_steps": 50}, 10, 10),  # a cap above 2 epochs changes nothing
+    ],
+)
+def test_a_client_round_runs_stage1_for_epochs_and_stage2_for_psg_steps(
+    settings, stage1, stage2, toy_runtime, toy_clients
+):
+    method = build_method({"name": "fedp2eft", **SMALL, "batch_size": 10, **settings})
+    client = toy_clients[0]
+    assert len(client.train) == 48
+    state = method.init_server(toy_runtime, seed=0)
+    with OptimizerSteps() as steps:
+        update, _ = method.client_update(toy_runtime, client, method.payload(state, client.client_id), None, seed=1)
+    assert steps.counts == {"AdamW": stage1, "Adam": stage2}
+    assert update.metrics["steps"] == stage1
+
+
+def test_psg_loss_sum_is_the_number_of_scales_times_the_mean(toy_runtime, toy_clients):
+    metrics = {}
+    for reduction in ("sum", "mean"):
+        method = build_method(
+            {"name": "fedp2eft", **SMALL, "stage1_steps": 2, "psg_steps": 1, "psg_loss": reduction, "psg_lr": 1e-2}
+        )
+        state = method.init_server(toy_runtime, seed=0)
+        update, _ = method.client_update(toy_runtime, toy_clients[0], method.payload(state, "c0"), None, seed=1)
+        metrics[reduction] = update.metrics
+    assert metrics["sum"]["loss"] == metrics["mean"]["loss"]  # the same stage 1, so the same target
+    # L * r_init = 4 * 8 = 32 scales.
+    assert metrics["sum"]["psg_l1_before"] == pytest.approx(32 * metrics["mean"]["psg_l1_before"], rel=1e-5)
+    assert metrics["mean"]["psg_l1_before"] > 0
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("{name: fedp2eft, bt_steps: 10}", "'bt_steps'"),  # replaced by stage1_epochs / stage1_steps
+        ("{name: fedp2eft, rank_multiplier: 2}", "'rank_multiplier'"),  # replaced by r_init
+        ("{name: bayestune_lora, epochs: 2}", "'epochs'"),  # replaced by stage1_epochs
+        ("{name: fedp2eft, psg_loss: median}", "'psg_loss'"),
+        ("{name: bayestune_lora, stage1_steps: 0}", "'stage1_steps'"),
+        ("{name: fedp2eft, r_max: 16, r_init: 8}", "`r_init` (8) must be at least `r_max` (16)"),
+    ],
+)
+def test_removed_and_invalid_stage_settings_exit_2(entry, message, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    code, _, stderr = cli(monkeypatch, capsys, "run", "smoke", "--set", f"methods=[{entry}]", "--out", str(out))
+    assert code == 2
+    assert message in stderr and "Traceback" not in stderr
+    assert not out.exists()
+
+
 def test_one_lambda_per_client_serves_every_budget(toy_runtime, toy_clients, tmp_path):
     data = FederatedData("toy", "classification", ["no", "yes"], ["g"], toy_clients)
-    cfg = ExperimentConfig(methods=[{"name": "bayestune_lora", **SMALL, "epochs": 1.0}], budgets=[1, 2, 4])
+    cfg = ExperimentConfig(methods=[{"name": "bayestune_lora", **SMALL, "stage1_epochs": 1.0}], budgets=[1, 2, 4])
     worker = Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
     method = worker.methods["bayestune_lora"]
     trained, structures = [], []
@@ -115,8 +196,9 @@ def test_rank_structure_counts_kept_ranks_per_layer_and_type():
 RUN = [
     "data.groups=[lat1, lat4]",
     "budgets=[2, 4]",
-    "methods=[{name: fedp2eft, rounds: 2, fraction: 0.5, r_max: 4, bt_steps: 3, psg_steps: 2, psg_lr: 0.01, "
-    "lr: 0.005, finetune_epochs: 1}, {name: bayestune_lora, r_max: 4, epochs: 1, lr: 0.005, finetune_epochs: 1}]",
+    "methods=[{name: fedp2eft, rounds: 2, fraction: 0.5, r_max: 4, r_init: 8, stage1_steps: 3, psg_steps: 2, "
+    "psg_lr: 0.01, lr: 0.005, finetune_epochs: 1}, "
+    "{name: bayestune_lora, r_max: 4, r_init: 8, stage1_epochs: 1, lr: 0.005, finetune_epochs: 1}]",
 ]
 
 

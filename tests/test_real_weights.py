@@ -135,9 +135,9 @@ MINILM = [
     "base.kind=pretrained",
     "budgets=[2]",
     "methods=[{name: lora, lr: 0.005, epochs: 1, batch_size: 16}, "
-    "{name: bayestune_lora, r_max: 2, epochs: 1, lr: 0.005, finetune_epochs: 1, batch_size: 16}, "
-    "{name: fedp2eft, rounds: 2, fraction: 0.5, r_max: 2, bt_steps: 2, psg_steps: 2, psg_lr: 0.01, lr: 0.005, "
-    "finetune_epochs: 1, batch_size: 16}]",
+    "{name: bayestune_lora, r_max: 2, r_init: 4, stage1_epochs: 1, lr: 0.005, finetune_epochs: 1, batch_size: 16}, "
+    "{name: fedp2eft, rounds: 2, fraction: 0.5, r_max: 2, r_init: 4, stage1_steps: 2, psg_steps: 2, psg_lr: 0.01, "
+    "lr: 0.005, finetune_epochs: 1, batch_size: 16}]",
 ]
 MINILM_LAYERS = 36  # 6 blocks x (query, key, value, attention output, intermediate, output)
 
@@ -225,8 +225,8 @@ GEMMA = [
     "budgets=[2]",
     "eval.max_new_tokens=3",
     "methods=[{name: lora, lr: 0.005, epochs: 0.05, batch_size: 2}, "
-    "{name: fedp2eft, rounds: 1, fraction: 0.3, r_max: 2, bt_steps: 1, psg_steps: 1, psg_lr: 0.01, lr: 0.005, "
-    "finetune_epochs: 0.05, batch_size: 2}]",
+    "{name: fedp2eft, rounds: 1, fraction: 0.3, r_max: 2, r_init: 4, stage1_steps: 1, psg_steps: 1, psg_lr: 0.01, "
+    "lr: 0.005, finetune_epochs: 0.05, batch_size: 2}]",
     "output.plots=false",
 ]
 GEMMA_LAYERS = 126  # 18 blocks x (q, k, v, o, gate, up, down)

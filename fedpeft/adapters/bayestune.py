@@ -126,8 +126,8 @@ def initial_spec(runtime: ModelRuntime, r_init: int, alpha_multiplier: float, dr
     limit = min(min(layer_weight(module).shape) for _, module in runtime.target_modules)
     if r_init > limit:
         raise UserError(
-            f"BayesTune-LoRA's initial rank {r_init} (rank_multiplier * r_max) exceeds the largest rank this "
-            f"model allows ({limit}); lower r_max or rank_multiplier."
+            f"BayesTune-LoRA's initial rank r_init={r_init} exceeds the largest rank this model allows ({limit}); "
+            f"lower the method's r_init (and r_max if needed)."
         )
     targets = tuple(runtime.loaded.lora_targets)
     return LoraSpec(rank=r_init, alpha=float(alpha_multiplier * r_init), targets=targets, dropout=dropout)
@@ -203,6 +203,16 @@ class RankScaleHooks:
         self.handles.clear()
 
 
+def stage1_step_count(runtime: ModelRuntime, num_examples: int, cfg: Any) -> int:
+    """Optimizer steps of stage 1 (the training of the scales) for a client with ``num_examples`` examples.
+
+    ``cfg.stage1_epochs`` passes at ``cfg.batch_size`` (ceil(N / batch) steps per epoch, with gradient
+    accumulation counted as in :meth:`ModelRuntime.train`), at most ``cfg.stage1_steps`` when that is set.
+    """
+    steps = runtime.steps_for(num_examples, cfg.batch_size * runtime.grad_accum_steps, cfg.stage1_epochs, None)
+    return steps if cfg.stage1_steps is None else min(steps, cfg.stage1_steps)
+
+
 def train_scales(
     runtime: ModelRuntime,
     examples: list[Example],
@@ -211,17 +221,19 @@ def train_scales(
     *,
     seed: int,
     steps: int | None = None,
-    epochs: float | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Train a fresh BayesTune-LoRA (A random, B = 0, lambda = ``initial_scales``) on Eq. 1; return lambda.
 
-    ``cfg`` provides ``r_init``, ``alpha_multiplier``, ``dropout``, ``lr``, ``lambda_lr``, ``alpha_s``, ``alpha_p``
-    and ``batch_size``. Gradients are not clipped: the penalties' gradients scale as 1 / lambda^2 by design and Adam
-    is invariant to their scale, while a global clip would shrink the task gradients to nothing.
+    ``cfg`` provides ``r_init``, ``alpha_multiplier``, ``dropout``, ``lr``, ``lambda_lr``, ``alpha_s``, ``alpha_p``,
+    ``batch_size`` and stage 1's budget ``stage1_epochs`` / ``stage1_steps`` (:func:`stage1_step_count`), which
+    ``steps`` overrides when given. Gradients are not clipped: the penalties' gradients scale as 1 / lambda^2 by
+    design and Adam is invariant to their scale, while a global clip would shrink the task gradients to nothing.
 
     Returns:
         The raw (unclamped) trained scales, shape ``(L, r_init)``, and the training metrics.
     """
+    if steps is None:
+        steps = stage1_step_count(runtime, len(examples), cfg)
     runtime.install(ClientModel(lora=initial_spec(runtime, cfg.r_init, cfg.alpha_multiplier, cfg.dropout)), seed=seed)
     scales = torch.nn.Parameter(initial_scales.detach().clone().float().to(runtime.device))
     key = runtime.active.key  # type: ignore[union-attr]
@@ -239,7 +251,6 @@ def train_scales(
             batch_size=cfg.batch_size,
             seed=seed,
             steps=steps,
-            epochs=epochs,
             extra_loss=penalty,
             optimizer_groups=[{"params": [scales], "lr": cfg.lambda_lr}],
             max_grad_norm=None,

@@ -5,14 +5,15 @@ https://arxiv.org/abs/2502.04387), Section 3.3 and Appendix A.4. A one-hidden-la
 :func:`fedpeft.adapters.feature_statistics` (mean and SD of each LoRA-targeted layer's input) to the L * r_init
 rank scales lambda; hidden width 2 * input, ReLU, Xavier-normal weights with gain 1e-6 and biases 1e-4 (so a fresh
 PSG outputs lambda ~ 1e-4 everywhere), output clamped to >= 1e-4 with a straight-through gradient. Clients train it
-by L1 regression toward the scales BayesTune-LoRA learned on their data (:func:`regress_toward`).
+by L1 regression toward the scales BayesTune-LoRA learned on their data (:func:`regress_toward`), summed over all
+scales as in the authors' reference code, or averaged.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file
@@ -23,6 +24,8 @@ from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, clamp_st
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import write_bytes_atomic, write_text_atomic
 from fedpeft.core.types import StateDict
+
+PsgLoss = Literal["sum", "mean"]
 
 
 class StrategyGenerator(nn.Module):
@@ -66,27 +69,47 @@ def make_generator(
     return generator
 
 
+def regression_loss(predicted: torch.Tensor, target: torch.Tensor, reduction: PsgLoss) -> torch.Tensor:
+    """The L1 distance between the PSG's scales and their target: summed over all scales, or their mean.
+
+    With ``"sum"`` the loss (and its gradient) is the number of scales times the ``"mean"`` one.
+    """
+    distance = (predicted - target).abs()
+    if reduction == "sum":
+        return distance.sum()
+    if reduction == "mean":
+        return distance.mean()
+    raise ValueError(f"unknown PSG loss reduction {reduction!r}; use 'sum' or 'mean'")
+
+
 def regress_toward(
-    generator: StrategyGenerator, statistics: torch.Tensor, target: torch.Tensor, *, steps: int, lr: float
+    generator: StrategyGenerator,
+    statistics: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    reduction: PsgLoss = "sum",
 ) -> tuple[float, float]:
-    """Stage 2: ``steps`` Adam steps on the mean L1 distance between the PSG's clamped scales and ``target``.
+    """Stage 2: ``steps`` Adam steps on the L1 distance (:func:`regression_loss`) between the PSG's clamped scales
+    and ``target``.
 
     The target is clamped like the scales the forward pass used, so ranks held at the floor give no gradient.
 
     Returns:
-        The L1 loss before the first and after the last step.
+        The loss before the first and after the last step.
     """
     goal = target.detach().float().clamp(SCALE_MIN, SCALE_MAX)
     optimizer = torch.optim.Adam(generator.parameters(), lr=lr)
     with torch.no_grad():
-        before = float(nn.functional.l1_loss(generator.scales(statistics), goal))
+        before = float(regression_loss(generator.scales(statistics), goal, reduction))
     for _ in range(steps):
-        loss = nn.functional.l1_loss(generator.scales(statistics), goal)
+        loss = regression_loss(generator.scales(statistics), goal, reduction)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
     with torch.no_grad():
-        after = float(nn.functional.l1_loss(generator.scales(statistics), goal))
+        after = float(regression_loss(generator.scales(statistics), goal, reduction))
     return before, after
 
 

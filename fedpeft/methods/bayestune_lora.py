@@ -2,11 +2,11 @@
 
 The non-federated rank-selection baseline of "Federated Learning to Personalize PEFT for Multilingual LLMs"
 (FedP2EFT; Lee et al., AAAI 2026, https://arxiv.org/abs/2502.04387), Section 3.2 and Appendix A.4. Every client
-trains a rank-r_init LoRA on all linear layers together with rank-wise scales lambda on Eq. 1 for 2 epochs, once;
-then, for each budget r <= r_max, keeps the top-(r * L) scales, re-trains a fresh LoRA of that structure with
-lambda frozen (2 epochs) and exports it as a plain PEFT LoRA with lambda folded into A. It uses FedP2EFT's
-hyperparameters, so it measures what learning the scales federatedly adds. The math is in
-:mod:`fedpeft.adapters.bayestune`.
+trains a rank-r_init LoRA on all linear layers together with rank-wise scales lambda on Eq. 1 for ``stage1_epochs``
+(2) epochs, once; then, for each budget r <= r_max, keeps the top-(r * L) scales, re-trains a fresh LoRA of that
+structure with lambda frozen (2 epochs) and exports it as a plain PEFT LoRA with lambda folded into A. It uses
+FedP2EFT's hyperparameters (stage 1's budget included), so it measures what learning the scales federatedly adds.
+The math is in :mod:`fedpeft.adapters.bayestune`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fedpeft.models.runtime import ModelRuntime
 
 
 class BayesTuneLoraConfig(BayesTuneSettings):
-    epochs: float = 2.0
+    """BayesTune-LoRA's settings; stage 1 has the same budget as FedP2EFT's (``stage1_epochs``, ``stage1_steps``)."""
 
 
 @METHODS.register(
@@ -33,7 +33,7 @@ class BayesTuneLoraConfig(BayesTuneSettings):
     description="BayesTune-LoRA: each client learns its own LoRA rank structure, pruned to every budget; no federation",
 )
 class BayesTuneLora(BayesTuneMethod[BayesTuneLoraConfig, ServerState]):
-    """Each client trains its own rank scales (Eq. 1, ``epochs`` epochs) and prunes them to every budget."""
+    """Each client trains its own rank scales (Eq. 1, ``stage1_epochs`` epochs) and prunes them to every budget."""
 
     name = "bayestune_lora"
     Config = BayesTuneLoraConfig
@@ -44,5 +44,5 @@ class BayesTuneLora(BayesTuneMethod[BayesTuneLoraConfig, ServerState]):
     ) -> ClientScales:
         modules = [name for name, _ in runtime.target_modules]
         initial = torch.full((len(modules), self.cfg.r_init), self.cfg.lambda_init)
-        scales, metrics = train_scales(runtime, client.train, initial, self.cfg, seed=seed, epochs=self.cfg.epochs)
+        scales, metrics = train_scales(runtime, client.train, initial, self.cfg, seed=seed)
         return ClientScales(scales, modules, metrics)

@@ -4,11 +4,12 @@
 T. Hospedales, AAAI 2026, https://arxiv.org/abs/2502.04387.
 
 Federated phase (seen pool): each sampled client computes its data statistics with the frozen base model, lets the
-PSG (phi) predict its rank scales, trains a fresh BayesTune-LoRA initialized with them for ``bt_steps`` steps
-(stage 1), regresses the PSG toward the scales it reached with an L1 loss (stage 2), and uploads phi only; the LoRA
-is discarded. The server averages phi weighted by data size. Personalization (any client, seen or unseen, any
-budget r <= r_max, one trained PSG): statistics -> PSG -> top-(r * L) pruning -> fine-tuning with frozen scales
--> a plain PEFT LoRA. The building blocks are in :mod:`fedpeft.adapters.bayestune` and :mod:`fedpeft.adapters.psg`.
+PSG (phi) predict its rank scales, trains a fresh BayesTune-LoRA initialized with them for ``stage1_epochs``
+epochs (stage 1; at most ``stage1_steps`` steps), regresses the PSG toward the scales it reached with ``psg_steps``
+Adam steps on an L1 loss summed over all scales (stage 2), and uploads phi only; the LoRA is discarded. The server
+averages phi weighted by data size. Personalization (any client, seen or unseen, any budget r <= r_max, one trained
+PSG): statistics -> PSG -> top-(r * L) pruning -> fine-tuning with frozen scales -> a plain PEFT LoRA. The
+building blocks are in :mod:`fedpeft.adapters.bayestune` and :mod:`fedpeft.adapters.psg`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from fedpeft.adapters.bayestune import ClientScales, initial_spec, train_scales
-from fedpeft.adapters.psg import StrategyGenerator, make_generator, regress_toward, save_generator
+from fedpeft.adapters.psg import PsgLoss, StrategyGenerator, make_generator, regress_toward, save_generator
 from fedpeft.adapters.statistics import feature_statistics
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
@@ -37,9 +39,9 @@ class FedP2EFTConfig(BayesTuneSettings, MeanServerConfigMixin):  # the PSG's ser
     rounds: int = 150
     fraction: float = 0.1
     min_clients: int = 1
-    bt_steps: int = 10
     psg_lr: float = 1e-4
-    psg_steps: int = 5
+    psg_steps: int = Field(default=10, ge=0)
+    psg_loss: PsgLoss = "sum"
     psg_gain: float = 1e-6
     psg_bias: float = 1e-4
     stats_batch_size: int = 64
@@ -95,8 +97,10 @@ class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
         statistics = self._statistics(runtime, client, client_state)
         generator = self._generator(runtime, 0, payload.tensors)
         initial = generator.scales(statistics).detach()
-        scales, metrics = train_scales(runtime, client.train, initial, self.cfg, seed=seed, steps=self.cfg.bt_steps)
-        before, after = regress_toward(generator, statistics, scales, steps=self.cfg.psg_steps, lr=self.cfg.psg_lr)
+        scales, metrics = train_scales(runtime, client.train, initial, self.cfg, seed=seed)
+        before, after = regress_toward(
+            generator, statistics, scales, steps=self.cfg.psg_steps, lr=self.cfg.psg_lr, reduction=self.cfg.psg_loss
+        )
         tensors = {k: v.detach().clone() for k, v in generator.state_dict().items()}
         metrics = {**metrics, "psg_l1_before": before, "psg_l1_after": after}
         update = ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics)

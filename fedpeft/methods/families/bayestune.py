@@ -1,11 +1,14 @@
-"""What both BayesTune-LoRA methods share (``bayestune_lora`` and ``fedp2eft``): the settings, one set of rank
-scales per client pruned to every budget, the scales kept for the reports, and their plots."""
+"""What both BayesTune-LoRA methods share (``bayestune_lora`` and ``fedp2eft``): the settings (stage 1's budget
+included), one set of rank scales per client pruned to every budget, the scales kept for the reports, and their
+plots."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from pydantic import Field, model_validator
 
 from fedpeft.adapters.bayestune import ClientScales, check_budget, finetune_pruned
 from fedpeft.adapters.scale_analysis import ScaleRecord, save_client_scales, scales_path
@@ -16,10 +19,16 @@ from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
 class BayesTuneSettings(MethodConfig):
-    """BayesTune-LoRA's knobs, shared by ``bayestune_lora`` and ``fedp2eft`` (defaults: the paper's)."""
+    """BayesTune-LoRA's knobs, shared by ``bayestune_lora`` and ``fedp2eft``.
 
-    r_max: int = 16
-    rank_multiplier: int = 2
+    Defaults: the paper (arXiv:2502.04387, Appendix A.4) and the authors' reference code. ``r_init`` is the rank of
+    every module before pruning (the paper: alpha_r_mul 2 x r_max 16 = 32; the reference XNLI config: 16).
+    Stage 1, the training of the scales, runs ``stage1_epochs`` epochs, at most ``stage1_steps`` optimizer steps
+    when that is set.
+    """
+
+    r_max: int = Field(default=16, ge=1)
+    r_init: int = Field(default=32, ge=1)
     alpha_multiplier: float = 2.0
     dropout: float = 0.0
     lr: float = 1e-4
@@ -28,13 +37,19 @@ class BayesTuneSettings(MethodConfig):
     alpha_s: float = 100.0
     alpha_p: float = 0.01
     batch_size: int = 16
+    stage1_epochs: float = Field(default=2.0, gt=0)
+    stage1_steps: int | None = Field(default=None, ge=1)
     finetune_epochs: float = 2.0
     finetune_lr: float | None = None
 
-    @property
-    def r_init(self) -> int:
-        """The rank of every module before pruning: rank_multiplier * r_max."""
-        return self.rank_multiplier * self.r_max
+    @model_validator(mode="after")
+    def _check_initial_rank(self) -> BayesTuneSettings:
+        if self.r_init < self.r_max:
+            raise ValueError(
+                f"`r_init` ({self.r_init}) must be at least `r_max` ({self.r_max}): the largest budget keeps "
+                f"r_max ranks per module on average out of r_init; raise r_init or lower r_max"
+            )
+        return self
 
 
 BayesTuneConfigT = TypeVar("BayesTuneConfigT", bound=BayesTuneSettings)
