@@ -63,6 +63,8 @@ def test_the_node_worker_builds_its_model_once_and_ends_when_closed(tmp_path, wo
         # The same process answered both messages and built its worker (model and data) once.
         assert first.stats["pid"] == second.stats["pid"] and second.stats["model_loads"] == 1
         assert 0.0 < first.stats["work_seconds"] <= first.stats["seconds"]
+        # It runs the fedpeft of the process that started it (in deployment: the app bundle's copy).
+        assert f"{Path(relay.__file__).resolve().parents[3]}" in address.log.read_text()
         partition, started = relay.forward(PARTITION_QUERY, encode({}), node_config, run_id=7, node_id=11)
         assert decode(partition) == {"partition_id": 1, "num_partitions": 2} and started == 0.0
         assert first.stats["load_seconds"] > 0.0 == second.stats["load_seconds"]

@@ -52,7 +52,7 @@ def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout
                 os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
-    log.info("node worker %s listens on %s", os.getpid(), socket_path)
+    log.info("node worker %s (fedpeft from %s) listens on %s", os.getpid(), Path(__file__).parents[2], socket_path)
     while True:
         try:
             connection = listener.accept()
@@ -77,9 +77,9 @@ def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout
             with contextlib.suppress(OSError):
                 connection.send(reply)
             last[0] = time.monotonic()
+    log.info("node worker %s closed by the server", os.getpid())
     listener.close()
     _remove(socket_path, key_path)
-    log.info("node worker %s closed by the server", os.getpid())
 
 
 def main() -> None:

@@ -136,9 +136,13 @@ def _start(address: WorkerAddress, node_config: Mapping[str, Any]) -> None:
     idle = float(node_config.get(IDLE_TIMEOUT) or DEFAULT_IDLE_TIMEOUT)
     command = [sys.executable, "-m", "fedpeft.engine.flower.node_worker", str(address.socket), str(address.key)]
     command += ["--parent", str(os.getppid()), "--idle-timeout", str(idle)]
+    # The worker imports the fedpeft this process runs: in deployment, the copy the app bundle (FAB) brought from
+    # the server, not whatever version the node has installed.
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     with open(address.log, "ab") as log:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
     deadline = time.monotonic() + START_TIMEOUT
     while not address.socket.exists():
