@@ -12,10 +12,10 @@ import json
 import logging
 import time
 
-from flwr.app import ConfigRecord, Context, Error, Message
+from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
 
+from fedpeft.core.processes import process_age
 from fedpeft.engine.flower import relay
 from fedpeft.engine.flower.messages import CLOSE_QUERY, JSON_FIELD, PARTITION_QUERY, TIMING_KEY
 from fedpeft.engine.flower.relay import serve_every_message
@@ -28,7 +28,7 @@ __all__ = ["node_app"]
 
 def relay_message(message: Message, context: Context) -> Message:
     """Hand ``message`` to this node's worker process; its answer (or its failure) is the reply."""
-    entered, age = time.perf_counter(), relay.process_age()
+    entered, age = time.perf_counter(), process_age()
     message_type = message.metadata.message_type
     run_id, node_id = message.metadata.run_id, context.node_id
     try:
@@ -42,7 +42,7 @@ def relay_message(message: Message, context: Context) -> Message:
         )
     except Exception as err:  # the server leaves out the clients of this message
         log.warning("%s failed on this node: %r", message_type, err)
-        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)), reply_to=message)
+        return relay.error_reply(message, repr(err))
     # Where this message's time went on the node: Flower's start of this process, then the relay to the worker.
     timing = {"start_seconds": age, "relay_seconds": time.perf_counter() - entered, "worker_start_seconds": spawn}
     content[TIMING_KEY] = ConfigRecord({JSON_FIELD: json.dumps(timing)})

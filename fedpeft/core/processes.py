@@ -9,13 +9,30 @@ import time
 from pathlib import Path
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); raises OSError, IndexError."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    if not fields:
+        raise IndexError(pid)
+    return fields
+
+
+def process_age() -> float | None:
+    """Seconds since this process started, or None where that cannot be read."""
+    try:
+        started = int(_stat("self")[19]) / os.sysconf("SC_CLK_TCK")
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return uptime - started
+
+
 def descendants(pid: int | None = None) -> list[int]:
     """Process ids of every process below ``pid`` (default: this process), children first."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            parents[int(entry.name)] = int(fields[1])
+            parents[int(entry.name)] = int(_stat(entry.name)[1])
     found: list[int] = []
     frontier = [os.getpid() if pid is None else pid]
     while frontier:
@@ -51,5 +68,5 @@ def process_alive(pid: int) -> bool:
         return True
     # A zombie (ended, not yet reaped by its parent) counts as gone.
     with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     return False

@@ -145,15 +145,19 @@ def client_table(runs: list[Path]) -> str:
         row = [method]
         row += [cell(list(per_seed(test, method, "rougeL", {c}).values())) for c in clients]
         row += [cell(list(per_seed(test, method, m).values())) for m in ("rougeL", "meteor")]
-        row.append("—" if method == "base" else cell(gain(test, method, "rougeL"), sign=True))
-        loss = final_loss(train, method)
-        row.append(cell(loss, scale=1.0) if loss else "—")
-        row += [
-            kib(cost(costs, method, "bytes_up_per_client_round")),
-            kib(cost(costs, method, "bytes_down_per_client_round")),
-        ]
-        rows.append(row)
+        rows.append(row + trailing_cells(test, train, costs, method))
     return markdown(header, bold_best(rows, range(1, len(clients) + 3)))
+
+
+def trailing_cells(test: list[dict], train: list[dict], costs: list[dict], method: str) -> list[str]:
+    """The last columns of the per-client and pool tables: ROUGE-L gain over base, final train loss, bytes."""
+    loss = final_loss(train, method)
+    return [
+        "—" if method == "base" else cell(gain(test, method, "rougeL"), sign=True),
+        cell(loss, scale=1.0) if loss else "—",
+        kib(cost(costs, method, "bytes_up_per_client_round")),
+        kib(cost(costs, method, "bytes_down_per_client_round")),
+    ]
 
 
 def pool_table(runs: list[Path], only: set[str] | None = None) -> str:
@@ -174,14 +178,7 @@ def pool_table(runs: list[Path], only: set[str] | None = None) -> str:
     rows = []
     for method in methods_of(test):
         row = [method, *(cell(list(per_seed(test, method, m).values())) for m in METRICS)]
-        row.append("—" if method == "base" else cell(gain(test, method, "rougeL"), sign=True))
-        loss = final_loss(train, method)
-        row.append(cell(loss, scale=1.0) if loss else "—")
-        row += [
-            kib(cost(costs, method, "bytes_up_per_client_round")),
-            kib(cost(costs, method, "bytes_down_per_client_round")),
-        ]
-        rows.append(row)
+        rows.append(row + trailing_cells(test, train, costs, method))
     return markdown(header, bold_best(rows, range(1, 4)))
 
 

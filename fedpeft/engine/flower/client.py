@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch  # ArrayRecord.to_torch_state_dict needs torch imported
 import yaml
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
 
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.costs import release_memory
@@ -30,7 +29,7 @@ from fedpeft.engine.flower.messages import (
     PARTITION_QUERY,
     TRAIN,
 )
-from fedpeft.engine.flower.relay import partition_answer, serve_every_message
+from fedpeft.engine.flower.relay import error_reply, partition_answer, serve_every_message
 from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request
 from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
 
@@ -135,11 +134,6 @@ def _file_digest(path: Path) -> str:
     if key not in _DIGESTS:
         _DIGESTS[key] = tensors_digest(torch.load(path, weights_only=False)["tensors"])
     return _DIGESTS[key]
-
-
-def error_reply(message: Message, reason: str) -> Message:
-    """The error reply to ``message``: the server leaves out the clients it was for."""
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
 
 
 def handle_message(message: Message, context: Context) -> Message:

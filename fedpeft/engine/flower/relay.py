@@ -33,8 +33,9 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
@@ -64,6 +65,11 @@ def serve_every_message(app: ClientApp, handler: Callable[[Message, Context], Me
         category, _, action = message_type.partition(".")
         register = getattr(app, category)
         (register(action) if action else register())(handler)
+
+
+def error_reply(message: Message, reason: str) -> Message:
+    """The error reply to ``message``: the server leaves out the clients it was for."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
 
 
 def json_content(value: Any) -> RecordDict:
@@ -203,13 +209,3 @@ def close(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> bool:
         with contextlib.suppress(EOFError, ConnectionError):
             connection.recv()
     return True
-
-
-def process_age() -> float | None:
-    """Seconds since this process started (Linux), or None where that cannot be read."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, IndexError, ValueError):
-        return None
-    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from flwr.app import Context, Message
 
+from fedpeft.engine.flower.relay import error_reply
+
 
 def secure_aggregation_mod(
     message: Message, context: Context, call_next: Callable[[Message, Context], Message]
@@ -14,9 +16,7 @@ def secure_aggregation_mod(
 
     A node that cannot train its part of the round (every client of it dropped out, or it failed) answers with an
     error, which the server's workflow takes as the node dropping out."""
-    from flwr.app import Error
     from flwr.client.mod import secaggplus_mod
-    from flwr.common.constant import ErrorCode
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
     if message.metadata.message_type != "train" or RECORD_KEY_CONFIGS not in message.content.config_records:
@@ -31,7 +31,7 @@ def secure_aggregation_mod(
     try:
         return secaggplus_mod(message, context, train_or_raise)
     except _NodeOutError as err:
-        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=message)
+        return error_reply(message, str(err))
 
 
 class _NodeOutError(Exception):
