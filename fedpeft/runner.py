@@ -63,9 +63,25 @@ EngineFactory = Callable[[Worker], Engine]
 class Experiment:
     """A configured experiment bound to an output directory (the server side of every engine)."""
 
-    def __init__(self, cfg: ExperimentConfig, out: Path, progress: Progress | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, out: Path, progress: Progress | None = None, data: FederatedData | None = None
+    ) -> None:
+        """``data``: the federation as the server sees it, when it does not build it from the config (site-local
+        data, :func:`fedpeft.engine.flower.grid.register_sites`)."""
         self.cfg = cfg
         self.out = Path(out)
+        self._given_data = data
+        if cfg.data.sites is not None:
+            if data is None:
+                raise UserError(
+                    "data.sites keeps the data on the sites of a deployment; run it with `fedpeft launch` or "
+                    "`flwr run` and SuperNodes started with --node-config \"data-path='DIR'\" (docs/flower.md)."
+                )
+            if cfg.base.kind == "centralized":
+                raise UserError(
+                    "base.kind=centralized trains on a base corpus in the server, which site-local data "
+                    "(data.sites) does not have; use base.kind=pretrained or federated."
+                )
         self.progress = progress or Progress()
         self.metric_log = MetricLog(out, cfg.name, tensorboard=None, wandb=None, config={})  # the config's: in run()
         # Every method's settings were validated with the config; what remains are facts across entries.
@@ -104,7 +120,7 @@ class Experiment:
                 talks to its grid); by default the engine named in the config.
         """
         self.check_output(resume=resume, force=force)
-        self.worker = Worker(self.cfg, self.out)
+        self.worker = Worker(self.cfg, self.out, data=self._given_data)
         self.methods = [self.worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         self.data = self.worker.data
         seen = len(self.data.pool("seen"))

@@ -36,6 +36,7 @@ from fedpeft.core.io import path_component
 from fedpeft.core.processes import end_descendants
 from fedpeft.core.progress import Progress
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
+from fedpeft.engine.flower.grid import register_sites
 from fedpeft.runner import Experiment
 
 log = logging.getLogger("fedpeft")
@@ -60,13 +61,52 @@ def run_from_run_config(grid: Grid, run_config: UserConfig) -> Path:
     reply_timeout = float(run_config.get("reply-timeout", 0) or 0) or None
     node_timeout = float(run_config.get("node-timeout", 120) or 120)
     log.info("running %s with the flower engine into %s", source, out.resolve())
-    experiment = Experiment(cfg, out)
-    experiment.run(
+    run_over_grid(
+        grid,
+        cfg,
+        out,
         resume=bool(run_config.get("resume", False)),
-        engine_factory=lambda worker: GridEngine(grid, worker, reply_timeout=reply_timeout, node_timeout=node_timeout),
+        reply_timeout=reply_timeout,
+        node_timeout=node_timeout,
     )
     log.info("outputs written to %s", out.resolve())
     return out
+
+
+def run_over_grid(
+    grid: Grid,
+    cfg: ExperimentConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    reply_timeout: float | None = None,
+    node_timeout: float = 120.0,
+) -> Path:
+    """Run the experiment ``cfg`` (a :func:`flower_config`) with its clients' work sent over ``grid``; with
+    site-local data (``data.sites``) the nodes first say which clients they hold."""
+    data, sites = None, None
+    if cfg.data.sites is not None:
+        check_site_models(cfg)
+        data, sites, cfg = register_sites(grid, cfg, node_timeout=node_timeout)
+    return Experiment(cfg, out, data=data).run(
+        resume=resume,
+        engine_factory=lambda worker: GridEngine(
+            grid, worker, reply_timeout=reply_timeout, node_timeout=node_timeout, sites=sites
+        ),
+    )
+
+
+def check_site_models(cfg: ExperimentConfig) -> None:
+    """Refuse, before any node starts, a model whose tokenizer is trained on the data when the data stays on its
+    sites (the server would need every site's texts)."""
+    from fedpeft.core.registry import MODELS
+
+    for model in cfg.models.values() if cfg.models else [cfg.model]:
+        if model.name in MODELS and getattr(MODELS.get(model.name), "needs_corpus", False):
+            raise UserError(
+                f"Model {model.name} trains its tokenizer on the dataset's texts, which stay on their sites with "
+                "data.sites; use a model with its own tokenizer (a hub id, a local checkpoint or minilm)."
+            )
 
 
 @server_app.main()

@@ -116,8 +116,14 @@ class DataConfig(_Strict):
     ``hub_id`` (a Hugging Face dataset id, read from the local cache when offline).
 
     The generic datasets ``files`` and ``hub`` (a user's own data, docs/real-data.md) also read ``task``,
-    ``columns``, ``label_names``, ``num_clients``, ``test_fraction``, ``unseen_fraction``, and for ``hub``
-    ``subset`` and ``revision``; every other dataset ignores these keys.
+    ``columns``, ``label_names``, ``num_clients``, ``test_fraction``, ``unseen_fraction`` (or ``unseen_clients``,
+    the ids of the unseen pool), and for ``hub`` ``subset`` and ``revision``; every other dataset ignores these
+    keys.
+
+    ``sites``: the data lives on the sites of a deployment, never on the server (docs/flower.md, "Each site's own
+    data"): each of ``sites`` SuperNodes reads its clients' data from the directory in its node config's
+    ``data-path`` (as ``path``, or ``hub_id`` for ``hub``), and the server learns the clients' ids and sizes from
+    them when the run starts.
     """
 
     name: str = "synthetic-xnli"
@@ -141,6 +147,8 @@ class DataConfig(_Strict):
     unseen_fraction: float = Field(default=0.0, ge=0, lt=1)
     subset: str | None = None
     revision: str | None = None
+    unseen_clients: list[str] | None = None
+    sites: int | None = Field(default=None, ge=1)
 
 
 class ModelConfig(_Strict):

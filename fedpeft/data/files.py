@@ -230,7 +230,7 @@ def build_federation(cfg: DataConfig, name: str, tables: list[Table], info: dict
         _check_client(client_id, train, test, has_splits, columns, scheme)
         clients.append(ClientData(client_id, client_id, "seen", train, test))
 
-    unseen = _unseen(cfg, name, [c.client_id for c in clients])
+    unseen = choose_unseen(cfg, name, [c.client_id for c in clients])
     for client in clients:
         if client.client_id in unseen:
             client.pool = "unseen"
@@ -534,14 +534,31 @@ def _check_client(
         raise UserError(f"Client {client_id!r} has no {kind} examples; {fix}.")
 
 
-def _unseen(cfg: DataConfig, name: str, client_ids: list[str]) -> set[str]:
-    """The clients of the unseen pool: ``data.unseen_fraction`` of them (at least one when above 0)."""
-    if cfg.unseen_fraction == 0 or not cfg.unseen_pool:
-        return set()
-    count = max(1, round(len(client_ids) * cfg.unseen_fraction))
-    if count >= len(client_ids):
-        raise UserError(
-            f"data.unseen_fraction={cfg.unseen_fraction} leaves no seen client among {len(client_ids)}; lower it."
-        )
+def choose_unseen(cfg: DataConfig, name: str, client_ids: list[str]) -> set[str]:
+    """The clients of the unseen pool: those ``data.unseen_clients`` names, or ``data.unseen_fraction`` of them (at
+    least one when above 0), drawn from the sorted ids with a seed of their own.
+
+    With site-local data (``data.sites``) a site holds some of the clients only: the server draws the pool over
+    every site's clients and names it in ``unseen_clients`` (so the pools equal a run over the union of the data),
+    and a site keeps the names among its own clients.
+    """
+    if cfg.unseen_clients is not None:
+        if "unseen_fraction" in cfg.model_fields_set and cfg.unseen_fraction:
+            raise UserError("Give either data.unseen_clients or data.unseen_fraction, not both.")
+        unknown = sorted(set(cfg.unseen_clients) - set(client_ids), key=natural_key)
+        if unknown and cfg.sites is None:
+            raise UserError(f"data.unseen_clients names {unknown}, which the data does not hold; check the ids.")
+        chosen = set(cfg.unseen_clients) & set(client_ids)
+        count = len(chosen)
+    else:
+        if cfg.unseen_fraction == 0 or not cfg.unseen_pool:
+            return set()
+        count = max(1, round(len(client_ids) * cfg.unseen_fraction))
+        chosen = set()
+    if count >= len(client_ids) and cfg.sites is None:
+        setting = "unseen_clients" if cfg.unseen_clients is not None else f"unseen_fraction={cfg.unseen_fraction}"
+        raise UserError(f"data.{setting} leaves no seen client among {len(client_ids)}; lower it.")
+    if cfg.unseen_clients is not None:
+        return chosen
     ordered = sorted(client_ids, key=natural_key)
     return set(random.Random(derive_seed(cfg.seed, name, "unseen", stream="files")).sample(ordered, count))

@@ -7,12 +7,43 @@ Examples are plain dicts so they pickle cheaply and cross process boundaries (Fl
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn, SupportsIndex
+
+from fedpeft.core.errors import UserError
 
 Example = dict[str, Any]
 TaskKind = Literal["classification", "generation"]
 POOLS = ("seen", "unseen")
+
+
+class RemoteExamples(list[Example]):
+    """A client's examples that live on its site, not in this process: their number is known (weights, update
+    checks, summaries), and reading one is an error that says where they are (site-local data, ``data.sites``)."""
+
+    def __init__(self, size: int, where: str) -> None:
+        super().__init__()
+        self.size = size
+        self.where = where
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bool__(self) -> bool:
+        return self.size > 0
+
+    def _refuse(self) -> NoReturn:
+        raise RuntimeError(f"the examples of {self.where} stay on its site; only its node reads them")
+
+    def __iter__(self) -> Iterator[Example]:
+        self._refuse()
+
+    def __getitem__(self, index: SupportsIndex | slice) -> Any:
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return f"RemoteExamples({self.size}, {self.where!r})"
 
 
 @dataclass
@@ -74,8 +105,18 @@ class FederatedData:
                 return c
         raise KeyError(client_id)
 
+    @property
+    def site_local(self) -> bool:
+        """Whether the clients' examples live on their sites (the server's view of site-local data)."""
+        return any(isinstance(c.train, RemoteExamples) for c in self.clients)
+
     def corpus(self) -> list[str]:
         """Every text of the federation (for training a tokenizer)."""
+        if self.site_local:
+            raise UserError(
+                "The model's tokenizer is trained on the dataset's texts, which stay on their sites with data.sites; "
+                "use a model with its own tokenizer (a hub id, a local checkpoint or minilm)."
+            )
         texts: list[str] = []
         for ex in self.base_train + [e for c in self.clients for e in c.train + c.test]:
             for key in ("text", "text_pair", "prompt", "response"):

@@ -20,13 +20,17 @@ from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.costs import release_memory
 from fedpeft.core.faults import ClientDroppedError, InjectedFaultError
 from fedpeft.core.io import save_atomic
+from fedpeft.data.sites import site_config, site_report
+from fedpeft.data.types import FederatedData
 from fedpeft.engine.flower.codec import NodeResult, NodeTask, decode, encode, tensors_digest
 from fedpeft.engine.flower.messages import (
     BASE_QUERY,
     CLOSE_QUERY,
+    DATA_PATH,
     NODE_RUN_DIR,
     OPERATIONS,
     PARTITION_QUERY,
+    SITE_QUERY,
     TRAIN,
 )
 from fedpeft.engine.flower.relay import error_reply, partition_answer, serve_every_message
@@ -38,7 +42,8 @@ if TYPE_CHECKING:  # the worker pulls in transformers: imported when first neede
 
 log = logging.getLogger("fedpeft")
 
-_WORKERS: dict[tuple[str, str], Worker] = {}
+_WORKERS: dict[tuple[str, str, str], Worker] = {}
+_DATA: dict[str, FederatedData] = {}  # a site's own clients (data.sites), by data config
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 _COUNTS: dict[str, float] = {"model_loads": 0, "load_seconds": 0.0}  # workers this process built, and their time
 
@@ -47,19 +52,37 @@ def _node_run_dir(task_run_dir: str, node_config: Mapping[str, Any]) -> Path:
     return Path(str(node_config.get(NODE_RUN_DIR) or task_run_dir))
 
 
-def cached_worker(run_dir: Path, config_text: str) -> Worker:
-    """The worker of (run directory, config) in this process, built on first use.
+def site_data(cfg: ExperimentConfig, node_config: Mapping[str, Any]) -> FederatedData | None:
+    """With site-local data (``data.sites``), this node's clients, built from its node config's ``data-path`` (the
+    latest build is kept); otherwise None (the worker builds the data from the config)."""
+    if cfg.data.sites is None:
+        return None
+    if not node_config.get(DATA_PATH):
+        raise ValueError(f"this SuperNode has no {DATA_PATH} in its node config, and the run's data lives on sites")
+    data_cfg = site_config(cfg.data, str(node_config[DATA_PATH]))
+    key = data_cfg.model_dump_json()
+    if key not in _DATA:
+        from fedpeft.worker import build_data
+
+        _DATA.clear()
+        _DATA[key] = build_data(cfg.model_copy(update={"data": data_cfg}))
+    return _DATA[key]
+
+
+def cached_worker(run_dir: Path, config_text: str, node_config: Mapping[str, Any]) -> Worker:
+    """The worker of (run directory, config) in this process, built on first use (with the node's own data when
+    the run's data lives on sites).
 
     Only the latest one is kept: a process serves one experiment at a time, and a model per entry would add up.
     """
     from fedpeft.worker import Worker
 
-    key = (str(run_dir), config_text)
+    key = (str(run_dir), config_text, str(node_config.get(DATA_PATH, "")))
     if key not in _WORKERS:
         _WORKERS.clear()
         started = time.perf_counter()
         cfg: ExperimentConfig = validate(yaml.safe_load(config_text))
-        _WORKERS[key] = Worker(cfg, run_dir)
+        _WORKERS[key] = Worker(cfg, run_dir, data=site_data(cfg, node_config))
         _COUNTS["model_loads"] += 1
         _COUNTS["load_seconds"] += time.perf_counter() - started
     return _WORKERS[key]
@@ -77,12 +100,19 @@ def handle_content(message_type: str, content: RecordDict, node_config: Mapping[
             return encode(partition_answer(node_config))
         if message_type == BASE_QUERY:
             return _base_query(decode(content), node_config)
+        if message_type == SITE_QUERY:  # site-local data: the clients this node holds, ids and sizes only
+            cfg = validate(yaml.safe_load(decode(content)["config"]))
+            data = site_data(cfg, node_config)
+            if data is None:
+                raise ValueError("the run's data does not live on sites (data.sites is not set)")
+            return encode(site_report(data))
         if message_type == CLOSE_QUERY:  # the run is over: let go of its model and data
             _WORKERS.clear()
+            _DATA.clear()
             return encode({"closed": True})
         if message_type == TRAIN and is_secure_request(content):  # a SecAgg+ round: all of this node's clients
             return handle_secure_train(
-                content, lambda run_dir, text: cached_worker(_node_run_dir(run_dir, node_config), text)
+                content, lambda run_dir, text: cached_worker(_node_run_dir(run_dir, node_config), text, node_config)
             )
         return _node_task(message_type, NodeTask.from_content(content), node_config)
     finally:
@@ -94,7 +124,7 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
     started, loaded = time.perf_counter(), _COUNTS["load_seconds"]
     if OPERATIONS.get(task.op) != message_type:
         raise ValueError(f"operation {task.op!r} cannot run as a {message_type} message")
-    worker = cached_worker(_node_run_dir(task.run_dir, node_config), task.config_text)
+    worker = cached_worker(_node_run_dir(task.run_dir, node_config), task.config_text, node_config)
     load = _COUNTS["load_seconds"] - loaded
     results: list[dict[str, Any]] = []
     work = 0.0

@@ -19,6 +19,8 @@ from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Payload
+from fedpeft.data.sites import join_sites, node_data_config
+from fedpeft.data.types import FederatedData
 from fedpeft.engine.flower.codec import ClientTaskError, NodeResult, NodeTask, decode, encode, tensors_digest
 from fedpeft.engine.flower.messages import (
     BASE_QUERY,
@@ -28,6 +30,7 @@ from fedpeft.engine.flower.messages import (
     OPERATIONS,
     PARTITION_ID,
     PARTITION_QUERY,
+    SITE_QUERY,
     TIMING_KEY,
 )
 from fedpeft.engine.rounds import ClientOutcome, Engine
@@ -56,6 +59,8 @@ class GridEngine(Engine):
         max_in_flight: messages sent and not yet answered, at most.
         stop: once set, the engine sends and receives nothing more: its caller gets a ``KeyboardInterrupt``
             (the run was interrupted; what is in flight is dropped).
+        sites: with site-local data, the node that holds each client (:func:`register_sites`); otherwise the
+            clients map to nodes by partition.
     """
 
     name = "flower"
@@ -73,6 +78,7 @@ class GridEngine(Engine):
         poll_interval: float = 0.1,
         max_in_flight: int = 64,
         stop: threading.Event | None = None,
+        sites: dict[str, int] | None = None,
     ) -> None:
         self.grid = grid
         self.worker = worker
@@ -92,6 +98,7 @@ class GridEngine(Engine):
         self._lost: set[int] = set()  # nodes that did not answer a message
         self._base_synced: set[int] = set()
         self._node_stats: dict[int, dict[str, Any]] = {}
+        self._owners: dict[str, int | None] | None = dict(sites) if sites is not None else None
 
     # ------------------------------------------------------------------ engine interface
     def start_phase(self, label: str, seed: int) -> None:
@@ -149,9 +156,9 @@ class GridEngine(Engine):
 
     def close(self) -> None:
         """Tell every node the run is over, so that it ends the worker process it kept for the run."""
-        if self._partition_nodes is None:
+        if self._partition_nodes is None and self._owners is None:
             return
-        queries = [(n, n, CLOSE_QUERY, encode({})) for n in sorted({n for n in self._partition_nodes if n is not None})]
+        queries = [(n, n, CLOSE_QUERY, encode({})) for n in self._serving_nodes()]
         for node, reply in self._exchange(queries, group="close", timeout=self.reply_timeout or 60.0):
             if isinstance(reply, str) or reply.has_error():
                 log.info("node %s did not confirm the end of the run", node)
@@ -188,10 +195,17 @@ class GridEngine(Engine):
 
     # ------------------------------------------------------------------ nodes
     def node_of(self, client_id: str) -> int | None:
-        """The node that serves ``client_id``: the node of partition ``index % num_partitions`` (None while that
-        partition's node is lost)."""
+        """The node that serves ``client_id``: the node that holds its data (site-local data), or the node of
+        partition ``index % num_partitions`` (None while that node is lost)."""
+        if self._owners is not None:
+            return self._owners[client_id]
         nodes = self._nodes()
         return nodes[self._client_index[client_id] % len(nodes)]
+
+    def _serving_nodes(self) -> list[int]:
+        """The nodes that serve some client now."""
+        nodes = self._owners.values() if self._owners is not None else self._nodes()
+        return sorted({n for n in nodes if n is not None})
 
     def _nodes(self) -> list[int | None]:
         """Node id of each partition, learnt from the nodes (waits for nodes in deployment)."""
@@ -223,15 +237,16 @@ class GridEngine(Engine):
     def _lose(self, node: int, reason: str) -> None:
         """``node`` did not answer: its clients are left out until it, or a node in its place, answers again."""
         if node not in self._lost:
-            log.warning(
-                "node %s is lost (%s); its clients are left out until a node serves its partition", node, reason
-            )
+            log.warning("node %s is lost (%s); its clients are left out until a node serves them again", node, reason)
             self._lost.add(node)
 
     def _refresh(self) -> None:
         """After a node was lost, at the start of a step: ask the lost nodes still connected and the nodes that
         joined since which partition they serve, and map every partition to a node that answers (a restarted
         SuperNode comes back with a new node id; it takes over its partition's clients from this step on)."""
+        if self._lost and self._owners is not None:
+            self._refresh_sites()
+            return
         if not self._lost or self._partition_nodes is None:
             return
         listed = {int(n) for n in self.grid.get_node_ids()}
@@ -247,6 +262,42 @@ class GridEngine(Engine):
             log.info("clients map to nodes by partition: %s", self._partition_nodes)
             self._base_synced.clear()  # a new node may lack the base model
 
+    def _refresh_sites(self) -> None:
+        """:meth:`_refresh` for site-local data: a node that joined since (a restarted SuperNode has a new id), or a
+        lost one still connected, takes back the clients it holds whose node is lost; a client that a node in
+        service holds already is refused, never moved."""
+        assert self._owners is not None
+        listed = {int(n) for n in self.grid.get_node_ids()}
+        serving = set(self._serving_nodes())
+        ask = sorted(n for n in listed if n not in serving or n in self._lost)
+        request = encode({"config": self.config_text})
+        queries = [(n, n, SITE_QUERY, request) for n in ask]
+        timeout = max(min(self.reply_timeout or 30.0, 30.0), self.node_timeout)  # may start the node's worker
+        claims: dict[int, list[str]] = {}
+        for node, reply in self._exchange(queries, group="site", timeout=timeout):
+            if not isinstance(reply, str) and not reply.has_error():
+                claims[node] = [entry["id"] for entry in decode(reply.content)["clients"]]
+                self._lost.discard(node)
+        before = dict(self._owners)
+        for client_id, owner in before.items():
+            if owner in self._lost or (owner is not None and owner not in listed):
+                self._owners[client_id] = None
+        for node, clients in sorted(claims.items()):
+            for client_id in clients:
+                owner = self._owners.get(client_id, -1)
+                if owner == -1:
+                    log.warning("node %s holds client %s, which the run did not register: left out", node, client_id)
+                elif owner is None:
+                    self._owners[client_id] = node
+                elif owner != node:
+                    raise UserError(
+                        f"SuperNodes {owner} and {node} both hold client {client_id!r}; each client's data must "
+                        "live on one site: stop the node that should not serve it (check `flwr supernode list`)."
+                    )
+        if self._owners != before:
+            log.info("clients map to nodes by site: %s", _by_node(self._owners))
+            self._base_synced.clear()  # a new node may lack the base model
+
     def _sync_base(self, seed: int) -> None:
         """Make sure every node holds the base model of ``seed`` (sent only to nodes that lack it)."""
         if self.cfg.base.kind == "pretrained" or seed in self._base_synced:
@@ -260,7 +311,7 @@ class GridEngine(Engine):
             "path": str(path.resolve().relative_to(self.run_dir)),
             "digest": tensors_digest(tensors),
         }
-        nodes = sorted({n for n in self._nodes() if n is not None})
+        nodes = self._serving_nodes()
         lacking = []
         queries = [(n, n, BASE_QUERY, encode(request)) for n in nodes]
         # The base query may be a node's first message of the run, which starts its worker process.
@@ -356,53 +407,132 @@ class GridEngine(Engine):
     def _exchange(
         self, messages: Iterable[tuple[Any, int, str, Any]], *, group: str, timeout: float | None
     ) -> Iterator[tuple[Any, Message | str]]:
-        """Push (key, node, message type, content or task) messages, at most ``max_in_flight`` unanswered.
+        """:func:`exchange` over this engine's grid, stopped by its stop event."""
+        yield from exchange(
+            self.grid,
+            messages,
+            group=group,
+            timeout=timeout,
+            poll_interval=self.poll_interval,
+            max_in_flight=self.max_in_flight,
+            check_stop=self._check_stop,
+        )
 
-        Yields (key, reply) as replies arrive; instead of a reply, the reason why none came (not sent, no reply
-        within ``timeout`` seconds). Tasks are encoded only when sent, so few payloads are in memory at once.
-        """
-        pending = iter(messages)
-        in_flight: dict[str, tuple[Any, float]] = {}
-        exhausted = False
-        while True:
-            self._check_stop()
-            if not exhausted and len(in_flight) < self.max_in_flight:
-                batch, keys = [], []
-                for key, node, message_type, content in pending:
-                    if isinstance(content, NodeTask):
-                        content = content.to_content()
-                    batch.append(Message(content, int(node), message_type, group_id=group))
-                    keys.append(key)
-                    if len(in_flight) + len(batch) >= self.max_in_flight:
-                        break
-                else:
-                    exhausted = True
-                if batch:
-                    now = time.monotonic()
-                    ids = list(self.grid.push_messages(batch))
-                    for key, message_id in zip(keys, ids, strict=True):
-                        if message_id:
-                            in_flight[str(message_id)] = (key, now)
-                        else:
-                            yield key, "the message could not be sent"
-            if not in_flight:
-                if exhausted:
-                    return
-                continue
-            replies = list(self.grid.pull_messages(list(in_flight)))
-            self._check_stop()  # replies that come after an interrupt are the ended backend's errors
-            for reply in replies:
-                entry = in_flight.pop(reply.metadata.reply_to_message_id, None)
-                if entry is not None:
-                    yield entry[0], reply
-            if timeout is not None:
+
+def register_sites(
+    grid: Grid, cfg: ExperimentConfig, *, node_timeout: float, poll_interval: float = 1.0
+) -> tuple[FederatedData, dict[str, int], ExperimentConfig]:
+    """Site-local data (``data.sites``): ask the SuperNodes which clients their ``data-path`` holds, until
+    ``cfg.data.sites`` of them have answered.
+
+    Returns the server's view of the data (ids, groups, pools and sizes; no example), the node of each client,
+    and the config to run with (the one the nodes build their data from: for the generic datasets it names the
+    unseen pool drawn over every site's clients).
+
+    Raises:
+        UserError: fewer sites than ``data.sites`` within ``node_timeout`` seconds, more nodes with data than
+            that, or reports that do not fit together (a client on two sites, different class names).
+    """
+    expected = cfg.data.sites
+    assert expected is not None
+    request = encode({"config": dump_given(cfg)})
+    reports: dict[int, dict[str, Any]] = {}
+    refusals: dict[int, str] = {}
+    deadline = time.monotonic() + node_timeout
+    while True:
+        new = sorted(int(n) for n in grid.get_node_ids() if int(n) not in reports and int(n) not in refusals)
+        queries = [(node, node, SITE_QUERY, request) for node in new]
+        for node, reply in exchange(grid, queries, group="site", timeout=node_timeout):
+            if isinstance(reply, str) or reply.has_error():
+                refusals[node] = reply if isinstance(reply, str) else str(reply.error.reason)
+                log.warning("node %s reports no site data (%s); it gets no clients", node, refusals[node])
+            else:
+                reports[node] = decode(reply.content)
+        if len(reports) > expected:
+            raise UserError(
+                f"{len(reports)} SuperNodes hold data (a data-path in their node config), but data.sites is "
+                f"{expected}; stop the nodes that should not take part, or raise data.sites."
+            )
+        if len(reports) == expected:
+            break
+        if time.monotonic() > deadline:
+            reasons = "".join(f"; node {n}: {reason}" for n, reason in sorted(refusals.items()))
+            raise UserError(
+                f"{len(reports)} of the {expected} sites (data.sites) reported their clients within "
+                f"{node_timeout:.0f} s{reasons}; start each site's SuperNode with --node-config \"data-path='DIR'\"."
+            )
+        time.sleep(poll_interval)
+    data = join_sites(cfg.data, reports)
+    owners = {entry["id"]: node for node, report in reports.items() for entry in report["clients"]}
+    run_cfg = cfg.model_copy(update={"data": node_data_config(cfg.data, data)})
+    log.info("clients map to nodes by site: %s", _by_node(owners))
+    return data, owners, run_cfg
+
+
+def _by_node(owners: dict[str, int | None] | dict[str, int]) -> dict[int | None, list[str]]:
+    grouped: dict[int | None, list[str]] = {}
+    for client_id, node in owners.items():
+        grouped.setdefault(node, []).append(client_id)
+    return grouped
+
+
+def exchange(
+    grid: Grid,
+    messages: Iterable[tuple[Any, int, str, Any]],
+    *,
+    group: str,
+    timeout: float | None,
+    poll_interval: float = 0.1,
+    max_in_flight: int = 64,
+    check_stop: Callable[[], None] = lambda: None,
+) -> Iterator[tuple[Any, Message | str]]:
+    """Push (key, node, message type, content or task) messages, at most ``max_in_flight`` unanswered.
+
+    Yields (key, reply) as replies arrive; instead of a reply, the reason why none came (not sent, no reply
+    within ``timeout`` seconds). Tasks are encoded only when sent, so few payloads are in memory at once.
+    """
+    pending = iter(messages)
+    in_flight: dict[str, tuple[Any, float]] = {}
+    exhausted = False
+    while True:
+        check_stop()
+        if not exhausted and len(in_flight) < max_in_flight:
+            batch, keys = [], []
+            for key, node, message_type, content in pending:
+                if isinstance(content, NodeTask):
+                    content = content.to_content()
+                batch.append(Message(content, int(node), message_type, group_id=group))
+                keys.append(key)
+                if len(in_flight) + len(batch) >= max_in_flight:
+                    break
+            else:
+                exhausted = True
+            if batch:
                 now = time.monotonic()
-                for message_id, (key, sent) in list(in_flight.items()):
-                    if now - sent > timeout:
-                        del in_flight[message_id]
-                        yield key, f"no reply within {timeout:g} s"
-            if not replies and in_flight:
-                time.sleep(self.poll_interval)
+                ids = list(grid.push_messages(batch))
+                for key, message_id in zip(keys, ids, strict=True):
+                    if message_id:
+                        in_flight[str(message_id)] = (key, now)
+                    else:
+                        yield key, "the message could not be sent"
+        if not in_flight:
+            if exhausted:
+                return
+            continue
+        replies = list(grid.pull_messages(list(in_flight)))
+        check_stop()  # replies that come after an interrupt are the ended backend's errors
+        for reply in replies:
+            entry = in_flight.pop(reply.metadata.reply_to_message_id, None)
+            if entry is not None:
+                yield entry[0], reply
+        if timeout is not None:
+            now = time.monotonic()
+            for message_id, (key, sent) in list(in_flight.items()):
+                if now - sent > timeout:
+                    del in_flight[message_id]
+                    yield key, f"no reply within {timeout:g} s"
+        if not replies and in_flight:
+            time.sleep(poll_interval)
 
 
 def _assign_partitions(answers: dict[int, tuple[int | None, int | None]], partial: int = 0) -> list[int | None] | None:

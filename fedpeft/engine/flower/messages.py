@@ -9,12 +9,13 @@ PERSONALIZE = "train.personalize"  # one client's personalization at every budge
 EVALUATE_ROUND = "evaluate.round"  # one client's current model during a federated phase (eval.every)
 CLIENT_BASE = "train.client_base"  # one client's own base model after a per-client base stage
 PARTITION_QUERY = "query.partition"  # which partition of the clients a node serves
+SITE_QUERY = "query.site"  # site-local data: which clients a node's data-path holds, with their sizes
 BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
 CLOSE_QUERY = "query.close"  # the run is over: the node ends its worker process
 
 # Every message type a node handles.
 MESSAGE_TYPES = [TRAIN, EVALUATE_BASE, PERSONALIZE, EVALUATE_ROUND, CLIENT_BASE, PARTITION_QUERY, BASE_QUERY]
-MESSAGE_TYPES.append(CLOSE_QUERY)
+MESSAGE_TYPES += [CLOSE_QUERY, SITE_QUERY]
 
 # Worker operation -> message type. Only these operations can be called through a message.
 OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}
@@ -31,5 +32,6 @@ TIMING_KEY = "fedpeft.timing"  # ConfigRecord a deployment's ClientApp adds: whe
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 NODE_RUN_DIR = "run-dir"  # optional: where this node keeps its copy of the run directory
+DATA_PATH = "data-path"  # site-local data (data.sites): the directory (or file, glob, hub id) of this site's data
 
 # Markers of the JSON encoding.
