@@ -53,6 +53,9 @@ def listed(stdout: str) -> dict[str, str]:
     return {name: description.strip() for name, description in rows}
 
 
+TEST_REGISTERED = {"fedavgm_lora"}  # tests/test_contributing.py imports docs/contributing.md's example method
+
+
 def shipped(registry: Registry) -> list[str]:
     """The registry's declared names (leaving out anything a test registered directly in this process)."""
     return [name for name in registry.names() if registry.entry(name).module is not None]
@@ -118,6 +121,8 @@ def test_catalogues_agree_with_the_registrations():
     for kind, registry in REGISTRIES.items():
         for name in registry.names():
             entry = registry.entry(name)
+            if name in TEST_REGISTERED:  # the contributing guide's example, registered by its test in this process
+                continue
             assert entry.module is not None, f"{name} is registered but not declared in fedpeft/catalog/{kind}.py"
             assert entry.description and "\n" not in entry.description, name
             obj = registry.get(name)  # raises if the declared module does not register it
