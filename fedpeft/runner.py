@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +160,7 @@ class Experiment:
                     if self.worker.per_client_base:
                         self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
                     self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
-                    for method in self.methods:
-                        self._unit(f"{method.label}-seed{seed}", lambda m=method, s=seed: self._run_method(m, s))
+                    self._units([(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods])
             finally:
                 self.engine.close()
                 self._write_engine_costs(self.engine.cost_rows())
@@ -268,9 +268,35 @@ class Experiment:
         for name in OWN_FILES:
             (self.out / name).unlink(missing_ok=True)
 
-    def _unit(self, name: str, work: Any) -> None:
+    def _method_unit(self, method: Method, seed: int) -> Callable[[], tuple[list[dict], list[dict]]]:
+        return lambda: self._run_method(method, seed)
+
+    def _units(self, units: list[tuple[str, Callable[[], tuple[list[dict], list[dict]]]]]) -> None:
+        """Run ``units`` one after the other, or, where the engine runs several at once
+        (``engine.concurrent_methods``), each in a thread of its own that takes turns with the others for its
+        server code (:class:`~fedpeft.core.turns.Turns`); the first failure is raised once every unit has ended."""
+        turns = self.engine.turns
+        if turns is None or self.engine.concurrent_units < 2 or len(units) < 2:
+            for name, work in units:
+                self._unit(name, work)
+            return
+        self._parts += [name for name, _ in units]  # in the order a one-at-a-time run lists them
+
+        def run(name: str, work: Callable[[], tuple[list[dict], list[dict]]]) -> None:
+            with turns.hold():
+                self._unit(name, work, listed=True)
+
+        with ThreadPoolExecutor(self.engine.concurrent_units, thread_name_prefix="unit") as pool:
+            futures = [pool.submit(run, name, work) for name, work in units]
+            errors = [future.exception() for future in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def _unit(self, name: str, work: Any, *, listed: bool = False) -> None:
         part = self.out / "parts" / f"{name}.jsonl"
-        self._parts.append(name)
+        if not listed:
+            self._parts.append(name)
         if part.exists():
             log.info("unit %s already done", name)
             return

@@ -151,9 +151,11 @@ def test_codec_round_trips_a_typed_server_state():
 # ---------------------------------------------------------------------------------------------- equivalence
 @pytest.mark.slow
 def test_simulation_engine_matches_local_engine(tmp_path):
+    """The same records and global adapter as the local engine, with the two methods running at once
+    (``engine.concurrent_methods``: their messages interleave on the nodes, their server steps take turns)."""
     cfg = validate(tiny_raw())
     Experiment(cfg, tmp_path / "local").run()
-    run_flower_simulation(cfg, tmp_path / "flower")
+    run_flower_simulation(validate(tiny_raw(engine={"concurrent_methods": 2})), tmp_path / "flower")
 
     local, flower = read_records(tmp_path / "local"), read_records(tmp_path / "flower")
     assert {k[0] for k in local} == {"base", "fedit", "lora"}

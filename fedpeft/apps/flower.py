@@ -88,10 +88,16 @@ def run_over_grid(
     if cfg.data.sites is not None:
         check_site_models(cfg)
         data, sites, cfg = register_sites(grid, cfg, node_timeout=node_timeout)
+    concurrent = 1 if cfg.engine.secagg is not None else cfg.engine.concurrent_methods or len(cfg.methods)
     return Experiment(cfg, out, data=data).run(
         resume=resume,
         engine_factory=lambda worker: GridEngine(
-            grid, worker, reply_timeout=reply_timeout, node_timeout=node_timeout, sites=sites
+            grid,
+            worker,
+            reply_timeout=reply_timeout,
+            node_timeout=node_timeout,
+            sites=sites,
+            concurrent_units=concurrent,
         ),
     )
 
@@ -151,13 +157,16 @@ def run_flower_simulation(
     experiment.check_output(resume=resume, force=force)  # the output directory too, before Ray starts
     failures: list[BaseException] = []
     stop = threading.Event()
+    concurrent = 1 if cfg.engine.secagg is not None else cfg.engine.concurrent_methods or 1
 
     def main(grid: Grid, context: Context) -> None:
         try:
             experiment.run(
                 resume=resume,
                 force=force,
-                engine_factory=lambda worker: GridEngine(grid, worker, on_client=progress.advance_client, stop=stop),
+                engine_factory=lambda worker: GridEngine(
+                    grid, worker, on_client=progress.advance_client, stop=stop, concurrent_units=concurrent
+                ),
             )
         except BaseException as err:  # re-raised below, in the caller's thread, as it is
             failures.append(err)

@@ -235,12 +235,20 @@ class SecAggConfig(_Strict):
 
 class EngineConfig(_Strict):
     """Where clients run: ``local`` (in-process) or ``flower`` (Flower simulation engine); ``secagg``: secure
-    aggregation of every federated round (Flower engine only)."""
+    aggregation of every federated round (Flower engine only).
+
+    ``concurrent_methods``: on the Flower engine, how many methods of a seed run at once (their rounds
+    interleave; every number stays what it is when they run one after the other). ``None``: every method of a
+    seed in a deployment (``flwr run``, ``fedpeft launch``), where a node otherwise idles in Flower's poll
+    between one message and the next, and one at a time in simulation; always one with ``secagg``. The local
+    engine runs one method at a time.
+    """
 
     name: Literal["local", "flower"] = "local"
     state: Literal["memory", "disk"] = "memory"
     num_supernodes: int = 2
     secagg: SecAggConfig | None = None
+    concurrent_methods: int | None = Field(default=None, ge=1)
 
 
 class EvalConfig(_Strict):

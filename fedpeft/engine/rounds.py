@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError
 from fedpeft.core.faults import FAULT_EXTRA, ClientDroppedError
+from fedpeft.core.turns import Turns
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
 from fedpeft.methods.base import Method, SamplingConfig
@@ -76,6 +77,18 @@ class Engine:
     """Runs clients' work for the runner. Subclasses implement :meth:`train_clients` and :meth:`map_clients`."""
 
     name = "engine"
+    concurrent_units = 1
+    """How many units (the methods of a seed) may run at once, each in a thread of its own, taking turns
+    (:class:`~fedpeft.core.turns.Turns`) for their server code; an engine that runs more than one waits with
+    :meth:`wait` while replies are due."""
+    turns: Turns | None = None
+
+    def wait(self, seconds: float) -> None:
+        """Wait ``seconds`` for replies, letting another unit's thread run meanwhile."""
+        if self.turns is None:
+            time.sleep(seconds)
+        else:
+            self.turns.wait(seconds)
 
     def start_phase(self, label: str, seed: int) -> None:
         """Called before the rounds of a federated phase (e.g. to make sure every node has the base model)."""

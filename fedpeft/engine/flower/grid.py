@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from flwr.app import Message
@@ -18,6 +18,7 @@ from flwr.serverapp import Grid
 from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import ClientDroppedError
+from fedpeft.core.turns import Turns
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.sites import join_sites, node_data_config
 from fedpeft.data.types import FederatedData
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
+T = TypeVar("T")
 
 
 class GridEngine(Engine):
@@ -61,6 +63,9 @@ class GridEngine(Engine):
             (the run was interrupted; what is in flight is dropped).
         sites: with site-local data, the node that holds each client (:func:`register_sites`); otherwise the
             clients map to nodes by partition.
+        concurrent_units: how many methods of a seed run at once (``engine.concurrent_methods``): their
+            messages wait in each node's queue, so that a node goes from one to the next without Flower's idle
+            poll in between.
     """
 
     name = "flower"
@@ -79,6 +84,7 @@ class GridEngine(Engine):
         max_in_flight: int = 64,
         stop: threading.Event | None = None,
         sites: dict[str, int] | None = None,
+        concurrent_units: int = 1,
     ) -> None:
         self.grid = grid
         self.worker = worker
@@ -99,6 +105,9 @@ class GridEngine(Engine):
         self._base_synced: set[int] = set()
         self._node_stats: dict[int, dict[str, Any]] = {}
         self._owners: dict[str, int | None] | None = dict(sites) if sites is not None else None
+        self.concurrent_units = max(1, concurrent_units)
+        self.turns = Turns() if self.concurrent_units > 1 else None
+        self._busy: set[str] = set()  # shared steps (node discovery, base sync) that a unit's thread is doing
 
     # ------------------------------------------------------------------ engine interface
     def start_phase(self, label: str, seed: int) -> None:
@@ -207,9 +216,25 @@ class GridEngine(Engine):
         nodes = self._owners.values() if self._owners is not None else self._nodes()
         return sorted({n for n in nodes if n is not None})
 
+    def _in_turn(self, step: str, do: Callable[[], T]) -> T:
+        """Run a step shared by every unit (node discovery, a refresh, a base sync) that several units' threads
+        may reach at once: after the thread doing it, if any, has finished; the step then finds what is left."""
+        while step in self._busy:
+            self.wait(self.poll_interval)
+        self._busy.add(step)
+        try:
+            return do()
+        finally:
+            self._busy.discard(step)
+
     def _nodes(self) -> list[int | None]:
         """Node id of each partition, learnt from the nodes (waits for nodes in deployment)."""
         if self._partition_nodes is not None:
+            return self._partition_nodes
+        return self._in_turn("nodes", self._discover_nodes)
+
+    def _discover_nodes(self) -> list[int | None]:
+        if self._partition_nodes is not None:  # another unit's thread found them meanwhile
             return self._partition_nodes
         deadline = time.monotonic() + self.node_timeout
         while True:
@@ -221,7 +246,7 @@ class GridEngine(Engine):
                 return self._partition_nodes
             if time.monotonic() > deadline:
                 raise UserError(_missing_partitions_message(self._answers, self.node_timeout))
-            time.sleep(1.0)
+            self.wait(1.0)
 
     def _query_partitions(self, nodes: list[int], timeout: float | None = None) -> None:
         """Ask ``nodes`` which partition each serves (into ``_answers``; -1: a node that did not say)."""
@@ -244,6 +269,10 @@ class GridEngine(Engine):
         """After a node was lost, at the start of a step: ask the lost nodes still connected and the nodes that
         joined since which partition they serve, and map every partition to a node that answers (a restarted
         SuperNode comes back with a new node id; it takes over its partition's clients from this step on)."""
+        if self._lost:
+            self._in_turn("refresh", self._refresh_now)
+
+    def _refresh_now(self) -> None:
         if self._lost and self._owners is not None:
             self._refresh_sites()
             return
@@ -301,6 +330,11 @@ class GridEngine(Engine):
     def _sync_base(self, seed: int) -> None:
         """Make sure every node holds the base model of ``seed`` (sent only to nodes that lack it)."""
         if self.cfg.base.kind == "pretrained" or seed in self._base_synced:
+            return
+        self._in_turn("base", lambda: self._sync_base_now(seed))
+
+    def _sync_base_now(self, seed: int) -> None:
+        if seed in self._base_synced:  # another unit's thread sent it meanwhile
             return
         path = self.worker.base_checkpoint(seed)
         if not path.exists():
@@ -416,6 +450,7 @@ class GridEngine(Engine):
             poll_interval=self.poll_interval,
             max_in_flight=self.max_in_flight,
             check_stop=self._check_stop,
+            sleep=self.wait,
         )
 
 
@@ -485,6 +520,7 @@ def exchange(
     poll_interval: float = 0.1,
     max_in_flight: int = 64,
     check_stop: Callable[[], None] = lambda: None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[tuple[Any, Message | str]]:
     """Push (key, node, message type, content or task) messages, at most ``max_in_flight`` unanswered.
 
@@ -532,7 +568,7 @@ def exchange(
                     del in_flight[message_id]
                     yield key, f"no reply within {timeout:g} s"
         if not replies and in_flight:
-            time.sleep(poll_interval)
+            sleep(poll_interval)
 
 
 def _assign_partitions(answers: dict[int, tuple[int | None, int | None]], partial: int = 0) -> list[int | None] | None:
