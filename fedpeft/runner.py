@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import itertools
 import json
 import logging
 import platform
@@ -159,8 +160,11 @@ class Experiment:
                     self._base_stage(seed)
                     if self.worker.per_client_base:
                         self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
-                    self._unit(f"base-seed{seed}", lambda s=seed: self._evaluate_base(s))
-                    self._units([(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods])
+                    # The base model's evaluation and the methods need nothing of each other (they may run at once).
+                    base_unit = (f"base-seed{seed}", self._base_evaluation_unit(seed))
+                    self._units(
+                        [base_unit] + [(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods]
+                    )
             finally:
                 self.engine.close()
                 self._write_engine_costs(self.engine.cost_rows())
@@ -271,6 +275,9 @@ class Experiment:
     def _method_unit(self, method: Method, seed: int) -> Callable[[], tuple[list[dict], list[dict]]]:
         return lambda: self._run_method(method, seed)
 
+    def _base_evaluation_unit(self, seed: int) -> Callable[[], tuple[list[dict], list[dict]]]:
+        return lambda: self._evaluate_base(seed)
+
     def _units(self, units: list[tuple[str, Callable[[], tuple[list[dict], list[dict]]]]]) -> None:
         """Run ``units`` one after the other, or, where the engine runs several at once
         (``engine.concurrent_methods``), each in a thread of its own that takes turns with the others for its
@@ -282,11 +289,21 @@ class Experiment:
             return
         self._parts += [name for name, _ in units]  # in the order a one-at-a-time run lists them
 
-        def run(name: str, work: Callable[[], tuple[list[dict], list[dict]]]) -> None:
-            with turns.hold():
-                self._unit(name, work, listed=True)
+        slots = min(self.engine.concurrent_units, len(units))
+        started = itertools.count()
 
-        with ThreadPoolExecutor(self.engine.concurrent_units, thread_name_prefix="unit") as pool:
+        def run(name: str, work: Callable[[], tuple[list[dict], list[dict]]]) -> None:
+            try:
+                with turns.hold():
+                    if next(started) >= slots:  # a unit that waited for a free thread
+                        self.engine.units_started(1)
+                    self._unit(name, work, listed=True)
+            finally:
+                with turns.hold():
+                    self.engine.unit_ended()
+
+        self.engine.units_started(slots)  # before any thread starts: the engine waits for all of them to ask
+        with ThreadPoolExecutor(slots, thread_name_prefix="unit") as pool:
             futures = [pool.submit(run, name, work) for name, work in units]
             errors = [future.exception() for future in futures]
         for error in errors:

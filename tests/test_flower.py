@@ -268,7 +268,7 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for message in messages:
-            message_id = uuid.uuid4().hex
+            message_id = message.metadata.message_id or uuid.uuid4().hex  # kept if a subclass gave one
             message.metadata.__dict__["_message_id"] = message_id
             node = message.metadata.dst_node_id
             self.served[node].append(message.metadata.message_type)
@@ -309,6 +309,52 @@ class RoundLog(Progress):
 
     def advance_round(self, metrics: dict | None = None) -> None:
         self.round_metrics.append(dict(metrics or {}))
+
+
+class QueuedGrid(InProcessGrid):
+    """An InProcessGrid whose nodes answer later: each pull handles the oldest message sent (one per pull), so
+    the server's threads wait for replies as they do in a deployment."""
+
+    def __init__(self, num_nodes: int) -> None:
+        super().__init__(num_nodes)
+        self.queue: list[tuple[str, Message]] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            message_id = uuid.uuid4().hex
+            message.metadata.__dict__["_message_id"] = message_id
+            self.queue.append((message_id, message))
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        if self.queue:
+            InProcessGrid.push_messages(self, [self.queue.pop(0)[1]])
+        return super().pull_messages(message_ids)
+
+
+def test_methods_at_once_share_messages_and_keep_their_numbers(tmp_path, task_identity):
+    """engine.concurrent_methods: three methods run at once; a node gets one message for the steps that are due
+    together (a bundle), and every record equals the local engine's, where the methods run one after the other."""
+    methods = [*tiny_raw()["methods"], {"name": "fedprox", "rounds": 2, "local_steps": 2, "batch_size": 8}]
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=methods)
+    raw["data"] = {**raw["data"], "unseen_pool": False}
+    local = Experiment(validate(raw), tmp_path / "local").run()
+    grid = QueuedGrid(num_nodes=2)
+    flower = Experiment(flower_config(validate(raw)), tmp_path / "flower").run(
+        engine_factory=lambda worker: GridEngine(grid, worker, concurrent_units=3)
+    )
+    ours, theirs = read_records(local), read_records(flower)
+    assert ours.keys() == theirs.keys()
+    for key, value in ours.items():
+        assert theirs[key] == pytest.approx(value, abs=ATOL), key
+    for served in grid.served.values():
+        # base evaluation, then round 0 of fedit and fedprox with lora's personalization, ... in fewer messages
+        assert "train.bundle" in served, served
+        assert served.count("train") + served.count("train.bundle") < 4
+    messages = {key: value for key, value in read_costs(flower).items() if key[:2] == ("engine", "nodes")}
+    assert messages[("engine", "nodes", "messages")] < 7  # 1 + 2 + 2 + 1 + 1 + 1 steps one at a time
 
 
 def test_a_client_that_raises_is_left_out_and_the_run_finishes(tmp_path, monkeypatch, caplog, task_identity):

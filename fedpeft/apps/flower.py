@@ -88,7 +88,8 @@ def run_over_grid(
     if cfg.data.sites is not None:
         check_site_models(cfg)
         data, sites, cfg = register_sites(grid, cfg, node_timeout=node_timeout)
-    concurrent = 1 if cfg.engine.secagg is not None else cfg.engine.concurrent_methods or len(cfg.methods)
+    # The base model's evaluation runs alongside the methods: one unit more than the methods at once.
+    concurrent = 1 if cfg.engine.secagg is not None else (cfg.engine.concurrent_methods or len(cfg.methods)) + 1
     return Experiment(cfg, out, data=data).run(
         resume=resume,
         engine_factory=lambda worker: GridEngine(
@@ -157,7 +158,8 @@ def run_flower_simulation(
     experiment.check_output(resume=resume, force=force)  # the output directory too, before Ray starts
     failures: list[BaseException] = []
     stop = threading.Event()
-    concurrent = 1 if cfg.engine.secagg is not None else cfg.engine.concurrent_methods or 1
+    methods_at_once = cfg.engine.concurrent_methods
+    concurrent = 1 if cfg.engine.secagg is not None or methods_at_once is None else methods_at_once + 1
 
     def main(grid: Grid, context: Context) -> None:
         try:

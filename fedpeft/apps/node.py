@@ -35,7 +35,8 @@ def relay_message(message: Message, context: Context) -> Message:
         if message_type == CLOSE_QUERY:  # the run is over: end the worker process, if one runs
             closed = relay.close(run_id, node_id, context.node_config)
             return Message(relay.json_content({"closed": closed}), reply_to=message)
-        if message_type == PARTITION_QUERY:  # from the node config: no need to start the worker for it
+        if message_type == PARTITION_QUERY:  # from the node config; the worker starts meanwhile, for what follows
+            relay.prestart(run_id, node_id, context.node_config)
             return Message(relay.json_content(relay.partition_answer(context.node_config)), reply_to=message)
         content, spawn = relay.forward(
             message_type, message.content, context.node_config, run_id=run_id, node_id=node_id

@@ -83,6 +83,12 @@ class Engine:
     :meth:`wait` while replies are due."""
     turns: Turns | None = None
 
+    def units_started(self, count: int) -> None:
+        """``count`` units begin, each in a thread (engines that run several at once count them)."""
+
+    def unit_ended(self) -> None:
+        """A unit's thread ends."""
+
     def wait(self, seconds: float) -> None:
         """Wait ``seconds`` for replies, letting another unit's thread run meanwhile."""
         if self.turns is None:

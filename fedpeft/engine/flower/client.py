@@ -22,9 +22,18 @@ from fedpeft.core.faults import ClientDroppedError, InjectedFaultError
 from fedpeft.core.io import save_atomic
 from fedpeft.data.sites import site_config, site_report
 from fedpeft.data.types import FederatedData
-from fedpeft.engine.flower.codec import NodeResult, NodeTask, decode, encode, tensors_digest
+from fedpeft.engine.flower.codec import (
+    NodeBundle,
+    NodeResult,
+    NodeTask,
+    bundle_results,
+    decode,
+    encode,
+    tensors_digest,
+)
 from fedpeft.engine.flower.messages import (
     BASE_QUERY,
+    BUNDLE,
     CLOSE_QUERY,
     DATA_PATH,
     NODE_RUN_DIR,
@@ -114,12 +123,15 @@ def handle_content(message_type: str, content: RecordDict, node_config: Mapping[
             return handle_secure_train(
                 content, lambda run_dir, text: cached_worker(_node_run_dir(run_dir, node_config), text, node_config)
             )
-        return _node_task(message_type, NodeTask.from_content(content), node_config)
+        if message_type == BUNDLE:  # the steps of methods that run at once, one after the other
+            tasks = NodeBundle.from_content(content).tasks
+            return bundle_results([_node_task(OPERATIONS.get(t.op, "?"), t, node_config) for t in tasks])
+        return _node_task(message_type, NodeTask.from_content(content), node_config).to_content()
     finally:
         release_memory()
 
 
-def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]) -> RecordDict:
+def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]) -> NodeResult:
     """Run the worker operation of a :class:`NodeTask` for each of its clients, one after the other."""
     started, loaded = time.perf_counter(), _COUNTS["load_seconds"]
     if OPERATIONS.get(task.op) != message_type:
@@ -142,7 +154,7 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
         work += time.perf_counter() - client_started
     stats = {"pid": os.getpid(), "model_loads": int(_COUNTS["model_loads"]), "work_seconds": work}
     stats.update(load_seconds=load, seconds=time.perf_counter() - started)
-    return NodeResult(results, stats).to_content()
+    return NodeResult(results, stats)
 
 
 def _base_query(request: dict[str, Any], node_config: Mapping[str, Any]) -> RecordDict:

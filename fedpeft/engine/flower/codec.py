@@ -178,6 +178,38 @@ class NodeResult:
         return cls(**decode(content))
 
 
+@dataclass
+class NodeBundle:
+    """Several :class:`NodeTask` for one node in one message: the steps of methods that run at once
+    (``engine.concurrent_methods``), so that the node starts one ClientApp process for all of them."""
+
+    tasks: list[NodeTask]
+
+    def to_content(self) -> RecordDict:
+        return encode({"bundle": [{f.name: getattr(t, f.name) for f in fields(t)} for t in self.tasks]})
+
+    @classmethod
+    def from_content(cls, content: RecordDict) -> NodeBundle:
+        entries = decode(content)["bundle"]
+        tasks = [NodeTask(e["op"], e["run_dir"], e["config_text"], [tuple(c) for c in e["clients"]]) for e in entries]
+        return cls(tasks)
+
+
+def bundle_results(results: list[NodeResult]) -> RecordDict:
+    """The reply to a :class:`NodeBundle`: each task's :class:`NodeResult`, and the node's counters summed."""
+    stats: dict[str, Any] = {}
+    for result in results:
+        for key, value in result.stats.items():
+            stats[key] = value if key in ("pid", "model_loads") else stats.get(key, 0.0) + value
+    return encode({"bundle": [{"results": r.results, "stats": r.stats} for r in results], "stats": stats})
+
+
+def unbundle_results(content: RecordDict) -> tuple[list[NodeResult], dict[str, Any]]:
+    """Each task's :class:`NodeResult` and the summed counters of a reply to a :class:`NodeBundle`."""
+    value = decode(content)
+    return [NodeResult(**entry) for entry in value["bundle"]], value["stats"]
+
+
 class ClientTaskError(RuntimeError):
     """A client's task failed on its node (the ClientApp raised, the node was lost, no reply came)."""
 

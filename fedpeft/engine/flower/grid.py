@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,9 +23,19 @@ from fedpeft.core.turns import Turns
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.sites import join_sites, node_data_config
 from fedpeft.data.types import FederatedData
-from fedpeft.engine.flower.codec import ClientTaskError, NodeResult, NodeTask, decode, encode, tensors_digest
+from fedpeft.engine.flower.codec import (
+    ClientTaskError,
+    NodeBundle,
+    NodeResult,
+    NodeTask,
+    decode,
+    encode,
+    tensors_digest,
+    unbundle_results,
+)
 from fedpeft.engine.flower.messages import (
     BASE_QUERY,
+    BUNDLE,
     CLOSE_QUERY,
     JSON_FIELD,
     NUM_PARTITIONS,
@@ -41,6 +52,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fedpeft")
 T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Request:
+    """A unit's task for one node, waiting in the outbox or for its reply (methods at once)."""
+
+    node: int
+    task: NodeTask
+    group: str
+    timeout: float | None
+    queued: float
+    reply: NodeResult | Message | str | None = None
 
 
 class GridEngine(Engine):
@@ -108,6 +131,11 @@ class GridEngine(Engine):
         self.concurrent_units = max(1, concurrent_units)
         self.turns = Turns() if self.concurrent_units > 1 else None
         self._busy: set[str] = set()  # shared steps (node discovery, base sync) that a unit's thread is doing
+        self.coalesce_seconds = 1.0  # the longest a step waits in the outbox for the other units' steps
+        self._outbox: list[_Request] = []
+        self._in_flight: dict[str, tuple[int, list[_Request], float, float | None]] = {}
+        self._waiting: list[list[_Request]] = []  # the requests of each unit's thread that waits in _bundled
+        self._units_running = 0
 
     # ------------------------------------------------------------------ engine interface
     def start_phase(self, label: str, seed: int) -> None:
@@ -377,12 +405,16 @@ class GridEngine(Engine):
                 continue
             by_node.setdefault(node, []).append((client_id, dict(kwargs)))
         tasks = {node: NodeTask(op, self.run_dir, self.config_text, items) for node, items in by_node.items()}
-        messages = ((node, node, OPERATIONS[op], task) for node, task in tasks.items())
         timeout = self.reply_timeout
         if timeout is not None and any(node not in self._node_stats for node in tasks):
             timeout = max(timeout, self.node_timeout)  # a node's first task starts its worker and loads the model
+        if self.turns is not None:  # methods run at once: their steps for a node travel together
+            replies: Iterable[tuple[int, NodeResult | Message | str]] = self._bundled(tasks, group, timeout)
+        else:
+            messages = ((node, node, OPERATIONS[op], task) for node, task in tasks.items())
+            replies = self._exchange(messages, group=group, timeout=timeout)
         sent = time.monotonic()
-        for node, reply in self._exchange(messages, group=group, timeout=timeout):
+        for node, reply in replies:
             ids = [client_id for client_id, _ in tasks[node].clients]
             for client_id, outcome, seconds in self._outcomes(node, ids, reply, time.monotonic() - sent):
                 if self.on_client is not None:
@@ -390,10 +422,11 @@ class GridEngine(Engine):
                 yield client_id, outcome, seconds
 
     def _outcomes(
-        self, node: int, client_ids: list[str], reply: Message | str, round_trip: float
+        self, node: int, client_ids: list[str], reply: NodeResult | Message | str, round_trip: float
     ) -> Iterator[tuple[str, Any, float]]:
-        """Each client's result or error in a node's reply (all clients fail alike when the message did)."""
-        if isinstance(reply, str) or reply.has_error():
+        """Each client's result or error in a node's reply (all clients fail alike when the message did); a reply
+        that came in a bundle is a :class:`NodeResult`, counted already."""
+        if isinstance(reply, str) or (isinstance(reply, Message) and reply.has_error()):
             if isinstance(reply, str) or reply.error.code == ErrorCode.NODE_UNAVAILABLE:
                 self._lose(node, reply if isinstance(reply, str) else str(reply.error.reason))
             if isinstance(reply, str):
@@ -405,8 +438,11 @@ class GridEngine(Engine):
             for client_id in client_ids:
                 yield client_id, error, 0.0
             return
-        result = NodeResult.from_content(reply.content)
-        self._count(node, result.stats, reply, round_trip)
+        if isinstance(reply, Message):
+            result = NodeResult.from_content(reply.content)
+            self._count(node, result.stats, reply, round_trip)
+        else:
+            result = reply
         for entry in result.results:
             if "error" not in entry:
                 yield entry["client"], entry["value"], float(entry["seconds"])
@@ -414,6 +450,88 @@ class GridEngine(Engine):
                 yield entry["client"], ClientDroppedError(entry["error"]), 0.0
             else:
                 yield entry["client"], ClientTaskError(entry["error"]), 0.0
+
+    # ------------------------------------------------------------------ methods at once
+    def units_started(self, count: int) -> None:
+        self._units_running += count
+
+    def unit_ended(self) -> None:
+        self._units_running -= 1
+
+    def _bundled(
+        self, tasks: dict[int, NodeTask], group: str, timeout: float | None
+    ) -> Iterator[tuple[int, NodeResult | Message | str]]:
+        """Put ``tasks`` in the outbox and wait (letting the other units' threads run) until every node has
+        answered; the outbox goes out once every running unit waits, or after ``coalesce_seconds``, as one
+        message per node that carries every unit's task for it (:meth:`_pump`)."""
+        requests = [_Request(node, task, group, timeout, time.monotonic()) for node, task in tasks.items()]
+        self._outbox += requests
+        self._waiting.append(requests)
+        try:
+            while any(r.reply is None for r in requests):
+                self._check_stop()
+                self._pump()
+                if any(r.reply is None for r in requests):
+                    self.wait(self.poll_interval)
+        finally:
+            self._waiting.remove(requests)
+            self._outbox = [r for r in self._outbox if all(r is not mine for mine in requests)]
+        for request in requests:
+            assert request.reply is not None
+            yield request.node, request.reply
+
+    def _pump(self) -> None:
+        """Send the outbox when it is due, take in the replies that came, and give up on those overdue."""
+        now = time.monotonic()
+        # Every unit's thread waits for a reply still due: no other step will join the outbox now.
+        all_wait = sum(any(r.reply is None for r in mine) for mine in self._waiting) >= self._units_running
+        if self._outbox and (all_wait or now - self._outbox[0].queued >= self.coalesce_seconds):
+            by_node: dict[int, list[_Request]] = {}
+            for request in self._outbox:
+                by_node.setdefault(request.node, []).append(request)
+            self._outbox = []
+            batch, groups = [], []
+            for node, requests in sorted(by_node.items()):
+                if len(requests) == 1:
+                    task = requests[0].task
+                    batch.append(Message(task.to_content(), node, OPERATIONS[task.op], group_id=requests[0].group))
+                else:
+                    bundle = NodeBundle([r.task for r in requests]).to_content()
+                    batch.append(Message(bundle, node, BUNDLE, group_id="+".join(r.group for r in requests)))
+                groups.append((node, requests))
+            for (node, requests), message_id in zip(groups, self.grid.push_messages(batch), strict=True):
+                if not message_id:
+                    for request in requests:
+                        request.reply = "the message could not be sent"
+                    continue
+                timeouts = [r.timeout for r in requests]
+                limit = None if None in timeouts else max(t for t in timeouts if t is not None)
+                self._in_flight[str(message_id)] = (node, requests, now, limit)
+        if not self._in_flight:
+            return
+        for reply in self.grid.pull_messages(list(self._in_flight)):
+            entry = self._in_flight.pop(reply.metadata.reply_to_message_id, None)
+            if entry is None:
+                continue
+            node, requests, sent, _ = entry
+            if reply.has_error():
+                for request in requests:
+                    request.reply = reply
+            elif len(requests) == 1:
+                result = NodeResult.from_content(reply.content)
+                self._count(node, result.stats, reply, time.monotonic() - sent)
+                requests[0].reply = result
+            else:
+                results, stats = unbundle_results(reply.content)
+                self._count(node, stats, reply, time.monotonic() - sent)
+                for request, result in zip(requests, results, strict=True):
+                    request.reply = result
+        now = time.monotonic()
+        for message_id, (_, requests, sent, limit) in list(self._in_flight.items()):
+            if limit is not None and now - sent > limit:
+                del self._in_flight[message_id]
+                for request in requests:
+                    request.reply = f"no reply within {limit:g} s"
 
     def _count(self, node: int, stats: dict[str, Any], reply: Message, round_trip: float) -> None:
         """Add a node's reply to its counters (see :meth:`cost_rows`)."""

@@ -8,6 +8,7 @@ EVALUATE_BASE = "evaluate.base"  # the base model on one client's test split
 PERSONALIZE = "train.personalize"  # one client's personalization at every budget, then its evaluation
 EVALUATE_ROUND = "evaluate.round"  # one client's current model during a federated phase (eval.every)
 CLIENT_BASE = "train.client_base"  # one client's own base model after a per-client base stage
+BUNDLE = "train.bundle"  # several of the above for one node, of methods that run at once
 PARTITION_QUERY = "query.partition"  # which partition of the clients a node serves
 SITE_QUERY = "query.site"  # site-local data: which clients a node's data-path holds, with their sizes
 BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
@@ -15,7 +16,7 @@ CLOSE_QUERY = "query.close"  # the run is over: the node ends its worker process
 
 # Every message type a node handles.
 MESSAGE_TYPES = [TRAIN, EVALUATE_BASE, PERSONALIZE, EVALUATE_ROUND, CLIENT_BASE, PARTITION_QUERY, BASE_QUERY]
-MESSAGE_TYPES += [CLOSE_QUERY, SITE_QUERY]
+MESSAGE_TYPES += [CLOSE_QUERY, SITE_QUERY, BUNDLE]
 
 # Worker operation -> message type. Only these operations can be called through a message.
 OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}

@@ -48,7 +48,7 @@ def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout
             gone = parent is not None and not process_alive(parent)
             if gone or (not busy.locked() and time.monotonic() - last[0] > idle_timeout):
                 log.info("node worker %s ends: %s", os.getpid(), "its SuperNode is gone" if gone else "idle")
-                _remove(socket_path, key_path)
+                _remove(socket_path, key_path, socket_path.with_suffix(".pid"))
                 os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
@@ -79,7 +79,7 @@ def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout
             last[0] = time.monotonic()
     log.info("node worker %s closed by the server", os.getpid())
     listener.close()
-    _remove(socket_path, key_path)
+    _remove(socket_path, key_path, socket_path.with_suffix(".pid"))
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
+from fedpeft.core.processes import process_alive
 from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD, MESSAGE_TYPES, NUM_PARTITIONS, PARTITION_ID
 
 WORKER_DIR = "worker-dir"  # node config: where the node keeps its worker processes' sockets, keys and logs
@@ -120,6 +122,10 @@ class WorkerAddress:
     def lock(self) -> Path:
         return self.directory / f"{self.name}.lock"
 
+    @property
+    def pid(self) -> Path:
+        return self.directory / f"{self.name}.pid"
+
 
 def _connect(address: WorkerAddress) -> Connection | None:
     """A connection to the running worker process, or None when none listens."""
@@ -131,8 +137,43 @@ def _connect(address: WorkerAddress) -> Connection | None:
         return None
 
 
-def _start(address: WorkerAddress, node_config: Mapping[str, Any]) -> None:
-    """Start the worker process of ``address`` in its own session, so that it outlives this ClientApp process."""
+def _starting(address: WorkerAddress) -> int | None:
+    """The process id of a worker process of ``address`` that was started and is alive (it may still be importing,
+    before its socket exists), or None."""
+    try:
+        pid = int(address.pid.read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if process_alive(pid) else None
+
+
+def _wait_for_socket(address: WorkerAddress, pid: int) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while not address.socket.exists():
+        if not process_alive(pid):
+            tail = address.log.read_text(errors="replace")[-2000:]
+            raise RelayError(f"the node's worker process exited before it listened:\n{tail}")
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            raise RelayError(f"the node's worker process did not start within {START_TIMEOUT:.0f} s")
+        time.sleep(0.05)
+
+
+def prestart(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> None:
+    """Start the worker process of (run, node) without waiting for it, unless one runs or starts already: a
+    node's first message (the server's partition query) lets the worker import while the next message travels."""
+    address = WorkerAddress.of(run_id, node_id, node_config)
+    address.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(address.lock, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _starting(address) is None and _connect(address) is None:
+            _start(address, node_config, wait=False)
+
+
+def _start(address: WorkerAddress, node_config: Mapping[str, Any], *, wait: bool = True) -> None:
+    """Start the worker process of ``address`` in its own session, so that it outlives this ClientApp process;
+    with ``wait``, return once it listens."""
     address.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         address.socket.unlink()
@@ -150,15 +191,9 @@ def _start(address: WorkerAddress, node_config: Mapping[str, Any]) -> None:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
-    deadline = time.monotonic() + START_TIMEOUT
-    while not address.socket.exists():
-        if process.poll() is not None:
-            tail = address.log.read_text(errors="replace")[-2000:]
-            raise RelayError(f"the node's worker process exited with {process.returncode}:\n{tail}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RelayError(f"the node's worker process did not start within {START_TIMEOUT:.0f} s")
-        time.sleep(0.05)
+    address.pid.write_text(str(process.pid))
+    if wait:
+        _wait_for_socket(address, process.pid)
 
 
 def connect(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> tuple[Connection, float]:
@@ -174,7 +209,11 @@ def connect(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> tuple[
         fcntl.flock(lock, fcntl.LOCK_EX)
         connection = _connect(address)  # another message's process may have started it meanwhile
         if connection is None:
-            _start(address, node_config)
+            pid = _starting(address)  # started by an earlier message, still importing
+            if pid is not None:
+                _wait_for_socket(address, pid)
+            else:
+                _start(address, node_config)
             connection = _connect(address)
     if connection is None:
         raise RelayError(f"the node's worker process does not answer on {address.socket}")
