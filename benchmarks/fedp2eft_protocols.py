@@ -16,12 +16,17 @@ Four probes:
    for every client: one rank structure for all.
 4. ``adam-eps``: one Adam step of stage 2 on a fresh PSG of the tiny BERT's size (L = 12, r_init = 32) at the
    preset's ``psg_lr``, with the mean and with the summed loss: the gradient of each layer against Adam's eps.
+5. ``psg-lr``: the main table with FedP2EFT trained at the paper's ``psg_lr`` (1e-4, from the runs given after
+   the first: their ``fedp2eft`` records, seeds joined) beside the first run's FedP2EFT at 0.01 and its baselines;
+   Wins among LoRA, BayesTune-LoRA and FedP2EFT at 1e-4.
 
 Usage:
   python benchmarks/fedp2eft_protocols.py tables runs/fedp2eft-xnli-cpu-official runs/fedp2eft-xnli-cpu-oldprotocol
   python benchmarks/fedp2eft_protocols.py scales runs/fedp2eft-xnli-cpu-official runs/fedp2eft-xnli-cpu-oldprotocol
   python benchmarks/fedp2eft_protocols.py psg runs/fedp2eft-xnli-cpu-official runs/fedp2eft-xnli-cpu-oldprotocol
   python benchmarks/fedp2eft_protocols.py adam-eps
+  python benchmarks/fedp2eft_protocols.py psg-lr runs/fedp2eft-xnli-cpu-official runs/fedp2eft-psg-lr-probe \
+      runs/fedp2eft-xnli-cpu-psglr
 """
 
 from __future__ import annotations
@@ -94,6 +99,36 @@ def versus_table(official: list[dict], old: list[dict]) -> None:
                 f"{(after.mean - before.mean) * 100:+.2f} | {format_cell(lora_cell)} | "
                 f"{table.wins[OLD]} / {table.wins['fedp2eft']} |"
             )
+
+
+PAPER_LR = "fedp2eft-psg-lr-1e-4"
+
+
+def psg_lr_table(official_run: Path, paper_runs: list[Path]) -> None:
+    official = [r for r in run_records(official_run) if r["method"] in ("base", *METHODS)]
+    paper = [dict(r, method=PAPER_LR) for run in paper_runs for r in run_records(run) if r["method"] == "fedp2eft"]
+    seeds = set(seeds_of(paper, PAPER_LR))
+    official = [r for r in official if r["seed"] in seeds]
+    compared = [r for r in official if r["method"] != "fedp2eft"] + paper
+    methods = ("lora", "bayestune_lora", PAPER_LR)
+    print("seeds:", sorted(seeds), {m: seeds_of(official + paper, m) for m in ("base", *METHODS, PAPER_LR)})
+    print(
+        "| Pool | r | base | lora | bayestune_lora | fedp2eft, psg_lr 0.01 | fedp2eft, psg_lr 1e-4 | Wins lora / "
+        "bayestune / fedp2eft 1e-4 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for pool in ("seen", "unseen"):
+        for budget in BUDGETS:
+            table = group_table(compared, pool=pool, metric="accuracy", budget=budget)
+            raised = group_table(official, pool=pool, metric="accuracy", budget=budget)
+            base = table.cells.get(("base", MEAN_COLUMN))
+            cells = [f"{base.mean * 100:.2f}" if base else "—"]
+            for method in methods:
+                text = format_cell(table.cells.get((method, MEAN_COLUMN)))
+                cells.append(f"**{text}**" if method in table.best[MEAN_COLUMN] else text)
+            cells.insert(3, format_cell(raised.cells.get(("fedp2eft", MEAN_COLUMN))))
+            wins = " / ".join(str(table.wins.get(m, "—")) for m in methods)
+            print(f"| {pool} | {budget} | {' | '.join(cells)} | {wins} |")
 
 
 def tables(official_run: Path, old_run: Path) -> None:
@@ -189,6 +224,9 @@ def main() -> None:
     psg_args = sub.add_parser("psg")
     psg_args.add_argument("runs", type=Path, nargs="+")
     sub.add_parser("adam-eps")
+    lr_args = sub.add_parser("psg-lr")
+    lr_args.add_argument("official", type=Path)
+    lr_args.add_argument("paper", type=Path, nargs="+")
     args = parser.parse_args()
     if args.probe == "tables":
         tables(args.official, args.old)
@@ -196,6 +234,8 @@ def main() -> None:
         scales(args.runs)
     elif args.probe == "psg":
         psg_units(args.runs)
+    elif args.probe == "psg-lr":
+        psg_lr_table(args.official, args.paper)
     else:
         adam_eps()
 
