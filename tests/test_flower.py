@@ -400,12 +400,9 @@ def test_a_lost_node_leaves_its_clients_out(tmp_path, task_identity):
     assert (out / "summary.md").exists()
 
 
-def test_a_restarted_node_takes_its_partition_back(tmp_path, task_identity):
-    """A node lost mid-run leaves its clients out of the rounds it misses; restarted (a new node id, the same
-    partition) it serves them again from the next step, and the run completes."""
-    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 5}])
-    raw["data"] = {**raw["data"], "unseen_pool": False}
-    grid = InProcessGrid(num_nodes=2)
+def lose_and_restart(grid: InProcessGrid, node: int = 1001, new_id: int = 1005) -> None:
+    """Make ``node`` of ``grid`` go down in round 1 and come back, with its node config and a new node id, during
+    round 2 (as a restarted SuperNode does)."""
     original = grid.push_messages
     rounds_seen: list[str] = []
 
@@ -413,15 +410,26 @@ def test_a_restarted_node_takes_its_partition_back(tmp_path, task_identity):
         messages = list(messages)
         trains = {m.metadata.group_id for m in messages if m.metadata.message_type == "train"}
         rounds_seen.extend(sorted(trains - set(rounds_seen)))
-        if len(rounds_seen) == 2 and 1001 not in grid.lost:  # round 1: node 1001 goes down
-            grid.lost.add(1001)
-        if len(rounds_seen) == 3 and 1005 not in grid.contexts:  # during round 2 it is back, as node 1005
-            config = grid.contexts.pop(1001).node_config
-            grid.contexts[1005] = Context(run_id=1, node_id=1005, node_config=config, state=RecordDict(), run_config={})
-            grid.served[1005] = []
+        if len(rounds_seen) == 2 and node not in grid.lost:
+            grid.lost.add(node)
+        if len(rounds_seen) == 3 and new_id not in grid.contexts:
+            config = grid.contexts.pop(node).node_config
+            grid.contexts[new_id] = Context(
+                run_id=1, node_id=new_id, node_config=config, state=RecordDict(), run_config={}
+            )
+            grid.served[new_id] = []
         return original(messages)
 
     grid.push_messages = push  # type: ignore[method-assign]
+
+
+def test_a_restarted_node_takes_its_partition_back(tmp_path, task_identity):
+    """A node lost mid-run leaves its clients out of the rounds it misses; restarted (a new node id, the same
+    partition) it serves them again from the next step, and the run completes."""
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 5}])
+    raw["data"] = {**raw["data"], "unseen_pool": False}
+    grid = InProcessGrid(num_nodes=2)
+    lose_and_restart(grid)
     progress = RoundLog()
     out = Experiment(flower_config(validate(raw)), tmp_path / "run", progress).run(
         engine_factory=lambda worker: GridEngine(grid, worker)

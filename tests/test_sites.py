@@ -28,7 +28,15 @@ from fedpeft.data.types import RemoteExamples
 from fedpeft.engine.flower import GridEngine, flower_config
 from fedpeft.engine.flower.grid import register_sites
 from fedpeft.runner import Experiment
-from tests.test_flower import ATOL, REPO, InProcessGrid, RoundLog, read_records, task_identity  # noqa: F401
+from tests.test_flower import (  # noqa: F401
+    ATOL,
+    REPO,
+    InProcessGrid,
+    RoundLog,
+    lose_and_restart,
+    read_records,
+    task_identity,
+)
 
 SITES = {"site-a": ("ana", "bo", "cy"), "site-b": ("dee", "eve")}
 WORDS = ("good", "fine", "great", "bad", "poor", "awful")
@@ -219,22 +227,7 @@ def test_a_restarted_site_takes_its_clients_back(tmp_path, sites, task_identity)
     raw = site_raw(sites)
     raw["methods"] = [raw["methods"][0] | {"rounds": 4}]
     grid = site_grid(sites, {"data-path": str(sites["site-a"])}, {"data-path": str(sites["site-b"])})
-    original = grid.push_messages
-    rounds_seen: list[str] = []
-
-    def push(messages):  # noqa: ANN001, ANN202
-        messages = list(messages)
-        trains = {m.metadata.group_id for m in messages if m.metadata.message_type == "train"}
-        rounds_seen.extend(sorted(trains - set(rounds_seen)))
-        if len(rounds_seen) == 2 and 1001 not in grid.lost:  # round 1: site B's node goes down
-            grid.lost.add(1001)
-        if len(rounds_seen) == 3 and 1005 not in grid.contexts:  # during round 2 it is back, as node 1005
-            config = grid.contexts.pop(1001).node_config
-            grid.contexts[1005] = Context(run_id=1, node_id=1005, node_config=config, state=RecordDict(), run_config={})
-            grid.served[1005] = []
-        return original(messages)
-
-    grid.push_messages = push  # type: ignore[method-assign]
+    lose_and_restart(grid)  # site B: down in round 1, back as node 1005 during round 2
     progress = RoundLog()
     cfg = flower_config(validate(raw))
     data, owners, cfg = register_sites(grid, cfg, node_timeout=10)
