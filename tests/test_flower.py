@@ -37,6 +37,7 @@ from fedpeft.engine.flower import (
     tensors_digest,
 )
 from fedpeft.runner import Experiment
+from fedpeft.worker import Worker
 
 REPO = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
@@ -349,9 +350,13 @@ def test_methods_at_once_share_messages_and_keep_their_numbers(tmp_path, task_id
     raw["data"] = {**raw["data"], "unseen_pool": False}
     local = Experiment(validate(raw), tmp_path / "local").run()
     grid = QueuedGrid(num_nodes=2)
-    flower = Experiment(flower_config(validate(raw)), tmp_path / "flower").run(
-        engine_factory=lambda worker: GridEngine(grid, worker, concurrent_units=3)
-    )
+
+    def engine(worker: Worker) -> GridEngine:
+        made = GridEngine(grid, worker, concurrent_units=3)
+        made.coalesce_seconds = 3600.0  # the outbox leaves only once every unit waits: no timing in the test
+        return made
+
+    flower = Experiment(flower_config(validate(raw)), tmp_path / "flower").run(engine_factory=engine)
     ours, theirs = read_records(local), read_records(flower)
     assert ours.keys() == theirs.keys()
     for key, value in ours.items():
