@@ -160,6 +160,32 @@ def test_bfloat16_classification_head_is_trained_in_float32(texts):
     assert set(rt.predict(texts["classification"][:4])) <= {0, 1}
 
 
+def test_bfloat16_per_sample_gradients_and_statistics_follow_float32(texts):
+    """Code that calls the model outside train and predict (per-sample gradients of a float32 adapter, feature
+    statistics of the base) computes under autocast on a bfloat16 base and gives float32's numbers to bfloat16
+    precision."""
+    from fedpeft.adapters.gradients import per_sample_gradients
+    from fedpeft.adapters.statistics import feature_statistics
+
+    examples = texts["generation"][:6]
+    results = []
+    for dtype in ("float32", "bfloat16"):
+        rt = runtime(texts, dtype=dtype)
+        rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
+        with torch.no_grad():  # a non-zero B, so that every adapter tensor has a gradient
+            for name, param in rt.adapter_parameters().items():
+                if "lora_B" in name:
+                    param.copy_(torch.linspace(-0.1, 0.1, param.numel()).reshape(param.shape))
+        grads, _ = per_sample_gradients(rt, examples)
+        rt.install(ClientModel())
+        results.append((grads, feature_statistics(rt, examples)))
+    (grads32, stats32), (grads16, stats16) = results
+    assert grads16.dtype == torch.float32 and grads16.shape == grads32.shape
+    cosine = torch.nn.functional.cosine_similarity(grads16, grads32, dim=1)
+    assert bool((cosine > 0.99).all()), cosine
+    torch.testing.assert_close(stats16, stats32, rtol=0.03, atol=0.03)
+
+
 def test_float16_on_the_cpu_is_refused(texts):
     with pytest.raises(UserError, match="float16 needs a GPU"):
         runtime(texts, dtype="float16")
@@ -266,3 +292,28 @@ def test_paper_scale_llm_presets_use_bfloat16(preset):
     cfg = load_config(preset)
     models = list(cfg.models.values()) or [cfg.model]
     assert all(m.dtype == "bfloat16" for m in models)
+
+
+def test_fedmosaic_aligns_and_trains_two_bfloat16_architectures(tmp_path):
+    """Two architectures in bfloat16: FedMosaic's feature alignment and frozen gradients call the models outside
+    train and predict (under autocast); the run trains, aggregates and personalizes."""
+    from fedpeft.core.config import validate
+    from fedpeft.core.costs import CostMeter
+    from fedpeft.engine.local import LocalEngine
+    from fedpeft.worker import Worker
+    from tests.test_federation import HETERO, generation_data
+
+    entry = {"name": "fedmosaic", "rounds": 1, "local_steps": 3, "rank": 2, "grad_every": 2, "align_lr": 0.01}
+    models = {k: {**v, "dtype": "bfloat16"} for k, v in HETERO["models"].items()}
+    worker = Worker(validate({**HETERO, "models": models, "methods": [entry]}), tmp_path, data=generation_data())
+    runtimes = [worker.federation.runtime(name) for name in models]
+    assert all(p.dtype == torch.bfloat16 for rt in runtimes for p in rt.base_params.values())
+    method = worker.methods["fedmosaic"]
+    state = method.init_server(worker.runtime, seed=0)
+    assert state.alignment and all(torch.isfinite(torch.tensor(v)) for v in state.alignment.values())
+    state = LocalEngine(worker).run_rounds(
+        "fedmosaic", method, state, ["c0", "c1", "c2", "c3"], seed=0, meter=CostMeter()
+    )
+    assert state.round == 1
+    records, _ = worker.personalize("fedmosaic", 0, "c1", state)
+    assert {r["metric"] for r in records} == {"meteor", "rouge1", "rougeL"}

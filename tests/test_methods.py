@@ -325,3 +325,41 @@ def test_every_method_has_its_docs_page_and_row(name):
     assert page.is_file(), f"docs/methods/{name}.md is missing"
     assert f"`{name}`" in page.read_text().split("\n", 1)[0], f"the title of docs/methods/{name}.md names the method"
     assert f"| `{name}`" in (docs / "README.md").read_text(), f"docs/methods/README.md has no row for {name}"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_method_runs_on_a_bfloat16_base_under_autocast(name, request, tmp_path):
+    """A bfloat16 base with float32 adapters: every forward pass of a method (training, prediction, statistics,
+    feature capture, per-sample gradients, hypergradients, distillation targets, timing) runs under autocast;
+    outside it a float32 adapter meets bfloat16 activations and the matmul refuses the mix."""
+    from fedpeft.core.config import ExperimentConfig
+    from fedpeft.data.types import FederatedData
+    from fedpeft.models.runtime import ModelRuntime
+    from fedpeft.worker import Worker
+
+    toy_runtime, clients, _ = toy_setup(name, request)
+    toy_runtime.loaded.model.to(torch.bfloat16)  # as load_model does for model.dtype: bfloat16
+    runtime = ModelRuntime(toy_runtime.loaded, eval_batch_size=32, max_new_tokens=3, dtype="bfloat16")
+    generation = name in MOE_ONLY
+    data = FederatedData(
+        "toy", "generation" if generation else "classification", None if generation else ["no", "yes"], ["g"], clients
+    )
+    fields = {k: v for k, v in {**FAST, **SHORT}.items() if k in METHODS.get(name).Config.model_fields}
+    worker = Worker(
+        ExperimentConfig(methods=[{"name": name, **fields}], budgets=[2]), tmp_path, data=data, runtime=runtime
+    )
+    method = worker.methods[name]
+    state = method.init_server(runtime, seed=0)
+    if method.federated:
+        ids = [c.client_id for c in clients]
+        state = LocalEngine(worker).run_rounds(name, method, state, ids, seed=0, meter=CostMeter())
+        assert state.round == 2
+    model = method.personalize(runtime, clients[1], state, None, 2 if method.uses_budget else None, seed=4)
+    runtime.install(model, seed=4)
+    if runtime.active is not None:
+        assert all(p.dtype == torch.float32 for p in runtime.adapter_parameters().values())
+    assert all(p.dtype == torch.bfloat16 for p in runtime.base_params.values())
+    metrics = runtime.evaluate(clients[1].test)
+    assert metrics and all(0.0 <= value <= 1.0 for value in metrics.values())
+    for row in method.compute_costs(runtime, seed=0):
+        assert torch.isfinite(torch.tensor(row["value"])), row

@@ -73,7 +73,7 @@ def site_inputs(
     was_training = model.training
     model.eval()
     try:
-        with runtime._adapter_context():
+        with runtime.forward_context():
             for start in range(0, len(examples), batch_size):
                 batch = {
                     k: v.to(runtime.device) for k, v in runtime.encode(examples[start : start + batch_size]).items()

@@ -93,7 +93,8 @@ def per_sample_gradients(
     model.eval()
     attention = _eager_attention(runtime.base_model)
     try:
-        with torch.no_grad():  # grad differentiates inside; nothing outside the transform needs a graph
+        # grad differentiates inside; nothing outside the transform needs a graph
+        with torch.no_grad(), runtime.autocast():
             for indices in _shape_groups(encoded).values():
                 stacked = {k: torch.stack([encoded[i][k] for i in indices]) for k in encoded[indices[0]]}
                 grads = vmap(per_example, in_dims=(None, 0))(detached, stacked)

@@ -91,7 +91,7 @@ def representations(runtime: ModelRuntime, examples: list[Example]) -> torch.Ten
                 return_tensors="pt",
             )
         batch = {k: v.to(runtime.device) for k, v in batch.items()}
-        with runtime._adapter_context():
+        with runtime.forward_context():
             hidden = model(**batch, output_hidden_states=True).hidden_states[-1]
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         rows.append((hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0))

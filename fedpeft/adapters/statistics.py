@@ -58,7 +58,7 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
     was_training = model.training
     model.eval()
     try:
-        with runtime._adapter_context():
+        with runtime.forward_context():
             for start in range(0, len(examples), batch_size):
                 encoded = runtime.encode(examples[start : start + batch_size])
                 batch = {k: v.to(runtime.device) for k, v in encoded.items()}

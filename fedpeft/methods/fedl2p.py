@@ -172,7 +172,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
         model = runtime.peft
         assert model is not None
         model.eval()
-        with differentiable_attention():
+        with differentiable_attention(), runtime.autocast():
             outer = torch.func.functional_call(model, leaves, (), self._batch(runtime, val, rng))
             val_grads = torch.autograd.grad(outer.loss, list(leaves.values()))
             inner = torch.func.functional_call(model, weights, (), self._batch(runtime, train, rng))

@@ -246,6 +246,14 @@ class ModelRuntime:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """The context in which code outside :meth:`train` and :meth:`predict` calls the model: the base model
+        alone when no adapter is active, and :meth:`autocast` (statistics, feature capture, per-sample
+        gradients, hypergradients and distillation targets compute as training and prediction do)."""
+        with self._adapter_context(), self.autocast():
+            yield
+
     def _model(self) -> torch.nn.Module:
         if self.active is None:
             return self.base_model if self.peft is None else self.peft

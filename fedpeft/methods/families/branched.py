@@ -113,7 +113,7 @@ def frozen_gradient(runtime: Any, module: str, examples: list[Example]) -> torch
     batch = {k: v.to(runtime.device) for k, v in runtime.encode(examples).items()}
     model.eval()
     try:
-        with runtime._adapter_context(), torch.enable_grad():
+        with runtime.forward_context(), torch.enable_grad():
             weight.requires_grad_(True)
             (grad,) = torch.autograd.grad(model(**batch).loss, weight)
     finally:

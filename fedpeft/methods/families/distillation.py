@@ -48,7 +48,7 @@ def example_losses(runtime: Any, examples: list[Example], batch_size: int = 16) 
     model.eval()
     losses = []
     try:
-        with runtime._adapter_context():
+        with runtime.forward_context():
             for start in range(0, len(examples), batch_size):
                 batch = {
                     k: v.to(runtime.device) for k, v in runtime.encode(examples[start : start + batch_size]).items()

@@ -42,7 +42,8 @@ def tier_costs(method: Any, runtime: ModelRuntime, seed: int) -> list[dict]:
         lora = lora_active_parameters(lora_state, experts, k)
         model = runtime.install(ClientModel(routing=method.routing(runtime, top_k)))
         # Timed without the adapter: a deployed LoRA is merged into the weights and costs nothing extra.
-        with runtime.peft.disable_adapter() if runtime.peft is not None else contextlib.nullcontext():
+        adapterless = runtime.peft.disable_adapter() if runtime.peft is not None else contextlib.nullcontext()
+        with adapterless, runtime.autocast():
             milliseconds = forward_ms(model, ids, cfg.compute_repeats)
         values = {
             **({"top_k": float(k)} if runtime.moe is not None else {}),
