@@ -186,6 +186,63 @@ def test_bfloat16_per_sample_gradients_and_statistics_follow_float32(texts):
     torch.testing.assert_close(stats16, stats32, rtol=0.03, atol=0.03)
 
 
+class Regression(torch.nn.Module):
+    """A linear regression with the model interface train_loop expects (batch dict in, ``.loss`` out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor):  # noqa: ANN201
+        from types import SimpleNamespace
+
+        return SimpleNamespace(loss=((self.linear(x).squeeze(-1).float() - labels) ** 2).mean())
+
+
+def scaled_run(batches: list[dict], scaler) -> tuple[list[dict], list[dict]]:
+    """Gradients seen by after_backward and weights after each step of float16 autocast training."""
+    from fedpeft.training import train_loop
+
+    model = Regression()
+    params = dict(model.named_parameters())
+    grads, weights = [], []
+    train_loop(
+        model,
+        iter(batches),
+        params,
+        steps=len(batches),
+        lr=0.1,
+        max_grad_norm=None,
+        after_backward=lambda step: grads.append({k: p.grad.clone() for k, p in params.items()}),
+        after_step=lambda step: weights.append({k: p.detach().clone() for k, p in params.items()}),
+        autocast=lambda: torch.autocast("cpu", dtype=torch.float16),
+        scaler=scaler,
+    )
+    return grads, weights
+
+
+def test_float16_loss_scaling_unscales_before_hooks_and_skips_an_overflowing_step():
+    """The float16 path of train_loop (a GPU's, run here with the CPU's float16 autocast and GradScaler): hooks see
+    the unscaled gradients, and a step whose gradients overflow leaves the weights as they were and halves the
+    scale."""
+    generator = torch.Generator().manual_seed(0)
+    batches = [{"x": torch.randn(8, 4, generator=generator), "labels": torch.randn(8, generator=generator)}]
+    batches.append({"x": torch.full((8, 4), 1e5), "labels": torch.zeros(8)})  # overflows float16 in the forward pass
+    batches.append(batches[0])
+    plain_grads, plain_weights = scaled_run(batches[:1], scaler=None)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    grads, weights = scaled_run(batches, scaler)
+    for key in plain_grads[0]:
+        torch.testing.assert_close(grads[0][key], plain_grads[0][key], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(weights[0][key], plain_weights[0][key])
+        assert not torch.isfinite(grads[1][key]).all()
+        torch.testing.assert_close(weights[1][key], weights[0][key], rtol=0, atol=0)  # the step was skipped
+        assert not torch.equal(weights[2][key], weights[1][key])  # the next one was not
+    assert scaler.get_scale() == 2.0**11
+
+
 def test_float16_on_the_cpu_is_refused(texts):
     with pytest.raises(UserError, match="float16 needs a GPU"):
         runtime(texts, dtype="float16")
