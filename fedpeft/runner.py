@@ -604,7 +604,7 @@ def environment(device: str) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     versions: dict[str, str | None] = {}
-    for package in ("fedpeft", "torch", "transformers", "peft", "flwr", "datasets"):
+    for package in ("fedpeft", "torch", "transformers", "peft", "flwr", "datasets", "bitsandbytes"):
         try:
             versions[package] = version(package)
         except PackageNotFoundError:

@@ -258,14 +258,52 @@ def test_quantization_without_bitsandbytes_is_refused(monkeypatch):
         check_quantization(ModelConfig(name="org/model", quantization="4bit"), "cuda")
 
 
-def test_quantization_without_cuda_is_refused(monkeypatch):
+def test_quantization_where_bitsandbytes_cannot_run_is_refused(monkeypatch):
     monkeypatch.setattr(precision_module.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(precision_module, "runs_on_cpu", lambda quantization: False)  # an older build
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UserError, match=r"^model.quantization 8bit needs a CUDA device \(this run's device is cpu\)"):
+    with pytest.raises(UserError, match=r"^model.quantization 8bit needs a CUDA device, or the CPU with a bitsandb"):
         check_quantization(ModelConfig(name="org/model", quantization="8bit"), "cpu")
-    with pytest.raises(UserError, match="needs a CUDA device"):
+    with pytest.raises(UserError, match="this run's device is cuda"):
         check_quantization(ModelConfig(name="org/model", quantization="8bit"), "cuda")
+    with pytest.raises(UserError, match="this run's device is mps"):
+        check_quantization(ModelConfig(name="org/model", quantization="4bit"), "mps")
     check_quantization(ModelConfig(name="org/model"), "cpu")  # not asked for: nothing to check
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_quantized_checkpoint_trains_a_lora_on_the_cpu(quantization, texts, tmp_path):
+    """QLoRA for real on the CPU (bitsandbytes >= 0.46): a local checkpoint loads with its linear layers
+    quantized, LoRA trains in float32 on top while the quantized weights stay as they were, and the quantized
+    model's loss stays near the float32 checkpoint's."""
+    import bitsandbytes as bnb
+
+    assert precision_module.runs_on_cpu(quantization)
+    source = runtime(texts)
+    source.loaded.model.save_pretrained(tmp_path / "ckpt")
+    source.tokenizer.save_pretrained(tmp_path / "ckpt")
+    cfg = ModelConfig(name=str(tmp_path / "ckpt"), quantization=quantization, dtype="bfloat16")
+    check_quantization(cfg, "cpu")
+    loaded = load_model(cfg, task="generation", device="cpu")
+    layer = bnb.nn.Linear4bit if quantization == "4bit" else bnb.nn.Linear8bitLt
+    assert loaded.model.is_quantized and isinstance(loaded.model.model.layers[0].self_attn.q_proj, layer)
+    rt = ModelRuntime(loaded, dtype="bfloat16")
+    rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
+    assert all(p.dtype == torch.float32 for p in rt.adapter_parameters().values())
+    examples = texts["generation"][:16]
+    base = rt.base_state()
+    adapter = rt.adapter_state()
+    metrics = rt.train(examples, lr=5e-2, batch_size=8, seed=0, steps=3)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    after = rt.adapter_state()
+    assert any("lora_B" in k and not torch.equal(after[k], adapter[k]) for k in after)
+    assert all(torch.equal(v, rt.base_state()[k]) for k, v in base.items())
+    source.install(ClientModel(lora=lora_spec(source, 4)), seed=0)
+    reference = source.train(examples, lr=0.0, batch_size=8, seed=0, steps=1)["loss"]  # float32, nothing moves
+    first = ModelRuntime(load_model(cfg, task="generation", device="cpu"), dtype="bfloat16")
+    first.install(ClientModel(lora=lora_spec(first, 4)), seed=0)
+    assert first.train(examples, lr=0.0, batch_size=8, seed=0, steps=1)["loss"] == pytest.approx(reference, rel=0.05)
+    assert len(rt.predict(examples[:2])) == 2
 
 
 def test_quantizing_a_registered_model_is_refused(monkeypatch, texts):

@@ -2,14 +2,17 @@
 
 ``model.dtype`` loads the base weights in float32, bfloat16 or float16; ``model.quantization`` (``4bit``: NF4
 with double quantization and the model's dtype as compute dtype, the QLoRA recipe; ``8bit``: LLM.int8) loads a
-checkpoint's linear layers through bitsandbytes, which needs the package and a CUDA device;
+checkpoint's linear layers through bitsandbytes, which needs the package and a CUDA device (or a bitsandbytes
+build that runs on the CPU: 0.46 and later);
 ``model.gradient_checkpointing`` recomputes each layer's activations in the backward pass (non-reentrant
 checkpointing). See docs/models.md, "Training at LLM scale".
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import warnings
 from typing import Any
 
 import torch
@@ -17,7 +20,7 @@ import torch
 from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
 
-__all__ = ["DTYPES", "check_quantization", "prepare_model", "quantization_config", "torch_dtype"]
+__all__ = ["DTYPES", "check_quantization", "prepare_model", "quantization_config", "runs_on_cpu", "torch_dtype"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """``model.dtype`` names and their torch dtypes."""
@@ -29,7 +32,8 @@ def torch_dtype(cfg: ModelConfig) -> torch.dtype:
 
 
 def check_quantization(cfg: ModelConfig, device: str) -> None:
-    """Refuse ``model.quantization`` where bitsandbytes cannot run it: package missing or no CUDA device.
+    """Refuse ``model.quantization`` where bitsandbytes cannot run it: package missing, or a device it does not
+    serve (CUDA always; the CPU where the installed build runs the quantized layers there).
 
     Args:
         cfg: the model config (nothing is checked when ``quantization`` is not set).
@@ -43,13 +47,38 @@ def check_quantization(cfg: ModelConfig, device: str) -> None:
     if importlib.util.find_spec("bitsandbytes") is None:
         raise UserError(
             f"model.quantization {cfg.quantization} needs the bitsandbytes package, which is not installed; "
-            "run `pip install bitsandbytes` on a CUDA machine, or drop model.quantization."
+            "run `pip install 'fedpeft[quantization]'`, or drop model.quantization."
         )
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        raise UserError(
-            f"model.quantization {cfg.quantization} needs a CUDA device (this run's device is {device}); set "
-            "device: cuda on a machine with an NVIDIA GPU, or drop model.quantization."
-        )
+    kind = torch.device(device).type
+    if kind == "cuda" and torch.cuda.is_available():
+        return
+    if kind == "cpu" and runs_on_cpu(cfg.quantization):
+        return
+    raise UserError(
+        f"model.quantization {cfg.quantization} needs a CUDA device, or the CPU with a bitsandbytes build that runs "
+        f"there (0.46 or later; this run's device is {device}); set device: cuda on a machine with an NVIDIA GPU, "
+        "or drop model.quantization."
+    )
+
+
+@functools.cache
+def runs_on_cpu(quantization: str) -> bool:
+    """Whether the installed bitsandbytes quantizes and runs a linear layer of ``quantization`` on the CPU (tried
+    once per process on a 64 x 64 layer; older builds raise)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import bitsandbytes as bnb
+
+            layer: torch.nn.Module
+            if quantization == "4bit":
+                layer = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+            else:
+                layer = bnb.nn.Linear8bitLt(64, 64, bias=False, has_fp16_weights=False)
+            output = layer.to("cpu")(torch.ones(2, 64))
+    except Exception:  # any failure means: not on this CPU
+        return False
+    return output.shape == (2, 64) and bool(torch.isfinite(output).all())
 
 
 def quantization_config(cfg: ModelConfig) -> Any:
