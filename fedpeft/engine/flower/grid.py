@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from flwr.app import Message
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
-T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -244,37 +243,43 @@ class GridEngine(Engine):
         nodes = self._owners.values() if self._owners is not None else self._nodes()
         return sorted({n for n in nodes if n is not None})
 
-    def _in_turn(self, step: str, do: Callable[[], T]) -> T:
+    def _in_turn(self, step: str, done: Callable[[], bool], do: Callable[[], object]) -> None:
         """Run a step shared by every unit (node discovery, a refresh, a base sync) that several units' threads
-        may reach at once: after the thread doing it, if any, has finished; the step then finds what is left."""
+        may reach at once, unless ``done()``: after the thread doing it, if any, has finished (which may have
+        done it meanwhile)."""
         while step in self._busy:
             self.wait(self.poll_interval)
+        if done():
+            return
         self._busy.add(step)
         try:
-            return do()
+            do()
         finally:
             self._busy.discard(step)
 
     def _nodes(self) -> list[int | None]:
         """Node id of each partition, learnt from the nodes (waits for nodes in deployment)."""
-        if self._partition_nodes is not None:
-            return self._partition_nodes
-        return self._in_turn("nodes", self._discover_nodes)
+        self._in_turn("nodes", lambda: self._partition_nodes is not None, self._discover_nodes)
+        assert self._partition_nodes is not None
+        return self._partition_nodes
 
-    def _discover_nodes(self) -> list[int | None]:
-        if self._partition_nodes is not None:  # another unit's thread found them meanwhile
-            return self._partition_nodes
-        deadline = time.monotonic() + self.node_timeout
-        while True:
-            self._query_partitions(sorted(int(n) for n in self.grid.get_node_ids() if int(n) not in self._answers))
+    def _discover_nodes(self) -> None:
+        def assigned() -> bool:
             nodes = _assign_partitions(self._answers)
             if nodes is not None:
                 log.info("clients map to nodes by partition: %s", nodes)
                 self._partition_nodes = list(nodes)
-                return self._partition_nodes
-            if time.monotonic() > deadline:
-                raise UserError(_missing_partitions_message(self._answers, self.node_timeout))
-            self.wait(1.0)
+            return nodes is not None
+
+        poll_nodes(
+            self.grid,
+            ask=self._query_partitions,
+            asked=lambda node: node in self._answers,
+            ready=assigned,
+            timeout=self.node_timeout,
+            failure=lambda: _missing_partitions_message(self._answers, self.node_timeout),
+            sleep=self.wait,
+        )
 
     def _query_partitions(self, nodes: list[int], timeout: float | None = None) -> None:
         """Ask ``nodes`` which partition each serves (into ``_answers``; -1: a node that did not say)."""
@@ -297,14 +302,13 @@ class GridEngine(Engine):
         """After a node was lost, at the start of a step: ask the lost nodes still connected and the nodes that
         joined since which partition they serve, and map every partition to a node that answers (a restarted
         SuperNode comes back with a new node id; it takes over its partition's clients from this step on)."""
-        if self._lost:
-            self._in_turn("refresh", self._refresh_now)
+        self._in_turn("refresh", lambda: not self._lost, self._refresh_now)
 
     def _refresh_now(self) -> None:
-        if self._lost and self._owners is not None:
+        if self._owners is not None:
             self._refresh_sites()
             return
-        if not self._lost or self._partition_nodes is None:
+        if self._partition_nodes is None:
             return
         listed = {int(n) for n in self.grid.get_node_ids()}
         ask = sorted(n for n in listed if n not in self._answers or n in self._lost)
@@ -357,13 +361,10 @@ class GridEngine(Engine):
 
     def _sync_base(self, seed: int) -> None:
         """Make sure every node holds the base model of ``seed`` (sent only to nodes that lack it)."""
-        if self.cfg.base.kind == "pretrained" or seed in self._base_synced:
-            return
-        self._in_turn("base", lambda: self._sync_base_now(seed))
+        if self.cfg.base.kind != "pretrained":
+            self._in_turn("base", lambda: seed in self._base_synced, lambda: self._sync_base_now(seed))
 
     def _sync_base_now(self, seed: int) -> None:
-        if seed in self._base_synced:  # another unit's thread sent it meanwhile
-            return
         path = self.worker.base_checkpoint(seed)
         if not path.exists():
             return
@@ -411,22 +412,25 @@ class GridEngine(Engine):
         if self.turns is not None:  # methods run at once: their steps for a node travel together
             replies: Iterable[tuple[int, NodeResult | Message | str]] = self._bundled(tasks, group, timeout)
         else:
+            sent = time.monotonic()
             messages = ((node, node, OPERATIONS[op], task) for node, task in tasks.items())
-            replies = self._exchange(messages, group=group, timeout=timeout)
-        sent = time.monotonic()
+            replies = (
+                (node, reply if isinstance(reply, str) else self._read(node, reply, 1, time.monotonic() - sent)[0])
+                for node, reply in self._exchange(messages, group=group, timeout=timeout)
+            )
         for node, reply in replies:
             ids = [client_id for client_id, _ in tasks[node].clients]
-            for client_id, outcome, seconds in self._outcomes(node, ids, reply, time.monotonic() - sent):
+            for client_id, outcome, seconds in self._outcomes(node, ids, reply):
                 if self.on_client is not None:
                     self.on_client()
                 yield client_id, outcome, seconds
 
     def _outcomes(
-        self, node: int, client_ids: list[str], reply: NodeResult | Message | str, round_trip: float
+        self, node: int, client_ids: list[str], reply: NodeResult | Message | str
     ) -> Iterator[tuple[str, Any, float]]:
-        """Each client's result or error in a node's reply (all clients fail alike when the message did); a reply
-        that came in a bundle is a :class:`NodeResult`, counted already."""
-        if isinstance(reply, str) or (isinstance(reply, Message) and reply.has_error()):
+        """Each client's result or error in a node's reply, read by :meth:`_read` (all clients fail alike when
+        the message did: an error message, or the reason why no reply came)."""
+        if not isinstance(reply, NodeResult):
             if isinstance(reply, str) or reply.error.code == ErrorCode.NODE_UNAVAILABLE:
                 self._lose(node, reply if isinstance(reply, str) else str(reply.error.reason))
             if isinstance(reply, str):
@@ -438,12 +442,7 @@ class GridEngine(Engine):
             for client_id in client_ids:
                 yield client_id, error, 0.0
             return
-        if isinstance(reply, Message):
-            result = NodeResult.from_content(reply.content)
-            self._count(node, result.stats, reply, round_trip)
-        else:
-            result = reply
-        for entry in result.results:
+        for entry in reply.results:
             if "error" not in entry:
                 yield entry["client"], entry["value"], float(entry["seconds"])
             elif entry.get("dropped"):
@@ -514,24 +513,28 @@ class GridEngine(Engine):
             if entry is None:
                 continue
             node, requests, sent, _ = entry
-            if reply.has_error():
-                for request in requests:
-                    request.reply = reply
-            elif len(requests) == 1:
-                result = NodeResult.from_content(reply.content)
-                self._count(node, result.stats, reply, time.monotonic() - sent)
-                requests[0].reply = result
-            else:
-                results, stats = unbundle_results(reply.content)
-                self._count(node, stats, reply, time.monotonic() - sent)
-                for request, result in zip(requests, results, strict=True):
-                    request.reply = result
+            results = self._read(node, reply, len(requests), time.monotonic() - sent)
+            for request, result in zip(requests, results, strict=True):
+                request.reply = result
         now = time.monotonic()
         for message_id, (_, requests, sent, limit) in list(self._in_flight.items()):
             if limit is not None and now - sent > limit:
                 del self._in_flight[message_id]
                 for request in requests:
                     request.reply = f"no reply within {limit:g} s"
+
+    def _read(self, node: int, reply: Message, tasks: int, round_trip: float) -> list[NodeResult | Message]:
+        """The result of each of the ``tasks`` tasks a node's reply answers (one task's message, or a bundle's),
+        counted once (:meth:`_count`); the reply itself for each task when it carries an error."""
+        if reply.has_error():
+            return [reply] * tasks
+        if tasks == 1:
+            result = NodeResult.from_content(reply.content)
+            results, stats = [result], result.stats
+        else:
+            results, stats = unbundle_results(reply.content)
+        self._count(node, stats, reply, round_trip)
+        return list(results)
 
     def _count(self, node: int, stats: dict[str, Any], reply: Message, round_trip: float) -> None:
         """Add a node's reply to its counters (see :meth:`cost_rows`)."""
@@ -591,35 +594,72 @@ def register_sites(
     request = encode({"config": dump_given(cfg)})
     reports: dict[int, dict[str, Any]] = {}
     refusals: dict[int, str] = {}
-    deadline = time.monotonic() + node_timeout
-    while True:
-        new = sorted(int(n) for n in grid.get_node_ids() if int(n) not in reports and int(n) not in refusals)
-        queries = [(node, node, SITE_QUERY, request) for node in new]
+
+    def ask(nodes: list[int]) -> None:
+        queries = [(node, node, SITE_QUERY, request) for node in nodes]
         for node, reply in exchange(grid, queries, group="site", timeout=node_timeout):
             if isinstance(reply, str) or reply.has_error():
                 refusals[node] = reply if isinstance(reply, str) else str(reply.error.reason)
                 log.warning("node %s reports no site data (%s); it gets no clients", node, refusals[node])
             else:
                 reports[node] = decode(reply.content)
+
+    def every_site() -> bool:
         if len(reports) > expected:
             raise UserError(
                 f"{len(reports)} SuperNodes hold data (a data-path in their node config), but data.sites is "
                 f"{expected}; stop the nodes that should not take part, or raise data.sites."
             )
-        if len(reports) == expected:
-            break
-        if time.monotonic() > deadline:
-            reasons = "".join(f"; node {n}: {reason}" for n, reason in sorted(refusals.items()))
-            raise UserError(
-                f"{len(reports)} of the {expected} sites (data.sites) reported their clients within "
-                f"{node_timeout:.0f} s{reasons}; start each site's SuperNode with --node-config \"data-path='DIR'\"."
-            )
-        time.sleep(poll_interval)
+        return len(reports) == expected
+
+    def failure() -> str:
+        reasons = "".join(f"; node {n}: {reason}" for n, reason in sorted(refusals.items()))
+        return (
+            f"{len(reports)} of the {expected} sites (data.sites) reported their clients within "
+            f"{node_timeout:.0f} s{reasons}; start each site's SuperNode with --node-config \"data-path='DIR'\"."
+        )
+
+    poll_nodes(
+        grid,
+        ask=ask,
+        asked=lambda node: node in reports or node in refusals,
+        ready=every_site,
+        timeout=node_timeout,
+        failure=failure,
+        interval=poll_interval,
+    )
     data = join_sites(cfg.data, reports)
     owners = {entry["id"]: node for node, report in reports.items() for entry in report["clients"]}
     run_cfg = cfg.model_copy(update={"data": node_data_config(cfg.data, data)})
     log.info("clients map to nodes by site: %s", _by_node(owners))
     return data, owners, run_cfg
+
+
+def poll_nodes(
+    grid: Grid,
+    *,
+    ask: Callable[[list[int]], None],
+    asked: Callable[[int], bool],
+    ready: Callable[[], bool],
+    timeout: float,
+    failure: Callable[[], str],
+    sleep: Callable[[float], None] = time.sleep,
+    interval: float = 1.0,
+) -> None:
+    """Ask every SuperNode that connects and was not ``asked`` yet (``ask(node ids)``), every ``interval``
+    seconds until ``ready()``.
+
+    Raises:
+        UserError: ``failure()``, the sentence for a run that was not ready after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        ask(sorted(int(n) for n in grid.get_node_ids() if not asked(int(n))))
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise UserError(failure())
+        sleep(interval)
 
 
 def _by_node(owners: dict[str, int | None] | dict[str, int]) -> dict[int | None, list[str]]:
