@@ -83,7 +83,6 @@ def run(
     from fedpeft.core.figures import parse_formats
     from fedpeft.core.io import path_component
     from fedpeft.core.progress import Progress
-    from fedpeft.runner import Experiment
 
     overrides = list(set_ or [])
     if plot_format is not None:
@@ -92,7 +91,9 @@ def run(
         if engine not in ("local", "flower"):
             raise UserError(f"Unknown engine {engine!r}; choose local or flower.")
         overrides.append(f"engine.name={engine}")
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides)  # a config the run cannot take ends here, before torch is imported
+    from fedpeft.runner import Experiment
+
     target = out or Path("runs") / path_component(cfg.name)  # the name is one directory below runs/
     terminal = sys.stderr.isatty()
     with Progress(enabled=terminal, plain=not terminal) as progress:

@@ -16,9 +16,6 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from nltk.translate.meteor_score import meteor_score as _nltk_meteor_score
-from rouge_score import rouge_scorer
-
 CLASSIFICATION_METRICS = ["accuracy"]
 GENERATION_METRICS = ["meteor", "rouge1", "rougeL"]
 
@@ -117,6 +114,8 @@ def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, fl
         ``{"rouge1": ..., "rougeL": ...}``, each the mean F-measure over the samples, in [0, 1].
     """
     _check_lengths(predictions, references)
+    from rouge_score import rouge_scorer  # imports nltk, which takes seconds: only when scoring
+
     scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"], tokenizer=_TOKENIZER)
     totals = {"rouge1": 0.0, "rougeL": 0.0}
     for prediction, reference in zip(predictions, references, strict=True):
@@ -138,12 +137,12 @@ def meteor(predictions: Sequence[str], references: Sequence[str]) -> float:
     Returns:
         METEOR in [0, 1]; 0 for an empty prediction or reference.
     """
+    from nltk.translate.meteor_score import meteor_score  # seconds to import: only when scoring
+
     _check_lengths(predictions, references)
     total = 0.0
     for prediction, reference in zip(predictions, references, strict=True):
-        total += _nltk_meteor_score(
-            [_TOKENIZER.tokenize(reference)], _TOKENIZER.tokenize(prediction), wordnet=_NO_SYNONYMS
-        )
+        total += meteor_score([_TOKENIZER.tokenize(reference)], _TOKENIZER.tokenize(prediction), wordnet=_NO_SYNONYMS)
     return total / len(predictions)
 
 
