@@ -187,7 +187,35 @@ def test_kill_and_resume_gives_the_uninterrupted_results(tmp_path):
         (["list", "things"], "Cannot list"),
     ],
 )
-def test_bad_input_is_one_sentence_and_exit_2(args, message, tmp_path):
+def test_bad_input_is_one_sentence_and_exit_2(args, message, tmp_path, capsys, monkeypatch):
+    """The console entry point (``fedpeft.cli.main``) in this process: a process of its own per case would import
+    torch and transformers again each time; the cases that follow run it as a command."""
+    from fedpeft.cli import main
+
+    monkeypatch.setattr(
+        sys, "argv", ["fedpeft", *args, *(["--out", str(tmp_path / "run")] if args[0] == "run" else [])]
+    )
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2, stderr
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "smoke", "--set", "methods=[{name: nope}]"], "Unknown method 'nope'"),
+        (["list", "things"], "Cannot list"),
+    ],
+)
+def test_bad_input_ends_the_command_with_one_sentence_and_exit_2(args, message, tmp_path):
     result = cli(*args, "--out", str(tmp_path / "run")) if args[0] == "run" else cli(*args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
