@@ -52,13 +52,20 @@ def _setup_logging(verbose: bool) -> None:
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         for name in ("transformers", "datasets", "flwr", "peft", "ray"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        import transformers
 
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-        import datasets
 
-        datasets.disable_progress_bars()
+def _quiet_libraries(verbose: bool) -> None:
+    """Switch off transformers' and datasets' progress bars and advice (unless ``verbose``); imports both, so a
+    command calls it once its input is known to be good."""
+    if verbose:
+        return
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()
 
 
 @app.command()
@@ -91,7 +98,8 @@ def run(
         if engine not in ("local", "flower"):
             raise UserError(f"Unknown engine {engine!r}; choose local or flower.")
         overrides.append(f"engine.name={engine}")
-    cfg = load_config(config, overrides)  # a config the run cannot take ends here, before torch is imported
+    cfg = load_config(config, overrides)  # a misspelt name ends here, before torch is imported
+    _quiet_libraries(verbose)
     from fedpeft.runner import Experiment
 
     target = out or Path("runs") / path_component(cfg.name)  # the name is one directory below runs/
@@ -203,6 +211,7 @@ def personalize(
 ) -> None:
     """Write one client's personalized LoRA (FedP2EFT rank structure for budget r) in PEFT format."""
     _setup_logging(False)
+    _quiet_libraries(False)
     from fedpeft.personalize import personalize_client
 
     result = personalize_client(

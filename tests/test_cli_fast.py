@@ -32,12 +32,14 @@ finally:
 """
 
 
-def run_cli(*args: str) -> tuple[str, list[str]]:
-    """stdout of `fedpeft *args` run in a fresh interpreter, and the modules it had imported when done."""
+def run_cli(*args: str, code: int = 0) -> tuple[str, list[str]]:
+    """stdout of `fedpeft *args` run in a fresh interpreter (ending with exit ``code``; for a code other than 0:
+    its stderr instead), and the modules it had imported when done."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     result = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return result.stdout, json.loads(result.stderr.strip().splitlines()[-1])
+    assert result.returncode == code, result.stderr
+    *said, modules = result.stderr.strip().splitlines()
+    return result.stdout if code == 0 else "\n".join(said), json.loads(modules)
 
 
 def heavy_modules(modules: list[str]) -> list[str]:
@@ -99,6 +101,21 @@ def test_version_prints_the_installed_version_and_imports_nothing_heavy():
     stdout, modules = run_cli("--version")
     assert stdout.strip() == f"fedpeft {version('fedpeft')}"
     assert heavy_modules(modules) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("methods.1.name=fedlt", "Unknown method 'fedlt'"),
+        ("base={kind: federated, method: {name: nope}}", "Unknown method 'nope'"),
+        ("data.name=synthetic-xnlii", "Unknown dataset 'synthetic-xnlii'"),
+    ],
+)
+def test_a_misspelt_name_is_refused_before_anything_heavy_is_imported(override, message, tmp_path):
+    stderr, modules = run_cli("run", "smoke", "--set", override, "--out", str(tmp_path / "run"), code=2)
+    assert stderr.startswith(f"error: {message}; choose one of: ") and len(stderr.splitlines()) == 1
+    assert [m for m in heavy_modules(modules) if m.split(".")[0] in HEAVY] == []
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("preset", preset_names())

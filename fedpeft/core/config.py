@@ -489,12 +489,30 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     from fedpeft.core.registry import import_plugins
 
     import_plugins(plugins)
+    _check_names(raw)
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise UserError(f"Invalid config at {where}: {first['msg']}.") from None
+
+
+def _check_names(raw: dict[str, Any]) -> None:
+    """Refuse an unknown method or dataset name from the catalogues, before validating the entries imports the
+    methods' modules (and torch with them): a misspelt name is reported at once."""
+    from fedpeft.core.registry import DATASETS, METHODS
+
+    base = raw.get("base")
+    entries = [*(raw.get("methods") or [])] if isinstance(raw.get("methods"), list) else []
+    if isinstance(base, dict) and isinstance(base.get("method"), dict):
+        entries.append(base["method"])
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            METHODS.canonical(entry["name"])
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("name"), str):
+        DATASETS.canonical(data["name"])
 
 
 def load_config(source: str, overrides: list[str] | None = None) -> ExperimentConfig:
