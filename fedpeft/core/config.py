@@ -504,7 +504,7 @@ def _check_names(raw: dict[str, Any]) -> None:
     from fedpeft.core.registry import DATASETS, METHODS
 
     base = raw.get("base")
-    entries = [*(raw.get("methods") or [])] if isinstance(raw.get("methods"), list) else []
+    entries = list(raw["methods"]) if isinstance(raw.get("methods"), list) else []
     if isinstance(base, dict) and isinstance(base.get("method"), dict):
         entries.append(base["method"])
     for entry in entries:

@@ -614,7 +614,7 @@ class ModelRuntime:
         model.eval()
         outputs: list[Any] = []
         try:
-            with self._adapter_context(), self.autocast():
+            with self.forward_context():
                 for start in range(0, len(examples), self.eval_batch_size):
                     chunk = examples[start : start + self.eval_batch_size]
                     if self.task == "classification":
