@@ -76,7 +76,8 @@ def run(
     engine: Annotated[Optional[str], typer.Option(help="local or flower (overrides engine.name).")] = None,  # noqa: UP045
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from where it stopped.")] = False,
     force: Annotated[
-        bool, typer.Option("--force", help="Write into a non-empty --out that holds no fedpeft run.")
+        bool,
+        typer.Option("--force", help="Write into a non-empty --out that holds no fedpeft run, beside its files."),
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every stage and round.")] = False,
     plot_format: Annotated[
@@ -146,7 +147,8 @@ def report(
     runs: Annotated[list[Path], typer.Argument(help="Run directories to merge into one summary.")],
     out: Annotated[Path, typer.Option(help="Where to write the merged summary.md and plots.")] = Path("report"),
     force: Annotated[
-        bool, typer.Option("--force", help="Write into a non-empty --out not written by `fedpeft report`.")
+        bool,
+        typer.Option("--force", help="Write beside the files of a non-empty --out not written by `fedpeft report`."),
     ] = False,
     plot_format: Annotated[
         str, typer.Option("--plot-format", help="Plot file formats, comma-separated: png,pdf,svg.")
@@ -163,21 +165,21 @@ def report(
     """Merge the results of several runs into one summary (and plots; with --csv, --latex, the tables as files)."""
     from fedpeft import report as reporting
     from fedpeft.core.figures import parse_formats
-    from fedpeft.core.io import REPORT_MARKER, check_output_dir, holds_only, make_output_dir
+    from fedpeft.core.io import REPORT_MARKER, check_output_dir, make_output_dir
 
     formats = parse_formats(plot_format)  # a bad format fails before anything is written
     for run_dir in runs:
         if not (run_dir / "results.jsonl").is_file():
             raise UserError(f"{run_dir} holds no results.jsonl; pass directories written by `fedpeft run`.")
-    # Besides its own directories, a report may rewrite one written before markers existed (summary.md and
-    # plots/ only) and the summary of a run it reads.
+    # Besides its own directories, a report may rewrite the summary and plots of a run it reads.
     given = {run_dir.resolve() for run_dir in runs}
     check_output_dir(
         out,
         "report",
         REPORT_MARKER,
+        writes=(REPORT_MARKER, "summary.md", "plots"),
         force=force,
-        recognised=lambda path: holds_only(path, ("summary.md", "plots")) or path.resolve() in given,
+        accepted=lambda path: path.resolve() in given,
     )
     if out.resolve() not in given:
         make_output_dir(out, REPORT_MARKER, "report")
@@ -206,7 +208,10 @@ def personalize(
     method: Annotated[Optional[str], typer.Option(help="The fedp2eft method label (if the run has several).")] = None,  # noqa: UP045
     seed: Annotated[Optional[int], typer.Option(help="Which seed's PSG (default: the first).")] = None,  # noqa: UP045
     force: Annotated[
-        bool, typer.Option("--force", help="Write into a non-empty --out not written by `fedpeft personalize`.")
+        bool,
+        typer.Option(
+            "--force", help="Write beside the files of a non-empty --out not written by `fedpeft personalize`."
+        ),
     ] = False,
 ) -> None:
     """Write one client's personalized LoRA (FedP2EFT rank structure for budget r) in PEFT format."""
@@ -222,6 +227,20 @@ def personalize(
     if result.accuracy is not None:
         console.print(f"Test accuracy: {result.accuracy:.4f}")
     console.print(f"Adapter written to [bold]{result.path}[/bold] (load it with PeftModel.from_pretrained).")
+
+
+@app.command()
+def adopt(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by a fedpeft version without markers.")],
+) -> None:
+    """Mark a run of an earlier fedpeft version as a run (its .fedpeft-run marker), so that --resume and report
+    take it; writes nothing else."""
+    from fedpeft.runner import adopt_run
+
+    if adopt_run(run_dir):
+        typer.echo(f"{run_dir} is marked as a fedpeft run; `fedpeft run CONFIG --out {run_dir} --resume` continues it.")
+    else:
+        typer.echo(f"{run_dir} is a fedpeft run already; nothing to do.")
 
 
 @app.command()

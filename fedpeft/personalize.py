@@ -22,10 +22,13 @@ from fedpeft.adapters.bayestune import check_budget
 from fedpeft.adapters.psg import load_generator
 from fedpeft.core.config import load_run_config
 from fedpeft.core.errors import UserError
-from fedpeft.core.io import ADAPTER_MARKER, check_output_dir, holds_only, make_output_dir, staged_files
+from fedpeft.core.io import ADAPTER_MARKER, check_output_dir, make_output_dir, staged_files
 from fedpeft.core.seeds import client_seed
 from fedpeft.data.types import ClientData, Example, FederatedData
 from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFTState
+
+ADAPTER_FILES = (ADAPTER_MARKER, "adapter_config.json", "adapter_model.safetensors", "README.md")
+"""What ``personalize`` writes into its ``--out``: with ``--force`` into another directory, none may be there."""
 
 
 @dataclass
@@ -127,8 +130,8 @@ def personalize_client(
 ) -> PersonalizedAdapter:
     """Personalize one client from a run's trained PSG and write its adapter in PEFT format to ``out``.
 
-    ``out`` must be a new or empty directory or one written by an earlier call (its marker file, or only an
-    adapter's files); ``force`` allows any other directory (its other files stay).
+    ``out`` must be a new or empty directory or one written by an earlier call (its marker file); ``force``
+    writes into any other directory beside its files, and refuses one that holds a file of :data:`ADAPTER_FILES`.
     """
     from fedpeft.worker import Worker, build_data
 
@@ -136,7 +139,7 @@ def personalize_client(
     out = Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} holds no run (no config.yaml); pass a directory written by `fedpeft run`.")
-    check_output_dir(out, "personalize", ADAPTER_MARKER, force=force, recognised=_an_adapter)
+    check_output_dir(out, "personalize", ADAPTER_MARKER, writes=ADAPTER_FILES, force=force)
     if (data_file is None) == (client_id is None):
         raise UserError("Give exactly one of --data (a file of examples) and --client (a client of the run).")
     path, label, seed = find_psg(run_dir, method, seed)
@@ -173,11 +176,6 @@ def personalize_client(
     # The adapter usually lives outside the run, so it names the run's base model by its absolute path.
     write_adapter(runtime, out, str(base.resolve()) if base.is_dir() else cfg.model.name)
     return PersonalizedAdapter(out, client.client_id, budget, dict(model.lora.rank_pattern), accuracy)
-
-
-def _an_adapter(path: Path) -> bool:
-    """Whether ``path`` holds only a PEFT adapter's files (as written before marker files existed)."""
-    return holds_only(path, ("adapter_config.json", "adapter_model.safetensors", "README.md"))
 
 
 def write_adapter(runtime: Any, target: Path, base_model: str) -> Path:

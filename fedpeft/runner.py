@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,16 +30,17 @@ from safetensors.torch import save_file
 
 from fedpeft.base_models import train_centralized_base
 from fedpeft.core.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
-from fedpeft.core.costs import CostMeter
+from fedpeft.core.costs import FAILED_CLIENT, CostMeter
 from fedpeft.core.errors import AllClientsFailedError, UserError
 from fedpeft.core.io import (
     RUN_MARKER,
+    check_no_clash,
     check_writable_place,
-    is_empty_dir,
     make_output_dir,
     read_marker,
     save_atomic,
     staged_dir,
+    write_marker,
     write_text_atomic,
 )
 from fedpeft.core.progress import Progress
@@ -54,11 +56,29 @@ from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 log = logging.getLogger("fedpeft")
 
 ENGINE_PART = "engine"  # parts/engine.jsonl: the engine's own cost rows
-# What a run writes before its first result (removed again when it fails before one).
-OWN_DIRS = ("parts", "checkpoints", "base_model")
 ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
 DATA_FILE = "data.json"  # the data overview the summary's Data section renders (fedpeft.report.records.DATA_FILE)
-OWN_FILES = (RUN_MARKER, "config.yaml", GIVEN_CONFIG_FILE, ENV_FILE)
+RUN_WRITES = (
+    RUN_MARKER,
+    "config.yaml",
+    GIVEN_CONFIG_FILE,
+    ENV_FILE,
+    "parts",
+    "checkpoints",
+    "base_model",
+    "client_state",
+    "psg",  # FedP2EFT's generators (fedpeft.methods.fedp2eft.PSG_DIR)
+    "lambdas",  # clients' rank scales (fedpeft.adapters.scale_analysis.SCALES_DIR)
+    "adapters",
+    "results.jsonl",
+    "costs.jsonl",
+    DATA_FILE,
+    "summary.md",
+    "plots",
+)
+"""Every name a run writes at the top of its directory (docs/outputs.md). ``--force`` writes into a directory
+without a run's marker only where none of them exists, and a start that fails before its first result removes
+those it created."""
 EngineFactory = Callable[[Worker], Engine]
 
 
@@ -103,9 +123,9 @@ class Experiment:
         self._parts: list[str] = []
         # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
         self._round_records: dict[tuple[str, int], list[dict]] = {}
-        # What check_output found: a fedpeft run without results (start over), a directory that was empty.
+        # What check_output found: a fedpeft run without results (start over), the directory's entries before.
         self._restart = False
-        self._existed_empty = False
+        self._before: set[str] = set()
         self._created = False
 
     # ------------------------------------------------------------------ entry point
@@ -210,38 +230,47 @@ class Experiment:
     def check_output(self, *, resume: bool = False, force: bool = False) -> None:
         """Raise a :class:`UserError` unless this run may write into its output directory; writes nothing.
 
-        It may write into a new or empty directory; into a fedpeft run (its marker file, or ``config.yaml`` for
-        runs of earlier versions) of the same config with ``resume``; into a fedpeft run that never wrote a
-        result (it starts over); and, with ``force``, into any other directory.
+        It may write into a new or empty directory; into a fedpeft run (its marker file) of the same config with
+        ``resume``; into a fedpeft run that never wrote a result (it starts over); and, with ``force``, into a
+        directory without the marker whose files it would not replace (:data:`RUN_WRITES`). A directory without
+        the marker is never taken for a run, whatever it holds (one that looks like a run of an earlier version
+        is refused with the command that marks it, :func:`adopt_run`).
         """
         out = self.out
         check_writable_place(out)
         self._restart = False
-        self._existed_empty = out.is_dir() and is_empty_dir(out)
-        if not out.exists() or self._existed_empty:
+        self._before = {entry.name for entry in out.iterdir()} if out.is_dir() else set()
+        if not self._before:
             return
-        config_path = out / "config.yaml"
         marker = read_marker(out, RUN_MARKER)
-        if config_path.is_file() or marker is not None:
+        if marker is not None:
             if not has_progress(out):  # a run that failed or was stopped before its first result
                 self._restart = True
                 return
             if not resume:
                 raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
+            config_path = out / "config.yaml"
             if config_path.is_file():
-                same = config_path.read_text() == dump_config(self.cfg)
+                same = config_path.read_bytes() == dump_config(self.cfg).encode("utf-8")
             else:
-                same = (marker or {}).get("config_sha256") == self._config_digest()
+                same = marker.get("config_sha256") == self._config_digest()
             if not same:
                 raise UserError(f"The config differs from the one of the run in {out}; resume with the same one.")
             return
+        if looks_like_unmarked_run(out):
+            raise UserError(
+                f"{out} has no {RUN_MARKER} marker but holds config.yaml and the outputs of a run (an earlier "
+                f"fedpeft version's?); if it is a run, mark it with `fedpeft adopt {shlex.quote(str(out))}` and run "
+                "again, else choose another --out."
+            )
         if resume:
-            raise UserError(f"{out} holds no config.yaml of a run to resume; choose the run's directory.")
+            raise UserError(f"{out} holds no fedpeft run to resume (no {RUN_MARKER} marker); choose a run's directory.")
         if not force:
             raise UserError(
-                f"{out} is not empty and holds no fedpeft run; choose a new or empty directory, or pass --force "
-                "to write into it."
+                f"{out} is not empty and holds no fedpeft run (no {RUN_MARKER} marker); choose a new or empty "
+                "directory, or pass --force to write beside its files."
             )
+        check_no_clash(out, RUN_WRITES)
 
     def _config_digest(self) -> str:
         """SHA-256 of the resolved config's text (``config.yaml``), kept in the run's marker file."""
@@ -253,24 +282,30 @@ class Experiment:
         result may remove what it wrote."""
         self._created = make_output_dir(self.out, RUN_MARKER, "run", config_sha256=self._config_digest())
         if self._restart:
-            # Nothing of the earlier attempt is a result; its base model may be of another config.
+            # Nothing of the earlier attempt is a result; its base model may be of another config. (The directory
+            # carries a run's marker, and --force never writes where a base_model/ was: this one is fedpeft's.)
             shutil.rmtree(self.out / "base_model", ignore_errors=True)
         (self.out / "parts").mkdir(exist_ok=True)
         write_text_atomic(self.out / "config.yaml", dump_config(self.cfg))
         write_text_atomic(self.out / GIVEN_CONFIG_FILE, dump_given(self.cfg))
         write_text_atomic(self.out / ENV_FILE, json.dumps(environment(self.cfg.device), indent=2) + "\n")
-        return self._created or self._existed_empty or self._restart
+        return RUN_MARKER not in self._before or self._restart
 
     def _discard_output(self) -> None:
-        """Remove what a run that wrote no result left, so that nothing blocks the next attempt: the whole
-        directory when this run created it, else only the run's own files (other files stay)."""
+        """Remove what this start created, when the run wrote no result, so that nothing blocks the next attempt:
+        the run's files and folders that were not there before it started, and the directory itself when this
+        start created it and nothing else is left in it. Nothing else is touched."""
+        for name in RUN_WRITES:
+            if name in self._before:
+                continue
+            path = self.out / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         if self._created:
-            shutil.rmtree(self.out, ignore_errors=True)
-            return
-        for name in OWN_DIRS:
-            shutil.rmtree(self.out / name, ignore_errors=True)
-        for name in OWN_FILES:
-            (self.out / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # left in place when it holds anything else
+                self.out.rmdir()
 
     def _method_unit(self, method: Method, seed: int) -> Callable[[], tuple[list[dict], list[dict]]]:
         return lambda: self._run_method(method, seed)
@@ -397,7 +432,7 @@ class Experiment:
         started = time.perf_counter()
         for client_id, result in self.engine.map_clients("prepare_client_base", ids, seed=seed, state=state):
             if isinstance(result, BaseException):
-                meter.failures.append(f"{client_id}: {result!r}")
+                meter.record_failure(client_id, result)
         meter.wall_seconds = time.perf_counter() - started
         return [], meter.rows(BASE_LABEL, seed, "client-base")
 
@@ -424,11 +459,12 @@ class Experiment:
         meter = CostMeter()
         for client_id, result in self.engine.map_clients("evaluate_base", ids, seed=seed):
             if isinstance(result, BaseException):
-                meter.failures.append(f"{client_id}: {result!r}")
+                meter.record_failure(client_id, result)
             else:
                 records += result
         check_clients(f"the base model's evaluation (seed {seed})", len(ids), meter.failures)
-        return records, [r for r in meter.rows(BASE_LABEL, seed, "evaluation") if r["metric"] == "failed_clients"]
+        failed = ("failed_clients", FAILED_CLIENT)  # its failures, not its time and memory
+        return records, [r for r in meter.rows(BASE_LABEL, seed, "evaluation") if r["metric"] in failed]
 
     def _federate(
         self, method: Method, label: str, seed: int, *, meter: CostMeter, budget: int | None = None
@@ -531,7 +567,7 @@ class Experiment:
             "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save, **extra
         ):
             if isinstance(result, BaseException):
-                meter.failures.append(f"{client_id}: {result!r}")
+                meter.record_failure(client_id, result)
                 continue
             client_records, seconds = result
             records += client_records
@@ -563,6 +599,35 @@ class Experiment:
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name)
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots", formats=self.cfg.output.plot_formats)
+
+
+def looks_like_unmarked_run(path: Path) -> bool:
+    """Whether directory ``path``, without a run's marker, holds what a run of an earlier version (before runs
+    carried :data:`RUN_MARKER`) wrote: ``config.yaml`` beside ``parts/``, ``checkpoints/`` or ``results.jsonl``."""
+    path = Path(path)
+    outputs = (path / "parts").is_dir() or (path / "checkpoints").is_dir() or (path / "results.jsonl").is_file()
+    return (path / "config.yaml").is_file() and outputs
+
+
+def adopt_run(path: Path) -> bool:
+    """Mark ``path``, a run written before runs carried :data:`RUN_MARKER`, as a fedpeft run (``fedpeft adopt``),
+    so that ``run --resume`` and ``report`` take it; returns False when it was marked already. Writes only the
+    marker; a directory that does not hold a run's ``config.yaml`` and outputs is a :class:`UserError`."""
+    from fedpeft.core.config import load_config
+
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory; pass the directory of a run.")
+    if read_marker(path, RUN_MARKER) is not None:
+        return False
+    if not looks_like_unmarked_run(path):
+        raise UserError(
+            f"{path} does not hold a run (config.yaml beside parts/, checkpoints/ or results.jsonl); nothing to adopt."
+        )
+    load_config(str(path / "config.yaml"))  # a file that is not a fedpeft config is refused by name
+    digest = hashlib.sha256((path / "config.yaml").read_bytes()).hexdigest()
+    write_marker(path, RUN_MARKER, "run", config_sha256=digest, adopted=True)
+    return True
 
 
 def has_progress(run_dir: Path) -> bool:

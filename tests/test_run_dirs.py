@@ -198,6 +198,142 @@ def test_force_writes_into_a_foreign_directory_and_keeps_its_files(tmp_path, mon
     assert code == 0, err
 
 
+def _users_project(tmp: Path) -> Path:
+    """A user's own folder: a config of theirs, weights of their own, notes."""
+    mine = tmp / "project"
+    (mine / "base_model").mkdir(parents=True)
+    (mine / "config.yaml").write_text("name: my own experiment\n")
+    (mine / "base_model" / "pytorch_model.bin").write_bytes(b"\x00weights\xff")
+    (mine / "notes.txt").write_text("my notes\n")
+    return mine
+
+
+def _project(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    return run_args(_users_project(tmp)), tmp, "no .fedpeft-run marker"
+
+
+def _project_as_cwd(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    os.chdir(_users_project(tmp))  # `fedpeft run config.yaml --out .` in a project folder
+    return run_args(Path(".")), tmp, "no .fedpeft-run marker"
+
+
+def _project_forced(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    return run_args(_users_project(tmp), "--force"), tmp, "holds config.yaml, base_model/ of its own"
+
+
+def _project_with_results(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    mine = _users_project(tmp)
+    (mine / "results.jsonl").write_text('{"mine": 1}\n')
+    return run_args(mine), tmp, f"fedpeft adopt {mine}"
+
+
+def _project_with_results_forced(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    args, root, message = _project_with_results(tmp, run)
+    return [*args, "--force"], root, message
+
+
+def _project_resumed(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("x\n")
+    return run_args(tmp / "mine", "--resume"), tmp, "no fedpeft run to resume"
+
+
+def _forced_over_weights(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    (tmp / "mine" / "base_model").mkdir(parents=True)
+    (tmp / "mine" / "base_model" / "my_weights.bin").write_bytes(b"\x01\x02")
+    return run_args(tmp / "mine", "--force"), tmp, "holds base_model/ of its own"
+
+
+def _forced_over_outputs(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    (tmp / "mine").mkdir()
+    for name in ("results.jsonl", "summary.md", "env.json", "notes.txt"):
+        (tmp / "mine" / name).write_text(f"my {name}\n")
+    return run_args(tmp / "mine", "--force"), tmp, "holds env.json, results.jsonl, summary.md of its own"
+
+
+def _report_forced_over_summary(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    (tmp / "mine" / "plots").mkdir(parents=True)
+    (tmp / "mine" / "summary.md").write_text("my own summary\n")
+    (tmp / "mine" / "plots" / "figure.png").write_bytes(b"\x89PNG")
+    return ["report", str(run), "--out", str(tmp / "mine"), "--force"], tmp, "holds summary.md, plots/ of its own"
+
+
+def _personalize_forced_over_adapter(tmp: Path, run: Path) -> tuple[list[str], Path, str]:
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "adapter_config.json").write_text("{}\n")
+    args = ["personalize", str(run), "--budget", "2", "--client", "lat1-seen-00", "--out", str(tmp / "mine")]
+    return [*args, "--force"], tmp, "holds adapter_config.json of its own"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _project,
+        _project_as_cwd,
+        _project_forced,
+        _project_with_results,
+        _project_with_results_forced,
+        _project_resumed,
+        _forced_over_weights,
+        _forced_over_outputs,
+        _report_forced_over_summary,
+        _personalize_forced_over_adapter,
+    ],
+    ids=lambda case: case.__name__.strip("_"),
+)
+def test_a_folder_without_the_marker_is_never_taken_for_a_run_nor_overwritten(
+    case, tiny_run, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    args, root, message = case(tmp_path, tiny_run)
+    before, run_before = snapshot(root), snapshot(tiny_run)
+    code, _, err = cli(monkeypatch, capsys, *args)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert message in err
+    assert snapshot(root) == before
+    assert snapshot(tiny_run) == run_before
+
+
+def test_a_failed_start_with_force_removes_only_what_it_created(tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "figures").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my notes\n")
+    (mine / "figures" / "a.png").write_bytes(b"\x89PNG")
+    before = snapshot(mine)
+
+    def broken(worker):
+        raise RuntimeError("no engine")
+
+    with pytest.raises(RuntimeError, match="no engine"):
+        Experiment(load_config("smoke", TINY), mine).run(force=True, engine_factory=broken)
+    assert snapshot(mine) == before and sorted(p.name for p in mine.iterdir()) == ["figures", "notes.txt"]
+
+
+def test_adopt_marks_a_run_of_an_earlier_version_and_nothing_else(tiny_run, tmp_path, monkeypatch, capsys):
+    old = Path(shutil.copytree(tiny_run, tmp_path / "old"))
+    (old / RUN_MARKER).unlink()  # as written before runs carried a marker
+    before = snapshot(old)
+    code, _, err = cli(monkeypatch, capsys, *run_args(old, "--resume"))
+    assert code == 2 and "fedpeft adopt" in err and snapshot(old) == before
+    code, out, err = cli(monkeypatch, capsys, "adopt", str(old))
+    assert code == 0, err
+    assert "marked as a fedpeft run" in out
+    after = snapshot(old)
+    marker = json.loads(after.pop(RUN_MARKER))
+    assert after == before and marker["kind"] == "run" and marker["adopted"] is True
+    code, out, err = cli(monkeypatch, capsys, "adopt", str(old))
+    assert code == 0 and "already" in out
+    code, _, err = cli(monkeypatch, capsys, *run_args(old, "--resume"))
+    assert code == 0, err
+    assert (old / "results.jsonl").read_bytes() == (tiny_run / "results.jsonl").read_bytes()
+    # A folder that holds no run is not adopted.
+    project = _users_project(tmp_path)
+    before = snapshot(project)
+    code, _, err = cli(monkeypatch, capsys, "adopt", str(project))
+    assert code == 2 and "nothing to adopt" in err and snapshot(project) == before
+
+
 def test_report_and_personalize_rewrite_their_own_directories(tiny_run, tmp_path, monkeypatch, capsys):
     report = tmp_path / "report"
     for _ in range(2):  # the second time into a directory it wrote

@@ -8,7 +8,8 @@ directory, ``plots/``) receives its files one atomic rename at a time.
 
 An output directory carries a marker file naming what wrote it (:data:`RUN_MARKER`, :data:`REPORT_MARKER`,
 :data:`ADAPTER_MARKER`); a command writes only into a new or empty directory, or into one that holds its own
-marker, unless it is told ``--force`` (:func:`check_output_dir`).
+marker. A directory without it is never taken for fedpeft's: with ``--force`` a command writes beside its files,
+and refuses by name any file or folder it would replace (:func:`check_output_dir`).
 """
 
 from __future__ import annotations
@@ -194,33 +195,51 @@ def check_writable_place(path: Path) -> None:
         ) from None
 
 
+def entry_label(path: Path) -> str:
+    """``path``'s name as a listing shows it: a directory with a trailing ``/``."""
+    return f"{path.name}/" if path.is_dir() else path.name
+
+
 def check_output_dir(
     path: Path,
     command: str,
     marker: str,
     *,
+    writes: Iterable[str],
     force: bool = False,
-    recognised: Callable[[Path], bool] | None = None,
+    accepted: Callable[[Path], bool] | None = None,
 ) -> None:
-    """Raise a :class:`UserError` unless ``fedpeft <command>`` may write into ``path``: a new or empty directory,
-    one holding ``marker`` (or one ``recognised`` accepts, e.g. written by an earlier version), or any directory
-    with ``force``. Writes nothing."""
+    """Raise a :class:`UserError` unless ``fedpeft <command>`` may write into ``path``; writes nothing.
+
+    It may write into a new or empty directory, one holding its ``marker``, or one ``accepted`` takes (a run that
+    ``report`` reads). A directory without the marker is never taken for one of fedpeft's, whatever it holds:
+    only ``force`` writes into it, and then only where none of the top-level names the command ``writes``
+    exists, so that nothing fedpeft did not write is replaced (those names are refused instead).
+    """
     path = Path(path)
     check_writable_place(path)
-    if not path.exists() or is_empty_dir(path) or force:
+    if not path.exists() or is_empty_dir(path):
         return
-    if read_marker(path, marker) is not None or (recognised is not None and recognised(path)):
+    if read_marker(path, marker) is not None or (accepted is not None and accepted(path)):
         return
-    raise UserError(
-        f"{path} is not empty and was not written by `fedpeft {command}`; choose a new or empty directory, "
-        "or pass --force to write into it."
-    )
+    if not force:
+        raise UserError(
+            f"{path} is not empty and holds no {marker} marker (it was not written by `fedpeft {command}`); choose "
+            "a new or empty directory, or pass --force to write beside its files."
+        )
+    check_no_clash(path, writes)
 
 
-def holds_only(path: Path, names: Iterable[str]) -> bool:
-    """Whether every entry of directory ``path`` is one of ``names`` (markers aside)."""
-    allowed = {*names, RUN_MARKER, REPORT_MARKER, ADAPTER_MARKER}
-    return Path(path).is_dir() and all(entry.name in allowed for entry in Path(path).iterdir())
+def check_no_clash(path: Path, writes: Iterable[str]) -> None:
+    """Raise a :class:`UserError` naming every entry of ``writes`` that exists in directory ``path``: ``--force``
+    writes into a directory fedpeft did not make only beside its files, never over them."""
+    clashes = [entry_label(Path(path) / name) for name in writes if os.path.lexists(Path(path) / name)]
+    if clashes:
+        raise UserError(
+            f"--force writes into {path} only beside files fedpeft does not write, and it holds "
+            f"{', '.join(clashes)} of its own; move {'them' if len(clashes) > 1 else 'it'} or choose another "
+            "directory."
+        )
 
 
 def make_output_dir(path: Path, marker: str, kind: str, **fields: Any) -> bool:
