@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -50,7 +52,7 @@ def _setup_logging(verbose: bool) -> None:
         # Libraries' deprecation notices are for their users' code, not for fedpeft's: shown with -v only.
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        for name in ("transformers", "datasets", "flwr", "peft", "ray"):
+        for name in ("transformers", "datasets", "flwr", "peft", "ray", "bitsandbytes"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -181,10 +183,14 @@ def report(
         force=force,
         accepted=lambda path: path.resolve() in given,
     )
-    if out.resolve() not in given:
-        make_output_dir(out, REPORT_MARKER, "report")
-    text = reporting.write_summary(runs, out / "summary.md")
-    reporting.write_plots(runs, out / "plots", formats=formats)
+    created = out.resolve() not in given and make_output_dir(out, REPORT_MARKER, "report")
+    try:
+        text = reporting.write_summary(runs, out / "summary.md")
+        reporting.write_plots(runs, out / "plots", formats=formats)
+    except BaseException:
+        if created:  # a report that could not be made leaves no directory it created behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     console.print(Markdown(text))
     tables = []
     if csv is not None:
@@ -213,6 +219,9 @@ def personalize(
             "--force", help="Write beside the files of a non-empty --out not written by `fedpeft personalize`."
         ),
     ] = False,
+    encoding: Annotated[
+        str, typer.Option(help="The encoding of the --data file (e.g. latin-1, cp1252, utf-16); default UTF-8.")
+    ] = "utf-8",
 ) -> None:
     """Write one client's personalized LoRA (FedP2EFT rank structure for budget r) in PEFT format."""
     _setup_logging(False)
@@ -220,7 +229,15 @@ def personalize(
     from fedpeft.personalize import personalize_client
 
     result = personalize_client(
-        run_dir, budget, out, data_file=data, client_id=client, method=method, seed=seed, force=force
+        run_dir,
+        budget,
+        out,
+        data_file=data,
+        client_id=client,
+        method=method,
+        seed=seed,
+        force=force,
+        encoding=encoding,
     )
     kept = ", ".join(f"{name} {rank}" for name, rank in result.ranks.items())
     console.print(f"Client {result.client}, r = {result.budget}: {len(result.ranks)} LoRA modules ({kept}).")
@@ -295,13 +312,18 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def resume_command(args: list[str]) -> str | None:
+    """The shell command that continues the ``fedpeft`` command given ``args`` (``sys.argv[1:]``), each argument
+    quoted for a POSIX shell so that the line pastes as it is; ``None`` for a command other than ``run``."""
+    if args[:1] != ["run"]:
+        return None
+    return shlex.join(["fedpeft", *args, *([] if "--resume" in args else ["--resume"])])
+
+
 def _stopped(code: int, how: str) -> None:
     """End with ``code`` and one line; for ``run``, how to continue."""
-    args = sys.argv[1:]
-    hint = ""
-    if args[:1] == ["run"]:
-        again = " ".join(args if "--resume" in args else [*args, "--resume"])
-        hint = f"; continue it with `fedpeft {again}`"
+    again = resume_command(sys.argv[1:])
+    hint = f"; continue it with `{again}`" if again else ""
     print(f"{how}{hint}.", file=sys.stderr)
     busy = [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
     if busy:  # a thread left blocked (a Flower simulation's server) would keep the process from ending

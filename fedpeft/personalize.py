@@ -5,13 +5,12 @@ directory, a client's training data and a rank budget r, this rebuilds the run's
 client's statistics, lets the PSG choose the rank structure, fine-tunes it on the data and writes a LoRA adapter that
 ``PeftModel.from_pretrained`` loads with no fedpeft code. The client is either a file of examples in the
 dataset's schema (JSONL or CSV: ``text``, optional ``text_pair``, ``label`` as index or name; or ``prompt``,
-``response`` for generation) or a client of the run's own dataset (``--client``).
+``response`` for generation) or a client of the run's own dataset (``--client``). A file of examples is read as
+UTF-8 (with or without a byte order mark) unless ``--encoding`` names its encoding.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,17 @@ from fedpeft.core.config import load_run_config
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import ADAPTER_MARKER, check_output_dir, make_output_dir, staged_files
 from fedpeft.core.seeds import client_seed
+from fedpeft.data.files import Table, check_scalar
+from fedpeft.data.real.readers import read_rows
 from fedpeft.data.types import ClientData, Example, FederatedData
 from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFTState
 
 ADAPTER_FILES = (ADAPTER_MARKER, "adapter_config.json", "adapter_model.safetensors", "README.md")
 """What ``personalize`` writes into its ``--out``: with ``--force`` into another directory, none may be there."""
+
+
+# The files ``--data`` reads.
+CLIENT_FILE_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
 
 
 @dataclass
@@ -62,39 +67,35 @@ def find_psg(run_dir: Path, method: str | None, seed: int | None) -> tuple[Path,
     return run_dir / PSG_DIR / method / f"seed{seed}.safetensors", method, seed
 
 
-def read_examples(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL or CSV file as dicts."""
+def read_examples(path: Path, encoding: str = "utf-8") -> Table:
+    """The examples of a JSONL, JSON, CSV or TSV file, decoded from ``encoding`` (``utf-8`` with or without a byte
+    order mark), as a table of rows; a file that cannot be read is a ``UserError`` naming the line to fix."""
     if not path.is_file():
         raise UserError(f"Client data file {path} does not exist; give a JSONL or CSV file of examples.")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() in (".jsonl", ".json"):
-        rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise UserError(f"{path} line {number} is not valid JSON; write one example per line.") from None
-        return rows
-    if path.suffix.lower() in (".csv", ".tsv"):
-        return list(csv.DictReader(text.splitlines(), delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
-    raise UserError(f"Client data file {path} must end in .jsonl or .csv.")
+    if path.suffix.lower() not in CLIENT_FILE_EXTENSIONS:
+        raise UserError(f"Client data file {path} must end in {', '.join(CLIENT_FILE_EXTENSIONS)}.")
+    columns, rows, lines = read_rows(path, encoding, "set --encoding to {encoding}", option="--encoding")
+    return Table(str(path), columns, rows, lines=lines)
 
 
-def client_from_file(path: Path, data: FederatedData) -> ClientData:
-    """A client of ``data``'s task and label set from a file of examples (every example is training data)."""
-    rows = read_examples(path)
+def client_from_examples(examples: Table, data: FederatedData) -> ClientData:
+    """A client of ``data``'s task and label set from a file's examples (every example is training data)."""
+    path, rows = Path(examples.source), examples.rows
     if not rows:
         raise UserError(f"Client data file {path} holds no examples.")
-    examples: list[Example] = []
+    client: list[Example] = []
     if data.task == "generation":
-        for row in rows:
-            if not row.get("prompt") or not row.get("response"):
-                raise UserError(f"Every example of {path} needs `prompt` and `response` for this generation run.")
-            examples.append({"prompt": str(row["prompt"]), "response": str(row["response"]), "group": "local"})
-        return ClientData(path.stem, "local", "local", examples, [])
+        for index, row in enumerate(rows):
+            fields = {key: _text(row, key, examples.where(index)) for key in ("prompt", "response")}
+            if not fields["prompt"] or not fields["response"]:
+                raise UserError(
+                    f"{examples.where(index)} lacks `prompt` or `response`; every example of this generation run "
+                    "needs both."
+                )
+            client.append({"prompt": fields["prompt"], "response": fields["response"], "group": "local"})
+        return ClientData(path.stem, "local", "local", client, [])
     names = list(data.label_names or [])
-    raw_labels = [row.get("label") for row in rows]
+    raw_labels = [check_scalar(row.get("label"), "label", examples.where(i), "a label") for i, row in enumerate(rows)]
     by_name = {name: index for index, name in enumerate(names)}
     labels = []
     for value in raw_labels:
@@ -109,12 +110,21 @@ def client_from_file(path: Path, data: FederatedData) -> ClientData:
                 f"Labels {unknown} of {path} are not the run's label set ({', '.join(names)}); "
                 f"use those names or indices 0-{len(names) - 1}."
             )
-    for row, label in zip(rows, labels, strict=True):
-        if not row.get("text"):
-            raise UserError(f"Every example of {path} needs a `text` (and optionally `text_pair`) field.")
-        pair = row.get("text_pair") or None
-        examples.append({"text": str(row["text"]), "text_pair": pair, "label": label, "group": "local"})
-    return ClientData(path.stem, "local", "local", examples, [])
+    for index, (row, label) in enumerate(zip(rows, labels, strict=True)):
+        text = _text(row, "text", examples.where(index))
+        if not text:
+            raise UserError(
+                f"{examples.where(index)} has no `text`; every example needs one (and optionally `text_pair`)."
+            )
+        pair = _text(row, "text_pair", examples.where(index)) or None
+        client.append({"text": text, "text_pair": pair, "label": label, "group": "local"})
+    return ClientData(path.stem, "local", "local", client, [])
+
+
+def _text(row: dict[str, Any], key: str, where: str) -> str:
+    """The text of ``key`` in ``row`` (a number as its digits; ``""`` when missing)."""
+    value = check_scalar(row.get(key), key, where, "text")
+    return "" if value is None else str(value)
 
 
 def personalize_client(
@@ -127,6 +137,7 @@ def personalize_client(
     method: str | None = None,
     seed: int | None = None,
     force: bool = False,
+    encoding: str = "utf-8",
 ) -> PersonalizedAdapter:
     """Personalize one client from a run's trained PSG and write its adapter in PEFT format to ``out``.
 
@@ -142,6 +153,8 @@ def personalize_client(
     check_output_dir(out, "personalize", ADAPTER_MARKER, writes=ADAPTER_FILES, force=force)
     if (data_file is None) == (client_id is None):
         raise UserError("Give exactly one of --data (a file of examples) and --client (a client of the run).")
+    # A file of examples is read before the run's model and data are built, so that its problems show at once.
+    examples = read_examples(Path(data_file), encoding) if data_file is not None else None
     path, label, seed = find_psg(run_dir, method, seed)
     tensors, meta = load_generator(path)
     check_budget(budget, int(meta["config"]["r_max"]))
@@ -152,7 +165,7 @@ def personalize_client(
             raise UserError(f"Run {run_dir} has no client {client_id!r}; see its results.jsonl for client ids.")
         client = data.client(client_id)
     else:
-        client = client_from_file(Path(data_file), data)  # type: ignore[arg-type]
+        client = client_from_examples(examples, data)  # type: ignore[arg-type]
     worker = Worker(cfg, run_dir, data=data)
     if label not in worker.methods:
         raise UserError(f"Method {label!r} is not in the config of run {run_dir}.")

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from fedpeft.base_models import client_base_tensors, train_centralized_base
 from fedpeft.continual import memory_view
-from fedpeft.core.config import ExperimentConfig, MethodConfig, ModelConfig, method_config
+from fedpeft.core.config import BASE_STAGE_LABEL, ExperimentConfig, MethodConfig, ModelConfig, method_config
 from fedpeft.core.faults import before_work, corrupt
 from fedpeft.core.io import save_atomic, staged_files, write_text_atomic
 from fedpeft.core.registry import DATASETS, METHODS
@@ -34,7 +34,6 @@ from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 BASE_LABEL = "base"
-BASE_STAGE_LABEL = "base-stage"
 
 
 def build_method(entry: MethodConfig | dict[str, Any], experiment: ExperimentConfig | None = None) -> Method:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -271,7 +272,7 @@ def test_generation_pipeline_with_a_federated_base_stage(tmp_path):
     ("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
 def test_interrupt_ends_with_its_code_and_one_line_and_the_run_resumes(sig, code, word, smoke_run, tmp_path):
-    out = tmp_path / "run"
+    out = tmp_path / "my run"  # the resume line quotes it
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     args = [sys.executable, "-m", "fedpeft.cli", "run", "smoke", "--out", str(out)]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -282,9 +283,12 @@ def test_interrupt_ends_with_its_code_and_one_line_and_the_run_resumes(sig, code
     _, stderr = process.communicate(timeout=240)
     assert process.returncode == code, stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith(word) and f"--out {out} --resume" in last and "Traceback" not in stderr
+    assert last.startswith(word) and f"--out {shlex.quote(str(out))} --resume" in last and "Traceback" not in stderr
     assert not (out / "results.jsonl").exists()  # stopped before the end
 
-    result = cli("run", "smoke", "--out", str(out), "--resume")
+    # The printed line, pasted into a shell as it is (`fedpeft` standing for this interpreter's fedpeft).
+    again = last.split("`")[1]
+    fedpeft = f'fedpeft() {{ {shlex.quote(sys.executable)} -m fedpeft.cli "$@"; }}'
+    result = subprocess.run(["bash", "-c", f"{fedpeft}\n{again}"], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert reproducible(out / "results.jsonl") == reproducible(smoke_run / "results.jsonl")

@@ -15,7 +15,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from fedpeft.core.errors import UserError
-from fedpeft.core.faults import FaultConfig
+from fedpeft.core.faults import FaultConfig, check_fault_methods
+from fedpeft.core.textfiles import codec_of, read_text
+
+BASE_STAGE_LABEL = "base-stage"
+"""The label of a federated base stage's rounds (its checkpoints, client states and ``faults.*.methods``)."""
 
 
 class _Strict(BaseModel):
@@ -117,7 +121,8 @@ class DataConfig(_Strict):
 
     The generic datasets ``files`` and ``hub`` (a user's own data, docs/real-data.md) also read ``task``,
     ``columns``, ``label_names``, ``num_clients``, ``test_fraction``, ``unseen_fraction`` (or ``unseen_clients``,
-    the ids of the unseen pool), and for ``hub`` ``subset`` and ``revision``; every other dataset ignores these
+    the ids of the unseen pool), for ``files`` ``encoding`` (of its text files; ``utf-8`` reads them with or
+    without a byte order mark), and for ``hub`` ``subset`` and ``revision``; every other dataset ignores these
     keys.
 
     ``sites``: the data lives on the sites of a deployment, never on the server (docs/flower.md, "Each site's own
@@ -149,6 +154,13 @@ class DataConfig(_Strict):
     revision: str | None = None
     unseen_clients: list[str] | None = None
     sites: int | None = Field(default=None, ge=1)
+    encoding: str = "utf-8"
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, encoding: str) -> str:
+        codec_of(encoding, "data.encoding")
+        return encoding
 
 
 class ModelConfig(_Strict):
@@ -386,6 +398,16 @@ class ExperimentConfig(_Strict):
         return budgets
 
     @model_validator(mode="after")
+    def _check_fault_methods(self) -> ExperimentConfig:
+        labels = [entry.label or entry.name for entry in self.methods]
+        if self.base.kind == "federated":
+            check_fault_methods(self.faults, [*labels, BASE_STAGE_LABEL])
+        else:
+            why = f"the rounds of a federated base stage, and base.kind is {self.base.kind}"
+            check_fault_methods(self.faults, labels, {BASE_STAGE_LABEL: why})
+        return self
+
+    @model_validator(mode="after")
     def _check_architectures(self) -> ExperimentConfig:
         if not self.models:
             if self.assign != ModelAssignmentConfig():
@@ -419,6 +441,10 @@ def preset_description(name: str) -> str:
     return first[1:].strip() if first.startswith("#") else ""
 
 
+# The end of the sentence refusing a config file that is not UTF-8 (see fedpeft.core.textfiles.decode_text).
+CONFIG_ENCODING_FIX = "a config file must be UTF-8 (a UTF-8 byte order mark is accepted), so save it as UTF-8"
+
+
 def _read_yaml(text: str, source: str) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(text)
@@ -426,8 +452,11 @@ def _read_yaml(text: str, source: str) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise UserError(f"{source} is not valid YAML{where}; fix its syntax.") from None
-    if raw is None:
-        return {}
+    if raw is None:  # no document: an empty file, or only comments
+        raise UserError(
+            f"{source} is empty (it holds no settings, at most comments); a config names at least the methods to "
+            "compare, e.g. `methods: [{name: lora}]`, or give a preset such as `smoke` instead."
+        )
     if not isinstance(raw, dict):
         raise UserError(f"{source} must hold a mapping of config keys, not a {type(raw).__name__}.")
     return raw
@@ -473,7 +502,7 @@ def load_raw(source: str) -> dict[str, Any]:
     if source.endswith((".yaml", ".yml")) or path.is_file() or (path.exists() and source not in preset_names()):
         if not path.is_file():
             raise UserError(f"Config file {source} does not exist; give a preset name or an existing YAML path.")
-        return _read_yaml(path.read_text(), str(path))
+        return _read_yaml(read_text(path, "utf-8", CONFIG_ENCODING_FIX), str(path))
     if source not in preset_names():
         raise UserError(f"Unknown preset {source!r}; choose one of: {', '.join(preset_names())}, or a YAML path.")
     text = (resources.files("fedpeft") / "presets" / f"{source}.yaml").read_text()

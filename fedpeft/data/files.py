@@ -17,7 +17,11 @@ federation the same way:
 
 Labels are class names mapped through ``data.label_names`` (or integer ids into it); without ``label_names`` the
 names are the hub's ``ClassLabel`` names, else the distinct values of the label column, sorted (integer labels
-``0..max`` keep their ids). Every client is its own group, so the summary's per-group tables are per client.
+``0..max`` keep their ids; integer ids beside class names index into the sorted names). Every client is its own
+group, so the summary's per-group tables are per client.
+
+Text files are decoded from ``data.encoding`` (UTF-8 by default, with or without a byte order mark). A number in a
+text column is read as its text; binary data, lists and objects in a column read are refused.
 
 Every problem with the input (path, file, column, label, client) is a :class:`~fedpeft.core.errors.UserError`
 of one sentence naming the file, row, column or key to fix. Progress bars of ``datasets`` are switched off
@@ -45,7 +49,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import partition_examples, split_train_test
-from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_table
+from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_rows
 from fedpeft.data.types import ClientData, Example, FederatedData, TaskKind
 
 Scheme = Literal["natural", "dirichlet", "iid"]
@@ -56,6 +60,8 @@ VALIDATION_SPLITS = ("validation", "valid", "dev")
 # What ``datasets.load_dataset`` raises when a dataset is neither cached nor reachable, or cannot be read.
 _HUB_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, RuntimeError, DatasetsError)
 _GLOB_CHARACTERS = "*?["
+# The end of the sentence refusing a data file that does not decode (see fedpeft.core.textfiles.decode_text).
+_ENCODING_FIX = "set data.encoding to {encoding}"
 _COLUMN_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "classification": (("text", "label"), ("text_pair",)),
     "generation": (("prompt", "response"), ()),
@@ -72,6 +78,7 @@ class Table:
         rows: the rows, as dicts.
         split: the hub split the rows come from (``None`` for files); used when the data has no split column.
         class_names: names of the label column's ``ClassLabel`` feature (hub datasets), when it has one.
+        lines: the line of each row in its file (JSON Lines), for messages.
     """
 
     source: str
@@ -79,6 +86,12 @@ class Table:
     rows: list[dict[str, Any]]
     split: str | None = None
     class_names: dict[str, list[str]] = field(default_factory=dict)
+    lines: list[int] | None = None
+
+    def where(self, index: int) -> str:
+        """``Row <n> of <source>`` for the row at ``index``, with its line where that differs."""
+        line = self.lines[index] if self.lines is not None else index + 1
+        return f"Row {index + 1} of {self.source}" + (f" (line {line})" if line != index + 1 else "")
 
 
 @DATASETS.register("files")
@@ -92,7 +105,7 @@ def build_files(cfg: DataConfig) -> FederatedData:
         )
     with quiet_progress():
         files = find_data_files(cfg.path)
-        tables = [_read_file(f) for f in files]
+        tables = [_read_file(f, cfg.encoding) for f in files]
         return build_federation(cfg, "files", tables, {"source": [str(f) for f in files]})
 
 
@@ -162,9 +175,9 @@ def find_data_files(path: str) -> list[Path]:
     return sorted(files, key=lambda p: natural_key(str(p.relative_to(root))))
 
 
-def _read_file(path: Path) -> Table:
-    table = read_table(path)
-    return Table(str(path), list(table.column_names), table.to_pylist())
+def _read_file(path: Path, encoding: str) -> Table:
+    columns, rows, lines = read_rows(path, encoding, _ENCODING_FIX, option="data.encoding")
+    return Table(str(path), columns, rows, lines=lines)
 
 
 def load_hub_tables(hub_id: str, subset: str | None, revision: str | None) -> list[Table]:
@@ -345,7 +358,7 @@ def _records(
         names = table.class_names.get(columns.get("label", ""))
         class_names = class_names or names
         for index, row in enumerate(table.rows):
-            where = f"Row {index + 1} of {table.source}"
+            where = table.where(index)
             split = _split_of(row, table, columns, use_hub_splits, where)
             if split is None:
                 left_out += 1
@@ -360,9 +373,10 @@ def _records(
                     label = names[label] if 0 <= label < len(names) else label
                 if label is None or (isinstance(label, float) and label != label):
                     raise UserError(f"{where} has no label in column {columns['label']!r}; fill it in.")
+                check_scalar(label, columns["label"], where, "a class name or an integer id")
                 example: Example = {
                     "text": _text(row, columns["text"], where),
-                    "text_pair": _optional_text(row, columns.get("text_pair")),
+                    "text_pair": _optional_text(row, columns.get("text_pair"), where),
                 }
             else:
                 example = {
@@ -375,6 +389,8 @@ def _records(
             raw.append((example, label))
     if task == "generation":
         return [e for e, _ in raw], [], left_out
+    if cfg.label_names is None and class_names is None:
+        _check_names_beside_ids(raw, columns["label"])
     label_names = _label_names(cfg, [label for _, label in raw], class_names)
     lookup = {name: i for i, name in enumerate(label_names)}
     records = []
@@ -407,26 +423,44 @@ def _split_of(row: dict[str, Any], table: Table, columns: dict[str, str], use_hu
     return ""
 
 
+def check_scalar(value: Any, column: str, where: str, expected: str) -> Any:
+    """``value``, unless it is binary data, a list or an object, which no column of examples holds.
+
+    Args:
+        value: a value of ``column`` in the row ``where`` (``Row 3 of reviews.jsonl``), for the message.
+        expected: what the column holds (``text``, ``a client id``), for the message.
+    """
+    if isinstance(value, (bytes, bytearray)):
+        raise UserError(
+            f"{where} has binary data in column {column!r}, expected {expected}; store the column as UTF-8 text."
+        )
+    if isinstance(value, (list, tuple, dict)):
+        kind = "an object" if isinstance(value, dict) else "a list"
+        raise UserError(f"{where} has {kind} in column {column!r}, expected {expected}; fix the row.")
+    return value
+
+
 def _text(row: dict[str, Any], column: str, where: str) -> str:
+    """The text of ``column``; a number (or another scalar) is read as its text, as a CSV file holds it."""
     value = row[column]
     if value is None or (isinstance(value, float) and value != value):
         raise UserError(f"{where} has no value in column {column!r}; fill it in or drop the row.")
-    return str(value)
+    return str(check_scalar(value, column, where, "text"))
 
 
-def _optional_text(row: dict[str, Any], column: str | None) -> str | None:
+def _optional_text(row: dict[str, Any], column: str | None, where: str) -> str | None:
     if column is None:
         return None
     value = row[column]
     if value is None or (isinstance(value, float) and value != value):
         return None
-    return str(value)
+    return str(check_scalar(value, column, where, "text"))
 
 
 def _client_of(row: dict[str, Any], column: str | None, where: str) -> str:
     if column is None:
         return ""
-    value = row[column]
+    value = check_scalar(row[column], column, where, "a client id")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = "" if value is None or (isinstance(value, float) and value != value) else str(value).strip()
@@ -441,8 +475,29 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
+def _id_of(label: Any) -> int | None:
+    """The integer id a label is (a whole number, or digits as a CSV file holds them), else ``None``."""
+    if _is_int(label):
+        return int(label)
+    if isinstance(label, str) and label.strip().isascii() and label.strip().isdigit():
+        return int(label)
+    return None
+
+
+def _check_names_beside_ids(raw: list[tuple[Example, Any]], column: str) -> None:
+    """Refuse integer ids beside a single class name: they index into the class names, which it cannot list."""
+    named = [(example["_where"], label) for example, label in raw if _id_of(label) is None]
+    if len({str(label).strip() for _, label in named}) == 1 and len(named) < len(raw):
+        where, label = named[0]
+        raise UserError(
+            f"{where} has the class name {label!r} in column {column!r}, the only one beside integer ids, which "
+            "index into the class names; list every class in data.label_names."
+        )
+
+
 def _label_names(cfg: DataConfig, labels: list[Any], class_names: list[str] | None) -> list[str]:
-    """``data.label_names``, the ``ClassLabel`` names, or the labels found (ids ``0..max``, else names sorted)."""
+    """``data.label_names``, the ``ClassLabel`` names, or the labels found (ids ``0..max``, else names sorted;
+    integer ids beside class names index into the sorted names)."""
     if cfg.label_names is not None:
         names = [str(n) for n in cfg.label_names]
         if len(names) < 2 or len(set(names)) != len(names):
@@ -458,7 +513,8 @@ def _label_names(cfg: DataConfig, labels: list[Any], class_names: list[str] | No
                 "class names (set data.label_names)."
             )
         return [str(i) for i in range(max(top + 1, 2))]
-    names = sorted({str(v).strip() for v in labels}, key=natural_key)
+    named = {str(v).strip() for v in labels if _id_of(v) is None}
+    names = sorted(named or {str(v).strip() for v in labels}, key=natural_key)
     if len(names) < 2:
         raise UserError(
             f"The label column holds one class only ({', '.join(names)}); classification needs at least 2 "
@@ -471,8 +527,9 @@ def _label_id(value: Any, lookup: dict[str, int], names: list[str], where: str, 
     text = str(value).strip()
     if text in lookup:
         return lookup[text]
-    if _is_int(value) and 0 <= int(value) < len(names):
-        return int(value)
+    index = _id_of(value)
+    if index is not None and 0 <= index < len(names):
+        return index
     known = f"data.label_names ({', '.join(names)})" if cfg.label_names is not None else f"the labels {names}"
     raise UserError(f"{where} has the label {value!r} in column {column!r}, which is not in {known}; fix the row.")
 

@@ -1,7 +1,8 @@
 """Pretrained checkpoints: hub ids, local directories and ``.gguf`` files, loaded with their task head.
 
 A name the model table does not register is a Hugging Face hub id or a local directory, loaded with the
-``Auto*`` classes (from the local hub cache when offline), or the path of a ``.gguf`` file, de-quantized once
+``Auto*`` classes (from the local hub cache only when offline or when the hub cannot be reached,
+:mod:`fedpeft.models.hub`), or the path of a ``.gguf`` file, de-quantized once
 and cached (:mod:`fedpeft.models.gguf`). Image classifiers load through :mod:`fedpeft.models.vision`, LLaVA
 checkpoints through :mod:`fedpeft.models.multimodal`. A task head the checkpoint lacks is freshly initialized
 inside :func:`~fedpeft.models.tiny.seeded_init`.
@@ -30,6 +31,7 @@ from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import MODELS
 from fedpeft.models.gguf import cached_gguf_checkpoint, local_gguf_source
+from fedpeft.models.hub import offline_reason
 from fedpeft.models.multimodal import load_image_text_checkpoint
 from fedpeft.models.precision import quantization_config, torch_dtype
 from fedpeft.models.tiny import apply_overrides, seeded_init, set_labels
@@ -37,16 +39,24 @@ from fedpeft.models.vision import is_image_classifier, load_image_checkpoint
 
 
 def load_checkpoint(
-    source: str, cfg: ModelConfig, task: str, num_labels: int, *, revision: str | None = None, device: str = "cpu"
+    source: str,
+    cfg: ModelConfig,
+    task: str,
+    num_labels: int,
+    *,
+    revision: str | None = None,
+    device: str = "cpu",
+    local_files_only: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized.
 
     The weights load in ``cfg.dtype``; with ``cfg.quantization`` the linear layers are quantized by bitsandbytes
     while loading, straight onto ``device`` (checked by :func:`~fedpeft.models.precision.check_quantization`).
+    ``local_files_only``: read a hub id from the local cache, never from the hub.
     """
-    config = AutoConfig.from_pretrained(source, revision=revision)
+    config = AutoConfig.from_pretrained(source, revision=revision, local_files_only=local_files_only)
     if task == "classification" and is_image_classifier(config):
-        return load_image_checkpoint(source, cfg, num_labels, revision)
+        return load_image_checkpoint(source, cfg, num_labels, revision, local_files_only=local_files_only)
     apply_overrides(config, cfg.overrides, cfg.name)
     set_labels(config, task, num_labels)
     mapping = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING if task == "classification" else MODEL_FOR_CAUSAL_LM_MAPPING
@@ -64,13 +74,14 @@ def load_checkpoint(
             source,
             config=config,
             revision=revision,
+            local_files_only=local_files_only,
             dtype=torch_dtype(cfg),
             **quantized,
             # A checkpoint with a head for another label count gets a fresh head instead of an error.
             ignore_mismatched_sizes=task == "classification",
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, local_files_only=local_files_only)
     except (OSError, ValueError):
         raise UserError(
             f"Model {cfg.name} has no tokenizer files transformers can read; save its tokenizer next to the "
@@ -94,18 +105,33 @@ def load_external(
             "written by save_pretrained, or a .gguf file."
         )
     source = str(path) if path.exists() else cfg.name
+    # Without the hub, the cache only: a missing checkpoint is refused at once instead of after the hub's retries.
+    offline = None if path.exists() else offline_reason()
+    revision = f" (revision {cfg.revision})" if cfg.revision else ""
     try:
-        config = AutoConfig.from_pretrained(source, revision=cfg.revision)
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision, local_files_only=offline is not None)
     except (OSError, HFValidationError):
-        revision = f" (revision {cfg.revision})" if cfg.revision else ""
+        why = f", and {offline}" if offline else ""
         raise UserError(
             f"Model {cfg.name}{revision} is neither a registered name nor a local path nor in the Hugging "
-            f"Face cache; choose one of {', '.join(MODELS.names())}, give a local checkpoint directory, or "
+            f"Face cache{why}; choose one of {', '.join(MODELS.names())}, give a local checkpoint directory, or "
             "download it first with `huggingface-cli download` on a machine with internet access."
         ) from None
     except ValueError as err:
         reason = str(err).splitlines()[0]
         raise UserError(f"Model {cfg.name} cannot be read by this transformers version ({reason}).") from None
-    if config.model_type == "llava":
-        return load_image_text_checkpoint(source, cfg, task, revision=cfg.revision)
-    return load_checkpoint(source, cfg, task, num_labels, revision=cfg.revision, device=device)
+    local = offline is not None
+    try:
+        if config.model_type == "llava":
+            return load_image_text_checkpoint(source, cfg, task, revision=cfg.revision, local_files_only=local)
+        return load_checkpoint(
+            source, cfg, task, num_labels, revision=cfg.revision, device=device, local_files_only=local
+        )
+    except OSError:
+        if not local:
+            raise
+        raise UserError(
+            f"Model {cfg.name}{revision} is only partly in the Hugging Face cache (its config, not all its weights), "
+            f"and {offline}; download it fully first with `huggingface-cli download` on a machine with internet "
+            "access."
+        ) from None

@@ -71,21 +71,25 @@ def build_tiny_llava(
 
 
 def load_image_text_checkpoint(
-    source: str, cfg: ModelConfig, task: str, revision: str | None = None
+    source: str, cfg: ModelConfig, task: str, revision: str | None = None, *, local_files_only: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A LLaVA checkpoint with its tokenizer and (if saved with it) its image processor."""
+    """A LLaVA checkpoint with its tokenizer and (if saved with it) its image processor (``local_files_only``:
+    read a hub id from the local cache, never from the hub)."""
     if task != "generation":
         raise UserError(f"Model {cfg.name} is an image-text model; use it with a generation dataset.")
     model = LlavaForConditionalGeneration.from_pretrained(
         source,
         revision=revision,  # type: ignore[arg-type]  # annotated str; None (the default branch) works
+        local_files_only=local_files_only,
         dtype=torch.float32,
     )
-    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, local_files_only=local_files_only)
     try:
         from transformers import AutoImageProcessor
 
-        model.image_processor = AutoImageProcessor.from_pretrained(source, revision=revision)
+        model.image_processor = AutoImageProcessor.from_pretrained(
+            source, revision=revision, local_files_only=local_files_only
+        )
     except (OSError, ValueError):
         model.image_processor = None  # type: ignore[assignment]  # torch types module attributes as Tensor | Module
     return model, tokenizer

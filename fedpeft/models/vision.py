@@ -67,20 +67,26 @@ def build_tiny_vit(
 
 
 def load_image_checkpoint(
-    source: str, cfg: ModelConfig, num_labels: int, revision: str | None = None
+    source: str, cfg: ModelConfig, num_labels: int, revision: str | None = None, *, local_files_only: bool = False
 ) -> tuple[PreTrainedModel, Any]:
-    """An image-classification checkpoint with a head of ``num_labels`` classes, and its image processor."""
-    config = AutoConfig.from_pretrained(source, revision=revision)
+    """An image-classification checkpoint with a head of ``num_labels`` classes, and its image processor
+    (``local_files_only``: read a hub id from the local cache, never from the hub)."""
+    config = AutoConfig.from_pretrained(source, revision=revision, local_files_only=local_files_only)
     apply_overrides(config, cfg.overrides, cfg.name)
     config.num_labels = num_labels
     with seeded_init():
         model = AutoModelForImageClassification.from_pretrained(
-            source, config=config, revision=revision, dtype=torch.float32, ignore_mismatched_sizes=True
+            source,
+            config=config,
+            revision=revision,
+            local_files_only=local_files_only,
+            dtype=torch.float32,
+            ignore_mismatched_sizes=True,
         )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "torchvision is not installed, falling back to PIL"
-            processor = AutoImageProcessor.from_pretrained(source, revision=revision)
+            processor = AutoImageProcessor.from_pretrained(source, revision=revision, local_files_only=local_files_only)
     except (OSError, ValueError):
         size = getattr(config, "image_size", 224)
         processor = image_processor(int(size if isinstance(size, int) else size[0]))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.textfiles import read_text
 
 Budget = int | str | None
 Record = dict[str, Any]
@@ -17,12 +18,14 @@ RESULTS_FILE = "results.jsonl"
 COSTS_FILE = "costs.jsonl"
 DATA_FILE = "data.json"  # the run's data overview (fedpeft.runner.data_overview), the summary's Data section
 BASE_METHOD = "base"
+# The end of the sentence refusing a run's file that does not decode: fedpeft writes them as UTF-8.
+DAMAGED_FIX = "fedpeft writes it as UTF-8, so fix or remove that line"
 POOL_ORDER = ("seen", "unseen", "all")
 METRIC_LABELS = {"accuracy": "Accuracy", "meteor": "METEOR", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L"}
 
 RESULT_KEY = ("method", "budget", "pool", "client", "seed", "split", "metric")
 # budget: per-tier compute records; round and client: the events of untrusted updates (rejections, faults).
-_COST_KEY = ("method", "budget", "seed", "phase", "metric", "round", "client")
+_COST_KEY = ("method", "budget", "seed", "phase", "metric", "round", "client", "step")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -30,17 +33,23 @@ _COST_KEY = ("method", "budget", "seed", "phase", "metric", "round", "client")
 
 
 def read_jsonl(path: Path) -> list[Record]:
-    """The records of one JSONL file (blank lines skipped); a line that is not JSON is a ``UserError``."""
+    """The records of one JSONL file (blank lines skipped); a line that is not UTF-8, not JSON or not a JSON object
+    is a ``UserError`` naming it."""
     records = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    text = read_text(path, "utf-8", DAMAGED_FIX)
+    # Lines end at "\n" only: splitlines() would also cut at characters JSON strings may hold (U+2028, ...).
+    for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as error:
             raise UserError(
                 f"{path} line {line_number} is not valid JSON ({error.msg}); fix or remove that line."
             ) from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path} line {line_number} is not a JSON object; fix or remove that line.")
+        records.append(record)
     return records
 
 

@@ -11,11 +11,13 @@ from typing import Any
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import write_text_atomic
+from fedpeft.core.textfiles import read_text
 from fedpeft.report.continual import continual_sections, read_round_records
 from fedpeft.report.costs import render_compute_table, render_cost_tables, render_failures, render_rejections
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.privacy import privacy_sections
 from fedpeft.report.records import (
+    DAMAGED_FIX,
     DATA_FILE,
     Record,
     budget_label,
@@ -106,14 +108,14 @@ def data_sections(run_dirs: Sequence[Path]) -> list[str]:
         data_file = run_dir / DATA_FILE
         if data_file.is_file():
             try:
-                overview = json.loads(data_file.read_text(encoding="utf-8"))
+                overview = json.loads(read_text(data_file, "utf-8", "delete it or rerun the run with --resume"))
             except json.JSONDecodeError:
                 raise UserError(f"{data_file} is not valid JSON; delete it or rerun the run with --resume.") from None
             if isinstance(overview, Mapping) and overview:
                 found.append((run_dir, render_info(overview)))
             continue
         summary = run_dir / SUMMARY_FILE
-        text = summary.read_text(encoding="utf-8") if summary.is_file() else ""
+        text = read_text(summary, "utf-8", DAMAGED_FIX) if summary.is_file() else ""
         section = re.search(r"^## Data\n\n(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
         if section and section.group(1).strip():
             found.append((run_dir, section.group(1).strip()))

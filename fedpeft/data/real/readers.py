@@ -6,6 +6,8 @@ that names the fix.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.textfiles import read_text
 
 FILE_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 # Accepted file stems per split; ``dev`` is the validation name of some original releases (MasakhaNEWS).
@@ -26,6 +29,8 @@ SPLIT_STEMS: dict[str, tuple[str, ...]] = {
     "validation": ("validation", "dev", "valid"),
     "test": ("test",),
 }
+# How to fix a file of a packaged dataset's release that is not UTF-8 (those releases are).
+SAVE_AS_UTF8 = "save it as UTF-8"
 # Metadata files that ``save_to_disk`` writes next to the arrow shards; never data.
 _METADATA_FILES = {"dataset_info.json", "state.json", "dataset_dict.json"}
 
@@ -76,54 +81,202 @@ def read_tables(files: Sequence[Path]) -> pa.Table:
         ) from err
 
 
-def read_table(path: Path) -> pa.Table:
-    """Read one data file into an arrow table, chosen by its extension."""
-    suffix = path.suffix.lower()
+def read_table(path: Path, encoding: str = "utf-8", fix: str = SAVE_AS_UTF8, option: str = "the encoding") -> pa.Table:
+    """Read one data file into an arrow table, chosen by its extension.
+
+    Args:
+        path: a ``.jsonl``, ``.json``, ``.csv``, ``.tsv`` or ``.parquet`` file.
+        encoding: the encoding of a text file (``utf-8`` reads one with or without a byte order mark).
+        fix: the end of the sentence refusing a byte that does not decode (see
+            :func:`~fedpeft.core.textfiles.decode_text`).
+        option: where ``encoding`` was given (``data.encoding``), for the message of an unknown encoding.
+    """
+    suffix = _suffix(path)
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    text = read_text(path, encoding, fix, option)
+    if suffix in (".csv", ".tsv"):
+        return read_delimited(text, path)
+    if suffix == ".jsonl":
+        try:
+            return pajson.read_json(pa.BufferReader(text.encode("utf-8")))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass  # read line by line below, which names a bad line
+    columns, rows, _ = json_rows(text, path)
     try:
-        if suffix == ".parquet":
-            return pq.read_table(path)
-        if suffix in (".csv", ".tsv"):
-            parse = pacsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ",", newlines_in_values=True)
-            return pacsv.read_csv(path, parse_options=parse)
-        if suffix == ".jsonl":
-            try:
-                return pajson.read_json(path)
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                return pa.Table.from_pylist(read_json_records(path))
-        if suffix == ".json":
-            return pa.Table.from_pylist(read_json_records(path))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as err:
-        raise UserError(
-            f"Could not read {path} ({type(err).__name__}); check that it is valid {suffix[1:]} "
-            "with the columns listed in docs/real-data.md."
-        ) from err
-    raise UserError(f"{path} has an unsupported extension; use one of {', '.join(FILE_EXTENSIONS)}.")
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise UserError(_mixed_types(path, columns, rows) or _unreadable(path, err)) from None
+
+
+def read_rows(
+    path: Path, encoding: str = "utf-8", fix: str = SAVE_AS_UTF8, option: str = "the encoding"
+) -> tuple[list[str], list[dict[str, Any]], list[int] | None]:
+    """The column names, the rows (dicts with every column) and, for JSON Lines, each row's line of one data file.
+
+    Unlike :func:`read_table`, JSON values keep their Python types: a column may mix numbers and strings (the caller
+    decides what it accepts). Arguments as for :func:`read_table`.
+    """
+    suffix = _suffix(path)
+    if suffix in (".jsonl", ".json"):
+        return json_rows(read_text(path, encoding, fix, option), path)
+    table = read_table(path, encoding, fix, option)
+    return list(table.column_names), table.to_pylist(), None
+
+
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in FILE_EXTENSIONS:
+        raise UserError(f"{path} has an unsupported extension; use one of {', '.join(FILE_EXTENSIONS)}.")
+    return suffix
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
+        raise UserError(_unreadable(path, err)) from None
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (
+        f"Could not read {path} ({reason}); check that it is valid {path.suffix.lower()[1:]} with the columns "
+        "listed in docs/real-data.md."
+    )
+
+
+def read_delimited(text: str, path: Path) -> pa.Table:
+    """A CSV (or, for a ``.tsv`` path, tab-separated) text as an arrow table, column types inferred.
+
+    Where arrow cannot read it, a row whose number of fields differs from the header's is refused by its line and
+    row; a column whose type arrow inferred wrongly (numbers, then text further down) is read as text.
+    """
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+    data = text.encode("utf-8")
+    try:
+        return pacsv.read_csv(pa.BufferReader(data), parse_options=parse)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        arrow_error = err
+    header = _check_fields(text, path, delimiter)
+    as_text = pacsv.ConvertOptions(column_types=dict.fromkeys(header, pa.string()), strings_can_be_null=True)
+    try:
+        return pacsv.read_csv(pa.BufferReader(data), parse_options=parse, convert_options=as_text)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        raise UserError(_unreadable(path, arrow_error)) from None
+
+
+def _check_fields(text: str, path: Path, delimiter: str) -> list[str]:
+    """The header of a delimited text; a row with another number of fields is a ``UserError`` naming it."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header: list[str] | None = None
+    row_number = 0
+    separator = "a tab" if delimiter == "\t" else "a comma"
+    try:
+        for fields in reader:
+            if not fields:
+                continue  # arrow skips empty lines too
+            if header is None:
+                header = fields
+                continue
+            row_number += 1
+            if len(fields) != len(header):
+                raise UserError(
+                    f"{path} line {reader.line_num} (row {row_number}) has {len(fields)} fields where the header has "
+                    f"{len(header)}; quote values that hold {separator} or fix that row."
+                )
+    except csv.Error as err:
+        raise UserError(f"{path} line {reader.line_num} is not valid {path.suffix[1:]} ({err}); fix it.") from None
+    return header or []
+
+
+def _mixed_types(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> str | None:
+    """The sentence naming the first row whose value in some column has another type than the column's first."""
+    for column in columns:
+        first: tuple[int, str] | None = None
+        for number, row in enumerate(rows, start=1):
+            value = row.get(column)
+            if value is None:
+                continue
+            kind = _json_kind(value)
+            if first is None:
+                first = (number, kind)
+            elif kind != first[1]:
+                return (
+                    f"Row {number} of {path} has {kind} in column {column!r}, but row {first[0]} has {first[1]}; "
+                    "give every value of a column the same type."
+                )
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def json_rows(text: str, path: Path) -> tuple[list[str], list[dict[str, Any]], list[int] | None]:
+    """The columns, rows and (for JSON Lines) row lines of a JSON list of objects or of JSON Lines.
+
+    Every row gets every column (``None`` where it lacks one); a row that is not an object is a ``UserError``.
+    """
+    data = _json_document(text, path)
+    lines: list[int] | None = None
+    if data is None:
+        data, lines = json_lines(text, path)
+    elif not isinstance(data, list):
+        raise UserError(f"{path} must hold a JSON list of objects or one JSON object per line.")
+    for index, row in enumerate(data):
+        if not isinstance(row, dict):
+            where = f"{path} line {lines[index]}" if lines is not None else f"Item {index + 1} of {path}"
+            raise UserError(
+                f"{where} is {_json_kind(row)}, not a JSON object; write each example as an object of its columns."
+            )
+    columns = list(dict.fromkeys(key for row in data for key in row))
+    return columns, [{column: row.get(column) for column in columns} for row in data], lines
 
 
 def read_json_records(path: Path) -> list[dict[str, Any]]:
-    """A JSON list of objects or JSON Lines, as a list of dicts."""
-    data = load_json_or_lines(path)
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise UserError(f"{path} must hold a JSON list of objects or one JSON object per line.")
-    return data
+    """A JSON list of objects or JSON Lines (UTF-8), as a list of dicts."""
+    return json_rows(read_text(path, "utf-8", SAVE_AS_UTF8), path)[1]
 
 
 def load_json_or_lines(path: Path) -> Any:
-    """Parse ``path`` as one JSON document, or as JSON Lines (always for ``.jsonl``)."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() != ".jsonl":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            pass
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    """Parse ``path`` (UTF-8) as one JSON document, or as JSON Lines (always for ``.jsonl``)."""
+    text = read_text(path, "utf-8", SAVE_AS_UTF8)
+    data = _json_document(text, path)
+    return json_lines(text, path)[0] if data is None else data
+
+
+def _json_document(text: str, path: Path) -> Any:
+    """``text`` parsed as one JSON document; ``None`` for a ``.jsonl`` path or text that is not one document."""
+    if path.suffix.lower() == ".jsonl":
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def json_lines(text: str, path: Path) -> tuple[list[Any], list[int]]:
+    """The values of the JSON Lines ``text`` (of ``path``; blank lines skipped) and the line of each."""
+    values: list[Any] = []
+    numbers: list[int] = []
+    # Lines end at "\n" only: splitlines() would also cut at characters JSON strings may hold (U+2028, ...).
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            values.append(json.loads(line))
         except json.JSONDecodeError as err:
             raise UserError(
-                f"{path} line {number} is not valid JSON; give one JSON document or one JSON object per line."
-            ) from err
-    return rows
+                f"{path} line {number} is not valid JSON ({err.msg} at column {err.colno}); give one JSON document "
+                "or one JSON object per line."
+            ) from None
+        numbers.append(number)
+    return values, numbers

@@ -1,0 +1,308 @@
+"""Bad input that ends in one sentence and exit code 2, touching nothing: config files that are not UTF-8 or hold
+nothing, faults aimed at no method or no client, an unknown model without the hub; and the resume line an
+interrupted run prints, which pastes into a shell as it is."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fedpeft.core.config import load_config
+from fedpeft.core.errors import UserError
+from fedpeft.core.faults import FaultConfig, check_fault_clients
+
+TINY = [
+    "data.groups=[lat1]",
+    "data.train_per_group=40",
+    "data.test_per_group=20",
+    "data.base_samples=200",
+    "budgets=[2]",
+    "methods=[{name: lora, lr: 0.005, epochs: 1}]",
+]  # clients lat1-seen-00, lat1-seen-01 (seen) and lat1-unseen-00, lat1-unseen-01
+
+
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The ``fedpeft`` console entry point, in process; returns (exit code, stdout, stderr)."""
+    from fedpeft.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def smoke_args(out: Path, *overrides: str) -> list[str]:
+    """``run smoke`` on the tiny federation into ``out``, with more ``--set`` overrides."""
+    args = ["run", "smoke", "--out", str(out)]
+    for item in [*TINY, *overrides]:
+        args += ["--set", item]
+    return args
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def refused(monkeypatch, capsys, tmp_path: Path, args: list[str]) -> str:
+    """Run ``args`` in ``tmp_path`` and check the refusal: exit 2, one line, no traceback, every file as it was,
+    no output directory; returns the line."""
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    code, _, err = cli(monkeypatch, capsys, *args)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert snapshot(tmp_path) == before
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+    return err.strip()
+
+
+# ---------------------------------------------------------------------------------------------- config files
+def _latin1(tmp: Path) -> tuple[Path, list[str]]:
+    path = tmp / "exp.yaml"
+    path.write_bytes("seeds: [0]\nname: caf\u00e9\n".encode("latin-1"))
+    return path, ["line 2", "0xe9 at byte offset 20", "must be UTF-8", "byte order mark is accepted"]
+
+
+def _latin1_after_a_bom(tmp: Path) -> tuple[Path, list[str]]:
+    path = tmp / "exp.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + "name: \u00e9t\u00e9\n".encode("latin-1"))
+    return path, ["line 1", "0xe9 at byte offset 9", "must be UTF-8"]  # offsets count the mark's 3 bytes
+
+
+def _utf16(tmp: Path) -> tuple[Path, list[str]]:
+    path = tmp / "exp.yaml"
+    path.write_bytes("name: exp\n".encode("utf-16"))
+    return path, ["line 1", "byte offset 0", "must be UTF-8"]
+
+
+def _empty(tmp: Path) -> tuple[Path, list[str]]:
+    path = tmp / "exp.yaml"
+    path.write_bytes(b"")
+    return path, ["is empty", "methods: [{name: lora}]"]
+
+
+def _only_comments(tmp: Path) -> tuple[Path, list[str]]:
+    path = tmp / "exp.yml"
+    path.write_text("# an experiment, to be written\n\n   \n# methods: [{name: lora}]\n")
+    return path, ["is empty", "preset"]
+
+
+@pytest.mark.parametrize(
+    "case", [_latin1, _latin1_after_a_bom, _utf16, _empty, _only_comments], ids=lambda c: c.__name__.strip("_")
+)
+def test_a_config_file_that_is_not_utf8_or_holds_nothing_is_one_sentence(case, tmp_path, monkeypatch, capsys):
+    path, fragments = case(tmp_path)
+    line = refused(monkeypatch, capsys, tmp_path, ["run", str(path), "--out", str(tmp_path / "run")])
+    assert line.startswith(f"error: {path} "), line
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_a_utf8_config_with_a_byte_order_mark_loads(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + "name: caf\u00e9\nseeds: [3]\n".encode())
+    cfg = load_config(str(path))
+    assert cfg.name == "caf\u00e9" and cfg.seeds == [3]
+
+
+# ---------------------------------------------------------------------------------------------- faults
+def test_a_fault_aimed_at_no_method_is_refused_before_the_data_is_built(tmp_path, monkeypatch, capsys):
+    from fedpeft import worker
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the data was built")
+
+    monkeypatch.setattr(worker, "build_data", never)
+    faults = "faults=[{kind: nan, clients: [lat1-seen-00]}, {kind: raise, methods: [lora, fedtypo]}]"
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", faults))
+    assert "faults.1.methods" in line and "'fedtypo'" in line and "name one of: lora." in line, line
+
+
+def test_the_base_stage_is_a_fault_target_only_when_it_is_federated(tmp_path, monkeypatch, capsys):
+    faults = "faults=[{kind: nan, methods: [base-stage]}]"
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", faults))  # smoke: centralized
+    assert "faults.0.methods" in line and "'base-stage'" in line and "name one of: lora." in line, line
+    assert "(base-stage: the rounds of a federated base stage, and base.kind is centralized)" in line, line
+    cfg = load_config("smoke", [*TINY, "base.kind=federated", faults])
+    assert cfg.faults[0].methods == ["base-stage"]
+    labelled = load_config("smoke", [*TINY, "methods.0.label=mine", "faults=[{kind: nan, methods: [mine]}]"])
+    assert labelled.faults[0].methods == ["mine"]
+
+
+@pytest.mark.parametrize(
+    ("client", "what"),
+    [
+        ("no-such-client", "which is no client of the data"),
+        ("lat1-unseen-00", "a client of the unseen pool, which never trains"),
+    ],
+)
+def test_a_fault_aimed_at_a_client_that_never_trains_is_refused_before_the_output_exists(
+    client, what, tmp_path, monkeypatch, capsys
+):
+    faults = f"faults=[{{kind: nan, clients: [lat1-seen-00]}}, {{kind: drop, clients: [{client}]}}]"
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", faults))
+    assert f"faults.1.clients names '{client}', {what}" in line, line
+    assert line.endswith("name clients of the seen pool: lat1-seen-00, lat1-seen-01."), line
+
+
+def test_a_long_list_of_clients_is_abbreviated():
+    pools = {f"c{i:02d}": "seen" for i in range(30)}
+    with pytest.raises(UserError) as refusal:
+        check_fault_clients([FaultConfig(kind="nan", clients=["c01", "c99"])], pools)
+    assert str(refusal.value) == (
+        "faults.0.clients names 'c99', which is no client of the data; name clients of the seen pool: c00, c01, c02, "
+        "c03, c04, c05, ... (30 in all)."
+    )
+    check_fault_clients([FaultConfig(kind="nan", clients=["c00", "c29"])], pools)  # all known: no error
+
+
+# ---------------------------------------------------------------------------------------------- resume line
+AWKWARD = [
+    "run",
+    "my configs/exp one.yaml",
+    "--set",
+    "methods=[{name: fedit, rounds: 300}]",
+    "--set",
+    'name=it\'s "quoted" $HOME `date` *; echo no',
+    "--out",
+    "runs/a b",
+]
+
+
+def test_the_resume_line_pastes_into_a_shell_with_every_argument_intact(tmp_path):
+    from fedpeft.cli import resume_command
+
+    line = resume_command(AWKWARD)
+    assert line is not None and line.startswith("fedpeft run ")
+    assert shlex.split(line) == ["fedpeft", *AWKWARD, "--resume"]
+    # The line as a user pastes it, with `fedpeft` standing for a program that prints the arguments it receives.
+    echo = f"{shlex.quote(sys.executable)} -c 'import json, sys; print(json.dumps(sys.argv[1:]))'"
+    shell = subprocess.run(
+        ["bash", "-c", f'fedpeft() {{ {echo} "$@"; }}\n{line}'],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(shell.stdout) == [*AWKWARD, "--resume"]
+    assert not list(tmp_path.iterdir())  # nothing in the line ran but the stand-in
+
+
+def test_the_resume_line_keeps_one_resume_and_only_follows_run():
+    from fedpeft.cli import resume_command
+
+    assert resume_command(["run", "smoke", "--resume", "--out", "a b"]) == "fedpeft run smoke --resume --out 'a b'"
+    assert resume_command(["report", "runs/x"]) is None and resume_command([]) is None
+
+
+def test_an_interrupted_run_prints_the_quoted_resume_line(tmp_path, monkeypatch, capsys):
+    import fedpeft.core.config
+    from fedpeft.cli import resume_command
+
+    def interrupt(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedpeft.core.config, "load_config", interrupt)
+    monkeypatch.setattr("os._exit", lambda code: sys.exit(code))  # never end the test process itself
+    code, _, err = cli(monkeypatch, capsys, *AWKWARD)
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == f"interrupted; continue it with `{resume_command(AWKWARD)}`."
+
+
+# ---------------------------------------------------------------------------------------------- unknown model
+UNKNOWN_MODEL = "model.name=no-such-org/no-such-model"
+
+
+@pytest.fixture
+def probes(monkeypatch) -> list[str]:
+    """The endpoints the hub probe is asked about (it still asks them)."""
+    from fedpeft.models import hub
+
+    asked: list[str] = []
+    real: Callable[..., bool] = hub.hub_answers
+
+    def counted(endpoint: str, *args, **kwargs) -> bool:
+        asked.append(endpoint)
+        return real(endpoint, *args, **kwargs)
+
+    monkeypatch.setattr(hub, "hub_answers", counted)
+    return asked
+
+
+def hub_requests(caplog) -> list[str]:
+    """What huggingface_hub logged: a request it retried, or one that failed."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")]
+
+
+@pytest.fixture
+def hub_unreachable(monkeypatch) -> str:
+    """No offline setting, and the hub at a local port where nothing listens; returns that endpoint."""
+    from huggingface_hub import constants
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    return endpoint
+
+
+def test_an_unknown_model_with_hf_hub_offline_is_refused_at_once(tmp_path, monkeypatch, capsys, caplog, probes):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", UNKNOWN_MODEL))
+    assert line.startswith("error: Model no-such-org/no-such-model is neither a registered name"), line
+    assert "in the Hugging Face cache, and HF_HUB_OFFLINE is set; choose one of " in line, line
+    assert probes == [] and hub_requests(caplog) == []  # the hub was never asked
+
+
+def test_an_unknown_model_without_the_hub_is_refused_after_one_probe(
+    tmp_path, monkeypatch, capsys, caplog, probes, hub_unreachable
+):
+    caplog.set_level(logging.DEBUG)
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", UNKNOWN_MODEL))
+    assert f"in the Hugging Face cache, and the hub ({hub_unreachable}) cannot be reached; choose" in line, line
+    assert probes == [hub_unreachable] and hub_requests(caplog) == []  # one probe, no request retried
+
+
+def test_a_cached_hub_model_loads_when_the_hub_cannot_be_reached(tmp_path, monkeypatch, probes, hub_unreachable):
+    from huggingface_hub import constants
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    from fedpeft.core.config import ModelConfig
+    from fedpeft.models.checkpoints import load_external
+
+    # The layout of the hub cache: models--<org>--<name>/snapshots/<commit>/ and refs/main naming the commit.
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--test-org--tiny-bert"
+    snapshot_dir = repo / "snapshots" / commit
+    config = BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=3
+    )
+    BertForSequenceClassification(config).save_pretrained(snapshot_dir)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world"]) + "\n")
+    BertTokenizer(vocab_file=str(vocab)).save_pretrained(snapshot_dir)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    model, tokenizer = load_external(ModelConfig(name="test-org/tiny-bert"), "classification", 3)
+    assert model.config.num_labels == 3 and tokenizer is not None
+    assert probes == [hub_unreachable]
