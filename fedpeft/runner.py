@@ -32,6 +32,7 @@ from fedpeft.base_models import train_centralized_base
 from fedpeft.core.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
 from fedpeft.core.costs import FAILED_CLIENT, CostMeter
 from fedpeft.core.errors import AllClientsFailedError, UserError
+from fedpeft.core.faults import check_fault_clients
 from fedpeft.core.io import (
     RUN_MARKER,
     check_no_clash,
@@ -165,6 +166,7 @@ class Experiment:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self._check_secure_aggregation(flower=engine_factory is not None or self.cfg.engine.name == "flower")
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
+        check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in self.data.clients})
         fresh = self._create_output()
         try:
             self.metric_log = MetricLog(
@@ -493,7 +495,7 @@ class Experiment:
         self.progress.rounds(method.rounds, start)
         train_records = self._round_records.setdefault((label, seed), [])
         callbacks: list[RoundCallback] = [
-            AfterRound(lambda state, round_, _: self._evaluate_round(method, label, seed, state, round_ + 1)),
+            AfterRound(lambda state, round_, _: self._evaluate_round(method, label, seed, state, round_ + 1, meter)),
             AfterRound(
                 lambda _state, round_, metrics: train_records.extend(train_rows(label, budget, seed, round_, metrics))
             ),
@@ -524,18 +526,23 @@ class Experiment:
             min_updates=self.cfg.validation.min_updates,
         )
 
-    def _evaluate_round(self, method: Method, label: str, seed: int, state: ServerState, completed: int) -> None:
-        """Evaluate every client's current model after ``completed`` rounds, every ``eval.every`` rounds."""
+    def _evaluate_round(
+        self, method: Method, label: str, seed: int, state: ServerState, completed: int, meter: CostMeter
+    ) -> None:
+        """Evaluate every client's current model after ``completed`` rounds, every ``eval.every`` rounds; a
+        client whose evaluation fails is left out and recorded in ``meter``."""
         every = self.cfg.eval.every
         rounds = method.rounds
         if not every or label == BASE_STAGE_LABEL or (completed % every and completed != rounds):
             return
         records = self._round_records.setdefault((label, seed), [])
         ids = [c.client_id for c in self.data.clients]
-        for _, result in self.engine.map_clients(
+        for client_id, result in self.engine.map_clients(
             "evaluate_round", ids, label=label, seed=seed, round_=completed, state=state
         ):
-            if not isinstance(result, BaseException):
+            if isinstance(result, BaseException):
+                meter.record_evaluation_failure(client_id, result, completed - 1)
+            else:
                 records += result
 
     def _run_method(self, method: Method, seed: int) -> tuple[list[dict], list[dict]]:

@@ -103,6 +103,8 @@ FAULTS = [
     {"kind": "drop", "clients": ["lat2-seen-00"], "rounds": [1]},
 ]
 EVENTS = {
+    (0, "lat1-seen-00", "injected_fault"),
+    (0, "lat1-seen-00", "failed_client"),
     (0, "lat1-seen-01", "injected_fault"),
     (0, "lat1-seen-01", "rejected_update"),
     (0, "lat2-seen-00", "injected_fault"),
@@ -112,6 +114,8 @@ EVENTS = {
     (1, "lat1-seen-00", "rejected_update"),
     (1, "lat1-seen-01", "injected_fault"),
     (1, "lat1-seen-01", "rejected_update"),
+    (1, "lat2-seen-00", "injected_fault"),
+    (1, "lat2-seen-00", "failed_client"),
     (1, "lat2-seen-00", "dropped_client"),
     (0, None, "kept_previous_state"),
     (1, None, "kept_previous_state"),
@@ -139,6 +143,9 @@ def check_faulty_run(run_dir: Path) -> None:
     assert "has shape" in reasons[1, "lat1-seen-00"] and "exceeds the bound 1" in reasons[1, "lat1-seen-01"]
     kinds = {(r["round"], r["client"]): r["kind"] for r in rows if r["metric"] == "injected_fault"}
     assert kinds[0, "lat2-seen-01"] == "slow" and kinds[1, "lat1-seen-01"] == "scale"
+    assert kinds[0, "lat1-seen-00"] == "raise" and kinds[1, "lat2-seen-00"] == "drop"
+    errors = {(r["round"], r["client"]): r["error"] for r in rows if r["metric"] == "failed_client"}
+    assert errors == {(0, "lat1-seen-00"): "InjectedFaultError", (1, "lat2-seen-00"): "InjectedDropError"}
     failed = [json.loads(line) for line in (run_dir / "costs.jsonl").read_text().splitlines()]
     assert {(r["method"], r["metric"]): r["value"] for r in failed}["fedit", "failed_client_rounds"] == 2.0
     state = torch.load(run_dir / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["state"]

@@ -9,6 +9,11 @@ import sys
 from dataclasses import dataclass, field
 from functools import cache
 
+from fedpeft.core.faults import INJECTED_ERRORS
+
+FAILED_CLIENT = "failed_client"  # the metric of a client's failure event
+_MESSAGE_CHARS = 200  # of a failure's message kept in its event
+
 
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB."""
@@ -36,6 +41,20 @@ def release_memory() -> None:
         libc.malloc_trim(0)
 
 
+def error_class(error: BaseException) -> str:
+    """The class name of what a client's work raised; an error relayed from a Flower node carries the name of
+    the one raised there (``error_type``)."""
+    return getattr(error, "error_type", None) or type(error).__name__
+
+
+def error_summary(error: BaseException) -> str:
+    """The first line of an error's message (``error_message`` for one relayed from a Flower node), cut to 200
+    characters."""
+    text = str(getattr(error, "error_message", None) or error).strip()
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= _MESSAGE_CHARS else line[: _MESSAGE_CHARS - 1] + "…"
+
+
 @dataclass
 class CostMeter:
     """Accumulates communication and time of one phase."""
@@ -47,9 +66,47 @@ class CostMeter:
     client_seconds: float = 0.0
     wall_seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
-    # What the server did about untrusted updates: one dict per rejected update, injected fault that reached it,
-    # or round that kept the previous state (``{"metric": ..., "round": ..., "client": ..., "reason": ...}``).
+    # One dict per event of the phase (``{"metric": ..., "round": ..., "client": ..., ...}``): a failed client
+    # (:meth:`record_failure`), a rejected update, an injected fault, a dropped client, a round that kept the
+    # previous state.
     events: list[dict] = field(default_factory=list)
+
+    def record_failure(
+        self, client_id: str, error: BaseException, round_: int | None = None, message: str | None = None
+    ) -> None:
+        """Count a client whose work raised ``error`` in this phase (in round ``round_`` of a federated phase)
+        and record it as a ``failed_client`` event with the error's class and message, preceded by an
+        ``injected_fault`` event when the config's ``faults`` raised it.
+
+        Args:
+            client_id: the client.
+            error: what its work raised (or the engine's error for it: a lost node, a dropped client).
+            round_: the 0-based round, for a failure in a federated round; None in the other phases.
+            message: the line kept in ``failures`` (the run's error message names the first); default
+                ``"<client>: <error>"``.
+        """
+        self.failures.append(message or f"{client_id}: {error!r}")
+        where: dict[str, int] = {} if round_ is None else {"round": round_}
+        for cls, kind in INJECTED_ERRORS.items():
+            if isinstance(error, cls):
+                self.events.append({"metric": "injected_fault", **where, "client": client_id, "kind": kind})
+        name, summary = error_class(error), error_summary(error)
+        self.events.append({"metric": FAILED_CLIENT, **where, "client": client_id, "error": name, "message": summary})
+
+    def record_evaluation_failure(self, client_id: str, error: BaseException, round_: int) -> None:
+        """Record a client whose evaluation after round ``round_`` (``eval.every``) raised: a ``failed_client``
+        event with ``step: evaluation``, not counted among the phase's failed client-rounds (its training
+        went through)."""
+        self.events.append(
+            {
+                "metric": FAILED_CLIENT,
+                "round": round_,
+                "client": client_id,
+                "step": "evaluation",
+                "error": error_class(error),
+                "message": error_summary(error),
+            }
+        )
 
     def record_round(self, seconds: float, bytes_down: int, bytes_up: int) -> None:
         """Account one client's round: its time and what travelled each way."""

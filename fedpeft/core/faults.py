@@ -3,7 +3,9 @@
 They exercise what a real federation meets (a crashing device, a corrupted or malicious upload, a straggler, a
 client that never answers) on either engine, through the same worker code as a normal round: the fault is applied
 where the client computes, so the broken update travels (and, on the Flower engine, is encoded and decoded) like
-a real one and meets the server's update validation (:mod:`fedpeft.engine.validation`).
+a real one and meets the server's update validation (:mod:`fedpeft.engine.validation`). The server records every
+fault that strikes as an ``injected_fault`` event (``raise`` and ``drop`` by the error they raise,
+:data:`INJECTED_ERRORS`; the others by ``ClientUpdate.extras[FAULT_EXTRA]``).
 
 Kinds (``value`` where it applies):
 
@@ -22,6 +24,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from fedpeft.core.errors import UserError
+
 if TYPE_CHECKING:  # the config imports this module, and reading a config needs no torch
     from fedpeft.core.types import ClientUpdate, Payload
 
@@ -36,7 +40,16 @@ class InjectedFaultError(RuntimeError):
 
 
 class ClientDroppedError(RuntimeError):
-    """An injected ``drop`` fault: the client never answered this round."""
+    """The client never answered this round: an injected ``drop`` fault, or its node dropped out of secure
+    aggregation."""
+
+
+class InjectedDropError(ClientDroppedError):
+    """The error an injected ``drop`` fault raises in a client's work."""
+
+
+# The error each fault that strikes by raising raises (the Flower engine rebuilds them from a node's report).
+INJECTED_ERRORS: dict[type[RuntimeError], FaultKind] = {InjectedFaultError: "raise", InjectedDropError: "drop"}
 
 
 class FaultConfig(BaseModel):
@@ -76,7 +89,7 @@ def before_work(faults: list[FaultConfig]) -> None:
         if fault.kind == "raise":
             raise InjectedFaultError("injected fault: the client's work raised")
         if fault.kind == "drop":
-            raise ClientDroppedError("injected fault: the client dropped out and never answered")
+            raise InjectedDropError("injected fault: the client dropped out and never answered")
         if fault.kind == "slow":
             time.sleep(float(fault.value or 0.0))
 
@@ -114,3 +127,57 @@ def corrupt(faults: list[FaultConfig], update: ClientUpdate, payload: Payload) -
                 else:
                     tensors[key] = tensor * factor
     return ClientUpdate(update.client_id, tensors, update.weight, update.metrics, extras)
+
+
+def check_fault_methods(faults: list[FaultConfig], labels: list[str], absent: dict[str, str] | None = None) -> None:
+    """Refuse a fault aimed at a method the config does not run, so that it cannot silently strike nothing.
+
+    Args:
+        faults: the config's ``faults``.
+        labels: the labels of the config's methods (and of the base stage, when it is federated).
+        absent: labels that other configs have, each with why this one lacks it (said when a fault names it).
+
+    Raises:
+        UserError: one sentence naming the entry's key, the unknown label and the known ones.
+    """
+    for i, fault in enumerate(faults):
+        for name in fault.methods:
+            if name not in labels:
+                why = f" ({name}: {absent[name]})" if absent and name in absent else ""
+                raise UserError(
+                    f"faults.{i}.methods names {name!r}, which is the label of no method of this config{why}; name "
+                    f"one of: {_some(labels)}."
+                )
+
+
+def check_fault_clients(faults: list[FaultConfig], pools: dict[str, str]) -> None:
+    """Refuse a fault aimed at a client that never trains, once the data's client ids are known.
+
+    Args:
+        faults: the config's ``faults``.
+        pools: the pool of every client of the data, by id; the clients of the ``seen`` pool train in federated
+            rounds.
+
+    Raises:
+        UserError: one sentence naming the entry's key, the client and (some of) the clients that train.
+    """
+    trained = [client for client, pool in pools.items() if pool == "seen"]
+    for i, fault in enumerate(faults):
+        for name in fault.clients:
+            if name not in trained:
+                what = (
+                    f"a client of the {pools[name]} pool, which never trains"
+                    if name in pools
+                    else "which is no client of the data"
+                )
+                raise UserError(
+                    f"faults.{i}.clients names {name!r}, {what}; name clients of the seen pool: {_some(trained)}."
+                )
+
+
+def _some(names: list[str], shown: int = 6) -> str:
+    """``names`` sorted and comma-separated, the first ``shown`` of a longer list followed by how many there are."""
+    ordered = sorted(names)
+    if len(ordered) <= shown:
+        return ", ".join(ordered) or "(none)"
+    return f"{', '.join(ordered[:shown])}, ... ({len(ordered)} in all)"

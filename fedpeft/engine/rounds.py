@@ -8,10 +8,10 @@ about a round happens here, in this order:
 2. ``method.sample(client_ids, round_, seed)`` picks the round's clients (sorted by id);
 3. ``method.payload(state, client)`` for each of them, dispatched by the engine;
 4. the updates stream into ``method.aggregate`` in client-id order, whichever order they arrive in; a client
-   whose work fails is left out of the aggregation and recorded in the cost meter's failures, and so is an
-   update that fails the server's checks (:mod:`fedpeft.engine.validation`: the keys and shapes
-   ``method.update_spec`` declares, finite values, a plausible example count, the norm bound), recorded with
-   its reason in the meter's events;
+   whose work fails is left out of the aggregation and recorded in the cost meter's failures (and as a
+   ``failed_client`` event naming its error), and so is an update that fails the server's checks
+   (:mod:`fedpeft.engine.validation`: the keys and shapes ``method.update_spec`` declares, finite values, a
+   plausible example count, the norm bound), recorded with its reason in the meter's events;
 5. the round check: if every sampled client failed (raised or dropped), the run stops with
    :class:`~fedpeft.core.errors.AllClientsFailedError` (whatever aggregating nothing gave, or raised, is
    discarded), since going on would report an untrained model as the method's result; otherwise, if fewer than
@@ -207,7 +207,7 @@ class Engine:
                 message = f"round {round_}: client {client_id} {how} and was left out ({outcome!r})"
                 log.warning(message)
                 failures.append(message)
-                meter.failures.append(message)
+                meter.record_failure(client_id, outcome, round_, message)
                 if isinstance(outcome, ClientDroppedError):
                     meter.events.append({"metric": "dropped_client", "round": round_, "client": client_id})
                 continue

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from fedpeft.core.costs import FAILED_CLIENT
 from fedpeft.report.records import Record, budget_label, first_seen, method_order
 from fedpeft.report.tables import Cell, markdown_table, over_seeds
 
@@ -109,16 +110,19 @@ def render_cost_tables(costs: Sequence[Record]) -> str:
 
 
 _FAILURE_TEXT = {
-    "federated": "client-round(s) failed and were left out of the aggregation (the run's log names them); its "
-    "numbers come from fewer updates than configured",
-    "personalization": "client(s) failed personalization and have no results (the run's log names them)",
+    "federated": "client-round(s) failed and were left out of the aggregation; its numbers come from fewer updates "
+    "than configured",
+    "personalization": "client(s) failed personalization and have no results",
     "evaluation": "client(s) failed the base model's evaluation and have no base results",
     "client-base": "client(s) failed to build their own base model",
 }
+FAILED_CLIENT_ROWS = 20  # the failed clients the summary lists; costs.jsonl has them all
 
 
 def render_failures(costs: Sequence[Record]) -> str:
-    """A warning line per method, seed and phase that left clients out because they failed, in that phase's words."""
+    """A warning line per method, seed and phase that left clients out because they failed, in that phase's words,
+    then a table of the failed clients (``failed_client`` events: method, seed, phase, round, client and the
+    error's class and message), its first 20 rows and a count of the others."""
     lines = [
         f"- **{c['method']}**, seed {c['seed']}, {c.get('phase', 'federated')}: {int(c['value'])} "
         + _FAILURE_TEXT.get(str(c.get("phase")), "client(s) failed")
@@ -126,7 +130,32 @@ def render_failures(costs: Sequence[Record]) -> str:
         for c in costs
         if c.get("metric") in ("failed_client_rounds", "failed_clients") and c.get("value", 0) > 0
     ]
-    return "\n".join(lines)
+    failed = [c for c in costs if c.get("metric") == FAILED_CLIENT]
+    if not failed:
+        return "\n".join(lines)
+    rows = [
+        [
+            str(c["method"]),
+            str(c["seed"]),
+            str(c.get("phase", "")) + (f" ({c['step']})" if c.get("step") else ""),
+            str(c.get("round", "—")),
+            str(c.get("client", "—")),
+            f"`{c.get('error', '')}`",
+            _table_text(str(c.get("message", ""))),
+        ]
+        for c in failed[:FAILED_CLIENT_ROWS]
+    ]
+    header = ["Method", "Seed", "Phase", "Round", "Client", "Error", "Message"]
+    parts = [text for text in ("\n".join(lines), markdown_table(header, rows)) if text]
+    if len(failed) > FAILED_CLIENT_ROWS:
+        more = len(failed) - FAILED_CLIENT_ROWS
+        parts.append(f"... and {more} more failed client(s) (`costs.jsonl` lists every one as `{FAILED_CLIENT}`).")
+    return "\n\n".join(parts)
+
+
+def _table_text(text: str) -> str:
+    """Text that stays inside its markdown table cell."""
+    return text.replace("|", "\\|").replace("`", "'")
 
 
 def render_rejections(costs: Sequence[Record]) -> str:

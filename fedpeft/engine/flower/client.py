@@ -29,6 +29,7 @@ from fedpeft.engine.flower.codec import (
     bundle_results,
     decode,
     encode,
+    error_details,
     tensors_digest,
 )
 from fedpeft.engine.flower.messages import (
@@ -148,7 +149,7 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
             dropped = isinstance(err, ClientDroppedError)
             trace = "" if isinstance(err, (InjectedFaultError, ClientDroppedError)) else "\n" + traceback.format_exc()
             log.warning("%s of client %s failed on this node: %r%s", task.op, client_id, err, trace)
-            results.append({"client": client_id, "error": repr(err), "dropped": dropped})
+            results.append({"client": client_id, "error": repr(err), **error_details(err), "dropped": dropped})
         else:
             results.append({"client": client_id, "value": value, "seconds": time.perf_counter() - client_started})
         work += time.perf_counter() - client_started

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch  # ArrayRecord.to_torch_state_dict and Array.from_torch_tensor need torch imported
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from fedpeft.core.faults import INJECTED_ERRORS, ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.engine.flower.messages import ARRAYS_KEY, CONFIG_KEY, JSON_FIELD
 
@@ -211,7 +213,47 @@ def unbundle_results(content: RecordDict) -> tuple[list[NodeResult], dict[str, A
 
 
 class ClientTaskError(RuntimeError):
-    """A client's task failed on its node (the ClientApp raised, the node was lost, no reply came)."""
+    """A client's task failed on its node (the ClientApp raised, the node was lost, no reply came).
+
+    ``error_type`` and ``error_message``: the class name and message of what the client's work raised on its
+    node, where the node said (else this error's own)."""
+
+    def __init__(self, reason: str, error_type: str | None = None, error_message: str | None = None) -> None:
+        super().__init__(reason)
+        self.error_type = error_type or type(self).__name__
+        self.error_message = reason if error_message is None else error_message
+
+
+# The errors of injected faults, rebuilt as they are on the server, so that it records the fault (as the local
+# engine does) and a run reads the same on either engine.
+_FAULT_ERRORS = {cls.__name__: cls for cls in INJECTED_ERRORS}
+
+
+def error_details(err: BaseException) -> dict[str, str]:
+    """What a node reports of an error a client's work raised, beside its repr: its class name and message."""
+    return {"error_type": type(err).__name__, "message": str(err)}
+
+
+def client_error(reason: str, details: Mapping[str, Any], *, dropped: bool = False) -> Exception:
+    """The server's error for a client whose task failed on its node.
+
+    Args:
+        reason: the node's text of the error (its repr).
+        details: the node's report, with :func:`error_details` (``error_type``, ``message``) where the node gives
+            them.
+        dropped: the client dropped out (its work raised a :class:`ClientDroppedError`).
+
+    Returns:
+        the injected fault's own error (:data:`fedpeft.core.faults.INJECTED_ERRORS`), else a
+        :class:`ClientDroppedError` for a dropped client, else a :class:`ClientTaskError` naming the error.
+    """
+    error_type, message = details.get("error_type"), details.get("message")
+    fault_error = _FAULT_ERRORS.get(error_type or "")
+    if fault_error is not None:
+        return fault_error(reason if message is None else message)
+    if dropped:
+        return ClientDroppedError(reason)
+    return ClientTaskError(reason, error_type, message)
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:

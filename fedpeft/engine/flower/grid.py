@@ -28,6 +28,7 @@ from fedpeft.engine.flower.codec import (
     NodeBundle,
     NodeResult,
     NodeTask,
+    client_error,
     decode,
     encode,
     tensors_digest,
@@ -173,7 +174,7 @@ class GridEngine(Engine):
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Run the worker operation ``op`` for each client on its node; results come in the order of ``client_ids``.
 
-        A failed client's result is a :class:`ClientTaskError`.
+        A failed client's result is its error (:func:`~fedpeft.engine.flower.codec.client_error`).
         """
         if op not in OPERATIONS:
             raise ValueError(f"unknown worker operation {op!r}")
@@ -445,10 +446,8 @@ class GridEngine(Engine):
         for entry in reply.results:
             if "error" not in entry:
                 yield entry["client"], entry["value"], float(entry["seconds"])
-            elif entry.get("dropped"):
-                yield entry["client"], ClientDroppedError(entry["error"]), 0.0
             else:
-                yield entry["client"], ClientTaskError(entry["error"]), 0.0
+                yield entry["client"], client_error(entry["error"], entry, dropped=bool(entry.get("dropped"))), 0.0
 
     # ------------------------------------------------------------------ methods at once
     def units_started(self, count: int) -> None:

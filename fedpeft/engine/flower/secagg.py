@@ -36,7 +36,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from fedpeft.core.config import SecAggConfig
 from fedpeft.core.faults import FAULT_EXTRA, ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Payload
-from fedpeft.engine.flower.codec import ClientTaskError, decode, encode
+from fedpeft.engine.flower.codec import ClientTaskError, client_error, decode, encode, error_details
 from fedpeft.engine.flower.messages import ARRAYS_KEY, CONFIG_KEY
 from fedpeft.engine.rounds import SECONDS_OF, SUM_OF, ClientOutcome
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
@@ -203,10 +203,8 @@ def secure_round(
         elif report is None:
             why = "secure aggregation halted: too few nodes answered to remove the masks"
             yield client_id, ClientTaskError(why), 0.0
-        elif report["status"] == "dropped":
-            yield client_id, ClientDroppedError(report["reason"]), 0.0
-        elif report["status"] == "failed":
-            yield client_id, ClientTaskError(report["reason"]), 0.0
+        elif report["status"] in ("dropped", "failed"):
+            yield client_id, client_error(report["reason"], report, dropped=report["status"] == "dropped"), 0.0
         elif report["status"] == "rejected":
             yield client_id, UpdateRejectedError(report["reason"]), 0.0
         else:
@@ -273,10 +271,10 @@ def handle_secure_train(content: RecordDict, worker_of: Callable[[str, str], Wor
         try:
             update = worker.train(request["label"], request["seed"], request["round_"], client_id, payload)
         except ClientDroppedError as err:
-            report.update(status="dropped", reason=repr(err))
+            report.update(status="dropped", reason=repr(err), **error_details(err))
         except Exception as err:  # reported to the server, which leaves the client out
             log.warning("client %s failed on this node: %r", client_id, err)
-            report.update(status="failed", reason=repr(err))
+            report.update(status="failed", reason=repr(err), **error_details(err))
         else:
             report["fault"] = update.extras.pop(FAULT_EXTRA, None)
             reason = checks.reject_reason(update, payload, method.update_spec(payload))
