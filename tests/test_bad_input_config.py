@@ -230,7 +230,7 @@ UNKNOWN_MODEL = "model.name=no-such-org/no-such-model"
 @pytest.fixture
 def probes(monkeypatch) -> list[str]:
     """The endpoints the hub probe is asked about (it still asks them)."""
-    from fedpeft.models import hub
+    from fedpeft.core import hub
 
     asked: list[str] = []
     real: Callable[..., bool] = hub.hub_answers

@@ -118,6 +118,17 @@ def test_a_misspelt_name_is_refused_before_anything_heavy_is_imported(override, 
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_nothing_can_load_without_the_hub_is_refused_before_torch_is_imported(tmp_path):
+    """conftest.py sets HF_HUB_OFFLINE for the suite (the fresh interpreter inherits it)."""
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    override = "model.name=no-such-org/no-such-model"
+    stderr, modules = run_cli("run", "smoke", "--set", override, "--out", str(tmp_path / "run"), code=2)
+    assert stderr.startswith("error: Model no-such-org/no-such-model is neither a registered name nor a local path")
+    assert "HF_HUB_OFFLINE is set" in stderr and len(stderr.splitlines()) == 1
+    assert [m for m in heavy_modules(modules) if m.split(".")[0] in HEAVY] == []
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_preset_starts_with_a_one_line_description(preset):
     from importlib import resources

@@ -528,8 +528,9 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
 
 
 def _check_names(raw: dict[str, Any]) -> None:
-    """Refuse an unknown method or dataset name from the catalogues, before validating the entries imports the
-    methods' modules (and torch with them): a misspelt name is reported at once."""
+    """Refuse an unknown method or dataset name from the catalogues, and a model name nothing could load without
+    the hub, before validating the entries imports the methods' modules (and torch with them): a misspelt name is
+    reported at once."""
     from fedpeft.core.registry import DATASETS, METHODS
 
     base = raw.get("base")
@@ -542,6 +543,12 @@ def _check_names(raw: dict[str, Any]) -> None:
     data = raw.get("data")
     if isinstance(data, dict) and isinstance(data.get("name"), str):
         DATASETS.canonical(data["name"])
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("name"), str):
+        from fedpeft.core.hub import check_model_name
+
+        revision = model.get("revision")
+        check_model_name(model["name"], revision if isinstance(revision, str) else None)
 
 
 def load_config(source: str, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -2,7 +2,7 @@
 
 A name the model table does not register is a Hugging Face hub id or a local directory, loaded with the
 ``Auto*`` classes (from the local hub cache only when offline or when the hub cannot be reached,
-:mod:`fedpeft.models.hub`), or the path of a ``.gguf`` file, de-quantized once
+:mod:`fedpeft.core.hub`), or the path of a ``.gguf`` file, de-quantized once
 and cached (:mod:`fedpeft.models.gguf`). Image classifiers load through :mod:`fedpeft.models.vision`, LLaVA
 checkpoints through :mod:`fedpeft.models.multimodal`. A task head the checkpoint lacks is freshly initialized
 inside :func:`~fedpeft.models.tiny.seeded_init`.
@@ -29,9 +29,8 @@ from transformers.models.auto.modeling_auto import (
 
 from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
-from fedpeft.core.registry import MODELS
+from fedpeft.core.hub import offline_reason, unknown_model_sentence
 from fedpeft.models.gguf import cached_gguf_checkpoint, local_gguf_source
-from fedpeft.models.hub import offline_reason
 from fedpeft.models.multimodal import load_image_text_checkpoint
 from fedpeft.models.precision import quantization_config, torch_dtype
 from fedpeft.models.tiny import apply_overrides, seeded_init, set_labels
@@ -111,12 +110,7 @@ def load_external(
     try:
         config = AutoConfig.from_pretrained(source, revision=cfg.revision, local_files_only=offline is not None)
     except (OSError, HFValidationError):
-        why = f", and {offline}" if offline else ""
-        raise UserError(
-            f"Model {cfg.name}{revision} is neither a registered name nor a local path nor in the Hugging "
-            f"Face cache{why}; choose one of {', '.join(MODELS.names())}, give a local checkpoint directory, or "
-            "download it first with `huggingface-cli download` on a machine with internet access."
-        ) from None
+        raise UserError(unknown_model_sentence(cfg.name, cfg.revision, offline)) from None
     except ValueError as err:
         reason = str(err).splitlines()[0]
         raise UserError(f"Model {cfg.name} cannot be read by this transformers version ({reason}).") from None

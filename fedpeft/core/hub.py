@@ -2,13 +2,15 @@
 
 Asked for a hub id that is not in the local cache, transformers retries the hub for about half a minute on a
 machine without network before it gives up. Probing once first lets such a machine read the cache only: a cached
-checkpoint still loads, and a missing one is refused at once, with the reason.
+checkpoint still loads, and a missing one is refused at once, with the reason. The config's check
+(:func:`check_model_name`) does so before torch is imported, so the refusal comes within a second or two.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 from huggingface_hub import constants, get_session
 
@@ -53,3 +55,43 @@ def hub_answers(endpoint: str, timeout: float = PROBE_SECONDS) -> bool:
     probe.start()
     probe.join(timeout)
     return answered.is_set()
+
+
+def unknown_model_sentence(name: str, revision: str | None, offline: str | None) -> str:
+    """The sentence refusing a model ``name`` that nothing can load: not registered, no local path, not in the
+    hub cache (and, when ``offline`` says why, the hub not to be asked)."""
+    from fedpeft.core.registry import MODELS
+
+    at = f" (revision {revision})" if revision else ""
+    why = f", and {offline}" if offline else ""
+    return (
+        f"Model {name}{at} is neither a registered name nor a local path nor in the Hugging Face cache{why}; "
+        f"choose one of {', '.join(MODELS.names())}, give a local checkpoint directory, or download it first "
+        "with `huggingface-cli download` on a machine with internet access."
+    )
+
+
+def in_hub_cache(repo_id: str, revision: str | None = None) -> bool:
+    """Whether the local hub cache holds ``repo_id``'s ``config.json`` (at ``revision``); a name that is no valid
+    hub id is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except Exception:  # not a valid repo id (a path, say)
+        return False
+    return isinstance(found, str)
+
+
+def check_model_name(name: str, revision: str | None = None) -> None:
+    """Refuse, with :func:`unknown_model_sentence`, a model name that is not registered, no local path (or
+    ``.gguf`` file) and not in the hub cache, when the hub is not to be asked (:func:`offline_reason`): nothing
+    could load it. Imports no torch, so a run stops at once instead of after the libraries have loaded."""
+    from fedpeft.core.errors import UserError
+    from fedpeft.core.registry import MODELS
+
+    if name in MODELS or Path(name).expanduser().exists() or name.endswith(".gguf") or in_hub_cache(name, revision):
+        return
+    offline = offline_reason()
+    if offline is not None:
+        raise UserError(unknown_model_sentence(name, revision, offline))
