@@ -15,7 +15,7 @@ from fedpeft.core.sampling import sample_clients
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.stores import DiskStore, MemoryStore
 from fedpeft.core.types import ClientUpdate, num_bytes
-from fedpeft.methods.base import weighted_mean
+from fedpeft.merging.server_step import metric_mean, weighted_mean
 
 
 def test_derive_seed_is_stable_and_distinct():
@@ -30,7 +30,7 @@ def test_weighted_mean_golden():
         ClientUpdate("a", {"w": torch.tensor([1.0, 2.0])}, 1.0, {"loss": 1.0}),
         ClientUpdate("b", {"w": torch.tensor([3.0, 4.0])}, 3.0, {"loss": 3.0}),
     ]
-    mean, metrics = weighted_mean(iter(updates))
+    mean, metrics = weighted_mean(iter(updates)), metric_mean(iter(updates))
     torch.testing.assert_close(mean["w"], torch.tensor([2.5, 3.5]))
     assert mean["w"].dtype == torch.float32
     assert metrics == {"train_loss": 2.0, "clients": 2.0}
@@ -39,13 +39,12 @@ def test_weighted_mean_golden():
 def test_weighted_mean_of_identical_updates_is_identity():
     tensor = torch.randn(5, 3)
     updates = [ClientUpdate(str(i), {"w": tensor.clone()}, float(i + 1)) for i in range(4)]
-    mean, _ = weighted_mean(updates)
+    mean = weighted_mean(updates)
     torch.testing.assert_close(mean["w"], tensor)
 
 
 def test_weighted_mean_of_nothing_is_empty():
-    mean, metrics = weighted_mean([])
-    assert mean == {} and metrics["clients"] == 0
+    assert weighted_mean([]) == {} and metric_mean([]) == {"clients": 0.0}
 
 
 def test_num_bytes():

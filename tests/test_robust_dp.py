@@ -27,15 +27,15 @@ from fedpeft.merging.robust import (
     robust_aggregate,
     trimmed_mean,
 )
-from fedpeft.methods.base import weighted_mean
+from fedpeft.merging.server_step import metric_mean, weighted_mean
 from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.methods.fedit import FedITState
 from fedpeft.worker import build_method
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "local_epochs": None, "lr": 1e-2, "local_rounds": 2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
-MEAN = [n for n in FEDERATED if METHODS.get(n).mean_server]
-NOT_MEAN = [n for n in FEDERATED if not METHODS.get(n).mean_server]
+MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is not None]
+NOT_MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is None]
 # Methods whose server step re-factorizes the mean (FedSVD: B A by SVD), so it keeps the product B A.
 REFACTORED = {"fedsvd"}
 
@@ -187,7 +187,7 @@ def fedit_updates(sizes: list[float]) -> tuple[FedITState, list[ClientUpdate]]:
 
 def test_no_rule_is_bit_identical_to_the_streaming_weighted_mean():
     state, updates = fedit_updates([10.0, 30.0, 7.0])
-    expected, expected_metrics = weighted_mean(iter(updates))
+    expected, expected_metrics = weighted_mean(iter(updates)), metric_mean(iter(updates))
     new_state, metrics = build_method({"name": "fedit"}).aggregate(state, iter(updates))
     assert metrics == expected_metrics
     for key, tensor in expected.items():
@@ -295,6 +295,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -309,6 +310,7 @@ def test_refusals_reach_the_cli_as_one_sentence_and_exit_2(override, message, tm
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_dp_run_writes_epsilon_every_round_and_a_privacy_section(tmp_path):
     out = tmp_path / "run"
     method = (
@@ -334,6 +336,7 @@ def test_a_dp_run_writes_epsilon_every_round_and_a_privacy_section(tmp_path):
     assert "dp_epsilon" not in summary  # the result tables read only the test split
 
 
+@pytest.mark.slow
 def test_a_dp_base_stage_writes_its_epsilon_too(tmp_path):
     out = tmp_path / "run"
     base = (

@@ -81,7 +81,8 @@ def method_config(entry: Any) -> MethodConfig:
 
 def _check_server_rule(cls: Any, cfg: MethodConfig) -> None:
     """Refuse ``aggregation`` (a robust rule), ``dp`` and ``server_optimizer`` for a method whose server step is not
-    a weighted mean (its class's ``mean_server`` flag, read by name: core does not import the methods)."""
+    a weighted mean: ``server_step()`` of the method ``cfg`` configures is ``None`` (called by name: core does not
+    import the methods)."""
     used = []
     if getattr(getattr(cfg, "aggregation", None), "robust", "none") != "none":
         used.append("`aggregation.robust`")
@@ -89,7 +90,7 @@ def _check_server_rule(cls: Any, cfg: MethodConfig) -> None:
         used.append("`dp`")
     if getattr(cfg, "server_optimizer", None) is not None:
         used.append("`server_optimizer`")
-    if used and not getattr(cls, "mean_server", False):
+    if used and cls(cfg).server_step() is None:
         raise UserError(
             f"Method {cls.name!r} cannot use {' or '.join(used)}: its server step is not a weighted mean of the "
             "clients' uploads."
@@ -528,9 +529,8 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
 
 
 def _check_names(raw: dict[str, Any]) -> None:
-    """Refuse an unknown method or dataset name from the catalogues, and a model name nothing could load without
-    the hub, before validating the entries imports the methods' modules (and torch with them): a misspelt name is
-    reported at once."""
+    """Refuse an unknown method or dataset name from the catalogues, before validating the entries imports the
+    methods' modules (and torch with them): a misspelt name is reported at once."""
     from fedpeft.core.registry import DATASETS, METHODS
 
     base = raw.get("base")
@@ -543,12 +543,6 @@ def _check_names(raw: dict[str, Any]) -> None:
     data = raw.get("data")
     if isinstance(data, dict) and isinstance(data.get("name"), str):
         DATASETS.canonical(data["name"])
-    model = raw.get("model")
-    if isinstance(model, dict) and isinstance(model.get("name"), str):
-        from fedpeft.core.hub import check_model_name
-
-        revision = model.get("revision")
-        check_model_name(model["name"], revision if isinstance(revision, str) else None)
 
 
 def load_config(source: str, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -11,15 +11,19 @@ changes the sum by at most C whatever happens). The privacy loss (epsilon at a g
 releases is computed by the RDP accountant of Google's ``dp-accounting`` library, for a Poisson-sampled Gaussian
 mechanism with noise multiplier z and sampling rate q = m / (clients in the pool), self-composed over the rounds.
 fedpeft samples exactly m clients without replacement; accounting for that draw as Poisson sampling at rate q is
-the usual approximation of DP-FedAvg practice. See docs/privacy.md.
+the usual approximation of DP-FedAvg practice.
+
+:class:`DifferentialPrivacy` is the release as a part of a method's server step
+(:mod:`fedpeft.merging.server_step`). See docs/privacy.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -27,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import StateDict
+from fedpeft.core.types import ClientUpdate, ServerState, StateDict
 from fedpeft.merging.robust import apply_deltas, clip_update, deltas, union_keys
+from fedpeft.merging.server_step import ServerStep, StepResult, float_uploads
 
 _EXACT = torch.float64
 
@@ -102,6 +107,34 @@ def dp_mean(
         release[key] = total / sampled
     fraction = sum(was for _, was in clipped) / len(clipped)
     return apply_deltas(reference, {k: release[k] for k in keys}, states), fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class DifferentialPrivacy:
+    """A server step whose float tensors are the DP-FedAvg release (:func:`dp_mean`) of the updates relative to
+    ``state.tensors`` instead of the mean ``inner`` gives; the other tensors, the metrics and the moments are
+    ``inner``'s, the metrics plus ``dp_clipped_fraction``. Holds the round's uploads.
+
+    Attributes:
+        inner: the step whose mean the release replaces.
+        cfg: C, z and the noise's seed (round r's noise: :func:`noise_generator` of ``state.round``).
+        clients_per_round: m of a round, from the round (``Method.clients_per_round``); ``None`` (no bound pool):
+            the number of updates.
+    """
+
+    inner: ServerStep
+    cfg: DPConfig
+    clients_per_round: Callable[[int], int | None]
+
+    def __call__(self, state: ServerState, updates: Iterable[ClientUpdate]) -> StepResult:
+        received = list(updates)
+        mean = self.inner(state, iter(received))
+        if not mean.tensors:
+            return mean
+        sampled = self.clients_per_round(state.round) or len(received)
+        generator = noise_generator(self.cfg.seed, state.round)
+        released, clipped = dp_mean(float_uploads(received), state.tensors, self.cfg, sampled, generator)
+        return StepResult({**mean.tensors, **released}, {**mean.metrics, "dp_clipped_fraction": clipped}, mean.moments)
 
 
 @contextmanager

@@ -14,19 +14,23 @@ of all its tensors together (the flattened concatenation).
 
 Median and trimmed mean are translation-equivariant, so on deltas they give the same result as on the uploads
 themselves (up to float64 rounding). A tensor only some clients upload is aggregated over those clients.
-See docs/privacy.md.
+
+:class:`RobustRule` is the rule as a part of a method's server step (:mod:`fedpeft.merging.server_step`): it
+replaces the float tensors of the mean the step inside it gives. See docs/privacy.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedpeft.core.types import StateDict
+from fedpeft.core.types import ClientUpdate, ServerState, StateDict
+from fedpeft.merging.server_step import ServerStep, StepResult, float_uploads
 
 _EXACT = torch.float64
 Delta = dict[str, torch.Tensor]
@@ -203,3 +207,24 @@ def robust_aggregate(
     if cfg.robust == "trimmed_mean":
         return trimmed_mean(states, reference, cfg.trim_fraction), {}
     raise ValueError(f"no robust rule {cfg.robust!r} to apply")
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustRule:
+    """A server step whose float tensors are ``cfg``'s rule on the updates relative to ``state.tensors`` (the
+    global tensors the clients started from) instead of the mean ``inner`` gives; the other tensors, the metrics
+    and the moments are ``inner``'s, the metrics plus the rule's (``robust_<name>``). Holds the round's uploads."""
+
+    inner: ServerStep
+    cfg: AggregationConfig
+
+    def __call__(self, state: ServerState, updates: Iterable[ClientUpdate]) -> StepResult:
+        received = list(updates)
+        mean = self.inner(state, iter(received))
+        if not mean.tensors:
+            return mean
+        weights = [float(u.weight) for u in received]
+        robust, extra = robust_aggregate(float_uploads(received), weights, state.tensors, self.cfg)
+        tensors = {**mean.tensors, **robust}
+        metrics = {**mean.metrics, **{f"robust_{k}": v for k, v in extra.items()}}
+        return StepResult(tensors, metrics, mean.moments)

@@ -20,22 +20,27 @@ These are the update rules of Flower's FedAvgM, FedAdam, FedYogi and FedAdagrad 
 (t: Flower's 1-based ``server_round``); the defaults are theirs too, except FedAvgM's momentum (Flower: 0, here
 0.9, as in Hsu et al.). The step runs in float64; the new tensors take the aggregate's dtype, the moments at least
 float32. A tensor the global tensors lack (or hold with another shape) and a non-float tensor (an integer buffer)
-take the aggregate unchanged. See docs/server-optimizers.md.
+take the aggregate unchanged.
+
+:class:`ServerOptimizer` is the step as the outermost part of a method's server step
+(:mod:`fedpeft.merging.server_step`), its moments kept in ``ServerState.server_optimizer``. See
+docs/server-optimizers.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedpeft.core.types import StateDict
+from fedpeft.core.types import ClientUpdate, ServerState, StateDict
+from fedpeft.merging.server_step import OptimizerState, ServerStep, StepResult
 
 _EXACT = torch.float64
 OptimizerName = Literal["sgd", "avgm", "adam", "yogi", "adagrad"]
-OptimizerState = dict[str, StateDict]  # moment name ("momentum", "m", "v") -> tensor name -> moment
 ADAPTIVE = ("adam", "yogi", "adagrad")
 # The moments each optimizer keeps between rounds.
 MOMENTS: dict[str, tuple[str, ...]] = {
@@ -174,3 +179,23 @@ def server_step(
         for name, moment in after.items():
             moments[name][key] = moment.to(_moment_dtype(value.dtype))
     return out, moments
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptimizer:
+    """A server step that takes the aggregate ``inner`` gives as a pseudo-gradient: :func:`server_step` from
+    ``state.tensors`` along ``aggregate - state.tensors``, with the moments ``state.server_optimizer`` holds and
+    Flower's 1-based round ``state.round + 1``. The metrics are ``inner``'s; a round that aggregated nothing is
+    ``inner``'s result as it is."""
+
+    inner: ServerStep
+    cfg: ServerOptimizerConfig
+
+    def __call__(self, state: ServerState, updates: Iterable[ClientUpdate]) -> StepResult:
+        aggregate = self.inner(state, updates)
+        if not aggregate.tensors:
+            return aggregate
+        tensors, moments = server_step(
+            self.cfg, state.tensors, aggregate.tensors, state.server_optimizer, state.round + 1
+        )
+        return StepResult(tensors, aggregate.metrics, moments)

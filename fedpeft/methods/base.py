@@ -12,9 +12,9 @@ the worker and the engines call only what :class:`Method` declares here, each ho
 - outputs: ``save_server_artifacts``, ``save_client_artifacts``, ``compute_costs``, and the reporting hooks;
 - the server's view of the federation: ``bind_federation``, ``bind_pool`` (the clients rounds sample from).
 
-The default server step is the weighted mean of the uploads (``mean_aggregate``), which a method's config may
-replace by a robust rule (``aggregation``) or client-level differential privacy (``dp``); docs/privacy.md. A
-``server_optimizer`` then takes that aggregate as a pseudo-gradient (``server_optimize``);
+The default server step (``server_step``, :mod:`fedpeft.merging.server_step`) is the weighted mean of the uploads,
+which a method's config may replace by a robust rule (``aggregation``) or client-level differential privacy
+(``dp``); docs/privacy.md. A ``server_optimizer`` then takes that aggregate as a pseudo-gradient;
 docs/server-optimizers.md.
 
 Methods never choose how clients are executed (sequentially, in Flower, in parallel); the engine does.
@@ -36,9 +36,10 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.merging.dp import DPConfig, dp_mean, noise_generator
-from fedpeft.merging.robust import AggregationConfig, robust_aggregate
-from fedpeft.merging.server_opt import OptimizerState, ServerOptimizerConfig, server_step
+from fedpeft.merging.dp import DifferentialPrivacy, DPConfig
+from fedpeft.merging.robust import AggregationConfig, RobustRule
+from fedpeft.merging.server_opt import ServerOptimizer, ServerOptimizerConfig
+from fedpeft.merging.server_step import ServerStep, WeightedMean
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
@@ -131,11 +132,6 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     architecture_aware: ClassVar[bool] = False
     # Sends tensors between server and clients in its rounds (False: rounds of local training only).
     communicates: ClassVar[bool] = True
-    # The server step is the weighted mean of the uploads (through :meth:`mean_aggregate`, then
-    # :meth:`server_optimize`), so the config's ``aggregation`` (robust rules), ``dp`` (DP-FedAvg) and
-    # ``server_optimizer`` apply to it; a method whose server step is something else sets False, and
-    # ``core.config.method_config`` refuses those keys for it.
-    mean_server: ClassVar[bool] = True
     # The clients rounds sample from (the seen pool), given by the runner before a federated phase
     # (:meth:`bind_pool`); DP's fixed denominator m is the number of clients sampled from it.
     pool: list[str] | None = None
@@ -207,54 +203,45 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         check (a method whose uploads are not determined by what it sends)."""
         return {key: tensor.shape for key, tensor in payload.tensors.items()}
 
-    def aggregate(self, state: ServerT, updates: Iterable[ClientUpdate]) -> tuple[ServerT, Metrics]:
-        """The next server state from the round's updates (an iterator: aggregate as it streams)."""
-        tensors, metrics = self.mean_aggregate(state, updates)
-        if not tensors:
-            return state, metrics
-        tensors, moments = self.server_optimize(state, tensors)
-        return dataclasses.replace(state, tensors=tensors, server_optimizer=moments, round=state.round + 1), metrics
+    def server_step(self) -> ServerStep | None:
+        """The server step this method's config gives it, or ``None`` when its :meth:`aggregate` is not a weighted
+        mean of the uploads (then ``core.config.method_config`` refuses ``aggregation``, ``dp`` and
+        ``server_optimizer``, and secure aggregation cannot run it).
 
-    def server_optimize(self, state: ServerState, aggregate: StateDict) -> tuple[StateDict, OptimizerState | None]:
-        """The new global tensors from the round's ``aggregate`` (what :meth:`mean_aggregate` gave) and the server
-        optimizer's new moments (for ``state.server_optimizer``): the config's ``server_optimizer`` step along
-        ``aggregate - state.tensors`` (:func:`~fedpeft.merging.server_opt.server_step`, with Flower's 1-based
-        round ``state.round + 1``); without one, ``aggregate`` and the state's moments unchanged. Every override
-        of :meth:`aggregate` that uses :meth:`mean_aggregate` passes its result through here."""
-        cfg = self.cfg
-        optimizer = cfg.server_optimizer if isinstance(cfg, MeanServerConfigMixin) else None
-        if optimizer is None:
-            return aggregate, state.server_optimizer
-        return server_step(optimizer, state.tensors, aggregate, state.server_optimizer, state.round + 1)
-
-    def mean_aggregate(self, state: ServerState, updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
-        """The weighted mean of the uploads (:func:`weighted_mean`, streaming), or, when the config sets a robust
-        ``aggregation`` rule or ``dp``, that rule applied to the updates relative to ``state.tensors`` (the global
-        tensors the clients started from), with the uploads held in memory. Non-float tensors (integer buffers)
-        always take the weighted mean. Metrics as :func:`weighted_mean`'s, plus the rule's (``robust_*``, ``dp_*``).
-        The config's ``server_optimizer`` is not applied here: callers pass the result through
-        :meth:`server_optimize`.
+        By default the weighted mean (:class:`~fedpeft.merging.server_step.WeightedMean`), wrapped, in this order,
+        by the config's ``dp`` (:class:`~fedpeft.merging.dp.DifferentialPrivacy`) or robust ``aggregation`` rule
+        (:class:`~fedpeft.merging.robust.RobustRule`), then its ``server_optimizer``
+        (:class:`~fedpeft.merging.server_opt.ServerOptimizer`). A method whose :meth:`aggregate` does something
+        else overrides this to return ``None``; one that overrides :meth:`aggregate` around the mean calls the
+        step this returns.
         """
+        step: ServerStep = WeightedMean()
         cfg = self.cfg
-        if not isinstance(cfg, MeanServerConfigMixin) or (cfg.dp is None and not cfg.aggregation.active):
-            return weighted_mean(updates)
-        received = list(updates)
-        tensors, metrics = weighted_mean(iter(received))
-        if not tensors:
-            return tensors, metrics
-        uploads = [{k: v for k, v in u.tensors.items() if v.is_floating_point()} for u in received]
+        if not isinstance(cfg, MeanServerConfigMixin):
+            return step
         if cfg.dp is not None:
-            sampled = self.clients_per_round(state.round) or len(received)
-            generator = noise_generator(cfg.dp.seed, state.round)
-            released, clipped = dp_mean(uploads, state.tensors, cfg.dp, sampled, generator)
-            tensors.update(released)
-            metrics["dp_clipped_fraction"] = clipped
-        else:
-            weights = [float(u.weight) for u in received]
-            robust, extra = robust_aggregate(uploads, weights, state.tensors, cfg.aggregation)
-            tensors.update(robust)
-            metrics.update({f"robust_{k}": v for k, v in extra.items()})
-        return tensors, metrics
+            step = DifferentialPrivacy(step, cfg.dp, self.clients_per_round)
+        elif cfg.aggregation.active:
+            step = RobustRule(step, cfg.aggregation)
+        # A part that changes the updates themselves (e.g. a staleness weighting of asynchronous rounds) wraps
+        # `step` here: the rule and the mean inside it then receive the changed updates.
+        if cfg.server_optimizer is not None:
+            step = ServerOptimizer(step, cfg.server_optimizer)
+        return step
+
+    def aggregate(self, state: ServerT, updates: Iterable[ClientUpdate]) -> tuple[ServerT, Metrics]:
+        """The next server state from the round's updates (an iterator: aggregate as it streams): by default the
+        new tensors of :meth:`server_step`."""
+        step = self.server_step()
+        if step is None:
+            raise NotImplementedError(f"{self.name}'s server step is not a weighted mean: it overrides aggregate")
+        result = step(state, updates)
+        if not result.tensors:
+            return state, result.metrics
+        new_state = dataclasses.replace(
+            state, tensors=result.tensors, server_optimizer=result.moments, round=state.round + 1
+        )
+        return new_state, result.metrics
 
     # ------------------------------------------------------------------ personalization
     def budgets_of(self, client: ClientData, budgets: Sequence[int]) -> list[Budget]:
@@ -358,35 +345,6 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
             The paths of the files written.
         """
         return []
-
-
-def weighted_mean(updates: Iterable[ClientUpdate]) -> tuple[StateDict, Metrics]:
-    """Streaming weighted mean of the clients' tensors; also averages their numeric metrics.
-
-    Runs in float64 and returns the tensors in their original dtype, so the result does not depend on how many
-    clients were folded in before a given one beyond float64 rounding.
-    """
-    sums: dict[str, torch.Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    metric_sums: dict[str, float] = {}
-    total = 0.0
-    count = 0
-    for update in updates:
-        w = float(update.weight)
-        total += w
-        count += 1
-        for key, tensor in update.tensors.items():
-            dtypes.setdefault(key, tensor.dtype)
-            contribution = tensor.detach().to(torch.float64) * w
-            sums[key] = sums[key] + contribution if key in sums else contribution
-        for key, value in update.metrics.items():
-            metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
-    if count == 0 or total <= 0:
-        return {}, {"clients": float(count)}
-    mean = {k: (v / total).to(dtypes[k]) for k, v in sums.items()}
-    metrics = {f"train_{k}": v / count for k, v in metric_sums.items()}
-    metrics["clients"] = float(count)
-    return mean, metrics
 
 
 def lora_spec(

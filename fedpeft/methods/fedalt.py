@@ -127,9 +127,11 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
 
     name = "fedalt"
     Config = FedALTConfig
-    mean_server = False  # the server builds each client's rest-of-world LoRA
     private_keys = ("classifier", "score", "pooler", "gates")
     mergeable = False  # a mixer gates the individual and rest-of-world LoRA per input
+
+    def server_step(self) -> None:
+        return None  # the server builds each client's rest-of-world LoRA
 
     def spec(self, runtime: ModelRuntime) -> LoraSpec:
         return target_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)

@@ -25,7 +25,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, lora_spec, weighted_mean
+from fedpeft.merging.server_step import metric_mean, weighted_mean
+from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, lora_spec
 from fedpeft.methods.families.folding import (
     A_SUFFIX,
     B_SUFFIX,
@@ -70,8 +71,10 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
 
     name = "fedex_lora"
     Config: ClassVar[type[FedExLoraConfig]] = FedExLoraConfig
-    mean_server = False  # the residual needs the plain mean of the factors and of their products
     base_stage = True  # the shared base is the global model merged into the weights
+
+    def server_step(self) -> None:
+        return None  # the residual needs the plain mean of the factors and of their products
 
     @property
     def scaling(self) -> float:
@@ -99,7 +102,7 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
 
     def aggregate(self, state: FedExLoraState, updates: Iterable[ClientUpdate]) -> tuple[FedExLoraState, Metrics]:
         received = list(updates)
-        mean, metrics = weighted_mean(iter(received))
+        mean, metrics = weighted_mean(received), metric_mean(received)
         total = sum(float(u.weight) for u in received)
         if not mean or total <= 0:
             return state, metrics

@@ -27,14 +27,8 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
-from fedpeft.methods.base import (
-    FederatedLoraConfig,
-    Method,
-    fine_tune_if_asked,
-    local_training,
-    lora_spec,
-    weighted_mean,
-)
+from fedpeft.merging.server_step import ServerStep, metric_mean
+from fedpeft.methods.base import FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.training import LossHook
 
@@ -80,6 +74,10 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
         """The server's merge of the uploaded adapters (``None``: the streaming weighted mean)."""
         return None
 
+    def server_step(self) -> ServerStep | None:
+        """The weighted mean and the config's rules around it; none when ``merge`` replaces the mean."""
+        return None if self.merge_config is not None else super().server_step()
+
     def initial_adapter(self, runtime: ModelRuntime, seed: int) -> StateDict:
         """The global adapter before the first round (fresh LoRA weights from the run's ``seed``)."""
         runtime.activate(self.spec(runtime))
@@ -91,7 +89,7 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
         if merge is None:
             return super().aggregate(state, updates)
         received = list(updates)
-        _, metrics = weighted_mean(ClientUpdate(u.client_id, {}, u.weight, u.metrics) for u in received)
+        metrics = metric_mean(received)
         if not received:
             return state, metrics
         rank = self.cfg.rank

@@ -218,16 +218,20 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), client_state
 
     def aggregate(self, state: FedL2PState, updates: Iterable[ClientUpdate]) -> tuple[FedL2PState, Metrics]:
-        tensors, metrics = self.mean_aggregate(state, updates)
-        if not tensors:
-            return state, metrics
-        loss = metrics.get("train_val_loss", math.inf)
+        step = self.server_step()
+        assert step is not None  # the PSG's server step is a weighted mean
+        result = step(state, updates)
+        if not result.tensors:
+            return state, result.metrics
+        loss = result.metrics.get("train_val_loss", math.inf)
         if loss < state.best_loss:
             state = dataclasses.replace(state, best_loss=loss, best_tensors=dict(state.tensors), since_best=0)
         else:
             state = dataclasses.replace(state, since_best=state.since_best + 1)
-        tensors, moments = self.server_optimize(state, tensors)
-        return dataclasses.replace(state, tensors=tensors, server_optimizer=moments, round=state.round + 1), metrics
+        state = dataclasses.replace(
+            state, tensors=result.tensors, server_optimizer=result.moments, round=state.round + 1
+        )
+        return state, result.metrics
 
     def should_stop(self, state: FedL2PState) -> bool:
         return state.since_best >= self.cfg.patience

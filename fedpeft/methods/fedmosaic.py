@@ -32,7 +32,8 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
 from fedpeft.merging import rela
-from fedpeft.methods.base import Method, weighted_mean
+from fedpeft.merging.server_step import weighted_mean
+from fedpeft.methods.base import Method
 from fedpeft.methods.families.branched import (
     PAPER_COMPUTE_SCALE,
     HeteroConfig,
@@ -114,10 +115,12 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
 
     name = "fedmosaic"
     Config = FedMosaicConfig
-    mean_server = False  # relevance-weighted aggregation of PQ-LoRA
     mergeable = False  # PQ-LoRA branches with a gate, attached as an extension
     architecture_aware = True
     private_keys = ("gate/", "head/")
+
+    def server_step(self) -> None:
+        return None  # relevance-weighted aggregation of PQ-LoRA
 
     # ------------------------------------------------------------------ adapters
     def adapter(self, runtime: ModelRuntime, seed: int) -> HookedAdapter:
@@ -199,7 +202,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
         if not received:
             return state, {"clients": 0.0}
         ids = sorted(uploads)
-        population, _ = weighted_mean(ClientUpdate(c, uploads[c]["tensors"], uploads[c]["weight"]) for c in ids)
+        population = weighted_mean(ClientUpdate(c, uploads[c]["tensors"], uploads[c]["weight"]) for c in ids)
         vectors = [v for v in (uploads[c]["relevance"] for c in ids) if v is not None]
         if self.cfg.rela and len(vectors) == len(ids):
             weights = rela.relevance_weights(torch.stack(vectors), self.cfg.tau)

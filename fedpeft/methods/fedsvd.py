@@ -85,16 +85,18 @@ class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), None
 
     def aggregate(self, state: FedSvdState, updates: Iterable[ClientUpdate]) -> tuple[FedSvdState, Metrics]:
-        mean, metrics = self.mean_aggregate(state, updates)
-        if not mean:
-            return state, metrics
-        mean, moments = self.server_optimize(state, mean)
-        tensors: StateDict = {**state.tensors, **mean}
+        step = self.server_step()
+        assert step is not None  # the weighted mean of B, then the re-factorization
+        result = step(state, updates)
+        if not result.tensors:
+            return state, result.metrics
+        tensors: StateDict = {**state.tensors, **result.tensors}
         if (state.round + 1) % self.cfg.refactor_every == 0:
             for module in lora_modules(tensors):
                 a_key, b_key = module + A_SUFFIX, module + B_SUFFIX
                 tensors[a_key], tensors[b_key] = refactor(tensors[a_key], tensors[b_key])
-        return dataclasses.replace(state, tensors=tensors, server_optimizer=moments, round=state.round + 1), metrics
+        state = dataclasses.replace(state, tensors=tensors, server_optimizer=result.moments, round=state.round + 1)
+        return state, result.metrics
 
     def personalize(
         self,

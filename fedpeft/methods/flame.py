@@ -64,8 +64,10 @@ class Flame(TieredMethod[FlameConfig]):
 
     name = "flame"
     Config = FlameConfig
-    mean_server = False  # per-tier rescaled aggregation of the experts' LoRAs
     private_keys = ("rescaler",)
+
+    def server_step(self) -> None:
+        return None  # per-tier rescaled aggregation of the experts' LoRAs
 
     def max_rank(self) -> int:
         return self.cfg.rank

@@ -33,7 +33,9 @@ class FlexLora(RankTieredMethod[RankTieredConfig]):
 
     name = "flexlora"
     Config = RankTieredConfig
-    mean_server = False  # SVD of the mean of the full-size updates
+
+    def server_step(self) -> None:
+        return None  # SVD of the mean of the full-size updates
 
     def aggregate(self, state: TieredState, updates: Iterable[ClientUpdate]) -> tuple[TieredState, Metrics]:
         layout = self.modules(state.lora_layout)

@@ -31,7 +31,8 @@ from pydantic import Field
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, lora_spec, weighted_mean
+from fedpeft.merging.server_step import metric_mean, weighted_mean
+from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, lora_spec
 from fedpeft.methods.families.folding import (
     A_SUFFIX,
     B_SUFFIX,
@@ -77,8 +78,10 @@ class Flora(Method[FloraConfig, FloraState, None]):
 
     name = "flora"
     Config: ClassVar[type[FloraConfig]] = FloraConfig
-    mean_server = False  # the server folds the weighted sum of the clients' products, not a mean of their factors
     base_stage = True  # the shared base is the global model: W0 + the folded update, the global head
+
+    def server_step(self) -> None:
+        return None  # the server folds the weighted sum of the clients' products, not a mean of their factors
 
     def rank_of(self, client_id: str) -> int:
         """A client's LoRA rank: ``client_ranks``, else ``ranks[i mod len(ranks)]`` with i the number at the end of
@@ -134,10 +137,10 @@ class Flora(Method[FloraConfig, FloraState, None]):
         received = list(updates)
         modules = [module_of_delta(k) for k in state.tensors if is_delta(k)]
         heads = set(head_keys(state.tensors))
-        head, metrics = weighted_mean(
-            ClientUpdate(u.client_id, {k: v for k, v in u.tensors.items() if k in heads}, u.weight, u.metrics)
-            for u in received
+        head = weighted_mean(
+            ClientUpdate(u.client_id, {k: v for k, v in u.tensors.items() if k in heads}, u.weight) for u in received
         )
+        metrics = metric_mean(received)
         total = sum(float(u.weight) for u in received)
         if not received or total <= 0:
             return state, metrics

@@ -27,7 +27,8 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, lora_pairs, merge_lora_states
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, weighted_mean
+from fedpeft.merging.server_step import MetricMean, metric_mean, weighted_mean
+from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
@@ -89,7 +90,9 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
 
     name = "guided"
     Config = GuidedConfig
-    mean_server = False  # a merge operator (`merge`), with ReLoRA folds
+
+    def server_step(self) -> None:
+        return None  # a merge operator (`merge`), with ReLoRA folds
 
     def spec(self, runtime: ModelRuntime, slot: str = "") -> LoraSpec:
         rank = self.cfg.rank
@@ -122,12 +125,14 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
     def aggregate(self, state: GuidedState, updates: Iterable[ClientUpdate]) -> tuple[GuidedState, Metrics]:
         merge = self.cfg.merge
         if merge.operator == "mean" and merge.space == "ab" and merge.weighting == "data":
-            tensors, metrics = weighted_mean(updates)  # streams: no upload is held
+            running = MetricMean()
+            tensors = weighted_mean(running.observe(updates))  # streams: no upload is held
+            metrics = running.result()
             for b_key in (pair[1] for pair in lora_pairs(tensors).values()):
                 tensors[b_key] = tensors[b_key] * merge.alpha
         else:
             received = list(updates)
-            _, metrics = weighted_mean(ClientUpdate(u.client_id, {}, u.weight, u.metrics) for u in received)
+            metrics = metric_mean(received)
             seed = derive_seed(state.seed, self.name, "merge", state.round)
             tensors = merge_lora_states(
                 [u.tensors for u in received], [u.weight for u in received], merge, scaling=self.scaling, seed=seed

@@ -75,7 +75,9 @@ class HetLora(RankTieredMethod[HetLoraConfig]):
 
     name = "hetlora"
     Config = HetLoraConfig
-    mean_server = False  # zero-padded, sparsity-weighted aggregation across ranks
+
+    def server_step(self) -> None:
+        return None  # zero-padded, sparsity-weighted aggregation across ranks
 
     def _rank(self, tier_rank: int, client_state: Any) -> int:
         return min(tier_rank, int((client_state or {}).get("rank", tier_rank)))

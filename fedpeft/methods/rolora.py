@@ -88,12 +88,14 @@ class RoLora(Method[RoLoraConfig, RoLoraState, None]):
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), None
 
     def aggregate(self, state: RoLoraState, updates: Iterable[ClientUpdate]) -> tuple[RoLoraState, Metrics]:
-        mean, metrics = self.mean_aggregate(state, updates)
-        if not mean:
-            return state, metrics
-        mean, moments = self.server_optimize(state, mean)
-        tensors: StateDict = {**state.tensors, **mean}
-        return dataclasses.replace(state, tensors=tensors, server_optimizer=moments, round=state.round + 1), metrics
+        step = self.server_step()
+        assert step is not None  # the weighted mean of the trained factor
+        result = step(state, updates)
+        if not result.tensors:
+            return state, result.metrics
+        tensors: StateDict = {**state.tensors, **result.tensors}
+        state = dataclasses.replace(state, tensors=tensors, server_optimizer=result.moments, round=state.round + 1)
+        return state, result.metrics
 
     def personalize(
         self,

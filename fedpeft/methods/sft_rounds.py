@@ -9,12 +9,14 @@ methods. Its compute per round is the reference of compute matching (``compute_s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fedpeft.core.registry import METHODS
-from fedpeft.core.types import ClientUpdate, Payload
+from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.branched import BranchedLoraMethod, HeteroConfig
+from fedpeft.merging.server_step import metric_mean
+from fedpeft.methods.families.branched import BranchedLoraMethod, BranchedState, HeteroConfig
 from fedpeft.models.runtime import ModelRuntime
 
 
@@ -34,7 +36,12 @@ class SftRounds(BranchedLoraMethod[SftRoundsConfig]):
     branches = ("local",)
     shared = None
     communicates = False
-    mean_server = False  # nothing is aggregated
+
+    def server_step(self) -> None:
+        return None  # nothing is aggregated
+
+    def aggregate(self, state: BranchedState, updates: Iterable[ClientUpdate]) -> tuple[BranchedState, Metrics]:
+        return state, metric_mean(updates)  # the uploads carry no tensors: only the clients' metrics
 
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int

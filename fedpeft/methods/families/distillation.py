@@ -23,7 +23,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData, Example
 from fedpeft.federation import federation_of
-from fedpeft.methods.base import weighted_mean
+from fedpeft.merging.server_step import metric_mean, weighted_mean
 from fedpeft.methods.families.branched import (
     BranchedLoraBase,
     BranchedState,
@@ -154,8 +154,10 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
     the whole client update unless a subclass adds a personal step."""
 
     shared: ClassVar[str] = "global"  # the branch the server averages and distils (never None here)
-    mean_server = False  # the mean is then distilled on the server
     federation: Any = None
+
+    def server_step(self) -> None:
+        return None  # the mean is then distilled on the server
 
     def bind_federation(self, federation: Any) -> None:
         """The server's federation (runtimes and public data), for distilling in :meth:`aggregate`."""
@@ -213,7 +215,7 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
 
     def aggregate(self, state: DistillationState, updates: Iterable[ClientUpdate]) -> tuple[DistillationState, Metrics]:
         updates = list(updates)
-        tensors, metrics = weighted_mean(updates)
+        tensors, metrics = weighted_mean(updates), metric_mean(updates)
         if not tensors:
             return state, metrics
         by_architecture: dict[str, list[dict[str, Any]]] = {}

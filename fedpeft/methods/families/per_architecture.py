@@ -20,6 +20,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
+from fedpeft.merging.server_step import ServerStep
 from fedpeft.methods.base import Budget, Method, MethodConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
@@ -46,6 +47,9 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         self.private_keys = inner.private_keys  # type: ignore[misc]
 
     # Hooks that do not depend on the server state pass through to the wrapped method.
+    def server_step(self) -> ServerStep | None:
+        return self.inner.server_step()  # run within each architecture group
+
     def bind_federation(self, federation: Any) -> None:
         self.inner.bind_federation(federation)
 
