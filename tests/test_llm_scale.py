@@ -343,7 +343,7 @@ def test_chat_template_formats_prompts_and_responses(texts, monkeypatch):
     batch = rt.encode([example])
     assert batch["input_ids"][0].tolist() == full_ids
     assert batch["labels"][0].tolist() == [-100] * len(prompt_ids) + full_ids[len(prompt_ids) :]
-    assert rt._chat_ids(example["prompt"])[0] == prompt_ids  # what generation is prompted with
+    assert rt.text.prompt(example["prompt"]).ids == prompt_ids  # what generation is prompted with
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
     rt.train([example] * 4, lr=1e-2, batch_size=2, seed=0, steps=1)
     assert len(rt.predict([example])) == 1
@@ -353,7 +353,7 @@ def test_chat_template_cuts_the_user_text_not_the_template(texts, monkeypatch):
     rt = runtime(texts, max_length=120)
     monkeypatch.setattr(rt.tokenizer, "chat_template", CHAT_TEMPLATE, raising=False)
     rt.chat_template = True
-    ids, _ = rt._chat_ids(" ".join(["cat"] * 100))
+    ids = rt.text.prompt(" ".join(["cat"] * 100)).ids
     assert 40 < len(ids) <= 60
     assert rt.tokenizer.decode(ids).endswith("<|end|><|assistant|>")
 

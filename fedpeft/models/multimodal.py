@@ -9,8 +9,9 @@
 
 Examples carry ``image``: an ``(H, W, 3)`` uint8 array, an image file path, or a list of them (several images
 per question); the prompt gets one block of image tokens per image. :class:`MultimodalRuntime` encodes such
-examples (pixel values plus image tokens) for training, evaluation and generation. LoRA goes on the language
-model's linear layers only (:func:`language_model_targets`): the vision tower and the projector stay frozen.
+examples (with its :class:`MultimodalEncoder`: pixel values plus image tokens) for training, evaluation and
+generation. LoRA goes on the language model's linear layers only (:func:`language_model_targets`): the vision
+tower and the projector stay frozen.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
 from fedpeft.data.tokenizer import train_tokenizer
 from fedpeft.data.types import Example
-from fedpeft.models.runtime import ModelRuntime
+from fedpeft.models.runtime import Loaded, ModelRuntime
 from fedpeft.models.targets import FAMILY_LORA_TARGETS, LORA_LAYER_TYPES, matches
+from fedpeft.models.text import TextEncoder, pad_left, pad_right
 from fedpeft.models.tiny import TINY_LLAMA_SHAPE, apply_overrides, require_corpus, seeded_model, tiny_decoder_config
 
 IMAGE_TOKEN = "<image>"
@@ -114,12 +116,13 @@ def _load_image(image: Any) -> np.ndarray:
         return np.asarray(handle.convert("RGB"))
 
 
-class MultimodalRuntime(ModelRuntime):
-    """A :class:`~fedpeft.models.runtime.ModelRuntime` whose examples carry images (LLaVA-style models)."""
+class MultimodalEncoder(TextEncoder):
+    """A :class:`~fedpeft.models.text.TextEncoder` for examples that carry images: each image becomes a block of
+    image tokens in the prompt and its pixel values join the batch."""
 
-    def __init__(self, loaded: Any, **kwargs: Any) -> None:
-        super().__init__(loaded, **kwargs)
-        config = loaded.model.config
+    def __init__(self, loaded: Loaded, *, max_length: int = 64) -> None:
+        super().__init__(loaded.tokenizer, loaded.task, max_length=max_length)
+        config: Any = loaded.model.config  # a LlavaConfig
         vision = config.vision_config
         self.image_size = int(vision.image_size)
         per_side = self.image_size // int(vision.patch_size)
@@ -166,37 +169,26 @@ class MultimodalRuntime(ModelRuntime):
             full = (prompt + response + eos)[: max(self.max_length, len(prompt) + 1)]
             ids.append(full)
             labels.append([-100] * len(prompt) + full[len(prompt) :])
-        width = max(len(x) for x in ids)
-        pad = tok.pad_token_id
-        batch = {
-            "input_ids": torch.tensor([x + [pad] * (width - len(x)) for x in ids]),
-            "attention_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
-            "labels": torch.tensor([y + [-100] * (width - len(y)) for y in labels]),
-        }
+        batch = pad_right(ids, labels, tok.pad_token_id)
         if any(self._images(ex) for ex in examples):
             batch["pixel_values"] = self.pixels(examples)
         return batch
 
-    def _generate(self, model: torch.nn.Module, examples: list[Example]) -> list[str]:
-        tok = self.tokenizer
-        prompts = [self._prompt_ids(ex) for ex in examples]
-        width = max(len(p) for p in prompts)
-        pad = tok.pad_token_id
-        inputs: dict[str, torch.Tensor] = {
-            "input_ids": torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device),
-            "attention_mask": torch.tensor(
-                [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device
-            ),
-        }
+    def prompt_batch(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        batch = pad_left([self._prompt_ids(ex) for ex in examples], self.tokenizer.pad_token_id)
         if any(self._images(ex) for ex in examples):
-            inputs["pixel_values"] = self.pixels(examples).to(self.device)
-        generate = model.generate
-        assert callable(generate), f"{type(model).__name__} cannot generate"
-        generated = generate(
-            **inputs,
-            max_new_tokens=self.max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            eos_token_id=tok.eos_token_id,
-        )
-        return [tok.decode(row[width:], skip_special_tokens=True).strip() for row in generated]
+            batch["pixel_values"] = self.pixels(examples)
+        return batch
+
+
+class MultimodalRuntime(ModelRuntime):
+    """A :class:`~fedpeft.models.runtime.ModelRuntime` whose examples carry images (LLaVA-style models)."""
+
+    text: MultimodalEncoder
+
+    def _text_encoder(self, loaded: Loaded, *, max_length: int, chat_template: bool) -> TextEncoder:
+        return MultimodalEncoder(loaded, max_length=max_length)
+
+    @property
+    def image_token_id(self) -> int:
+        return self.text.image_token_id

@@ -1,0 +1,147 @@
+"""The runtime's training: the one training loop (:func:`fedpeft.training.train_loop`) on the runtime's model.
+
+A :class:`Trainer` picks what trains (the active adapter, every base weight, or given parameters), draws the
+shuffled minibatches (with gradient accumulation, the micro-batches of each step), counts the steps and runs the
+loop under the weights' precision (autocast, and a loss scaler for float16).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import Metrics
+from fedpeft.data.types import Example
+from fedpeft.models.text import TextEncoder
+from fedpeft.models.weights import ModelWeights
+from fedpeft.training import Batch, LossHook, Step, StepHook, train_loop
+
+
+class Trainer:
+    """Training of a runtime's model on examples.
+
+    Args:
+        weights: the model and its adapters.
+        text: how examples become tensors.
+        grad_accum_steps: micro-batches per optimizer step (``train.grad_accum_steps``).
+    """
+
+    def __init__(self, weights: ModelWeights, text: TextEncoder, *, grad_accum_steps: int = 1) -> None:
+        self.weights = weights
+        self.text = text
+        self.grad_accum_steps = grad_accum_steps
+        # float16 gradients underflow without loss scaling; the scaler's scale carries over between train calls.
+        self.scaler = torch.amp.GradScaler(weights.device.type) if weights.dtype == torch.float16 else None
+
+    def steps_for(self, n_examples: int, batch_size: int, epochs: float | None, steps: int | None) -> int:
+        """Number of optimizer steps for ``steps`` or ``epochs`` passes over ``n_examples``.
+
+        With gradient accumulation ``batch_size`` is the examples of one step (micro-batch size x accumulation).
+        """
+        if steps is not None:
+            return steps
+        return max(1, math.ceil(float(epochs or 1.0) * math.ceil(n_examples / batch_size)))
+
+    def batches(self, examples: list[Example], batch_size: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
+        """An endless stream of shuffled minibatches; each pass over the data is a new permutation."""
+        for chunk in _chunks(examples, batch_size, seed):
+            yield self._to_device(self.text.encode(chunk))
+
+    def accumulated_batches(
+        self, examples: list[Example], batch_size: int, accumulation: int, seed: int
+    ) -> Iterator[list[Batch]]:
+        """An endless stream of optimizer steps, each the micro-batches (of ``batch_size``) of one batch of
+        ``batch_size * accumulation`` examples drawn as :meth:`batches` draws them: the same examples in the
+        same order as ``batches(examples, batch_size * accumulation, seed)``."""
+        for chunk in _chunks(examples, batch_size * accumulation, seed):
+            yield [
+                self._to_device(self.text.encode(chunk[start : start + batch_size]))
+                for start in range(0, len(chunk), batch_size)
+            ]
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> Batch:
+        return {k: v.to(self.weights.device) for k, v in batch.items()}
+
+    def train(
+        self,
+        examples: list[Example],
+        params: dict[str, torch.nn.Parameter] | str = "adapter",
+        *,
+        lr: float,
+        batch_size: int,
+        seed: int,
+        epochs: float | None = None,
+        steps: int | None = None,
+        weight_decay: float = 0.0,
+        extra_loss: LossHook | None = None,
+        after_backward: StepHook | None = None,
+        optimizer_groups: list[dict[str, Any]] | None = None,
+        after_step: StepHook | None = None,
+        model: torch.nn.Module | None = None,
+        max_grad_norm: float | None = 1.0,
+    ) -> Metrics:
+        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``.
+
+        ``model`` is the module to call instead of the weights' own (a PEFT model of another adapter type wrapped
+        around the base model after ``detach_adapters``); ``after_step`` runs after every optimizer step;
+        ``max_grad_norm`` clips the global gradient norm (``None``: no clipping).
+
+        With ``grad_accum_steps`` k above 1 a step accumulates k micro-batches of ``batch_size``: the same step as
+        one batch of ``batch_size * k`` (:meth:`accumulated_batches`), and ``epochs`` count those steps.
+        """
+        if not examples:
+            raise ValueError("no training examples")
+        weights = self.weights
+        if params == "adapter":
+            params = weights.adapter_parameters()
+        elif params == "all":
+            if weights.quantized:
+                raise UserError(
+                    "A quantized base model (model.quantization) cannot train its own weights; "
+                    "train adapters only, or drop model.quantization."
+                )
+            params = weights.base_params
+        assert isinstance(params, dict)
+        if self.scaler is not None and any(p.dtype == torch.float16 for p in params.values()):
+            raise UserError(
+                "model.dtype float16 trains adapters only (float16 weights cannot be updated with "
+                "loss scaling); use bfloat16 to train the base weights."
+            )
+        accumulation = self.grad_accum_steps
+        total = self.steps_for(len(examples), batch_size * accumulation, epochs, steps)
+        stream: Iterator[Step] = (
+            self.batches(examples, batch_size, seed)
+            if accumulation == 1
+            else self.accumulated_batches(examples, batch_size, accumulation, seed)
+        )
+        model = model if model is not None else weights.model()
+        with weights.adapter_context():
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return train_loop(
+                    model,
+                    stream,
+                    params,
+                    steps=total,
+                    lr=lr,
+                    weight_decay=weight_decay,
+                    extra_loss=extra_loss,
+                    after_backward=after_backward,
+                    optimizer_groups=optimizer_groups,
+                    max_grad_norm=max_grad_norm,
+                    after_step=after_step,
+                    autocast=None if weights.dtype == torch.float32 else weights.autocast,
+                    scaler=self.scaler,
+                )
+
+
+def _chunks(examples: list[Example], size: int, seed: int) -> Iterator[list[Example]]:
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(examples), generator=generator).tolist()
+        for start in range(0, len(order), size):
+            yield [examples[i] for i in order[start : start + size]]

@@ -1,0 +1,318 @@
+"""The runtime's weights: one base model and the named LoRA adapters on it.
+
+A :class:`ModelWeights` owns the base model of a worker: its weights (a copy of the loaded ones to restore
+between clients), the PEFT adapters of every shape in use, which of them is active, and the context forward passes
+run in (the base alone when no adapter is active; autocast in ``model.dtype``). Adapters of every shape live side
+by side as named PEFT adapters on the same base model; switching clients means loading tensors, never rebuilding
+modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from peft.utils.other import AuxiliaryTrainingWrapper
+
+from fedpeft.core.errors import UserError
+from fedpeft.core.types import StateDict
+from fedpeft.models.targets import lora_modules, max_rank
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """The shape of a LoRA adapter: rank, scaling and where it sits.
+
+    ``rank_pattern`` / ``alpha_pattern`` give per-module ranks (pruned rank structures); ``targets`` are module-name
+    suffixes as PEFT's ``target_modules`` reads them. ``slot`` tells apart adapters of the same shape that must
+    coexist on the model (a client's "global" and "local" LoRA, a frozen teacher beside a trained student).
+    ``head=False`` leaves the task head out of the adapter (a second adapter that is active together with one that
+    carries the head: PEFT lets only one active adapter own it).
+    ``target_parameters`` are parameter-name suffixes that get LoRA directly (PEFT ``target_parameters``), such
+    as the fused expert tensors of a mixture-of-experts model (one rank-r block per expert).
+    """
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    dropout: float = 0.0
+    rank_pattern: tuple[tuple[str, int], ...] = ()
+    alpha_pattern: tuple[tuple[str, float], ...] = ()
+    slot: str = ""
+    head: bool = True
+    target_parameters: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """A short name usable as a PEFT adapter name."""
+        digest = hashlib.blake2b(repr(self).encode(), digest_size=6).hexdigest()
+        return f"r{self.rank}_{digest}"
+
+    def to_peft(self, head_modules: list[str]) -> LoraConfig:
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]  # PEFT annotates int; a float works
+            target_modules=list(self.targets),
+            lora_dropout=self.dropout,
+            rank_pattern=dict(self.rank_pattern),
+            alpha_pattern=dict(self.alpha_pattern),
+            modules_to_save=(list(head_modules) or None) if self.head else None,
+            target_parameters=list(self.target_parameters) or None,
+        )
+
+
+class ModelWeights:
+    """A base model's weights and the named LoRA adapters installed on it in place.
+
+    Args:
+        model: the base model (a transformers model with its task head); moved to ``device`` unless it is
+            quantized (a bitsandbytes-quantized model is placed on its GPU when loaded and cannot be moved).
+        lora_targets: module-name suffixes of the layers LoRA may wrap.
+        head_modules: modules an adapter trains in full (PEFT ``modules_to_save``).
+        device: the torch device forward passes run on.
+        dtype: the dtype the base weights were loaded in; other than float32, adapters are kept in float32 and
+            forward passes run under ``torch.autocast`` in it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lora_targets: list[str],
+        head_modules: list[str],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.lora_targets = lora_targets
+        self.head_modules = head_modules
+        self.quantized = getattr(model, "is_quantized", False) is True
+        # A transformers model: callers read its config and call generate, which torch's Module type does not know.
+        self.base_model: Any = model if self.quantized else model.to(device)
+        # Parameter objects survive PEFT's injection (they move under base_layer / original_module), so these
+        # references keep addressing the base weights under their canonical names.
+        self.base_params: dict[str, torch.nn.Parameter] = dict(self.base_model.named_parameters())
+        # The layers LoRA wraps, captured before PEFT injects adapters (the module objects survive injection as
+        # each LoRA layer's ``base_layer``, so hooks on them see the base layer's input).
+        self.target_modules: list[tuple[str, torch.nn.Module]] = lora_modules(self.base_model, lora_targets)
+        self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
+        self.peft: PeftModel | None = None
+        self.active: LoraSpec | None = None
+
+    # ------------------------------------------------------------------ base weights
+    def base_state(self) -> StateDict:
+        """A copy of the current base weights, by canonical parameter name."""
+        return {k: v.detach().clone() for k, v in self.base_params.items()}
+
+    def load_base(self, state: StateDict | None) -> None:
+        """Overwrite base weights in place (``None`` restores the weights the model was loaded with)."""
+        source = self._initial_base if state is None else state
+        with torch.no_grad():
+            for name, tensor in source.items():
+                self.base_params[name].copy_(tensor)
+
+    def set_initial_base(self, state: StateDict) -> None:
+        """Make ``state`` the weights that ``load_base(None)`` restores (the output of the base stage)."""
+        self._initial_base = {k: v.detach().clone() for k, v in state.items()}
+        self.load_base(None)
+
+    def override_initial_base(self, tensors: StateDict) -> StateDict:
+        """Replace some tensors of the weights :meth:`load_base` restores, and load them.
+
+        Returns the tensors they replaced, so that the caller can put them back (a per-client base model on top of
+        a shared one).
+        """
+        previous = {k: self._initial_base[k] for k in tensors}
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                self._initial_base[name] = tensor.detach().clone()
+                self.base_params[name].copy_(tensor)
+        return previous
+
+    def check_budget(self, rank: int) -> None:
+        """Refuse a LoRA rank larger than the smallest targeted layer allows."""
+        limit = max_rank(self.base_model, self.lora_targets)
+        if rank > limit:
+            raise UserError(f"Budget r={rank} exceeds the largest rank this model allows ({limit}); use r <= {limit}.")
+
+    # ------------------------------------------------------------------ adapters
+    def activate(self, spec: LoraSpec | None) -> torch.nn.Module:
+        """Make the adapter of shape ``spec`` the active one (creating it once) and return the model to call.
+
+        ``None`` deactivates adapters: the returned model computes with the base weights only.
+        """
+        if spec is None:
+            self.active = None
+            return self.base_model if self.peft is None else self.peft
+        name = spec.key
+        config = spec.to_peft(self.head_modules)
+        if self.peft is None:
+            self.peft = get_peft_model(self.base_model, config, adapter_name=name)
+        elif name not in self.peft.peft_config:
+            self.peft.add_adapter(name, config)
+        self.peft.set_adapter(name)
+        self.active = spec
+        if self.dtype != torch.float32:
+            self._adapter_in_float32()
+        return self.peft
+
+    def _adapter_in_float32(self) -> None:
+        """Keep the active adapter's trainable tensors (LoRA weights, head copy) in float32 under a low-precision
+        base: the optimizer then updates float32 weights, and autocast computes in the low precision."""
+        with torch.no_grad():
+            for param in self.adapter_parameters().values():
+                if param.is_floating_point() and param.dtype != torch.float32:
+                    param.data = param.data.float()
+
+    def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """Trainable parameters of the active adapter (LoRA weights and head copy), by PEFT name."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        name = self.active.key
+        return {k: p for k, p in self.peft.named_parameters() if f".{name}." in k or k.endswith(f".{name}")}
+
+    def adapter_state(self) -> StateDict:
+        """A copy of the active adapter's tensors (LoRA weights and head), PEFT names without adapter name."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        state = get_peft_model_state_dict(self.peft, adapter_name=self.active.key)
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def load_adapter(self, state: StateDict) -> None:
+        """Load tensors (as returned by :meth:`adapter_state`, possibly partial) into the active adapter."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        result = set_peft_model_state_dict(self.peft, state, adapter_name=self.active.key)
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unexpected:
+            raise KeyError(f"adapter tensors not in the model: {unexpected[:3]}")
+
+    def reset_adapter(self, seed: int) -> None:
+        """Fresh LoRA weights (A random from ``seed``, B = 0) and the head copied from the base model."""
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        name = self.active.key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for module in self.peft.modules():
+                if isinstance(module, LoraLayer) and name in module.lora_A:
+                    module.reset_lora_parameters(name, True)
+        with torch.no_grad():
+            for module in self.peft.modules():
+                to_save = getattr(module, "modules_to_save", None)
+                if isinstance(to_save, torch.nn.ModuleDict) and name in to_save:
+                    original = module.original_module
+                    assert isinstance(original, torch.nn.Module)
+                    to_save[name].load_state_dict(original.state_dict())
+
+    def remove_adapter(self, spec: LoraSpec) -> None:
+        """Delete the PEFT adapter of shape ``spec`` if present (for one-off shapes such as pruned structures)."""
+        if self.peft is None or spec.key not in self.peft.peft_config:
+            return
+        if self.active == spec:
+            self.active = None
+        self.peft.delete_adapter(spec.key)
+
+    def detach_adapters(self) -> None:
+        """Remove every injected LoRA layer and head copy, restoring the plain base modules.
+
+        Lets a PEFT adapter of another type (AdaLoRA) wrap the base model; LoRA adapters are re-created on the next
+        :meth:`activate`.
+        """
+        if self.peft is None:
+            return
+        unload_adapters(self.peft)
+        self.peft = None
+        self.active = None
+
+    @contextlib.contextmanager
+    def using_adapter(self, spec: LoraSpec | None) -> Iterator[torch.nn.Module]:
+        """Compute with another adapter (``None``: base weights only) in eval mode, then restore everything.
+
+        For a frozen teacher beside a trained student: inside, the model runs with ``spec``'s adapter (which
+        must have been created and loaded before); on exit the previously active adapter, the train/eval mode
+        and every parameter's ``requires_grad`` flag are as they were, so a training loop can call this between
+        its forward and backward passes.
+        """
+        previous = self.active
+        model = self.model()
+        flags = {name: p.requires_grad for name, p in model.named_parameters()}
+        was_training = model.training
+        try:
+            if spec is None:
+                context = self.peft.disable_adapter() if self.peft is not None else contextlib.nullcontext()
+                with context:
+                    model.eval()
+                    yield model
+            else:
+                teacher = self.activate(spec)
+                teacher.eval()
+                yield teacher
+        finally:
+            if spec is not None:
+                self.activate(previous)
+            for name, p in model.named_parameters():
+                p.requires_grad_(flags.get(name, False))
+            model.train(was_training)
+
+    def merged_weights(self, scale: float = 1.0) -> StateDict:
+        """Base weights with the active adapter merged in, for the layers and head the adapter touches.
+
+        Returns ``{canonical parameter name: W + scale * delta}`` for every LoRA-adapted layer (``delta`` from PEFT's
+        ``get_delta_weight``), plus the adapter's copy of the task head; the model itself is left unchanged.
+        """
+        assert self.peft is not None and self.active is not None, "no active adapter"
+        key = self.active.key
+        prefix = "base_model.model."
+        merged: StateDict = {}
+        with torch.no_grad():
+            for name, module in self.peft.named_modules():
+                canonical = name.removeprefix(prefix)
+                if isinstance(module, LoraLayer) and key in module.lora_A:
+                    weight = f"{canonical}.weight"
+                    # The LoraLayer mixin does not declare get_delta_weight; every concrete PEFT LoRA layer
+                    # (Linear, Embedding, Conv*, MultiheadAttention, ParamWrapper) defines it.
+                    delta = module.get_delta_weight(key)  # type: ignore[attr-defined]  # see the comment above
+                    merged[weight] = self.base_params[weight].detach() + scale * delta.to(self.base_params[weight])
+                to_save = getattr(module, "modules_to_save", None)
+                if isinstance(to_save, torch.nn.ModuleDict) and key in to_save:
+                    for pname, param in to_save[key].named_parameters():
+                        merged[f"{canonical}.{pname}"] = param.detach().clone()
+        return merged
+
+    # ------------------------------------------------------------------ computing
+    def model(self) -> torch.nn.Module:
+        """The model to call: the PEFT model with the active adapter, or the base model when none is active."""
+        if self.active is None:
+            return self.base_model if self.peft is None else self.peft
+        return self.peft  # type: ignore[return-value]
+
+    def adapter_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Context in which the model computes without any adapter (when none is active)."""
+        if self.active is None and self.peft is not None:
+            return self.peft.disable_adapter()
+        return contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context forward passes run in: ``torch.autocast`` in ``model.dtype`` (none for float32)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """The context any forward pass runs in: the base model alone when no adapter is active, and
+        :meth:`autocast`."""
+        with self.adapter_context(), self.autocast():
+            yield
+
+
+def unload_adapters(model: PeftModel) -> torch.nn.Module:
+    """Remove a PEFT model's adapter layers and head copies, putting the original base modules back in place."""
+    for module in model.modules():
+        if isinstance(module, AuxiliaryTrainingWrapper):
+            module.set_adapter([])  # unloading then restores the original head, not a trained copy
+    return model.unload()
