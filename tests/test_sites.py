@@ -26,7 +26,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.data.sites import join_sites, site_report
 from fedpeft.data.types import RemoteExamples
 from fedpeft.engine.flower import GridEngine, flower_config
-from fedpeft.engine.flower.grid import register_sites
+from fedpeft.engine.flower.membership import register_sites
 from fedpeft.runner import Experiment
 from tests.test_flower import (  # noqa: F401
     ATOL,
@@ -254,9 +254,9 @@ def test_a_restarted_site_takes_its_clients_back(tmp_path, sites, task_identity)
         run_id=1, node_id=1002, node_config={"data-path": str(sites["site-a"])}, state=RecordDict(), run_config={}
     )
     grid.served[1002] = []
-    engine._lost.add(1001)
+    engine.membership.lose(1001, "no reply")
     with pytest.raises(UserError, match=r"SuperNodes 1000 and 1002 both hold client 'ana'"):
-        engine._refresh()
+        engine.membership.refresh()
 
 
 # ---------------------------------------------------------------------------------------------- deployment

@@ -36,7 +36,7 @@ from fedpeft.core.io import path_component
 from fedpeft.core.processes import end_descendants
 from fedpeft.core.progress import Progress
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
-from fedpeft.engine.flower.grid import register_sites
+from fedpeft.engine.flower.membership import register_sites
 from fedpeft.runner import Experiment
 
 log = logging.getLogger("fedpeft")

@@ -21,7 +21,9 @@ the app entry points in :mod:`fedpeft.apps`) handles Flower types:
 - ``codec``: tensors into an ``ArrayRecord``, everything else into JSON in a ``ConfigRecord``; tasks and results;
 - ``client``: a node's handler of every message, and the simulation's ClientApp;
 - ``relay`` / ``node_worker``: a deployment node's long-lived worker process and the light relay to it;
-- ``grid``: :class:`GridEngine`, the engine the ServerApp runs the experiment with;
+- ``grid``: :class:`GridEngine`, the engine the ServerApp runs the experiment with, composed of ``membership``
+  (which node serves which client), ``exchange`` (the one loop that sends messages and takes in replies),
+  ``outbox`` (steps of units at once, bundled per node), ``node_stats`` and ``base_sync``;
 - ``secagg`` / ``secagg_mod``: rounds under SecAgg+.
 
 Importing this package imports none of them (a deployment's ClientApp imports only the light ones); its names
