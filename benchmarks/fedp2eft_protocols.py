@@ -41,6 +41,7 @@ import torch
 from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, prune_to_budget
 from fedpeft.adapters.psg import make_generator, regression_loss
 from fedpeft.adapters.scale_analysis import module_layout, read_scales
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.methods.fedp2eft import psg_path
 from fedpeft.report.records import read_records
 from fedpeft.report.tables import MEAN_COLUMN, format_cell, group_table
@@ -167,7 +168,7 @@ def scales(runs: list[Path]) -> None:
 
 def seen_statistics(checkpoint: Path) -> torch.Tensor:
     """The seen clients' statistics from a federated checkpoint's client-state store, one row per client."""
-    store = torch.load(checkpoint, weights_only=False)["store"]
+    store = load_checkpoint(checkpoint)["store"]
     # Each client's entries are (round, state) pairs; the statistics never change (the base model is frozen).
     return torch.stack([entries[-1][1]["statistics"] for entries in store.values()])
 
@@ -176,7 +177,7 @@ def psg_units(runs: list[Path]) -> None:
     from safetensors.torch import load_file
 
     for run in runs:
-        for checkpoint in sorted((run / "checkpoints").glob("*/seed*.pt")):
+        for checkpoint in sorted((run / "checkpoints").glob("*/seed*.safetensors")):
             label, seed = checkpoint.parent.name, int(checkpoint.stem.removeprefix("seed"))
             weights = psg_path(run, label, seed)
             if not weights.is_file():  # its federated phase is still going

@@ -16,7 +16,7 @@ categories, 6 base epochs):
 Usage:
   python benchmarks/flexlora_update_scale.py scale --run runs/flame-cpu-40 --method flexlora
   python benchmarks/flexlora_update_scale.py a-norm --out runs/flexlora-a-norm [--a-row-norm 0.59]
-      [--base-checkpoint runs/flex-lr/checkpoints/base-centralized.pt]
+      [--base-checkpoint runs/flex-lr/checkpoints/base-centralized.safetensors]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from moe_topk_sensitivity import base_runtime  # this directory's benchmark: the preset's trained base model
 
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import load_config
 from fedpeft.methods import flexlora
 from fedpeft.models.runtime import ClientModel
@@ -44,9 +45,9 @@ def scale_probe(preset: str, run: Path, method: str, seed: int, scales: list[flo
     source = str(run / "config.yaml") if (run / "config.yaml").exists() else preset
     cfg = load_config(source)
     entry = next(m for m in cfg.methods if m.get("label", m["name"]) == method)
-    data, runtime = base_runtime(source, [], run / "checkpoints" / "base-centralized.pt")
+    data, runtime = base_runtime(source, [], run / "checkpoints" / "base-centralized.safetensors")
     tiered = build_method(dict(entry), cfg)
-    state = torch.load(run / "checkpoints" / method / f"seed{seed}.pt", weights_only=False)["state"]
+    state = load_checkpoint(run / "checkpoints" / method / f"seed{seed}.safetensors")["state"]
     spec = tiered.spec(runtime, tiered.max_rank())
     clients = data.clients[::4]
     out = {}
@@ -73,7 +74,7 @@ def a_norm_probe(preset: str, out: Path, lr: float, row_norm: float, base: Path 
         cfg = cfg.model_copy(update={"methods": [{"name": "flexlora", "label": LABEL, "rounds": 3, "lr": lr}]})
         if base is not None:
             (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-            shutil.copy(base, out / "checkpoints" / "base-centralized.pt")
+            shutil.copy(base, out / "checkpoints" / "base-centralized.safetensors")
         Experiment(cfg, out).run()
     finally:
         flexlora.svd_factors = redistribute

@@ -13,7 +13,7 @@ arithmetic categories, 4,000 base examples, 12 epochs), or loads it from ``--che
    weights.
 
 Usage: python benchmarks/moe_topk_sensitivity.py [--preset flame-cpu-4] [--set base.router_aux_loss=0.01]
-       [--checkpoint base.pt] [--out benchmarks/results/moe_topk.json]
+       [--checkpoint base.safetensors] [--out benchmarks/results/moe_topk.json]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fedpeft.base_models import train_centralized_base
+from fedpeft.core.checkpoints import load_checkpoint, save_checkpoint
 from fedpeft.core.config import load_config
 from fedpeft.evaluation import rouge
 from fedpeft.models.runtime import ClientModel
@@ -42,12 +43,12 @@ def base_runtime(preset: str, overrides: list[str], checkpoint: Path | None) -> 
     data = build_data(cfg)
     runtime = build_runtime(cfg, data)
     if checkpoint is not None and checkpoint.exists():
-        runtime.set_initial_base(torch.load(checkpoint, weights_only=False)["tensors"])
+        runtime.set_initial_base(load_checkpoint(checkpoint)["tensors"])
     else:
         train_centralized_base(runtime, data.base_train, cfg.base)
         tensors = runtime.base_state()
         if checkpoint is not None:
-            torch.save({"tensors": tensors}, checkpoint)
+            save_checkpoint({"tensors": tensors}, checkpoint)
         runtime.set_initial_base(tensors)
     runtime.install(ClientModel())
     return data, runtime

@@ -18,22 +18,24 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from safetensors.torch import save_file
 
-from fedpeft.base_models import client_base_tensors, train_centralized_base
+from fedpeft.base_models import ClientBase, client_base_tensors, train_centralized_base
 from fedpeft.continual import memory_view
+from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 from fedpeft.core.config import BASE_STAGE_LABEL, ExperimentConfig, MethodConfig, ModelConfig, method_config
-from fedpeft.core.faults import before_work, corrupt
-from fedpeft.core.io import save_atomic, staged_files, write_text_atomic
+from fedpeft.core.faults import before_work, corrupt, reaching_faults
+from fedpeft.core.io import staged_files, write_text_atomic
 from fedpeft.core.registry import DATASETS, METHODS
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.stores import ClientStateStore, make_store
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState
+from fedpeft.core.types import Metrics, Payload, ServerState, TrainResult
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.federation import build_federation
 from fedpeft.methods.base import Budget, Method
 from fedpeft.methods.families.per_architecture import for_architectures
-from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 BASE_LABEL = "base"
+CLIENT_BASE_TYPES = (ClientBase, LoraSpec)  # the dataclasses of a client's own base model, as checkpointed
 
 
 def build_method(entry: MethodConfig | dict[str, Any], experiment: ExperimentConfig | None = None) -> Method:
@@ -154,8 +156,8 @@ class Worker:
         """Where the base model of ``seed`` lives; a centralized base stage (standing in for pretraining) is
         trained once from ``base.seed`` and shared by every run seed, like a real pretrained checkpoint."""
         if self.cfg.base.kind == "centralized":
-            return self.run_dir / "checkpoints" / "base-centralized.pt"
-        return self.run_dir / "checkpoints" / f"base-seed{seed}.pt"
+            return self.run_dir / "checkpoints" / f"base-centralized{SUFFIX}"
+        return self.run_dir / "checkpoints" / f"base-seed{seed}{SUFFIX}"
 
     def use_base(self, seed: int | None) -> None:
         """Make the base model of ``seed`` the runtime's starting point (``None``: the loaded weights)."""
@@ -170,7 +172,7 @@ class Worker:
             path = self.base_checkpoint(seed)
             if not path.exists():
                 raise RuntimeError(f"base model of seed {seed} is missing at {path}")
-            self.runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
+            self.runtime.set_initial_base(load_checkpoint(path)["tensors"])
         self._base_seed = seed
 
     # ------------------------------------------------------------------ per-client base models
@@ -181,7 +183,7 @@ class Worker:
 
     def client_base_path(self, seed: int, client_id: str) -> Path:
         """Where one client's own changes to the shared base model of ``seed`` live."""
-        return self.run_dir / "checkpoints" / "client-base" / f"seed{seed}" / f"{client_id}.pt"
+        return self.run_dir / "checkpoints" / "client-base" / f"seed{seed}" / f"{client_id}{SUFFIX}"
 
     def prepare_client_base(self, seed: int, client_id: str, state: ServerState | None = None) -> int:
         """Compute and store one client's own base model (its changes to the shared one); returns its bytes.
@@ -197,7 +199,7 @@ class Worker:
         client_state = self.store(BASE_STAGE_LABEL, seed).get(client_id)
         pseed = client_seed(seed, method.name, "client-base", None, client_id)
         delta = method.client_base(self.runtime, self.clients[client_id], state or ServerState(), client_state, pseed)
-        save_atomic({"client_base": delta}, path)
+        save_checkpoint({"client_base": delta}, path, CLIENT_BASE_TYPES)
         self.runtime.install(ClientModel())
         return path.stat().st_size
 
@@ -209,7 +211,7 @@ class Worker:
         path = self.client_base_path(seed, client_id)
         if not path.exists():
             raise RuntimeError(f"the base model of client {client_id} (seed {seed}) is missing at {path}")
-        delta = torch.load(path, weights_only=False)["client_base"]
+        delta = load_checkpoint(path, CLIENT_BASE_TYPES)["client_base"]
         if delta is not None:
             self._client_undo = self.runtime.override_initial_base(client_base_tensors(self.runtime, delta))
         self.runtime.install(ClientModel())
@@ -224,15 +226,15 @@ class Worker:
     # ------------------------------------------------------------------ architectures
     def _build_architecture(self, name: str) -> ModelRuntime:
         """Load architecture ``name``; with a centralized base stage, its base model is trained once on the base
-        corpus like the first architecture's (``checkpoints/base-centralized-<name>.pt``) and reused."""
+        corpus like the first architecture's (``checkpoints/base-centralized-<name>.safetensors``) and reused."""
         runtime = build_runtime(self.cfg, self.data, self.cfg.models[name])
         base = self.cfg.base
         if base.kind == "centralized":
-            path = self.run_dir / "checkpoints" / f"base-centralized-{name}.pt"
+            path = self.run_dir / "checkpoints" / f"base-centralized-{name}{SUFFIX}"
             if not path.exists():
                 train_centralized_base(runtime, self.data.base_train, base)
-                save_atomic({"tensors": runtime.base_state()}, path)
-            runtime.set_initial_base(torch.load(path, weights_only=False)["tensors"])
+                save_checkpoint({"tensors": runtime.base_state()}, path)
+            runtime.set_initial_base(load_checkpoint(path)["tensors"])
         return runtime
 
     def runtime_for(self, client_id: str) -> ModelRuntime:
@@ -244,8 +246,9 @@ class Worker:
         return memory_view(self.clients[client_id], round_, rounds)
 
     # ------------------------------------------------------------------ operations
-    def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientUpdate:
-        """One client's local work in one federated round (with the config's injected faults, if any strike)."""
+    def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> TrainResult:
+        """One client's local work in one federated round (with the config's injected faults, if any strike):
+        its update, and the faults that struck it."""
         faults = [fault for fault in self.cfg.faults if fault.applies(label, client_id, round_)]
         before_work(faults)
         method = self.methods[label]
@@ -264,7 +267,7 @@ class Worker:
         )
         if client_state is not None:
             store.put(client_id, client_state, round_)
-        return corrupt(faults, update, payload)
+        return TrainResult(corrupt(faults, update, payload), reaching_faults(faults))
 
     def evaluate_base(self, seed: int, client_id: str) -> list[dict]:
         """The base model (no personalization) on one client's test split (the client's own, if it has one)."""

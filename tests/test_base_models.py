@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from fedpeft.base_models import ClientBase, client_base_tensors
+from fedpeft.core.checkpoints import save_checkpoint
 from fedpeft.core.config import ExperimentConfig, load_config
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import UserError
-from fedpeft.core.io import save_atomic
 from fedpeft.core.types import ServerState, num_bytes
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.local import LocalEngine
@@ -213,7 +213,7 @@ def test_every_client_starts_from_its_own_base_model(name, toy_runtime, toy_clie
         BASE_STAGE_LABEL, method, method.init_server(toy_runtime, 0), seen, seed=0, meter=CostMeter()
     )
     shared = method.export_base(toy_runtime, state)
-    save_atomic({"tensors": shared}, worker.base_checkpoint(0))
+    save_checkpoint({"tensors": shared}, worker.base_checkpoint(0))
     for client in clients:
         assert worker.prepare_client_base(0, client.client_id) > 0
         assert worker.prepare_client_base(0, client.client_id) == 0  # kept once computed
@@ -269,7 +269,7 @@ def test_a_federated_lora_method_as_base_stage_gives_each_client_its_model_merge
     )
     shared = method.export_base(toy_runtime, state)
     assert all(torch.equal(v, worker.pretrained[k]) for k, v in shared.items())  # the stage started here
-    save_atomic({"tensors": shared}, worker.base_checkpoint(0))
+    save_checkpoint({"tensors": shared}, worker.base_checkpoint(0))
     for client in toy_clients:
         assert worker.prepare_client_base(0, client.client_id, state) > 0
     for client in toy_clients[:2]:
@@ -313,4 +313,4 @@ def test_personalization_runs_after_a_federated_lora_base_stage(stage, method, t
     ours = [r for r in records if r["method"] == name and r["metric"] == "accuracy"]
     base = {r["client"]: r["value"] for r in records if r["method"] == "base" and r["metric"] == "accuracy"}
     assert ours and len(base) == 8  # every client of both pools, each on its own base model
-    assert len(list((out / "checkpoints" / "client-base" / "seed0").glob("*.pt"))) == 8
+    assert len(list((out / "checkpoints" / "client-base" / "seed0").glob("*.safetensors"))) == 8

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import validate
 from fedpeft.core.errors import AllClientsFailedError, UserError
 from fedpeft.core.types import ClientUpdate, Payload
@@ -148,7 +149,7 @@ def check_faulty_run(run_dir: Path) -> None:
     assert errors == {(0, "lat1-seen-00"): "InjectedFaultError", (1, "lat2-seen-00"): "InjectedDropError"}
     failed = [json.loads(line) for line in (run_dir / "costs.jsonl").read_text().splitlines()]
     assert {(r["method"], r["metric"]): r["value"] for r in failed}["fedit", "failed_client_rounds"] == 2.0
-    state = torch.load(run_dir / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["state"]
+    state = load_checkpoint(run_dir / "checkpoints" / "fedit" / "seed0.safetensors")["state"]
     assert state.round == 3 and all(bool(torch.isfinite(t).all()) for t in state.tensors.values())
     summary = (run_dir / "summary.md").read_text()
     assert "## Rejected updates" in summary and "holds non-finite values" in summary
@@ -195,7 +196,7 @@ def test_a_round_below_min_updates_keeps_the_previous_state(tmp_path):
     raw = faulty_raw()
     raw["methods"][0]["rounds"] = 1
     out = Experiment(validate(raw), tmp_path / "run").run()
-    saved = torch.load(out / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)
+    saved = load_checkpoint(out / "checkpoints" / "fedit" / "seed0.safetensors")
     initial = validate(raw)
     from fedpeft.worker import Worker
 
@@ -217,7 +218,7 @@ def test_ten_rounds_with_a_nan_client_keep_a_finite_adapter_and_the_accuracy(tmp
         raw = tiny_raw(base={"kind": "pretrained"}, methods=[{**tiny_raw()["methods"][0], "rounds": 10}])
         raw["faults"] = faults
         out = Experiment(validate(raw), tmp_path / name).run()
-        return out, torch.load(out / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["state"].tensors
+        return out, load_checkpoint(out / "checkpoints" / "fedit" / "seed0.safetensors")["state"].tensors
 
     nan_run, nan_state = run("nan", [{"kind": "nan", "clients": [bad]}])
     drop_run, drop_state = run("drop", [{"kind": "drop", "clients": [bad]}])
@@ -235,6 +236,7 @@ def test_ten_rounds_with_a_nan_client_keep_a_finite_adapter_and_the_accuracy(tmp
 
 
 # ---------------------------------------------------------------------------------------------- nobody left
+@pytest.mark.slow
 def test_a_round_in_which_every_client_fails_stops_the_cli_with_one_sentence(tmp_path):
     config = tmp_path / "all-fail.yaml"
     raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0]])

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import load_config
 from fedpeft.core.types import ClientUpdate
 from fedpeft.methods.fedl2p import POST, FedL2PState, module_groups, split_validation
@@ -90,7 +91,7 @@ def test_one_federated_phase_per_budget_with_per_client_bases_and_resume(tmp_pat
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     evaluated = [r for r in records if r["split"] != "train"]  # train: the base stage's and fedl2p's rounds
     assert {(r["method"], r["budget"]) for r in evaluated} == {("base", None), ("fedl2p", 2), ("fedl2p", 4)}
-    states = {b: torch.load(out / "checkpoints" / "fedl2p" / f"seed0-r{b}.pt", weights_only=False) for b in (2, 4)}
+    states = {b: load_checkpoint(out / "checkpoints" / "fedl2p" / f"seed0-r{b}.safetensors") for b in (2, 4)}
     assert [states[b]["state"].budget for b in (2, 4)] == [2, 4]
     assert all(s["round"] == 2 for s in states.values())
     clients = sorted({r["client"] for r in evaluated})
@@ -101,7 +102,7 @@ def test_one_federated_phase_per_budget_with_per_client_bases_and_resume(tmp_pat
     # Lose everything after the base stage and the second budget's federated phase; a resumed run (a new
     # process: the base stage's client states come back from its checkpoint) ends with the same numbers.
     shutil.rmtree(out / "checkpoints" / "client-base")
-    (out / "checkpoints" / "fedl2p" / "seed0-r4.pt").unlink()
+    (out / "checkpoints" / "fedl2p" / "seed0-r4.safetensors").unlink()
     for name in ("client-base-seed0", "base-seed0", "fedl2p-seed0"):
         (out / "parts" / f"{name}.jsonl").unlink()
     (out / "results.jsonl").unlink()

@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 
 from fedpeft.apps.flower import run_flower_simulation
 from fedpeft.apps.loopback import LoopbackDeployment
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.progress import Progress
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
@@ -166,7 +167,7 @@ def test_simulation_engine_matches_local_engine(tmp_path):
 
     # The global adapter after the last round: the floats themselves, not only the accuracies they lead to.
     def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
-        return torch.load(run_dir / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["state"].tensors
+        return load_checkpoint(run_dir / "checkpoints" / "fedit" / "seed0.safetensors")["state"].tensors
 
     local_state, flower_state = final_state(tmp_path / "local"), final_state(tmp_path / "flower")
     assert list(local_state) == list(flower_state)
@@ -206,7 +207,7 @@ def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
     fedpeft = str(Path(sys.executable).parent / "fedpeft")
     command = [fedpeft, "run", str(config), "--engine", "flower", "--out", str(out)]
     run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    checkpoint = out / "checkpoints" / "fedit" / "seed0.pt"
+    checkpoint = out / "checkpoints" / "fedit" / "seed0.safetensors"
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -226,7 +227,7 @@ def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
             break
         time.sleep(0.5)
     assert not left.strip(), left
-    state = torch.load(checkpoint, weights_only=False)
+    state = load_checkpoint(checkpoint)
     assert 1 <= state["state"].round < 12 and not state["meter"]["failures"]  # no round of the ended backend
 
     resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=900)
@@ -353,7 +354,7 @@ def test_methods_at_once_share_messages_and_keep_their_numbers(tmp_path, task_id
 
     def engine(worker: Worker) -> GridEngine:
         made = GridEngine(grid, worker, concurrent_units=3)
-        made.coalesce_seconds = 3600.0  # the outbox leaves only once every unit waits: no timing in the test
+        made.outbox.coalesce_seconds = 3600.0  # it leaves only once every unit waits: no timing in the test
         return made
 
     flower = Experiment(flower_config(validate(raw)), tmp_path / "flower").run(engine_factory=engine)
@@ -392,7 +393,7 @@ def test_a_client_that_raises_is_left_out_and_the_run_finishes(tmp_path, monkeyp
     assert seen == ["lat1-seen-00", "lat1-seen-01", "lat2-seen-00", "lat2-seen-01"]
     # Round 0 aggregated the three clients that replied, round 1 all four.
     assert [m["clients"] for m in progress.round_metrics] == [3.0, 4.0]
-    failures = torch.load(out / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["meter"]["failures"]
+    failures = load_checkpoint(out / "checkpoints" / "fedit" / "seed0.safetensors")["meter"]["failures"]
     assert len(failures) == 1 and failing in failures[0] and "disk full" in failures[0]
     assert any(failing in r.getMessage() and "left out" in r.getMessage() for r in caplog.records)
     # Clients i and i + 2 (sorted ids) share partition i % 2, so each node served half of every step.
@@ -493,9 +494,9 @@ def test_nodes_without_the_base_model_receive_it(tmp_path, task_identity):
     out = Experiment(flower_config(validate(raw)), tmp_path / "run").run(
         engine_factory=lambda worker: GridEngine(grid, worker)
     )
-    server_base = torch.load(out / "checkpoints" / "base-centralized.pt", weights_only=False)["tensors"]
+    server_base = load_checkpoint(out / "checkpoints" / "base-centralized.safetensors")["tensors"]
     for node_dir, served in zip(node_dirs, grid.served.values(), strict=True):
-        node_base = torch.load(node_dir / "checkpoints" / "base-centralized.pt", weights_only=False)["tensors"]
+        node_base = load_checkpoint(node_dir / "checkpoints" / "base-centralized.safetensors")["tensors"]
         assert tensors_digest(node_base) == tensors_digest(server_base)
         assert served.count("query.base") == 2  # asked, then sent
     assert sorted({key[0] for key in read_records(out)}) == ["base", "lora"]
@@ -609,13 +610,13 @@ def test_a_supernode_killed_mid_run_comes_back(tmp_path):
         f"partition-id={i} num-partitions=2 run-dir='{tmp_path / f'node{i}'}' worker-dir='{worker_dir}'"
         for i in range(2)
     ]
-    checkpoint = out / "checkpoints" / "fedit" / "seed0.pt"
+    checkpoint = out / "checkpoints" / "fedit" / "seed0.safetensors"
 
     def wait_for_round(done: int, run: subprocess.Popen) -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and run.poll() is None:
             with contextlib.suppress(Exception):  # absent, or being replaced
-                if torch.load(checkpoint, weights_only=False)["state"].round >= done:
+                if load_checkpoint(checkpoint)["state"].round >= done:
                     return
             time.sleep(0.5)
         raise AssertionError(f"round {done} never completed")

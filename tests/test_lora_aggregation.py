@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fedpeft.methods  # noqa: F401
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.engine.local import LocalEngine
@@ -323,8 +324,8 @@ def test_the_flower_engine_gives_the_local_numbers(tmp_path, flower_identity):
         if key[-1] != "seconds":  # wall-clock timings differ between runs
             assert got[key] == pytest.approx(value, abs=ATOL), key
     for name in ("flora", "fedex_lora", "rolora", "fedsvd"):
-        a = torch.load(local / "checkpoints" / name / "seed0.pt", weights_only=False)["state"]
-        b = torch.load(flower / "checkpoints" / name / "seed0.pt", weights_only=False)["state"]
+        a = load_checkpoint(local / "checkpoints" / name / "seed0.safetensors")["state"]
+        b = load_checkpoint(flower / "checkpoints" / name / "seed0.safetensors")["state"]
         assert type(a) is type(b) and a.round == b.round == 2 and list(a.tensors) == list(b.tensors)
         for key, tensor in a.tensors.items():
             torch.testing.assert_close(b.tensors[key], tensor, atol=ATOL, rtol=0, msg=f"{name}: {key}")

@@ -131,6 +131,7 @@ def test_labelled_config_is_a_copy_and_only_when_the_head_fits():
 # ---------------------------------------------------------------------------------------------- Data section
 
 
+@pytest.mark.slow
 def test_data_section_is_tables_and_report_keeps_it(run_dir, tmp_path):
     overview = json.loads((run_dir / "data.json").read_text())
     assert overview["labels"] == ["entailment", "neutral", "contradiction"]
@@ -361,6 +362,7 @@ def test_latex_escapes_names():
     assert latex_escape("fedit_ft 100% & #1") == r"fedit\_ft 100\% \& \#1"
 
 
+@pytest.mark.slow
 def test_report_cli_writes_csv_latex_and_plot_formats(tmp_path):
     run = _report_run(tmp_path)
     out = tmp_path / "report"

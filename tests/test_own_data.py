@@ -376,6 +376,7 @@ def check_readme_run(tmp_path: Path, result: subprocess.CompletedProcess) -> lis
     return records
 
 
+@pytest.mark.slow
 def test_readme_example_runs_through_the_cli(tmp_path: Path) -> None:
     check_readme_run(tmp_path, run_readme_example(tmp_path, "model.name=tiny-bert"))
 

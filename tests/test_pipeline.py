@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import load_config
 from fedpeft.runner import Experiment
 
@@ -49,6 +50,7 @@ def smoke_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_smoke_writes_the_output_contract(smoke_run):
     for name in ("config.yaml", "results.jsonl", "costs.jsonl", "summary.md"):
         assert (smoke_run / name).is_file(), name
@@ -84,9 +86,10 @@ def test_smoke_writes_the_output_contract(smoke_run):
     assert fedit["bytes_up_total"] == 6 * fedit["bytes_up_per_client_round"] == fedit["bytes_down_total"]
     summary = (smoke_run / "summary.md").read_text()
     assert "Seen pool" in summary and "Unseen pool" in summary and "| base |" in summary
-    assert (smoke_run / "checkpoints" / "fedit" / "seed0.pt").is_file()
+    assert (smoke_run / "checkpoints" / "fedit" / "seed0.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_saved_adapters_load_with_peft_and_reproduce_predictions(smoke_run):
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
@@ -116,6 +119,7 @@ def test_saved_adapters_load_with_peft_and_reproduce_predictions(smoke_run):
         assert accuracy == pytest.approx(logged, abs=1e-9), method
 
 
+@pytest.mark.slow
 def test_report_merges_runs(smoke_run, tmp_path):
     result = cli("report", str(smoke_run), str(smoke_run), "--out", str(tmp_path / "merged"))
     assert result.returncode == 0, result.stderr
@@ -133,6 +137,7 @@ def test_list_commands():
     assert "tiny-bert" in cli("list", "models").stdout
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_the_uninterrupted_results(tmp_path):
     overrides = [
         "data.groups=[lat1, lat4]",
@@ -148,16 +153,16 @@ def test_kill_and_resume_gives_the_uninterrupted_results(tmp_path):
     for item in overrides:
         args += ["--set", item]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    checkpoint = interrupted / "checkpoints" / "fedit" / "seed0.pt"
+    checkpoint = interrupted / "checkpoints" / "fedit" / "seed0.safetensors"
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None:
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["round"] >= 3:
+        if checkpoint.exists() and load_checkpoint(checkpoint)["round"] >= 3:
             break
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert not (interrupted / "results.jsonl").exists(), "the run finished before it could be killed"
-    killed_at = torch.load(checkpoint, weights_only=False)["round"]
+    killed_at = load_checkpoint(checkpoint)["round"]
     assert 3 <= killed_at < 40
 
     result = cli(*args[3:], "--resume")
@@ -224,6 +229,7 @@ def test_bad_input_ends_the_command_with_one_sentence_and_exit_2(args, message, 
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_malformed_yaml_and_existing_run_lose_nothing(tmp_path, smoke_run):
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: x\ndata: {name: [\n")
@@ -259,7 +265,7 @@ def test_generation_pipeline_with_a_federated_base_stage(tmp_path):
     assert {r["method"] for r in train} == {"base-stage", "fedit"}  # the federated base stage's rounds too
     assert all(0.0 <= r["value"] <= 1.0 for r in records)
     assert {r["pool"] for r in records} == {"seen", "unseen"}
-    assert (out / "checkpoints" / "base-seed0.pt").is_file()
+    assert (out / "checkpoints" / "base-seed0.safetensors").is_file()
     assert (out / "adapters" / "lora" / "r2").is_dir()
     summary = (out / "summary.md").read_text()
     assert "METEOR" in summary and "ROUGE-L" in summary

@@ -51,6 +51,7 @@ def method_records(out: Path) -> list[dict]:
     return [r for r in rows if r["method"] == NAME and r["metric"] == "accuracy"]
 
 
+@pytest.mark.slow
 def test_a_config_plugin_registers_the_example_method(plugin_dir, tmp_path):
     listed = cli("list", "methods", path=plugin_dir)
     assert NAME not in listed.stdout  # unknown until a config names the plugin
@@ -61,6 +62,7 @@ def test_a_config_plugin_registers_the_example_method(plugin_dir, tmp_path):
     assert "- my_methods" in (out / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_an_installed_entry_point_declares_the_example_method(plugin_dir, tmp_path):
     info = plugin_dir / "my_methods-0.1.dist-info"
     info.mkdir()

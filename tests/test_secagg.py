@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import validate
 from fedpeft.core.errors import UserError
 from fedpeft.engine.flower import GridEngine, flower_config
@@ -33,7 +34,7 @@ def raw(**changes: object) -> dict:
 
 
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["state"].tensors
+    return load_checkpoint(run_dir / "checkpoints" / "fedit" / "seed0.safetensors")["state"].tensors
 
 
 def secure_run(tmp_path: Path, name: str, **changes: object) -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import io
 import math
 
 import numpy as np
@@ -16,13 +15,14 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 import fedpeft.methods  # noqa: F401
+from fedpeft.core.checkpoints import load_checkpoint, save_checkpoint
 from fedpeft.core.config import method_config, validate
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, ServerState
 from fedpeft.engine.flower import GridEngine, decode, encode, flower_config
 from fedpeft.merging.server_opt import ServerOptimizerConfig, server_step
-from fedpeft.methods.base import weighted_mean
+from fedpeft.merging.server_step import weighted_mean
 from fedpeft.methods.fedit import FedITState
 from fedpeft.runner import Experiment
 from fedpeft.worker import build_method
@@ -33,8 +33,8 @@ __all__ = ["one_torch_thread", "task_identity"]  # fixtures used here
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "local_epochs": None, "lr": 1e-2, "local_rounds": 2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
-MEAN = [n for n in FEDERATED if METHODS.get(n).mean_server]
-NOT_MEAN = [n for n in FEDERATED if not METHODS.get(n).mean_server]
+MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is not None]
+NOT_MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is None]
 # Methods whose server step re-factorizes the averaged LoRA (B A kept, the factors rotated).
 REFACTORED = {"fedsvd"}
 KEYS = {"a.lora_A.weight": (2, 3), "a.lora_B.weight": (3, 2), "head.bias": (4,)}
@@ -232,12 +232,11 @@ def assert_same_state(got: ServerState, expected: ServerState) -> None:
         assert torch.equal(got.tensors[key], tensor), key
 
 
-def test_moments_survive_a_checkpoint_round_trip():
+def test_moments_survive_a_checkpoint_round_trip(tmp_path):
     def checkpoint(state: FedITState) -> FedITState:
-        buffer = io.BytesIO()
-        torch.save({"state": state, "round": state.round}, buffer)
-        buffer.seek(0)
-        return torch.load(buffer, weights_only=False)["state"]
+        path = tmp_path / "state.safetensors"
+        save_checkpoint({"state": state, "round": state.round}, path)
+        return load_checkpoint(path)["state"]
 
     straight, carried = three_rounds_with_a_round_trip(checkpoint)
     assert_same_state(carried, straight)
@@ -306,7 +305,7 @@ def test_every_mean_method_steps_along_its_aggregate(name, request):
     ]
     new_state, _ = method.aggregate(state, iter(copies))
     if name in REFACTORED:  # the aggregate before the re-factorization
-        aggregate, _ = weighted_mean(iter(copies))
+        aggregate = weighted_mean(iter(copies))
     else:
         aggregate = plain.aggregate(state, iter(copies))[0].tensors
     stepped = 0
@@ -381,7 +380,7 @@ def test_fedadam_gives_the_same_state_on_both_engines(tmp_path, task_identity):
     )
 
     def final_state(run_dir) -> ServerState:  # noqa: ANN001
-        return torch.load(run_dir / "checkpoints" / "fedit" / "seed0.pt", weights_only=False)["state"]
+        return load_checkpoint(run_dir / "checkpoints" / "fedit" / "seed0.safetensors")["state"]
 
     local_state, flower_state = final_state(local), final_state(flower)
     assert local_state.round == flower_state.round == 2

@@ -5,7 +5,7 @@ client that never answers) on either engine, through the same worker code as a n
 where the client computes, so the broken update travels (and, on the Flower engine, is encoded and decoded) like
 a real one and meets the server's update validation (:mod:`fedpeft.engine.validation`). The server records every
 fault that strikes as an ``injected_fault`` event (``raise`` and ``drop`` by the error they raise,
-:data:`INJECTED_ERRORS`; the others by ``ClientUpdate.extras[FAULT_EXTRA]``).
+:data:`INJECTED_ERRORS`; the others as the worker reports them beside the update, ``TrainResult.faults``).
 
 Kinds (``value`` where it applies):
 
@@ -30,9 +30,6 @@ if TYPE_CHECKING:  # the config imports this module, and reading a config needs 
     from fedpeft.core.types import ClientUpdate, Payload
 
 FaultKind = Literal["raise", "nan", "inf", "wrong_shape", "scale", "slow", "drop"]
-
-# The key of ``ClientUpdate.extras`` that names a fault injected into an update that still reaches the server.
-FAULT_EXTRA = "injected_fault"
 
 
 class InjectedFaultError(RuntimeError):
@@ -94,19 +91,20 @@ def before_work(faults: list[FaultConfig]) -> None:
             time.sleep(float(fault.value or 0.0))
 
 
+def reaching_faults(faults: list[FaultConfig]) -> list[str]:
+    """The kinds of the ``faults`` striking a client that still let its update reach the server (all but
+    ``raise`` and ``drop``), which the server records."""
+    return [f.kind for f in faults if f.kind not in ("raise", "drop")]
+
+
 def corrupt(faults: list[FaultConfig], update: ClientUpdate, payload: Payload) -> ClientUpdate:
-    """The update as the faults that corrupt an upload (``nan``, ``inf``, ``wrong_shape``, ``scale``) leave it;
-    ``extras[FAULT_EXTRA]`` names every fault that struck (``slow`` included), so the server can record it."""
+    """The update as the faults that corrupt an upload (``nan``, ``inf``, ``wrong_shape``, ``scale``) leave it."""
     import torch
 
     from fedpeft.core.types import ClientUpdate
 
-    kinds = [f.kind for f in faults if f.kind not in ("raise", "drop")]
-    if not kinds:
+    if not any(f.kind in ("nan", "inf", "wrong_shape", "scale") for f in faults):
         return update
-    extras = {**update.extras, FAULT_EXTRA: ",".join(kinds)}
-    if kinds == ["slow"] * len(kinds):
-        return ClientUpdate(update.client_id, update.tensors, update.weight, update.metrics, extras)
     tensors = {k: v.detach().clone() for k, v in update.tensors.items()}
     for fault in faults:
         if fault.kind in ("nan", "inf"):
@@ -126,7 +124,7 @@ def corrupt(faults: list[FaultConfig], update: ClientUpdate, payload: Payload) -
                     tensors[key] = sent + factor * (tensor - sent)
                 else:
                     tensors[key] = tensor * factor
-    return ClientUpdate(update.client_id, tensors, update.weight, update.metrics, extras)
+    return ClientUpdate(update.client_id, tensors, update.weight, update.metrics, update.extras)
 
 
 def check_fault_methods(faults: list[FaultConfig], labels: list[str], absent: dict[str, str] | None = None) -> None:

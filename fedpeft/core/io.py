@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import re
 import shutil
 import tempfile
@@ -87,12 +86,23 @@ def write_text_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), fsync=fsync)
 
 
-def save_atomic(obj: Any, path: Path) -> None:
-    """torch.save to ``path`` through a temporary file, flushed to disk, so a kill never leaves half a
-    checkpoint."""
-    import torch  # here, so that the command line's light paths import no torch
-
-    write_atomic(path, lambda handle: torch.save(obj, handle, pickle_protocol=pickle.HIGHEST_PROTOCOL), fsync=True)
+def write_file_atomic(path: Path, write: Callable[[Path], None], *, fsync: bool = False) -> None:
+    """Call ``write(temporary path)`` for a writer that takes a file name (safetensors), then rename the file it
+    wrote over ``path``; as :func:`write_atomic` otherwise."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    try:
+        write(tmp)
+        if fsync:
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if fsync:
+        _fsync_dir(path.parent)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
-"""Per-client state stores (memory or disk) and checkpoints.
+"""Per-client state stores (memory or disk).
 
 Personalized methods keep per-client state (local adapters, optimizer moments, memories) between rounds. It never
-lives in the server state: it lives in a store, in memory for small federations or on disk so that hundreds of
-clients fit. Every entry is tagged with the round that wrote it so a resumed run can roll back to a checkpoint.
+lives in the server state: it lives in a store, in memory for small federations or on disk (one checkpoint file,
+:mod:`fedpeft.core.checkpoints`, per client and version) so that hundreds of clients fit. Every entry is tagged
+with the round that wrote it so a resumed run can roll back to a checkpoint.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
-from fedpeft.core.io import save_atomic
+from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 
 
 class ClientStateStore(Protocol):
@@ -63,7 +62,8 @@ class MemoryStore:
 
 
 class DiskStore:
-    """Client states as one file per client and version under ``root`` (memory use independent of clients)."""
+    """Client states as one checkpoint file per client and version under ``root``
+    (``<client>.r<round>.safetensors``; memory use independent of clients)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -71,27 +71,27 @@ class DiskStore:
 
     def _versions(self, client_id: str) -> list[tuple[int, Path]]:
         found = []
-        for path in self.root.glob(f"{client_id}.r*.pt"):
-            suffix = path.name[len(client_id) + 2 : -3]
-            if suffix.isdigit():
-                found.append((int(suffix), path))
+        for path in self.root.glob(f"{client_id}.r*{SUFFIX}"):
+            version = path.name[len(client_id) + 2 : -len(SUFFIX)]
+            if version.isdigit():
+                found.append((int(version), path))
         return sorted(found)
 
     def get(self, client_id: str) -> Any:
         versions = self._versions(client_id)
         if not versions:
             return None
-        return torch.load(versions[-1][1], weights_only=False)
+        return load_checkpoint(versions[-1][1])
 
     def put(self, client_id: str, state: Any, round_: int) -> None:
-        save_atomic(state, self.root / f"{client_id}.r{round_}.pt")
+        save_checkpoint(state, self.root / f"{client_id}.r{round_}{SUFFIX}")
         for _, path in self._versions(client_id)[:-2]:
             path.unlink()
 
     def rollback(self, round_: int) -> None:
-        for path in self.root.glob("*.r*.pt"):
-            suffix = path.name.rsplit(".r", 1)[-1][:-3]
-            if suffix.isdigit() and int(suffix) > round_:
+        for path in self.root.glob(f"*.r*{SUFFIX}"):
+            version = path.name.removesuffix(SUFFIX).rsplit(".r", 1)[-1]
+            if version.isdigit() and int(version) > round_:
                 path.unlink()
 
     def snapshot(self) -> None:

@@ -49,12 +49,22 @@ class ServerState:
 
     ``server_optimizer`` holds the moments of the config's server optimizer (moment name -> tensor name ->
     tensor; ``None`` without one; docs/server-optimizers.md). It is keyword-only, so subclasses' fields keep
-    their positions, and its class-level default ``None`` also serves states pickled before it existed.
+    their positions.
     """
 
     tensors: StateDict = field(default_factory=dict)
     round: int = 0
     server_optimizer: dict[str, StateDict] | None = field(default=None, kw_only=True)
+
+
+@dataclass
+class TrainResult:
+    """What a worker's ``train`` operation gives back for one client's round: the method's update, and the kinds of
+    the injected faults (the config's ``faults``) that struck it and still let it reach the server (``slow``,
+    ``nan``, ...), which the server records."""
+
+    update: ClientUpdate
+    faults: list[str] = field(default_factory=list)
 
 
 def num_bytes(tensors: StateDict) -> int:

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fedpeft.core.costs import release_memory
-from fedpeft.core.types import Payload
+from fedpeft.core.types import Payload, TrainResult
+from fedpeft.engine.operations import operation
 from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.worker import Worker
 
@@ -31,20 +32,21 @@ class LocalEngine(Engine):
         for client_id in client_ids:
             payload = payload_of(client_id)
             started = time.perf_counter()
-            outcome: Any
+            result: TrainResult | Exception
             try:
-                outcome = self.worker.train(label, seed, round_, client_id, payload)
+                result = self.worker.train(label, seed, round_, client_id, payload)
             except Exception as err:  # a failing client must not stop the federation
-                outcome = err
+                result = err
             finally:
                 self._after_client()
-            yield client_id, outcome, time.perf_counter() - started
+            yield ClientOutcome.of_training(client_id, result, time.perf_counter() - started)
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Call the worker operation ``op`` for each client; a failure comes back as the exception."""
+        run = operation(op)
         for client_id in client_ids:
             try:
-                result: Any = getattr(self.worker, op)(client_id=client_id, **kwargs)
+                result: Any = run(self.worker, client_id=client_id, **kwargs)
             except Exception as err:
                 log.warning("client %s failed in %s: %r", client_id, op, err)
                 result = err

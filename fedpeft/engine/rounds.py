@@ -16,10 +16,14 @@ about a round happens here, in this order:
    :class:`~fedpeft.core.errors.AllClientsFailedError` (whatever aggregating nothing gave, or raised, is
    discarded), since going on would report an untrained model as the method's result; otherwise, if fewer than
    ``min_updates`` updates passed the checks, the round keeps the previous server state (recorded as an event);
-6. the state's round counter is set, and every callback's ``after_round`` runs (evaluation, checkpoint,
-   progress, in the order given) with the round's metrics: the aggregation's (``train_loss``, ...) and
-   ``clients``, ``examples`` (of the valid updates) and ``seconds``; after the last round every callback's
-   ``after_phase``.
+6. the loop sets the state's round counter (here only, for aggregated and kept rounds alike), and every
+   callback's ``after_round`` runs (evaluation, checkpoint, progress, in the order given) with the round's
+   metrics: the aggregation's (``train_loss``, ...) and ``clients``, ``examples`` (of the valid updates) and
+   ``seconds``; after the last round every callback's ``after_phase``.
+
+An engine yields a :class:`ClientOutcome` per client (the method's update or the error, and the engine's own
+facts: seconds, injected faults, the clients a secure sum holds); a :class:`RoundTally` keeps what became of the
+round's sampled clients.
 """
 
 from __future__ import annotations
@@ -28,26 +32,110 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError
-from fedpeft.core.faults import FAULT_EXTRA, ClientDroppedError
+from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.turns import Turns
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, num_bytes, upload_bytes
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, TrainResult, num_bytes, upload_bytes
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
 from fedpeft.methods.base import Method, SamplingConfig
 
 log = logging.getLogger("fedpeft")
 
-# ``ClientUpdate.extras`` key of an update that is the securely aggregated mean of several clients' updates
-# (fedpeft.engine.flower.secagg): the clients it sums, which count as valid updates of the round.
-SUM_OF = "fedpeft.sum_of"
-SECONDS_OF = "fedpeft.seconds_of"  # and each one's seconds of work
 
-# What an engine yields for each client of a round: its id, its update (or the exception its work raised) and the
-# seconds its work took.
-ClientOutcome = tuple[str, ClientUpdate | BaseException, float]
+@dataclass
+class ClientOutcome:
+    """What an engine yields for each client of a round: the engine's facts about the client's work beside the
+    method's update (none of them travels in ``ClientUpdate.extras``).
+
+    Attributes:
+        client_id: the client (for a secure sum: the first of the clients it sums).
+        result: its update, or the exception its work raised (an :class:`UpdateRejectedError` when its node
+            rejected the update, under secure aggregation).
+        seconds: the seconds its work took.
+        faults: the injected faults that struck and still let an update come back, by client (kinds joined by
+            ``,``), which the server records as ``injected_fault`` events.
+        sum_of: for the securely aggregated mean of several clients' updates (:mod:`fedpeft.engine.flower.secagg`),
+            the seconds of work of each client it sums, all of which count as valid updates of the round; ``None``
+            for one client's update.
+    """
+
+    client_id: str
+    result: ClientUpdate | BaseException
+    seconds: float = 0.0
+    faults: dict[str, str] = field(default_factory=dict)
+    sum_of: dict[str, float] | None = None
+
+    @classmethod
+    def of_training(cls, client_id: str, result: TrainResult | BaseException, seconds: float) -> ClientOutcome:
+        """The outcome of the worker's ``train`` operation for ``client_id``: what it returned or raised."""
+        if isinstance(result, BaseException):
+            return cls(client_id, result, seconds)
+        faults = {client_id: ",".join(result.faults)} if result.faults else {}
+        return cls(client_id, result.update, seconds, faults)
+
+
+@dataclass
+class RoundTally:
+    """What became of the clients sampled in one round, filled in as their outcomes stream into aggregation;
+    every failure and rejection is also an event of the phase's cost meter.
+
+    Attributes:
+        round_: the round (0-based).
+        sampled: the clients sampled (sorted).
+        meter: the phase's cost meter.
+        failures: one message per client whose work failed or that dropped out.
+        rejected: the clients whose update failed the server's checks (or its node's, under secure aggregation).
+        weights: the weight (example count) of every update that went on to aggregation.
+    """
+
+    round_: int
+    sampled: list[str]
+    meter: CostMeter
+    failures: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+
+    @property
+    def valid(self) -> int:
+        """How many of the sampled clients' updates passed the checks."""
+        return len(self.sampled) - len(self.failures) - len(self.rejected)
+
+    def fail(self, client_id: str, error: BaseException) -> None:
+        """``client_id``'s work raised ``error`` (or it dropped out): it is left out of the round."""
+        how = "dropped out" if isinstance(error, ClientDroppedError) else "failed"
+        message = f"round {self.round_}: client {client_id} {how} and was left out ({error!r})"
+        log.warning(message)
+        self.failures.append(message)
+        self.meter.record_failure(client_id, error, self.round_, message)
+        if isinstance(error, ClientDroppedError):
+            self.meter.events.append({"metric": "dropped_client", "round": self.round_, "client": client_id})
+
+    def reject(self, clients: list[str], reason: str) -> None:
+        """The update of ``clients`` (one client's, or a secure sum's) failed a check for ``reason``."""
+        shown = clients[0] if len(clients) == 1 else clients
+        log.warning("round %d: the update of client(s) %s was rejected: %s", self.round_, shown, reason)
+        self.rejected += clients
+        for client_id in clients:
+            event = {"metric": "rejected_update", "round": self.round_, "client": client_id, "reason": reason}
+            self.meter.events.append(event)
+
+    def record_faults(self, faults: dict[str, str]) -> None:
+        """Record the injected faults that struck clients whose updates came back."""
+        for client_id, kind in faults.items():
+            event = {"metric": "injected_fault", "round": self.round_, "client": client_id, "kind": kind}
+            self.meter.events.append(event)
+
+    def accept(self, update: ClientUpdate) -> None:
+        """``update`` passed the checks and goes on to aggregation."""
+        self.weights.append(float(update.weight))
+
+    def check(self, min_clients: int = 1) -> None:
+        """Stop the run when too few sampled clients answered (:func:`check_round`)."""
+        check_round(self.round_, len(self.sampled), self.failures, min_clients)
 
 
 class RoundCallback(Protocol):
@@ -102,7 +190,8 @@ class Engine:
     def train_clients(
         self, label: str, seed: int, round_: int, client_ids: list[str], payload_of: Callable[[str], Payload]
     ) -> Iterator[ClientOutcome]:
-        """Run one round's local training of ``client_ids`` (sorted); yield each outcome in that order."""
+        """Run one round's local training of ``client_ids`` (sorted); yield each one's :class:`ClientOutcome` in
+        that order (from the worker's ``train``: :meth:`ClientOutcome.of_training`)."""
         raise NotImplementedError
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
@@ -136,37 +225,32 @@ class Engine:
         ``checks``: the server's checks of every update (default: shapes, finite values and positive example
         counts, no norm bound); ``min_updates``: the fewest valid updates a round needs to change the state."""
         checks = checks or UpdateChecks()
+        needed = method.cfg.min_clients if isinstance(method.cfg, SamplingConfig) else 1
         self.start_phase(label, seed)
         for round_ in range(start_round, method.rounds):
             if method.should_stop(state):
                 break
             sampled = sorted(method.sample(client_ids, round_, seed))
             started = time.perf_counter()
-            failures: list[str] = []
-            rejected: list[str] = []
-            examples: list[float] = []  # the weight of every update aggregated
-            updates = self._updates(
-                label, method, state, sampled, seed, round_, meter, failures, rejected, checks, examples
-            )
-            needed = method.cfg.min_clients if isinstance(method.cfg, SamplingConfig) else 1
+            tally = RoundTally(round_, sampled, meter)
+            updates = self._updates(label, method, state, seed, checks, tally)
             try:
                 new_state, metrics = method.aggregate(state, updates)
             except Exception:
-                check_round(round_, len(sampled), failures, needed)  # a round of failures explains the error better
-                if len(failures) + len(rejected) < len(sampled):
+                tally.check(needed)  # a round of failures explains the error better
+                if tally.valid > 0:
                     raise
                 new_state, metrics = state, {"clients": 0.0}  # nothing valid to aggregate: kept below
-            check_round(round_, len(sampled), failures, needed)
-            valid = len(sampled) - len(failures) - len(rejected)
-            if valid < min_updates:
-                reason = f"{valid} valid update(s), fewer than min_updates={min_updates}"
+            tally.check(needed)
+            if tally.valid < min_updates:
+                reason = f"{tally.valid} valid update(s), fewer than min_updates={min_updates}"
                 log.warning("round %d: the server kept its previous state (%s)", round_, reason)
                 meter.events.append({"metric": "kept_previous_state", "round": round_, "reason": reason})
-                new_state = dataclasses.replace(state)
+                new_state = state
             seconds = time.perf_counter() - started
-            metrics = {**metrics, "clients": float(valid), "examples": sum(examples), "seconds": seconds}
-            state = new_state
-            state.round = round_ + 1
+            metrics = {**metrics, "clients": float(tally.valid), "examples": sum(tally.weights), "seconds": seconds}
+            # The loop counts the rounds, aggregated or kept: the one place the state's round is set.
+            state = dataclasses.replace(new_state, round=round_ + 1)
             meter.wall_seconds += time.perf_counter() - started
             for callback in callbacks:
                 callback.after_round(state, round_, metrics)
@@ -175,62 +259,37 @@ class Engine:
         return state
 
     def _updates(
-        self,
-        label: str,
-        method: Method,
-        state: ServerState,
-        sampled: list[str],
-        seed: int,
-        round_: int,
-        meter: CostMeter,
-        failures: list[str],
-        rejected: list[str],
-        checks: UpdateChecks,
-        examples: list[float],
+        self, label: str, method: Method, state: ServerState, seed: int, checks: UpdateChecks, tally: RoundTally
     ) -> Iterator[ClientUpdate]:
+        """The round's valid updates, in client-id order, as the engine's outcomes arrive; what became of each
+        sampled client goes into ``tally``."""
         sent: dict[str, Payload] = {}
 
         def payload_of(client_id: str) -> Payload:
             sent[client_id] = method.payload(state, client_id)
             return sent[client_id]
 
-        for client_id, outcome, seconds in self.train_clients(label, seed, round_, sampled, payload_of):
+        for outcome in self.train_clients(label, seed, tally.round_, tally.sampled, payload_of):
+            client_id, update = outcome.client_id, outcome.result
             payload = sent.pop(client_id, Payload())
-            if isinstance(outcome, UpdateRejectedError):  # checked on its node (secure aggregation)
-                log.warning("round %d: the update of client %s was rejected: %s", round_, client_id, outcome)
-                rejected.append(client_id)
-                event = {"metric": "rejected_update", "round": round_, "client": client_id, "reason": str(outcome)}
-                meter.events.append(event)
+            if isinstance(update, UpdateRejectedError):  # checked on its node (secure aggregation)
+                tally.reject([client_id], str(update))
                 continue
-            if isinstance(outcome, BaseException):
-                how = "dropped out" if isinstance(outcome, ClientDroppedError) else "failed"
-                message = f"round {round_}: client {client_id} {how} and was left out ({outcome!r})"
-                log.warning(message)
-                failures.append(message)
-                meter.record_failure(client_id, outcome, round_, message)
-                if isinstance(outcome, ClientDroppedError):
-                    meter.events.append({"metric": "dropped_client", "round": round_, "client": client_id})
+            if isinstance(update, BaseException):
+                tally.fail(client_id, update)
                 continue
-            sum_of: list[str] | None = outcome.extras.pop(SUM_OF, None)
-            contributors = sum_of or [client_id]
-            client_seconds = outcome.extras.pop(SECONDS_OF, None) or {client_id: seconds}
-            for contributor in contributors:
+            seconds_of = outcome.sum_of or {client_id: outcome.seconds}
+            for contributor, seconds in seconds_of.items():
                 down = num_bytes((sent.pop(contributor, None) or payload).tensors)
-                meter.record_round(client_seconds.get(contributor, seconds), down, upload_bytes(outcome))
-            fault = outcome.extras.pop(FAULT_EXTRA, None)
-            faults = fault if isinstance(fault, dict) else {client_id: fault} if fault is not None else {}
-            for contributor, kind in faults.items():
-                meter.events.append({"metric": "injected_fault", "round": round_, "client": contributor, "kind": kind})
-            reason = checks.reject_reason(outcome, payload, method.update_spec(payload), sum_of)
+                tally.meter.record_round(seconds, down, upload_bytes(update))
+            tally.record_faults(outcome.faults)
+            sum_of = list(outcome.sum_of) if outcome.sum_of is not None else None
+            reason = checks.reject_reason(update, payload, method.update_spec(payload), sum_of)
             if reason is not None:
-                log.warning("round %d: the update of client(s) %s was rejected: %s", round_, contributors, reason)
-                rejected += contributors
-                for contributor in contributors:
-                    event = {"metric": "rejected_update", "round": round_, "client": contributor, "reason": reason}
-                    meter.events.append(event)
+                tally.reject(list(seconds_of), reason)
                 continue
-            examples.append(float(outcome.weight))
-            yield outcome
+            tally.accept(update)
+            yield update
 
 
 def check_round(round_: int, sampled: int, failures: list[str], min_clients: int = 1) -> None:

@@ -11,15 +11,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch  # ArrayRecord.to_torch_state_dict needs torch imported
 import yaml
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedpeft.core.checkpoints import load_checkpoint, save_checkpoint
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.costs import release_memory
 from fedpeft.core.faults import ClientDroppedError, InjectedFaultError
-from fedpeft.core.io import save_atomic
 from fedpeft.data.sites import site_config, site_report
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.flower.codec import (
@@ -46,6 +45,7 @@ from fedpeft.engine.flower.messages import (
 from fedpeft.engine.flower.relay import error_reply, partition_answer, serve_every_message
 from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request
 from fedpeft.engine.flower.secagg_mod import secure_aggregation_mod
+from fedpeft.engine.operations import operation
 
 if TYPE_CHECKING:  # the worker pulls in transformers: imported when first needed, not for a node's queries
     from fedpeft.worker import Worker
@@ -137,6 +137,7 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
     started, loaded = time.perf_counter(), _COUNTS["load_seconds"]
     if OPERATIONS.get(task.op) != message_type:
         raise ValueError(f"operation {task.op!r} cannot run as a {message_type} message")
+    run = operation(task.op)
     worker = cached_worker(_node_run_dir(task.run_dir, node_config), task.config_text, node_config)
     load = _COUNTS["load_seconds"] - loaded
     results: list[dict[str, Any]] = []
@@ -144,7 +145,7 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
     for client_id, kwargs in task.clients:
         client_started = time.perf_counter()
         try:
-            value = getattr(worker, task.op)(client_id=client_id, **kwargs)
+            value = run(worker, client_id=client_id, **kwargs)
         except Exception as err:  # reported to the server, which leaves the client out
             dropped = isinstance(err, ClientDroppedError)
             trace = "" if isinstance(err, (InjectedFaultError, ClientDroppedError)) else "\n" + traceback.format_exc()
@@ -165,7 +166,7 @@ def _base_query(request: dict[str, Any], node_config: Mapping[str, Any]) -> Reco
     if not path.resolve().is_relative_to(root.resolve()):
         raise ValueError(f"{request['path']!r} lies outside the run directory")
     if request.get("tensors") is not None:
-        save_atomic({"tensors": request["tensors"]}, path)
+        save_checkpoint({"tensors": request["tensors"]}, path)
         _WORKERS.clear()  # a worker may hold an older base of this seed
     present = path.exists() and _file_digest(path) == request["digest"]
     return encode({"present": present})
@@ -175,7 +176,7 @@ def _file_digest(path: Path) -> str:
     stat = path.stat()
     key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key not in _DIGESTS:
-        _DIGESTS[key] = tensors_digest(torch.load(path, weights_only=False)["tensors"])
+        _DIGESTS[key] = tensors_digest(load_checkpoint(path)["tensors"])
     return _DIGESTS[key]
 
 

@@ -1,121 +1,59 @@
 """The one codec of fedpeft's Flower messages: tensors into one ``ArrayRecord``, everything else into JSON in a
-``ConfigRecord``; and the task and result a message carries."""
+``ConfigRecord`` (the encoding of :mod:`fedpeft.core.encoding`, which checkpoints share); and the task and result
+a message carries."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-import numpy as np
 import torch  # ArrayRecord.to_torch_state_dict and Array.from_torch_tensor need torch imported
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from fedpeft.core.encoding import TENSOR, Packer, known_classes, unpack
 from fedpeft.core.faults import INJECTED_ERRORS, ClientDroppedError
-from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.engine.flower.messages import ARRAYS_KEY, CONFIG_KEY, JSON_FIELD
 
-_TENSOR, _TUPLE, _ITEMS, _DATACLASS = "__tensor__", "__tuple__", "__items__", "__dataclass__"
-_TRAVELLING = (Payload, ClientUpdate, ServerState)  # and their subclasses (each method's typed server state)
 
-
-def _class_name(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _travelling_classes() -> dict[str, type]:
-    """Every dataclass that may travel: the contract's types and their subclasses, by module-qualified name.
-
-    Only classes already imported are found, which is all a message may name: a node has built the worker
-    (and so imported the method) before it decodes a message with the method's state."""
-    found: dict[str, type] = {}
-    pending = list(_TRAVELLING)
-    while pending:
-        cls = pending.pop()
-        found[_class_name(cls)] = cls
-        pending += cls.__subclasses__()
-    return found
-
-
-class _Packer:
-    """Turns a value into JSON-compatible data, moving its tensors into one ArrayRecord."""
+class _Packer(Packer):
+    """Packs a value for a message: its tensors into one ArrayRecord."""
 
     def __init__(self) -> None:
+        super().__init__("travel in a Flower message")
         self.arrays = ArrayRecord()
-        # id(tensor) -> (the tensor, kept alive so that its id stays its own; its marker): a tensor met twice
-        # (a payload every client of a node gets) travels once
-        self._markers: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
 
-    def pack(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return self._tensor(value)
-        if is_dataclass(value) and isinstance(value, _TRAVELLING):
-            packed = {f.name: self.pack(getattr(value, f.name)) for f in fields(value)}
-            return {_DATACLASS: _class_name(type(value)), "fields": packed}
-        if isinstance(value, dict):
-            if all(isinstance(k, str) and not k.startswith("__") for k in value):
-                return {k: self.pack(v) for k, v in value.items()}
-            return {_ITEMS: [[self.pack(k), self.pack(v)] for k, v in value.items()]}
-        if isinstance(value, list):
-            return [self.pack(v) for v in value]
-        if isinstance(value, tuple):
-            return {_TUPLE: [self.pack(v) for v in value]}
-        if isinstance(value, np.generic):
-            return value.item()
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
-        raise TypeError(
-            f"A {type(value).__name__} cannot travel in a Flower message; use tensors, numbers, strings, "
-            "lists, tuples or dicts of them."
-        )
-
-    def _tensor(self, tensor: torch.Tensor) -> dict[str, Any]:
-        if id(tensor) not in self._markers:
-            self._markers[id(tensor)] = (tensor, self._tensor_marker(tensor))
-        return self._markers[id(tensor)][1]
-
-    def _tensor_marker(self, tensor: torch.Tensor) -> dict[str, Any]:
-        name = f"t{len(self.arrays)}"
+    def store(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
         tensor = tensor.detach().cpu()
-        marker: dict[str, Any] = {_TENSOR: name}
         try:
             array = tensor.numpy()
         except TypeError:  # a dtype numpy lacks (bfloat16, ...): send the raw bytes, keep dtype and shape
-            array = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-            marker.update(dtype=str(tensor.dtype).removeprefix("torch."), shape=list(tensor.shape))
+            self.arrays[name] = Array(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+            return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
         self.arrays[name] = Array(array)
-        return marker
+        return {}
 
 
-def _unpack(value: Any, arrays: ArrayRecord) -> Any:
-    if isinstance(value, list):
-        return [_unpack(v, arrays) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if _TENSOR in value:
-        tensor = torch.from_numpy(arrays[value[_TENSOR]].numpy())
-        if "dtype" in value:
-            tensor = tensor.view(getattr(torch, value["dtype"])).reshape(value["shape"])
+def _tensor_reader(arrays: ArrayRecord) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """The tensor of a marker, read from a message's ``arrays`` (a new tensor for every marker)."""
+
+    def tensor_of(marker: dict[str, Any]) -> torch.Tensor:
+        tensor = torch.from_numpy(arrays[marker[TENSOR]].numpy())
+        if "dtype" in marker:
+            tensor = tensor.view(getattr(torch, marker["dtype"])).reshape(marker["shape"])
         return tensor
-    if _TUPLE in value:
-        return tuple(_unpack(v, arrays) for v in value[_TUPLE])
-    if _ITEMS in value:
-        return {_unpack(k, arrays): _unpack(v, arrays) for k, v in value[_ITEMS]}
-    if _DATACLASS in value:
-        cls = _travelling_classes().get(value[_DATACLASS])
-        if cls is None:
-            raise TypeError(f"A message names the unknown state class {value[_DATACLASS]!r}.")
-        return cls(**{k: _unpack(v, arrays) for k, v in value["fields"].items()})
-    return {k: _unpack(v, arrays) for k, v in value.items()}
+
+    return tensor_of
 
 
 def encode(value: Any) -> RecordDict:
     """Message content of ``value``: its tensors in an ArrayRecord (key order and dtype kept), the rest as JSON.
 
     ``value`` may nest dicts, lists, tuples, numbers, strings, tensors and the dataclasses of
-    :mod:`fedpeft.core.types` (``Payload``, ``ClientUpdate``, ``ServerState``).
+    :mod:`fedpeft.core.types` (``Payload``, ``ClientUpdate``, ``ServerState``, ``TrainResult``), as
+    :mod:`fedpeft.core.encoding` packs them.
     """
     packer = _Packer()
     text = json.dumps(packer.pack(value))
@@ -126,7 +64,7 @@ def decode(content: RecordDict) -> Any:
     """The value :func:`encode` turned into ``content``."""
     text = content.config_records[CONFIG_KEY][JSON_FIELD]
     arrays = content.array_records[ARRAYS_KEY] if ARRAYS_KEY in content.array_records else ArrayRecord()
-    return _unpack(json.loads(str(text)), arrays)
+    return unpack(json.loads(str(text)), _tensor_reader(arrays), known_classes(), "A message")
 
 
 @dataclass

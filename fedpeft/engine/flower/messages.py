@@ -34,5 +34,3 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 NODE_RUN_DIR = "run-dir"  # optional: where this node keeps its copy of the run directory
 DATA_PATH = "data-path"  # site-local data (data.sites): the directory (or file, glob, hub id) of this site's data
-
-# Markers of the JSON encoding.

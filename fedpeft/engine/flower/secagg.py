@@ -34,11 +34,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fedpeft.core.config import SecAggConfig
-from fedpeft.core.faults import FAULT_EXTRA, ClientDroppedError
+from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.engine.flower.codec import ClientTaskError, client_error, decode, encode, error_details
 from fedpeft.engine.flower.messages import ARRAYS_KEY, CONFIG_KEY
-from fedpeft.engine.rounds import SECONDS_OF, SUM_OF, ClientOutcome
+from fedpeft.engine.rounds import ClientOutcome
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def secure_round(
     payload_of: Callable[[str], Payload],
 ) -> Iterator[ClientOutcome]:
     """One round of ``client_ids`` under SecAgg+: yields the failed, dropped and rejected clients (each as its
-    error) and then one update, the weighted mean of the valid ones, whose ``extras[SUM_OF]`` lists them."""
+    error) and then one update, the weighted mean of the valid ones, whose outcome's ``sum_of`` lists them."""
     from flwr.common import FitIns, ndarrays_to_parameters
     from flwr.server.compat.legacy_context import LegacyContext
     from flwr.server.workflow import SecAggPlusWorkflow
@@ -153,7 +153,7 @@ def secure_round(
             f"{len(by_node)}; sample more clients or start more nodes"
         )
         for client_id in client_ids:
-            yield client_id, ClientTaskError(reason), 0.0
+            yield ClientOutcome(client_id, ClientTaskError(reason))
         return
     requests = {}
     for node, clients in by_node.items():
@@ -199,19 +199,20 @@ def secure_round(
     for client_id in client_ids:
         report = reported.get(client_id)
         if report is None and state.aggregate is not None:
-            yield client_id, ClientDroppedError("its node dropped out of the secure aggregation"), 0.0
+            yield ClientOutcome(client_id, ClientDroppedError("its node dropped out of the secure aggregation"))
         elif report is None:
             why = "secure aggregation halted: too few nodes answered to remove the masks"
-            yield client_id, ClientTaskError(why), 0.0
+            yield ClientOutcome(client_id, ClientTaskError(why))
         elif report["status"] in ("dropped", "failed"):
-            yield client_id, client_error(report["reason"], report, dropped=report["status"] == "dropped"), 0.0
+            error = client_error(report["reason"], report, dropped=report["status"] == "dropped")
+            yield ClientOutcome(client_id, error)
         elif report["status"] == "rejected":
-            yield client_id, UpdateRejectedError(report["reason"]), 0.0
+            yield ClientOutcome(client_id, UpdateRejectedError(report["reason"]))
         else:
             contributors.append(client_id)
     if not contributors or state.aggregate is None:
         for client_id in contributors:
-            yield client_id, ClientTaskError("secure aggregation halted before the sum was known"), 0.0
+            yield ClientOutcome(client_id, ClientTaskError("secure aggregation halted before the sum was known"))
         return
     first = payloads[contributors[0]]
     spec = engine.spec_of(label, first)
@@ -228,11 +229,9 @@ def secure_round(
             metrics[key] = metrics.get(key, 0.0) + float(value) / len(contributors)
     faults = {c: reported[c]["fault"] for c in contributors if reported[c].get("fault")}
     seconds_of = {c: reported[c]["seconds"] for c in contributors}
-    extras: dict[str, Any] = {SUM_OF: contributors, SECONDS_OF: seconds_of}
-    if faults:
-        extras[FAULT_EXTRA] = faults
     log.info("round %d: secure aggregation of %d clients took %.2f s", round_, len(contributors), seconds)
-    yield contributors[0], ClientUpdate(contributors[0], tensors, weight, metrics, extras), seconds
+    update = ClientUpdate(contributors[0], tensors, weight, metrics)
+    yield ClientOutcome(contributors[0], update, seconds, faults, sum_of=seconds_of)
 
 
 # ---------------------------------------------------------------------------------------------- node
@@ -269,14 +268,15 @@ def handle_secure_train(content: RecordDict, worker_of: Callable[[str, str], Wor
         started = time.perf_counter()
         report: dict[str, Any] = {"client": client_id, "status": "ok", "metrics": {}}
         try:
-            update = worker.train(request["label"], request["seed"], request["round_"], client_id, payload)
+            result = worker.train(request["label"], request["seed"], request["round_"], client_id, payload)
         except ClientDroppedError as err:
             report.update(status="dropped", reason=repr(err), **error_details(err))
         except Exception as err:  # reported to the server, which leaves the client out
             log.warning("client %s failed on this node: %r", client_id, err)
             report.update(status="failed", reason=repr(err), **error_details(err))
         else:
-            report["fault"] = update.extras.pop(FAULT_EXTRA, None)
+            update = result.update
+            report["fault"] = ",".join(result.faults) or None
             reason = checks.reject_reason(update, payload, method.update_spec(payload))
             if reason is not None:
                 report.update(status="rejected", reason=reason)

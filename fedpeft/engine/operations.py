@@ -1,0 +1,31 @@
+"""The worker operations an engine may run for a client, by name: one explicit table, used in this process by the
+local engine and on a node for a Flower message (:data:`fedpeft.engine.flower.messages.OPERATIONS` gives each its
+message type). Nothing else of a worker can be called by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Operation = Callable[..., Any]
+"""Called with the worker (:class:`fedpeft.worker.Worker`), ``client_id`` and the operation's keyword arguments."""
+
+# Each calls the method of the worker it is given (a subclass's, or a stand-in a test patched in).
+WORKER_OPERATIONS: dict[str, Operation] = {
+    "train": lambda worker, **kwargs: worker.train(**kwargs),
+    "evaluate_base": lambda worker, **kwargs: worker.evaluate_base(**kwargs),
+    "evaluate_round": lambda worker, **kwargs: worker.evaluate_round(**kwargs),
+    "personalize": lambda worker, **kwargs: worker.personalize(**kwargs),
+    "prepare_client_base": lambda worker, **kwargs: worker.prepare_client_base(**kwargs),
+}
+
+
+def operation(op: str) -> Operation:
+    """The worker operation named ``op``.
+
+    Raises:
+        ValueError: ``op`` names none of :data:`WORKER_OPERATIONS`.
+    """
+    if op not in WORKER_OPERATIONS:
+        raise ValueError(f"unknown worker operation {op!r}; the operations are {sorted(WORKER_OPERATIONS)}")
+    return WORKER_OPERATIONS[op]
