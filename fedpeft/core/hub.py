@@ -95,3 +95,11 @@ def check_model_name(name: str, revision: str | None = None) -> None:
     offline = offline_reason()
     if offline is not None:
         raise UserError(unknown_model_sentence(name, revision, offline))
+
+
+def check_raw_model(raw: dict[str, object]) -> None:
+    """:func:`check_model_name` on the ``model`` of a config as read (before validation, which imports torch)."""
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("name"), str):
+        revision = model.get("revision")
+        check_model_name(model["name"], revision if isinstance(revision, str) else None)

@@ -1,0 +1,218 @@
+"""A run's output directory through its life: may a run write here, its creation, what a failed start removes, the
+records of finished units (``parts/``), and marking a run of an earlier version (``fedpeft adopt``).
+
+A directory is a run's when it carries :data:`~fedpeft.core.io.RUN_MARKER`, and only then. ``--force`` writes into
+a directory without the marker beside its files, never over them: every name a run writes at its top
+(:data:`RUN_WRITES`) must be absent there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fedpeft.core.config import GIVEN_CONFIG_FILE
+from fedpeft.core.errors import UserError
+from fedpeft.core.io import (
+    RUN_MARKER,
+    check_no_clash,
+    check_writable_place,
+    make_output_dir,
+    read_marker,
+    write_marker,
+    write_text_atomic,
+)
+
+CONFIG_FILE = "config.yaml"
+ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
+DATA_FILE = "data.json"  # the data overview the summary's Data section renders (fedpeft.report.records.DATA_FILE)
+PARTS_DIR = "parts"
+RUN_WRITES = (
+    RUN_MARKER,
+    CONFIG_FILE,
+    GIVEN_CONFIG_FILE,
+    ENV_FILE,
+    PARTS_DIR,
+    "checkpoints",
+    "base_model",
+    "client_state",
+    "psg",  # FedP2EFT's generators (fedpeft.methods.fedp2eft.PSG_DIR)
+    "lambdas",  # clients' rank scales (fedpeft.adapters.scale_analysis.SCALES_DIR)
+    "adapters",
+    "results.jsonl",
+    "costs.jsonl",
+    DATA_FILE,
+    "summary.md",
+    "plots",
+)
+"""Every name a run writes at the top of its directory (docs/outputs.md). ``--force`` writes into a directory
+without a run's marker only where none of them exists, and a start that fails before its first result removes
+those it created."""
+
+
+class RunDirectory:
+    """The output directory of one run of one resolved config (``config_text``, its ``config.yaml``).
+
+    :meth:`check` says whether the run may write there (and writes nothing), :meth:`create` makes it a run's,
+    :meth:`discard` removes what this start created when it fails before its first result.
+    """
+
+    def __init__(self, path: Path, config_text: str) -> None:
+        self.path = Path(path)
+        self.config_text = config_text
+        # What check() found: the entries there before this start, a run without results (start over).
+        self._before: set[str] = set()
+        self._restart = False
+        self._created = False
+
+    @property
+    def config_digest(self) -> str:
+        """SHA-256 of the resolved config's text, kept in the run's marker file."""
+        return hashlib.sha256(self.config_text.encode("utf-8")).hexdigest()
+
+    def check(self, *, resume: bool = False, force: bool = False) -> None:
+        """Raise a :class:`UserError` unless the run may write into the directory; writes nothing.
+
+        It may write into a new or empty directory; into a fedpeft run (its marker file) of the same config with
+        ``resume``; into a fedpeft run that never wrote a result (it starts over); and, with ``force``, into a
+        directory without the marker whose files it would not replace (:data:`RUN_WRITES`). A directory without
+        the marker is never taken for a run, whatever it holds (one that looks like a run of an earlier version
+        is refused with the command that marks it, :func:`adopt_run`).
+        """
+        out = self.path
+        check_writable_place(out)
+        self._restart = False
+        self._before = {entry.name for entry in out.iterdir()} if out.is_dir() else set()
+        if not self._before:
+            return
+        marker = read_marker(out, RUN_MARKER)
+        if marker is not None:
+            if not has_progress(out):  # a run that failed or was stopped before its first result
+                self._restart = True
+                return
+            if not resume:
+                raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
+            config_path = out / CONFIG_FILE
+            if config_path.is_file():
+                same = config_path.read_bytes() == self.config_text.encode("utf-8")
+            else:
+                same = marker.get("config_sha256") == self.config_digest
+            if not same:
+                raise UserError(f"The config differs from the one of the run in {out}; resume with the same one.")
+            return
+        if looks_like_unmarked_run(out):
+            raise UserError(
+                f"{out} has no {RUN_MARKER} marker but holds config.yaml and the outputs of a run (an earlier "
+                f"fedpeft version's?); if it is a run, mark it with `fedpeft adopt {shlex.quote(str(out))}` and run "
+                "again, else choose another --out."
+            )
+        if resume:
+            raise UserError(f"{out} holds no fedpeft run to resume (no {RUN_MARKER} marker); choose a run's directory.")
+        if not force:
+            raise UserError(
+                f"{out} is not empty and holds no fedpeft run (no {RUN_MARKER} marker); choose a new or empty "
+                "directory, or pass --force to write beside its files."
+            )
+        check_no_clash(out, RUN_WRITES)
+
+    def create(self, given_text: str, environment: dict[str, Any]) -> bool:
+        """Make the directory a run's: its marker first, then ``config.yaml``, the config as given and
+        ``env.json``. Returns whether the run starts from nothing here (a new or empty directory, or a run without
+        results), so that a failure before its first result may :meth:`discard` what it wrote."""
+        self._created = make_output_dir(self.path, RUN_MARKER, "run", config_sha256=self.config_digest)
+        if self._restart:
+            # Nothing of the earlier attempt is a result; its base model may be of another config. (The directory
+            # carries a run's marker, and --force never writes where a base_model/ was: this one is fedpeft's.)
+            shutil.rmtree(self.path / "base_model", ignore_errors=True)
+        (self.path / PARTS_DIR).mkdir(exist_ok=True)
+        write_text_atomic(self.path / CONFIG_FILE, self.config_text)
+        write_text_atomic(self.path / GIVEN_CONFIG_FILE, given_text)
+        write_text_atomic(self.path / ENV_FILE, json.dumps(environment, indent=2) + "\n")
+        return RUN_MARKER not in self._before or self._restart
+
+    def discard(self) -> None:
+        """Remove what this start created, when the run wrote no result, so that nothing blocks the next attempt:
+        the run's files and folders that were not there before it started, and the directory itself when this
+        start created it and nothing else is left in it. Nothing else is touched."""
+        for name in RUN_WRITES:
+            if name in self._before:
+                continue
+            path = self.path / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if self._created:
+            with contextlib.suppress(OSError):  # left in place when it holds anything else
+                self.path.rmdir()
+
+    def has_progress(self) -> bool:
+        """Whether the directory holds anything a run resumes from (:func:`has_progress`)."""
+        return has_progress(self.path)
+
+    # ------------------------------------------------------------------ parts: the records of finished units
+    def part(self, name: str) -> Path:
+        """The file of unit ``name``'s records (``parts/<name>.jsonl``)."""
+        return self.path / PARTS_DIR / f"{name}.jsonl"
+
+    def write_part(self, name: str, records: list[dict], costs: list[dict], *, append: bool = False) -> None:
+        """Write unit ``name``'s result records and cost rows, flushed to disk before the rename (with
+        ``append``, after the lines already there)."""
+        part = self.part(name)
+        earlier = part.read_text() if append and part.exists() else ""
+        lines = [json.dumps(r) for r in records] + [json.dumps({"_cost": c}) for c in costs]
+        write_text_atomic(part, earlier + "".join(line + "\n" for line in lines), fsync=True)
+
+    def read_part(self, name: str) -> tuple[list[dict], list[dict]]:
+        """Unit ``name``'s result records and cost rows (none when it has not finished)."""
+        records: list[dict] = []
+        costs: list[dict] = []
+        part = self.part(name)
+        if part.exists():
+            for line in part.read_text().splitlines():
+                row = json.loads(line)
+                (costs.append(row["_cost"]) if "_cost" in row else records.append(row))
+        return records, costs
+
+
+def looks_like_unmarked_run(path: Path) -> bool:
+    """Whether directory ``path``, without a run's marker, holds what a run of an earlier version (before runs
+    carried :data:`RUN_MARKER`) wrote: ``config.yaml`` beside ``parts/``, ``checkpoints/`` or ``results.jsonl``."""
+    path = Path(path)
+    outputs = (path / PARTS_DIR).is_dir() or (path / "checkpoints").is_dir() or (path / "results.jsonl").is_file()
+    return (path / CONFIG_FILE).is_file() and outputs
+
+
+def adopt_run(path: Path) -> bool:
+    """Mark ``path``, a run written before runs carried :data:`RUN_MARKER`, as a fedpeft run (``fedpeft adopt``),
+    so that ``run --resume`` and ``report`` take it; returns False when it was marked already. Writes only the
+    marker; a directory that does not hold a run's ``config.yaml`` and outputs is a :class:`UserError`."""
+    from fedpeft.core.config import load_config
+
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory; pass the directory of a run.")
+    if read_marker(path, RUN_MARKER) is not None:
+        return False
+    if not looks_like_unmarked_run(path):
+        raise UserError(
+            f"{path} does not hold a run (config.yaml beside parts/, checkpoints/ or results.jsonl); nothing to adopt."
+        )
+    load_config(str(path / CONFIG_FILE))  # a file that is not a fedpeft config is refused by name
+    digest = hashlib.sha256((path / CONFIG_FILE).read_bytes()).hexdigest()
+    write_marker(path, RUN_MARKER, "run", config_sha256=digest, adopted=True)
+    return True
+
+
+def has_progress(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds anything a run resumes from: a finished unit, a checkpoint or results."""
+    run_dir = Path(run_dir)
+    if (run_dir / "results.jsonl").is_file() or any((run_dir / PARTS_DIR).glob("*.jsonl")):
+        return True
+    checkpoints = run_dir / "checkpoints"
+    return checkpoints.is_dir() and any(p.is_file() and p.suffix != ".tmp" for p in checkpoints.rglob("*"))
