@@ -60,6 +60,16 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def flower_home(tmp_path_factory):
+    """A Flower home (``FLWR_HOME``) of this test process's own, for Flower's simulation engine and the processes
+    the tests start: never the user's ``~/.flwr``, and never one that a parallel test process writes at once.
+    A loopback deployment (fedpeft.apps.loopback) still gives its processes a home in its own directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLWR_HOME", str(tmp_path_factory.mktemp("flwr-home")))
+        yield
+
+
 @pytest.fixture
 def toy_runtime():
     from transformers import BertConfig, BertForSequenceClassification
