@@ -216,7 +216,7 @@ def test_an_interrupted_run_prints_the_quoted_resume_line(tmp_path, monkeypatch,
     def interrupt(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fedpeft.core.config, "load_config", interrupt)
+    monkeypatch.setattr(fedpeft.core.config, "load_raw", interrupt)
     monkeypatch.setattr("os._exit", lambda code: sys.exit(code))  # never end the test process itself
     code, _, err = cli(monkeypatch, capsys, *AWKWARD)
     assert code == 130, err
@@ -281,7 +281,9 @@ def test_an_unknown_model_without_the_hub_is_refused_after_one_probe(
     assert probes == [hub_unreachable] and hub_requests(caplog) == []  # one probe, no request retried
 
 
-def test_a_cached_hub_model_loads_when_the_hub_cannot_be_reached(tmp_path, monkeypatch, probes, hub_unreachable):
+def test_a_cached_hub_model_loads_when_the_hub_cannot_be_reached(
+    tmp_path, monkeypatch, caplog, probes, hub_unreachable
+):
     from huggingface_hub import constants
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
@@ -306,3 +308,4 @@ def test_a_cached_hub_model_loads_when_the_hub_cannot_be_reached(tmp_path, monke
     model, tokenizer = load_external(ModelConfig(name="test-org/tiny-bert"), "classification", 3)
     assert model.config.num_labels == 3 and tokenizer is not None
     assert probes == [hub_unreachable]
+    assert hub_requests(caplog) == []  # nothing asked the hub afterwards (an adapter_config.json look-up once did)

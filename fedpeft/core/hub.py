@@ -8,8 +8,10 @@ checkpoint still loads, and a missing one is refused at once, with the reason. T
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from huggingface_hub import constants, get_session
@@ -103,3 +105,15 @@ def check_raw_model(raw: dict[str, object]) -> None:
     if isinstance(model, dict) and isinstance(model.get("name"), str):
         revision = model.get("revision")
         check_model_name(model["name"], revision if isinstance(revision, str) else None)
+
+
+@contextlib.contextmanager
+def hub_switched_off() -> Iterator[None]:
+    """huggingface_hub's offline mode for the block: every look-up, also those that take no ``local_files_only``,
+    reads the local cache only."""
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before

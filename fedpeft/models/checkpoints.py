@@ -10,6 +10,7 @@ inside :func:`~fedpeft.models.tiny.seeded_init`.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from transformers.models.auto.modeling_auto import (
 
 from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
-from fedpeft.core.hub import offline_reason, unknown_model_sentence
+from fedpeft.core.hub import hub_switched_off, offline_reason, unknown_model_sentence
 from fedpeft.models.gguf import cached_gguf_checkpoint, local_gguf_source
 from fedpeft.models.multimodal import load_image_text_checkpoint
 from fedpeft.models.precision import quantization_config, torch_dtype
@@ -116,11 +117,14 @@ def load_external(
         raise UserError(f"Model {cfg.name} cannot be read by this transformers version ({reason}).") from None
     local = offline is not None
     try:
-        if config.model_type == "llava":
-            return load_image_text_checkpoint(source, cfg, task, revision=cfg.revision, local_files_only=local)
-        return load_checkpoint(
-            source, cfg, task, num_labels, revision=cfg.revision, device=device, local_files_only=local
-        )
+        # Some of transformers' look-ups (a checkpoint's adapter_config.json) do not pass local_files_only on:
+        # the hub is switched off for the whole load.
+        with hub_switched_off() if local else contextlib.nullcontext():
+            if config.model_type == "llava":
+                return load_image_text_checkpoint(source, cfg, task, revision=cfg.revision, local_files_only=local)
+            return load_checkpoint(
+                source, cfg, task, num_labels, revision=cfg.revision, device=device, local_files_only=local
+            )
     except OSError:
         if not local:
             raise
