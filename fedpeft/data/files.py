@@ -48,6 +48,7 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.partition import partition_examples, split_train_test
 from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_rows
 from fedpeft.data.types import ClientData, Example, FederatedData, TaskKind
@@ -94,10 +95,15 @@ class Table:
         return f"Row {index + 1} of {self.source}" + (f" (line {line})" if line != index + 1 else "")
 
 
+class Options(DatasetOptions):
+    """``files`` and ``hub`` take no ``data.options``: what they read are fields of ``data`` itself."""
+
+
 @DATASETS.register("files")
 def build_files(cfg: DataConfig) -> FederatedData:
     """Build a federation from local files: ``cfg.path`` is a file, a directory (searched recursively) or a glob
     of ``.jsonl``, ``.json``, ``.csv``, ``.tsv`` or ``.parquet`` files, concatenated in sorted order."""
+    parse_options(cfg, Options)
     if not cfg.path:
         hint = " (data.hub_id is read by data.name=hub)" if cfg.hub_id else ""
         raise UserError(
@@ -114,6 +120,7 @@ def build_hub(cfg: DataConfig) -> FederatedData:
     """Build a federation from ``datasets.load_dataset(cfg.hub_id, cfg.subset, revision=cfg.revision)``: a hub id
     (read from the local cache when offline) or a local dataset directory. Every split is read; a ``test`` split
     gives the test sets when the data has no split column."""
+    parse_options(cfg, Options)
     if not cfg.hub_id:
         hint = " (data.path is read by data.name=files)" if cfg.path else ""
         raise UserError(

@@ -23,19 +23,27 @@ a parquet export of the 9,229 records). Options: ``num_clients`` (4), ``category
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.data.instruct import instruction_example
+from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.dolly import build_instruction_federation, read_records
-from fedpeft.data.real.options import read_options
 from fedpeft.data.types import FederatedData
 
 ALPAGASUS_HUB_ID = "mlabonne/alpagasus"
 ALPAGASUS_FIELDS = ("instruction", "input", "output")
-OPTIONS: dict[str, Any] = {"num_clients": 4, "category_rule": "verb", "max_samples": None}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``alpagasus``."""
+
+    num_clients: int = 4
+    category_rule: Literal["verb", "none"] = "verb"
+    max_samples: int | None = None
+
 
 INSTRUCTION_TYPES: dict[str, tuple[str, ...]] = {
     "open_qa": ("what", "who", "whom", "whose", "when", "where", "why", "how", "which", "is", "are", "was", "were",
@@ -67,11 +75,9 @@ def instruction_type(instruction: str) -> str:
 @DATASETS.register("alpagasus")
 def build(cfg: DataConfig) -> FederatedData:
     """Build the AlpaGasus federation (see the module docstring for sources, options and the category rule)."""
-    opts = read_options(cfg, "alpagasus", OPTIONS)
-    rule = opts["category_rule"]
-    if rule not in ("verb", "none"):
-        raise UserError(f"data.options.category_rule={rule!r} is unknown; use verb or none.")
-    if rule == "none" and "partition" in cfg.model_fields_set and cfg.partition != "iid":
+    opts = parse_options(cfg, Options)
+    rule = opts.category_rule
+    if rule == "none" and setting(cfg, "partition", "iid") != "iid":
         raise UserError("With data.options.category_rule=none AlpaGasus has no categories; set data.partition=iid.")
     rows, source = read_records(cfg, "AlpaGasus", ALPAGASUS_HUB_ID, ALPAGASUS_FIELDS)
     examples = [
@@ -85,4 +91,11 @@ def build(cfg: DataConfig) -> FederatedData:
     ]
     if rule == "none":
         cfg = cfg.model_copy(update={"partition": "iid"})
-    return build_instruction_federation(cfg, "alpagasus", examples, opts, {"source": source, "category_rule": rule})
+    return build_instruction_federation(
+        cfg,
+        "alpagasus",
+        examples,
+        num_clients=opts.num_clients,
+        max_samples=opts.max_samples,
+        info={"source": source, "category_rule": rule},
+    )

@@ -22,14 +22,22 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.label_skew import label_skewed_clients
-from fedpeft.data.real.options import explicitly_set, read_options
+from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.sources import load_hub_splits, load_local_splits
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 DEFAULT_HUB_ID = "uoft-cs/cifar100"
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("fine_label", "label")
-OPTIONS: dict[str, Any] = {"num_clients": 10, "revision": None}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``cifar100``."""
+
+    num_clients: int = 10
+    revision: str | None = None
+
+
 LAYOUT = (
     "<path> saved with DatasetDict.save_to_disk, or <path>/{train,test}.{parquet,jsonl,...} with an image column "
     "(img or image) and a label column (fine_label or label)"
@@ -81,8 +89,8 @@ def build(cfg: DataConfig) -> FederatedData:
     Returns:
         Clients ``client-00`` ... (group = client, so tables have a column per client), no base corpus.
     """
-    opts = read_options(cfg, "cifar100", OPTIONS)
-    num_clients = int(opts["num_clients"])
+    opts = parse_options(cfg, Options)
+    num_clients = opts.num_clients
     if num_clients < 1:
         raise UserError("data.options.num_clients must be at least 1.")
     if cfg.partition == "natural":
@@ -95,10 +103,13 @@ def build(cfg: DataConfig) -> FederatedData:
         source = str(path)
     else:
         source = cfg.hub_id or DEFAULT_HUB_ID
-        splits = load_hub_splits(source, None, ("train", "test"), opts["revision"])
+        splits = load_hub_splits(source, None, ("train", "test"), opts.revision)
     sizes = {
-        "train": cfg.train_per_group * num_clients if explicitly_set(cfg, "train_per_group") else len(splits["train"]),
-        "test": cfg.test_per_group * num_clients if explicitly_set(cfg, "test_per_group") else len(splits["test"]),
+        split: per_client * num_clients if per_client is not None else len(splits[split])
+        for split, per_client in (
+            ("train", setting(cfg, "train_per_group", None)),
+            ("test", setting(cfg, "test_per_group", None)),
+        )
     }
     train, names = _split_examples(
         splits["train"], sizes["train"], derive_seed(cfg.seed, "cifar", "train", stream="files"), "train"

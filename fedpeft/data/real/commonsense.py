@@ -26,7 +26,7 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real.options import explicitly_set, read_options
+from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.sources import load_hub_splits, load_local_splits
 from fedpeft.data.types import ClientData, Example, FederatedData
 
@@ -45,7 +45,14 @@ HUB = {
     "siqa": ("allenai/social_i_qa", None, "train", "validation"),
     "winogrande": ("allenai/winogrande", "winogrande_xl", "train", "validation"),
 }
-OPTIONS: dict[str, Any] = {"clients_per_task": 1}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``commonsense``."""
+
+    clients_per_task: int = 1
+
+
 DEFAULT_TRAIN, DEFAULT_TEST = 1000, 500
 
 
@@ -151,14 +158,14 @@ def build(cfg: DataConfig) -> FederatedData:
         cfg: ``groups`` (tasks; default all eight), ``train_per_group`` / ``test_per_group`` (per client, 1,000 /
             500), ``seed``, ``path``; ``options``: ``clients_per_task`` (1).
     """
-    opts = read_options(cfg, "commonsense", OPTIONS)
-    per_task = int(opts["clients_per_task"])
+    opts = parse_options(cfg, Options)
+    per_task = opts.clients_per_task
     tasks = list(cfg.groups) if cfg.groups else list(TASKS)
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or per_task < 1:
         raise UserError(f"data.groups must be commonsense tasks ({', '.join(TASKS)}); clients_per_task >= 1.")
-    n_train = cfg.train_per_group if explicitly_set(cfg, "train_per_group") else DEFAULT_TRAIN
-    n_test = cfg.test_per_group if explicitly_set(cfg, "test_per_group") else DEFAULT_TEST
+    n_train = setting(cfg, "train_per_group", DEFAULT_TRAIN)
+    n_test = setting(cfg, "test_per_group", DEFAULT_TEST)
     clients = []
     for task in tasks:
         splits = _load(cfg, task)

@@ -26,7 +26,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.instruct import category_clients, instruction_example
-from fedpeft.data.real.options import read_options
+from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.readers import FILE_EXTENSIONS, find_split_files, read_tables
 from fedpeft.data.real.sources import load_hub_splits
 from fedpeft.data.types import Example, FederatedData
@@ -37,7 +37,14 @@ DOLLY_CATEGORIES = (
     "summarization", "creative_writing",
 )  # fmt: skip
 DOLLY_FIELDS = ("instruction", "context", "response", "category")
-OPTIONS: dict[str, Any] = {"num_clients": 4, "categories": None, "max_samples": None}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``dolly``."""
+
+    num_clients: int = 4
+    categories: list[str] | None = None
+    max_samples: int | None = None
 
 
 def read_records(cfg: DataConfig, title: str, default_hub_id: str, columns: tuple[str, ...]) -> tuple[list[dict], str]:
@@ -89,21 +96,27 @@ def _data_files(path: Path, title: str) -> list[Path]:
 
 
 def build_instruction_federation(
-    cfg: DataConfig, name: str, examples: list[Example], opts: dict[str, Any], info: dict[str, Any]
+    cfg: DataConfig,
+    name: str,
+    examples: list[Example],
+    *,
+    num_clients: int,
+    max_samples: int | None,
+    info: dict[str, Any],
 ) -> FederatedData:
-    """Subsample (``max_samples``), split over clients by category and wrap as a federation."""
-    if opts["max_samples"] is not None:
-        if not isinstance(opts["max_samples"], int) or opts["max_samples"] < 10:
+    """Subsample (``max_samples``), split over ``num_clients`` clients by category and wrap as a federation."""
+    if max_samples is not None:
+        if max_samples < 10:
             raise UserError("data.options.max_samples must be an integer of at least 10, or null for all.")
-        if opts["max_samples"] < len(examples):
+        if max_samples < len(examples):
             examples = random.Random(derive_seed(cfg.seed, name, "subset", stream="files")).sample(
-                examples, opts["max_samples"]
+                examples, max_samples
             )
-    partition = cfg.partition if "partition" in cfg.model_fields_set else "dirichlet"
-    alpha = cfg.dirichlet_alpha if "dirichlet_alpha" in cfg.model_fields_set else 5.0
+    partition = setting(cfg, "partition", "dirichlet")
+    alpha = setting(cfg, "dirichlet_alpha", 5.0)
     clients, facts = category_clients(
         examples,
-        int(opts["num_clients"]),
+        num_clients,
         scheme=partition,
         alpha=alpha,
         seed=derive_seed(cfg.seed, name, "partition", stream="files"),
@@ -124,9 +137,9 @@ def build_instruction_federation(
 @DATASETS.register("dolly")
 def build(cfg: DataConfig) -> FederatedData:
     """Build the Dolly-15k federation (see the module docstring for sources and options)."""
-    opts = read_options(cfg, "dolly", OPTIONS)
+    opts = parse_options(cfg, Options)
     rows, source = read_records(cfg, "Dolly-15k", DOLLY_HUB_ID, DOLLY_FIELDS)
-    wanted = opts["categories"]
+    wanted = opts.categories
     if wanted is not None:
         unknown = sorted(set(wanted) - {str(r["category"]) for r in rows})
         if unknown or not wanted:
@@ -137,4 +150,6 @@ def build(cfg: DataConfig) -> FederatedData:
         for r in rows
         if wanted is None or r["category"] in wanted
     ]
-    return build_instruction_federation(cfg, "dolly", examples, opts, {"source": source})
+    return build_instruction_federation(
+        cfg, "dolly", examples, num_clients=opts.num_clients, max_samples=opts.max_samples, info={"source": source}
+    )

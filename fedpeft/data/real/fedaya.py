@@ -19,14 +19,16 @@ import random
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import StrictInt
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.partition import partition_examples, split_train_test
-from fedpeft.data.real.options import explicitly_set, read_options
 from fedpeft.data.real.readers import load_json_or_lines, natural_key
 from fedpeft.data.types import ClientData, Example, FederatedData
 
@@ -55,17 +57,20 @@ LANGUAGE_ALIASES = {
     "telugu": "te", "tel": "te",
     "chinese": "zh", "simplified chinese": "zh", "simplified_chinese": "zh", "zho": "zh",
 }  # fmt: skip
-OPTIONS: dict[str, Any] = {
-    "file": None,
-    "num_clients": 38,
-    "unseen_clients": 8,
-    "unseen_ids": None,
-    "test_fraction": 0.2,
-    "prompt_field": None,
-    "response_field": None,
-    "language_field": None,
-    "client_field": None,
-}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``fedaya`` (see :func:`build`)."""
+
+    file: str | None = None
+    num_clients: StrictInt | Literal["all"] | None = 38
+    unseen_clients: StrictInt = 8
+    unseen_ids: list[str | int] | None = None
+    test_fraction: float = 0.2
+    prompt_field: str | None = None
+    response_field: str | None = None
+    language_field: str | None = None
+    client_field: str | None = None
 
 
 def normalize_language(value: Any) -> str:
@@ -84,15 +89,15 @@ def build(cfg: DataConfig) -> FederatedData:
     names; tried in order otherwise: instruction|inputs|prompt, response|targets|output,
     language|language_code|lang, client_id|user_id|annotator_id).
     """
-    opts = read_options(cfg, "fedaya", OPTIONS)
-    test_fraction = _fraction(opts["test_fraction"])
-    if explicitly_set(cfg, "partition") and cfg.partition != "natural":
+    opts = parse_options(cfg, Options)
+    test_fraction = _fraction(opts.test_fraction)
+    if setting(cfg, "partition", "natural") != "natural":
         raise UserError("Fed-Aya clients are its natural annotator ids; set data.partition=natural or remove it.")
     if cfg.hub_id and not cfg.path:
         raise UserError("Fed-Aya is distributed as a file, not a hub dataset; set data.path instead of data.hub_id.")
     if not cfg.path:
         raise UserError(f"Fed-Aya needs data.path; set it to {LAYOUT}.")
-    file = _find_file(Path(cfg.path).expanduser(), opts["file"])
+    file = _find_file(Path(cfg.path).expanduser(), opts.file)
     records, layout = _read_records(file, opts)
 
     languages_present = Counter(r["group"] for r in records)
@@ -106,7 +111,7 @@ def build(cfg: DataConfig) -> FederatedData:
             )
         records = [r for r in records if r["group"] in set(wanted)]
 
-    kept, dropped = _keep_clients(records, opts["num_clients"], file)
+    kept, dropped = _keep_clients(records, opts.num_clients, file)
     records = [r for r in records if r["client"] in kept]
     unseen = _unseen_clients(sorted(kept, key=natural_key), opts, cfg)
 
@@ -170,7 +175,7 @@ def _find_file(path: Path, name: str | None) -> Path:
     )
 
 
-def _read_records(file: Path, opts: dict[str, Any]) -> tuple[list[Example], str]:
+def _read_records(file: Path, opts: Options) -> tuple[list[Example], str]:
     """Flatten the file into ``{"prompt", "response", "group", "client"}`` records."""
     data = load_json_or_lines(file)
     samples: list[tuple[str | None, Any]]
@@ -186,7 +191,7 @@ def _read_records(file: Path, opts: dict[str, Any]) -> tuple[list[Example], str]
         raise UserError(f"{file} holds samples that are not JSON objects; expected {LAYOUT}.")
     first = samples[0][1]
     roles = ("prompt", "response", "language") + (("client",) if layout == "records" else ())
-    fields = {role: _field(role, opts[f"{role}_field"], first, file) for role in roles}
+    fields = {role: _field(role, getattr(opts, f"{role}_field"), first, file) for role in roles}
 
     records: list[Example] = []
     for index, (client, sample) in enumerate(samples):
@@ -237,10 +242,10 @@ def _keep_clients(records: list[Example], num_clients: Any, file: Path) -> tuple
     return set(ranked[:num_clients]), dropped
 
 
-def _unseen_clients(client_ids: list[str], opts: dict[str, Any], cfg: DataConfig) -> set[str]:
+def _unseen_clients(client_ids: list[str], opts: Options, cfg: DataConfig) -> set[str]:
     if not cfg.unseen_pool:
         return set()
-    explicit = opts["unseen_ids"]
+    explicit = opts.unseen_ids
     if explicit is not None:
         ids = [str(i) for i in explicit]
         missing = [i for i in ids if i not in client_ids]
@@ -251,7 +256,7 @@ def _unseen_clients(client_ids: list[str], opts: dict[str, Any], cfg: DataConfig
             )
         chosen = set(ids)
     else:
-        k = opts["unseen_clients"]
+        k = opts.unseen_clients
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise UserError(f"data.options.unseen_clients={k!r} must be a non-negative integer.")
         if k >= len(client_ids):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import datasets
 
@@ -26,8 +25,8 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.labels import text_of
-from fedpeft.data.real.options import explicitly_set, read_options
 from fedpeft.data.real.sources import load_local_splits
 from fedpeft.data.types import ClientData, Example, FederatedData
 
@@ -36,21 +35,24 @@ TASKS = (
 )  # fmt: skip
 DEFAULT_HUB_ID = "Muennighoff/flan"
 COLUMN_PAIRS = (("inputs", "targets"), ("input", "output"), ("prompt", "response"))
-OPTIONS: dict[str, Any] = {
-    "hub_files": "{split}/{task}_10templates.json",
-    "hub_task_names": {"mnli": "mnli_matched"},
-    "test_split": "test",
-}
 DEFAULT_TRAIN, DEFAULT_TEST = 2000, 300
 LAYOUT = "<path>/<task>/{train,test}.{jsonl,json,csv,tsv,parquet} with columns inputs and targets"
 
 
-def _hub_splits(cfg: DataConfig, opts: dict[str, Any], task: str) -> dict[str, datasets.Dataset]:
-    name = dict(opts["hub_task_names"]).get(task, task)
+class Options(DatasetOptions):
+    """``data.options`` of ``flan``: where a hub copy keeps each task's files."""
+
+    hub_files: str = "{split}/{task}_10templates.json"
+    hub_task_names: dict[str, str] = {"mnli": "mnli_matched"}
+    test_split: str = "test"
+
+
+def _hub_splits(cfg: DataConfig, opts: Options, task: str) -> dict[str, datasets.Dataset]:
+    name = opts.hub_task_names.get(task, task)
     hub_id = cfg.hub_id or DEFAULT_HUB_ID
     files = {
-        "train": opts["hub_files"].format(split="train", task=name),
-        "test": opts["hub_files"].format(split=opts["test_split"], task=name),
+        "train": opts.hub_files.format(split="train", task=name),
+        "test": opts.hub_files.format(split=opts.test_split, task=name),
     }
     try:
         loaded = datasets.load_dataset(hub_id, data_files=files)
@@ -83,13 +85,13 @@ def build(cfg: DataConfig) -> FederatedData:
         cfg: ``groups`` (tasks; default all eight), ``train_per_group`` / ``test_per_group`` (per client, 2,000 /
             300), ``seed``, ``path`` or ``hub_id``; ``options``: ``hub_files``, ``hub_task_names``, ``test_split``.
     """
-    opts = read_options(cfg, "flan", OPTIONS)
+    opts = parse_options(cfg, Options)
     tasks = list(cfg.groups) if cfg.groups else list(TASKS)
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise UserError(f"Unknown FLAN task(s) {', '.join(unknown)} in data.groups; choose from: {', '.join(TASKS)}.")
-    n_train = cfg.train_per_group if explicitly_set(cfg, "train_per_group") else DEFAULT_TRAIN
-    n_test = cfg.test_per_group if explicitly_set(cfg, "test_per_group") else DEFAULT_TEST
+    n_train = setting(cfg, "train_per_group", DEFAULT_TRAIN)
+    n_test = setting(cfg, "test_per_group", DEFAULT_TEST)
     clients = []
     for task in tasks:
         if cfg.path:

@@ -13,8 +13,8 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.labels import count_valid, label_ids, require_columns, text_of
-from fedpeft.data.real.options import explicitly_set, read_options
 from fedpeft.data.real.pools import active_pools, build_classification_clients, classification_scheme, draw_pools
 from fedpeft.data.real.sources import load_splits, resolve_source, select_languages
 from fedpeft.data.types import Example, FederatedData
@@ -32,7 +32,13 @@ LAYOUT = (
     "<path>/<lang>/{train,test}.{jsonl,csv,tsv,parquet} "
     "with columns label (or category), headline, text, headline_text, url (e.g. <path>/hau/train.jsonl)"
 )
-OPTIONS = {"text_field": "headline", "revision": None}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``masakhanews``."""
+
+    text_field: str = "headline"
+    revision: str | None = None
 
 
 @DATASETS.register("masakhanews")
@@ -41,22 +47,22 @@ def build(cfg: DataConfig) -> FederatedData:
 
     Options: ``text_field`` (``headline`` (default), ``text`` or ``headline_text``), ``revision``.
     """
-    opts = read_options(cfg, "masakhanews", OPTIONS)
-    text_field = opts["text_field"]
+    opts = parse_options(cfg, Options)
+    text_field = opts.text_field
     if text_field not in TEXT_FIELDS:
         raise UserError(
             f"data.options.text_field={text_field!r} is not a MasakhaNEWS text column; "
             f"choose one of: {', '.join(TEXT_FIELDS)}."
         )
     scheme = classification_scheme(cfg, "MasakhaNEWS")
-    source = resolve_source(cfg, "MasakhaNEWS", DEFAULT_HUB_ID, opts["revision"])
+    source = resolve_source(cfg, "MasakhaNEWS", DEFAULT_HUB_ID, opts.revision)
     languages = select_languages(cfg.groups, MASAKHANEWS_LANGUAGES, source, "MasakhaNEWS", LAYOUT)
     pool_names = active_pools(cfg)
     caps = {
-        "train": cfg.train_per_group if explicitly_set(cfg, "train_per_group") else None,
-        "test": cfg.test_per_group if explicitly_set(cfg, "test_per_group") else None,
+        "train": setting(cfg, "train_per_group", None),
+        "test": setting(cfg, "test_per_group", None),
     }
-    num_clients = cfg.clients_per_group if explicitly_set(cfg, "clients_per_group") else DEFAULT_CLIENTS_PER_GROUP
+    num_clients = setting(cfg, "clients_per_group", DEFAULT_CLIENTS_PER_GROUP)
 
     pools: dict[str, dict[str, tuple[list[Example], list[Example]]]] = {}
     sizes: dict[str, dict[str, int]] = {}

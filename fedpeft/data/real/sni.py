@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import datasets
 from datasets.exceptions import DatasetsError
@@ -33,7 +33,7 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real.options import read_options
+from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_tables
 from fedpeft.data.types import ClientData, Example, FederatedData
 
@@ -48,17 +48,22 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "input": ("inputs", "input"),
     "output": ("targets", "output", "outputs"),
 }
-OPTIONS: dict[str, Any] = {
-    "num_tasks": 10,
-    "tasks": None,
-    "unseen_tasks": 0,
-    "train_per_client": 500,
-    "test_per_client": 50,
-    "validation_per_client": 0,
-    "evaluate_on": "test",
-    "definition": True,
-    "positive_examples": 0,
-}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``sni``."""
+
+    num_tasks: int = 10
+    tasks: list[str] | None = None
+    unseen_tasks: int = 0
+    train_per_client: int = 500
+    test_per_client: int = 50
+    validation_per_client: int = 0
+    evaluate_on: Literal["test", "validation"] = "test"
+    definition: bool = True
+    positive_examples: int = 0
+
+
 Task = dict[str, Any]  # {"definition": str, "examples": [(input, output)], "instances": [(input, output)]}
 
 
@@ -72,13 +77,11 @@ def build(cfg: DataConfig) -> FederatedData:
     held-out split the clients are evaluated on, e.g. to tune alpha or beta without touching the test split),
     ``definition`` (True) and ``positive_examples`` (0).
     """
-    opts = read_options(cfg, "sni", OPTIONS)
-    if opts["evaluate_on"] not in ("test", "validation"):
-        raise UserError(f"data.options.evaluate_on={opts['evaluate_on']!r} must be 'test' or 'validation'.")
-    if opts["evaluate_on"] == "validation" and opts["validation_per_client"] < 1:
+    opts = parse_options(cfg, Options)
+    if opts.evaluate_on == "validation" and opts.validation_per_client < 1:
         raise UserError("data.options.evaluate_on=validation needs data.options.validation_per_client >= 1.")
     if not cfg.unseen_pool:
-        opts["unseen_tasks"] = 0
+        opts = opts.model_copy(update={"unseen_tasks": 0})
     tasks, layout, source = _read_tasks(cfg, opts)
     chosen, unseen = _choose_tasks(tasks, opts)
     clients = []
@@ -97,43 +100,43 @@ def build(cfg: DataConfig) -> FederatedData:
             "layout": layout,
             "tasks_available": len(tasks),
             "instances_per_task": {name: len(tasks[name]["instances"]) for name in chosen + unseen},
-            "evaluate_on": opts["evaluate_on"],
+            "evaluate_on": opts.evaluate_on,
         },
     )
 
 
-def _choose_tasks(tasks: dict[str, Task], opts: dict[str, Any]) -> tuple[list[str], list[str]]:
+def _choose_tasks(tasks: dict[str, Task], opts: Options) -> tuple[list[str], list[str]]:
     ranked = sorted(tasks, key=lambda t: (-len(tasks[t]["instances"]), natural_key(t)))
-    unseen_count = int(opts["unseen_tasks"])
-    if opts["tasks"] is not None:
-        missing = [t for t in opts["tasks"] if t not in tasks]
+    unseen_count = opts.unseen_tasks
+    if opts.tasks is not None:
+        missing = [t for t in opts.tasks if t not in tasks]
         if missing:
             raise UserError(f"data.options.tasks names task(s) {', '.join(missing)} that the source does not hold.")
-        chosen = list(dict.fromkeys(opts["tasks"]))
+        chosen = list(dict.fromkeys(opts.tasks))
     else:
-        chosen = ranked[: int(opts["num_tasks"])]
+        chosen = ranked[: opts.num_tasks]
     rest = [t for t in ranked if t not in chosen]
-    if (opts["tasks"] is None and len(chosen) < int(opts["num_tasks"])) or len(rest) < unseen_count:
+    if (opts.tasks is None and len(chosen) < opts.num_tasks) or len(rest) < unseen_count:
         raise UserError(
-            f"The source holds {len(tasks)} tasks, fewer than the {opts['num_tasks']} + {unseen_count} requested; "
+            f"The source holds {len(tasks)} tasks, fewer than the {opts.num_tasks} + {unseen_count} requested; "
             "lower data.options.num_tasks or data.options.unseen_tasks."
         )
     return chosen, rest[:unseen_count]
 
 
-def _split_task(name: str, task: Task, opts: dict[str, Any], seed: int) -> tuple[list[Example], list[Example]]:
+def _split_task(name: str, task: Task, opts: Options, seed: int) -> tuple[list[Example], list[Example]]:
     """Test first, then validation, then up to ``train_per_client`` training instances, all disjoint."""
     instances = list(task["instances"])
     random.Random(derive_seed(seed, "sni", name, stream="files")).shuffle(instances)
-    n_test, n_val = int(opts["test_per_client"]), int(opts["validation_per_client"])
+    n_test, n_val = opts.test_per_client, opts.validation_per_client
     if len(instances) < n_test + n_val + 1:
         raise UserError(
             f"Task {name} has {len(instances)} instances, too few for {n_test} test + {n_val} validation + 1 "
             "training; lower data.options.test_per_client or choose other tasks."
         )
     test, validation = instances[:n_test], instances[n_test : n_test + n_val]
-    train = instances[n_test + n_val : n_test + n_val + int(opts["train_per_client"])]
-    held_out = validation if opts["evaluate_on"] == "validation" else test
+    train = instances[n_test + n_val : n_test + n_val + opts.train_per_client]
+    held_out = validation if opts.evaluate_on == "validation" else test
     prefix = _prefix(task, opts)
 
     def example(pair: tuple[str, str]) -> Example:
@@ -142,9 +145,9 @@ def _split_task(name: str, task: Task, opts: dict[str, Any], seed: int) -> tuple
     return [example(p) for p in train], [example(p) for p in held_out]
 
 
-def _prefix(task: Task, opts: dict[str, Any]) -> str:
-    parts = [f"Definition: {task['definition']}\n\n"] if opts["definition"] and task["definition"] else []
-    for i, (inp, out) in enumerate(task["examples"][: int(opts["positive_examples"])], start=1):
+def _prefix(task: Task, opts: Options) -> str:
+    parts = [f"Definition: {task['definition']}\n\n"] if opts.definition and task["definition"] else []
+    for i, (inp, out) in enumerate(task["examples"][: opts.positive_examples], start=1):
         parts.append(f"Positive Example {i}:\nInput: {inp}\nOutput: {out}\n\n")
     return "".join(parts)
 
@@ -152,14 +155,14 @@ def _prefix(task: Task, opts: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------ sources
 
 
-def _read_tasks(cfg: DataConfig, opts: dict[str, Any]) -> tuple[dict[str, Task], str, str]:
+def _read_tasks(cfg: DataConfig, opts: Options) -> tuple[dict[str, Task], str, str]:
     if cfg.path:
         path = Path(cfg.path).expanduser()
         if not path.exists():
             raise UserError(f"data.path {cfg.path} does not exist; point it at {LAYOUT}.")
         task_dir = path / "tasks" if (path / "tasks").is_dir() else path
         if path.is_dir() and any(task_dir.glob("task*.json")):
-            wanted = opts["tasks"] if not opts["unseen_tasks"] else None  # unseen tasks are the next-largest
+            wanted = opts.tasks if not opts.unseen_tasks else None  # unseen tasks are the next-largest
             return _read_release(task_dir, wanted), "release", str(path)
         return _from_records(_local_records(path), str(path)), "records", str(path)
     hub_id = cfg.hub_id or DEFAULT_HUB_ID

@@ -26,16 +26,22 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.real.options import read_options
+from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.types import ClientData, Example, FederatedData
 
-OPTIONS: dict[str, Any] = {"setting": "dynamic", "train_per_task": None, "test_per_task": None}
+
+class Options(DatasetOptions):
+    """``data.options`` of the task directories (``drake``, ``hflb``, ``fedscope``)."""
+
+    setting: Literal["dynamic", "static"] = "dynamic"
+    train_per_task: int | None = None
+    test_per_task: int | None = None
 
 
 def _read_lines(path: Path, root: Path, name: str) -> list[dict[str, Any]]:
@@ -81,15 +87,13 @@ def _capped(rows: list[Example], cap: int | None, seed: int) -> list[Example]:
 
 def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
     """Build a federation from a directory in the layout of the module docstring."""
+    options = parse_options(cfg, Options)
     if not cfg.path:
         raise UserError(f"{name} reads a local directory; set data.path (layout: docs/real-data.md).")
     root = Path(cfg.path).expanduser()
     manifest = root / "clients.json"
     if not manifest.is_file():
         raise UserError(f"{name}: {manifest} is missing; it maps each client id to its list of tasks.")
-    options = read_options(cfg, name, OPTIONS)
-    if options["setting"] not in ("dynamic", "static"):
-        raise UserError("data.options.setting must be dynamic or static.")
     plan: dict[str, list[str]] = json.loads(manifest.read_text(encoding="utf-8"))
     clients = []
     for client_id, tasks in plan.items():
@@ -97,14 +101,14 @@ def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
         test: list[Example] = []
         for stage, task in enumerate(tasks):
             folder = root / "tasks" / task
-            stage_value = stage if options["setting"] == "dynamic" else 0
+            stage_value = stage if options.setting == "dynamic" else 0
             fields = {"task": task, "stage": stage_value, "group": client_id}
             seed = derive_seed(cfg.seed, name, client_id, task, stream="files")
             rows = [_example(r, **fields) for r in _read_lines(folder / "train.jsonl", root, name)]
-            train += _capped(rows, options["train_per_task"], seed)
+            train += _capped(rows, options.train_per_task, seed)
             rows = [_example(r, **fields) for r in _read_lines(folder / "test.jsonl", root, name)]
-            test += _capped(rows, options["test_per_task"], seed + 1)
-        if options["setting"] == "static":
+            test += _capped(rows, options.test_per_task, seed + 1)
+        if options.setting == "static":
             random.Random(derive_seed(cfg.seed, name, client_id, "static", stream="files")).shuffle(train)
         clients.append(ClientData(client_id, client_id, "seen", train, test))
     public_path = root / "public.jsonl"
@@ -116,7 +120,7 @@ def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
     if cfg.base_samples is not None:
         public = _capped(public, cfg.base_samples, derive_seed(cfg.seed, name, "public", stream="files"))
     info = {
-        "setting": options["setting"],
+        "setting": options.setting,
         "client_tasks": {c: ", ".join(t) for c, t in plan.items()},
         "public_examples": len(public),
     }

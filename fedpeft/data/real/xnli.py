@@ -12,8 +12,8 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.real.labels import count_valid, label_ids, require_columns, text_of
-from fedpeft.data.real.options import read_options
 from fedpeft.data.real.pools import active_pools, build_classification_clients, classification_scheme, draw_pools
 from fedpeft.data.real.sources import load_splits, resolve_source, select_languages
 from fedpeft.data.types import Example, FederatedData
@@ -27,7 +27,12 @@ LAYOUT = (
     "<path>/<lang>/{train,test}.{jsonl,csv,tsv,parquet} "
     "with columns premise, hypothesis, label (e.g. <path>/en/train.jsonl)"
 )
-OPTIONS = {"revision": None}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``xnli``."""
+
+    revision: str | None = None
 
 
 @DATASETS.register("xnli")
@@ -36,9 +41,9 @@ def build(cfg: DataConfig) -> FederatedData:
 
     Options: ``revision`` (hub revision to load).
     """
-    opts = read_options(cfg, "xnli", OPTIONS)
+    opts = parse_options(cfg, Options)
     scheme = classification_scheme(cfg, "XNLI")
-    source = resolve_source(cfg, "XNLI", DEFAULT_HUB_ID, opts["revision"])
+    source = resolve_source(cfg, "XNLI", DEFAULT_HUB_ID, opts.revision)
     languages = select_languages(cfg.groups, XNLI_LANGUAGES, source, "XNLI", LAYOUT)
     pool_names = active_pools(cfg)
     wanted = {"train": cfg.train_per_group, "test": cfg.test_per_group}

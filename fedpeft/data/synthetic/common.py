@@ -46,21 +46,6 @@ def select_groups(cfg: DataConfig, default: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(cfg.groups))
 
 
-def check_options(cfg: DataConfig, allowed: dict[str, Any]) -> dict[str, Any]:
-    """``cfg.options`` over the benchmark's defaults ``allowed``; unknown keys fail loudly."""
-    unknown = sorted(set(cfg.options) - set(allowed))
-    if unknown:
-        raise UserError(
-            f"Unknown data.options {', '.join(unknown)} for {cfg.name}; valid options: {', '.join(allowed)}."
-        )
-    return {**allowed, **cfg.options}
-
-
-def setting(cfg: DataConfig, field: str, default: Any) -> Any:
-    """``cfg.<field>`` when the user set it, else the benchmark's own ``default``."""
-    return getattr(cfg, field) if field in cfg.model_fields_set else default
-
-
 def unseen_only(groups: list[str], requested: list[str] | str) -> list[str]:
     """The languages of ``requested`` that are built and reserved for the unseen pool."""
     requested = [requested] if isinstance(requested, str) else list(requested)

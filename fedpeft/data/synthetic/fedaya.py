@@ -20,11 +20,11 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, Names, parse_options, setting
 from fedpeft.data.partition import partition_examples, split_train_test
 from fedpeft.data.synthetic.common import (
     base_corpus,
     cached,
-    check_options,
     federation_info,
     groups_with_clients,
     rng_for,
@@ -37,14 +37,17 @@ from fedpeft.data.types import ClientData, Example, FederatedData
 
 NAME = "synthetic-fedaya"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "arb1", "hng1", "geo1", "eth1")
-OPTIONS: dict[str, Any] = {
-    "num_clients": 38,
-    "unseen_clients": 8,
-    "samples_per_client": 125,
-    "unseen_only_groups": ["cyr1"],
-}
 TEST_FRACTION = 0.2
 _PREDOMINANT_SHARE = (0.7, 0.95)
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-fedaya``."""
+
+    num_clients: int = 38
+    unseen_clients: int = 8
+    samples_per_client: float = 125
+    unseen_only_groups: Names = ["cyr1"]
 
 
 def _client_languages(rng: random.Random, predominant: str, allowed: list[str]) -> dict[str, float]:
@@ -66,15 +69,15 @@ def _predominant(rng: random.Random, candidates: list[str], count: int) -> list[
     return chosen
 
 
-def _plan_clients(cfg: DataConfig, options: dict[str, Any], groups: list[str]) -> list[tuple[str, str, dict]]:
+def _plan_clients(cfg: DataConfig, options: Options, groups: list[str]) -> list[tuple[str, str, dict]]:
     """(client id, pool, language shares) of every annotator."""
-    num_clients, num_unseen = int(options["num_clients"]), int(options["unseen_clients"])
+    num_clients, num_unseen = options.num_clients, options.unseen_clients
     if not 0 <= num_unseen < num_clients:
         raise UserError(
             f"data.options.unseen_clients ({num_unseen}) must be at least 0 and below num_clients ({num_clients})."
         )
     rng = rng_for(cfg.seed, "fedaya-clients")
-    reserved = unseen_only(groups, options["unseen_only_groups"])
+    reserved = unseen_only(groups, options.unseen_only_groups)
     shared = [g for g in groups if g not in reserved]
     if not shared:
         raise UserError(f"{NAME} needs at least one language outside data.options.unseen_only_groups.")
@@ -96,13 +99,13 @@ def _instructions(code: str, count: int, *, targets: list[Language], seed: int) 
 
 
 def _generate(cfg: DataConfig) -> FederatedData:
-    if cfg.partition != "natural" and "partition" in cfg.model_fields_set:
+    if setting(cfg, "partition", "natural") != "natural":
         raise UserError(f"{NAME} is split by annotator id; set data.partition to natural (or leave it unset).")
     groups = select_groups(cfg, DEFAULT_LANGUAGES)
-    options = check_options(cfg, OPTIONS)
-    if not 10 <= float(options["samples_per_client"]) <= 10_000:
+    options = parse_options(cfg, Options)
+    if not 10 <= options.samples_per_client <= 10_000:
         raise UserError("data.options.samples_per_client must be between 10 and 10000.")
-    reserved = unseen_only(groups, options["unseen_only_groups"])
+    reserved = unseen_only(groups, options.unseen_only_groups)
     # Seen annotators never write in an unseen-only language, not even as a translation target.
     targets = {"seen": languages([g for g in groups if g not in reserved]), "unseen": languages(groups)}
     examples: list[Example] = []
@@ -110,7 +113,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
     plans = [p for p in _plan_clients(cfg, options, groups) if cfg.unseen_pool or p[1] == "seen"]
     for client_id, pool, shares in plans:
         rng = rng_for(cfg.seed, "fedaya", client_id)
-        size = round(min(max(rng.lognormvariate(math.log(options["samples_per_client"]), 0.6), 40), 600))
+        size = round(min(max(rng.lognormvariate(math.log(options.samples_per_client), 0.6), 40), 600))
         for code in rng.choices(list(shares), weights=list(shares.values()), k=size):
             owners.append({"index": len(examples), "client_id": client_id})
             examples.append(instruction_example(rng, language(code), targets[pool]))

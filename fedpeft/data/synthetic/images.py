@@ -12,8 +12,6 @@ separate, class-balanced set (``base_samples``, 20 per class).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from fedpeft.core.config import DataConfig
@@ -21,7 +19,8 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.label_skew import label_skewed_clients
-from fedpeft.data.synthetic.common import cached, check_options, setting
+from fedpeft.data.options import DatasetOptions, parse_options, setting
+from fedpeft.data.synthetic.common import cached
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 NAME = "synthetic-images"
@@ -29,8 +28,14 @@ SHAPES = ("circle", "square", "triangle", "cross")
 COLOURS = {"red": (200, 40, 40), "green": (40, 170, 60), "blue": (50, 70, 210), "yellow": (220, 200, 40)}
 TEXTURES = ("solid", "stripes")
 LABELS = [f"{c}-{t}-{s}" for s in SHAPES for c in COLOURS for t in TEXTURES]
-OPTIONS: dict[str, Any] = {"num_clients": 10, "image_size": 32}
 DEFAULT_TRAIN, DEFAULT_TEST, BASE_PER_CLASS = 100, 50, 20
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-images``."""
+
+    num_clients: int = 10
+    image_size: int = 32
 
 
 def _mask(shape: str, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -67,8 +72,8 @@ def _examples(labels: np.ndarray, size: int, rng: np.random.Generator, group: st
 
 
 def _generate(cfg: DataConfig) -> FederatedData:
-    options = check_options(cfg, OPTIONS)
-    num_clients, size = int(options["num_clients"]), int(options["image_size"])
+    options = parse_options(cfg, Options)
+    num_clients, size = options.num_clients, options.image_size
     if num_clients < 1 or not 16 <= size <= 512:
         raise UserError("data.options.num_clients must be at least 1 and image_size between 16 and 512.")
     if cfg.partition == "natural":

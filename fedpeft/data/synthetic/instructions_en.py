@@ -15,31 +15,32 @@ instruction tuning has to teach the other categories and each client's mix.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.instruct import category_clients, instruction_example
+from fedpeft.data.options import DatasetOptions, Names, parse_options, setting
 from fedpeft.data.synthetic.categories import ARITHMETIC, CATEGORIES, knowledge_text, make_example
-from fedpeft.data.synthetic.common import cached, check_options, rng_for, setting
+from fedpeft.data.synthetic.common import cached, rng_for
 from fedpeft.data.types import Example, FederatedData
 
 NAME = "synthetic-instructions"
-OPTIONS: dict[str, Any] = {
-    "num_clients": 4,
-    "samples": 2000,
-    "categories": list(CATEGORIES),
-    "base_categories": ["qualities", "closed_qa", "negate", "plural"],
-    "knowledge_share": 0.5,
-}
 BASE_SAMPLES = 4000
 VERSION = 2  # bump when generation changes: it names the cache entries
 
 
-def _categories(value: Any, key: str) -> list[str]:
-    names = [value] if isinstance(value, str) else list(value)
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-instructions``."""
+
+    num_clients: int = 4
+    samples: int = 2000
+    categories: Names = list(CATEGORIES)
+    base_categories: Names = ["qualities", "closed_qa", "negate", "plural"]
+    knowledge_share: float = 0.5
+
+
+def _categories(names: list[str], key: str) -> list[str]:
     known = CATEGORIES + ARITHMETIC
     unknown = [c for c in names if c not in known]
     if unknown:
@@ -47,13 +48,13 @@ def _categories(value: Any, key: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _base_corpus(cfg: DataConfig, options: dict[str, Any], categories: list[str]) -> list[Example]:
+def _base_corpus(cfg: DataConfig, options: Options, categories: list[str]) -> list[Example]:
     total = cfg.base_samples if cfg.base_samples is not None else BASE_SAMPLES
     rng = rng_for(cfg.seed, "instructions-base")
-    share = float(options["knowledge_share"])
+    share = options.knowledge_share
     if not 0.0 <= share <= 1.0:
         raise UserError("data.options.knowledge_share must lie between 0 and 1.")
-    base_categories = [c for c in _categories(options["base_categories"], "base_categories") if c in categories]
+    base_categories = [c for c in _categories(options.base_categories, "base_categories") if c in categories]
     arithmetic = tuple(c for c in categories if c in ARITHMETIC)
     corpus: list[Example] = []
     for index in range(total):
@@ -66,9 +67,9 @@ def _base_corpus(cfg: DataConfig, options: dict[str, Any], categories: list[str]
 
 
 def _generate(cfg: DataConfig) -> FederatedData:
-    options = check_options(cfg, OPTIONS)
-    categories = _categories(options["categories"], "categories")
-    samples = int(options["samples"])
+    options = parse_options(cfg, Options)
+    categories = _categories(options.categories, "categories")
+    samples = options.samples
     if samples < 10 * len(categories):
         raise UserError(f"data.options.samples must be at least {10 * len(categories)} (10 per category).")
     rng = rng_for(cfg.seed, "instructions")
@@ -79,7 +80,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
     rng.shuffle(examples)
     clients, facts = category_clients(
         examples,
-        int(options["num_clients"]),
+        options.num_clients,
         scheme=setting(cfg, "partition", "dirichlet"),
         alpha=float(setting(cfg, "dirichlet_alpha", 5.0)),
         seed=derive_seed(cfg.seed, "instructions-partition", stream="synthetic"),
@@ -89,7 +90,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
         "categories": categories,
         "partition": f"{setting(cfg, 'partition', 'dirichlet')} over categories "
         f"(alpha {setting(cfg, 'dirichlet_alpha', 5.0)}), then 80/10/10 per client",
-        "base_categories": [c for c in options["base_categories"] if c in categories],
+        "base_categories": [c for c in options.base_categories if c in categories],
         **facts,
     }
     groups = [c for c in categories if any(client.group == c for client in clients)]

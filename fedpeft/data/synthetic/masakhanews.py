@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import random
 from functools import partial
-from typing import Any
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
+from fedpeft.data.options import DatasetOptions, Names, parse_options, setting
 from fedpeft.data.synthetic.common import (
     base_corpus,
     cached,
-    check_options,
     classification_pools,
     federation_info,
     groups_with_clients,
     label_skew,
     rng_for,
     select_groups,
-    setting,
     unseen_only,
 )
 from fedpeft.data.synthetic.concepts import ADJECTIVES, ANIMATES, PLACES, THINGS, TOPIC_NAMES, TOPICS, VERBS
@@ -40,9 +38,15 @@ from fedpeft.data.types import Example, FederatedData
 NAME = "synthetic-masakhanews"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "cyr2", "cyr3", "arb1", "arb2", "dev1", "dev2", "grk1",
                      "hng1", "lat4", "geo1", "eth1", "arm1")  # fmt: skip
-OPTIONS: dict[str, Any] = {"unseen_only_groups": [], "quantity_skew": 8.0}
 DEFAULTS = {"clients_per_group": 10, "train_per_group": 1000, "test_per_group": 250}
 _DISTRACTOR_SHARE = 0.3
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-masakhanews``."""
+
+    unseen_only_groups: Names = []
+    quantity_skew: float = 8.0
 
 
 def sample_headline(rng: random.Random, topic: str) -> Clause:
@@ -94,11 +98,11 @@ def quantity_factors(groups: list[str], skew: float) -> dict[str, float]:
 
 def _generate(cfg: DataConfig) -> FederatedData:
     groups = select_groups(cfg, DEFAULT_LANGUAGES)
-    options = check_options(cfg, OPTIONS)
-    reserved = unseen_only(groups, options["unseen_only_groups"])
+    options = parse_options(cfg, Options)
+    reserved = unseen_only(groups, options.unseen_only_groups)
     train = setting(cfg, "train_per_group", DEFAULTS["train_per_group"])
     test = setting(cfg, "test_per_group", DEFAULTS["test_per_group"])
-    factors = quantity_factors(groups, float(options["quantity_skew"]))
+    factors = quantity_factors(groups, options.quantity_skew)
     sizes = {g: (max(round(train * f), 1), max(round(test * f), 1)) for g, f in factors.items()}
     num_clients = setting(cfg, "clients_per_group", DEFAULTS["clients_per_group"])
     clients = classification_pools(cfg, groups, reserved, partial(headline_examples, seed=cfg.seed), sizes, num_clients)

@@ -21,14 +21,15 @@ corpus of a centralized base stage.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.partition import split_train_test
-from fedpeft.data.synthetic.common import cached, check_options, rng_for, select_groups
+from fedpeft.data.synthetic.common import cached, rng_for, select_groups
 from fedpeft.data.synthetic.instructions import TASKS, make_instruction
 from fedpeft.data.synthetic.languages import Language, language, languages
 from fedpeft.data.types import ClientData, Example, FederatedData
@@ -37,14 +38,19 @@ NAME = "synthetic-mosaic"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "cyr2", "cyr3", "grk1", "lat4", "arb1", "heb1")
 # "negate" answers with a whole sentence; the default keeps the short-answer types.
 DEFAULT_TASK_TYPES = ("qualities", "translate", "plural", "count", "opposite")
-OPTIONS: dict[str, Any] = {
-    "num_clients": 10,
-    "tasks_per_client": 4,
-    "task_types": list(DEFAULT_TASK_TYPES),
-    "train_per_task": 60,
-    "test_per_task": 15,
-    "setting": "dynamic",
-}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-mosaic``."""
+
+    num_clients: int = 10
+    tasks_per_client: int = 4
+    task_types: list[str] = list(DEFAULT_TASK_TYPES)
+    train_per_task: int = 60
+    test_per_task: int = 15
+    setting: Literal["dynamic", "static"] = "dynamic"
+
+
 BASE_PER_LANGUAGE = 40
 
 
@@ -60,21 +66,19 @@ def client_tasks(index: int, task_types: list[str], per_client: int) -> list[str
 
 
 def _generate(cfg: DataConfig) -> FederatedData:
-    options = check_options(cfg, OPTIONS)
+    options = parse_options(cfg, Options)
     codes = select_groups(cfg, DEFAULT_LANGUAGES)
-    task_types = list(options["task_types"])
+    task_types = list(options.task_types)
     unknown = [t for t in task_types if t not in TASKS]
     if unknown:
         raise UserError(f"Unknown data.options.task_types {unknown}; choose from {', '.join(TASKS)}.")
-    per_client = int(options["tasks_per_client"])
+    per_client = options.tasks_per_client
     if not 1 <= per_client <= len(task_types):
         raise UserError(f"data.options.tasks_per_client must be between 1 and {len(task_types)} (the task types).")
-    if options["setting"] not in ("dynamic", "static"):
-        raise UserError("data.options.setting must be dynamic or static.")
     targets = languages(codes)
     clients = []
     tasks_of: dict[str, list[str]] = {}
-    for index in range(int(options["num_clients"])):
+    for index in range(options.num_clients):
         code = codes[index % len(codes)]
         client_id = f"client-{index:02d}"
         train: list[Example] = []
@@ -83,16 +87,16 @@ def _generate(cfg: DataConfig) -> FederatedData:
         for stage, task_type in enumerate(types):
             rng = rng_for(cfg.seed, "mosaic", client_id, task_type)
             task = f"{task_type}-{code}"
-            count = int(options["train_per_task"]) + int(options["test_per_task"])
+            count = options.train_per_task + options.test_per_task
             rows = [_example(rng, language(code), task_type, targets, group=code, task=task) for _ in range(count)]
-            fraction = int(options["test_per_task"]) / count
+            fraction = options.test_per_task / count
             task_train, task_test = split_train_test(
                 rows, fraction, derive_seed(cfg.seed, "split", client_id, task, stream="synthetic")
             )
-            dynamic = options["setting"] == "dynamic"
+            dynamic = options.setting == "dynamic"
             train += [{**ex, "stage": stage if dynamic else 0} for ex in task_train]
             test += [{**ex, "stage": stage if dynamic else 0} for ex in task_test]
-        if options["setting"] == "static":
+        if options.setting == "static":
             rng_for(cfg.seed, "mosaic-static", client_id).shuffle(train)
         tasks_of[client_id] = [f"{t}-{code}" for t in types]
         clients.append(ClientData(client_id, code, "seen", train, test))
@@ -105,10 +109,10 @@ def _generate(cfg: DataConfig) -> FederatedData:
     ]
     base_rng.shuffle(base_train)
     info = {
-        "setting": options["setting"],
+        "setting": options.setting,
         "tasks_per_client": per_client,
         "client_tasks": {c: ", ".join(t) for c, t in tasks_of.items()},
-        "stream": {"stages": per_client if options["setting"] == "dynamic" else 1},
+        "stream": {"stages": per_client if options.setting == "dynamic" else 1},
         "public_examples": len(base_train),
     }
     groups = list(dict.fromkeys(c.group for c in clients))

@@ -26,13 +26,14 @@ never), so that the base model is good at some families and knows nothing of oth
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
-from fedpeft.data.synthetic.common import cached, check_options, rng_for, setting
+from fedpeft.data.options import DatasetOptions, parse_options, setting
+from fedpeft.data.synthetic.common import cached, rng_for
 from fedpeft.data.synthetic.concepts import ANIMATES, ANTONYMS, PLACES, THINGS
 from fedpeft.data.synthetic.grammar import Phrase, consistent_variants, phrase_words
 from fedpeft.data.synthetic.languages import INVENTORY, Language, language
@@ -46,14 +47,6 @@ RELATED = {
     "adjectives": ("polarity", "fact"),
     "languages": ("translate", "backtranslate"),
 }
-OPTIONS: dict[str, Any] = {
-    "num_clients": 8,
-    "clients_per_task": 1,
-    "task_hint": True,
-    "source_language": "lat1",
-    "target_language": "cyr1",
-    "evaluate_on": "test",
-}
 DEFAULT_TRAIN, DEFAULT_TEST, BASE_PER_TASK = 1000, 500, 300
 NOUNS = ANIMATES + THINGS
 POSITIVE = ("happy", "rich", "strong", "clean", "fast", "young")
@@ -65,6 +58,17 @@ BASE_LEVEL = {
     "backtranslate": "mid", "sort": "low", "count": "low", "polarity": "low", "fact": "none",
 }  # fmt: skip
 RESOURCE_SHARE = {"high": 1.0, "mid": 0.25, "low": 0.03, "none": 0.0}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-tasks``."""
+
+    num_clients: int = 8
+    clients_per_task: int = 1
+    task_hint: bool = True
+    source_language: str = "lat1"
+    target_language: str = "cyr1"
+    evaluate_on: Literal["test", "validation"] = "test"
 
 
 def _digits(number: int) -> list[str]:
@@ -164,8 +168,8 @@ def base_corpus(
     return corpus, counts
 
 
-def _tasks(cfg: DataConfig, options: dict[str, Any]) -> tuple[list[str], int]:
-    per_task = int(options["clients_per_task"])
+def _tasks(cfg: DataConfig, options: Options) -> tuple[list[str], int]:
+    per_task = options.clients_per_task
     if per_task < 1:
         raise UserError("data.options.clients_per_task must be at least 1.")
     if cfg.groups is not None:
@@ -173,7 +177,7 @@ def _tasks(cfg: DataConfig, options: dict[str, Any]) -> tuple[list[str], int]:
         if unknown or not cfg.groups:
             raise UserError(f"data.groups must list task families of {NAME}; choose from: {', '.join(TASKS)}.")
         return list(dict.fromkeys(cfg.groups)), per_task
-    count, rest = divmod(int(options["num_clients"]), per_task)
+    count, rest = divmod(options.num_clients, per_task)
     if rest or not 1 <= count <= len(TASKS):
         raise UserError(
             f"data.options.num_clients must be a multiple of clients_per_task ({per_task}) and at most "
@@ -183,24 +187,22 @@ def _tasks(cfg: DataConfig, options: dict[str, Any]) -> tuple[list[str], int]:
 
 
 def _generate(cfg: DataConfig) -> FederatedData:
-    options = check_options(cfg, OPTIONS)
-    for key in ("source_language", "target_language"):
-        if options[key] not in INVENTORY:
-            raise UserError(f"data.options.{key} {options[key]!r} is unknown; choose from: {', '.join(INVENTORY)}.")
-    if options["source_language"] == options["target_language"]:
+    options = parse_options(cfg, Options)
+    for key, code in (("source_language", options.source_language), ("target_language", options.target_language)):
+        if code not in INVENTORY:
+            raise UserError(f"data.options.{key} {code!r} is unknown; choose from: {', '.join(INVENTORY)}.")
+    if options.source_language == options.target_language:
         raise UserError("data.options.source_language and target_language must differ.")
-    if options["evaluate_on"] not in ("test", "validation"):
-        raise UserError(f"data.options.evaluate_on={options['evaluate_on']!r} must be 'test' or 'validation'.")
     tasks, per_task = _tasks(cfg, options)
     n_train = int(setting(cfg, "train_per_group", DEFAULT_TRAIN))
     n_test = int(setting(cfg, "test_per_group", DEFAULT_TEST))
     if n_train < 1 or n_test < 1:
         raise UserError("data.train_per_group and data.test_per_group must be at least 1 (examples per client).")
     writer = TaskWriter(
-        language(options["source_language"]),
-        language(options["target_language"]),
+        language(options.source_language),
+        language(options.target_language),
         fact_table(cfg.seed),
-        bool(options["task_hint"]),
+        options.task_hint,
     )
     pools = ("seen", "unseen") if setting(cfg, "unseen_pool", False) else ("seen",)
     clients = []
@@ -211,7 +213,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
                 rng = random.Random(derive_seed(cfg.seed, NAME, client_id, stream="synthetic"))
                 train = [writer.example(rng, task) for _ in range(n_train)]
                 test = [writer.example(rng, task) for _ in range(n_test)]
-                if options["evaluate_on"] == "validation":
+                if options.evaluate_on == "validation":
                     # A held-out stream of the same size: tune on it without touching the test examples.
                     held_out = random.Random(derive_seed(cfg.seed, NAME, client_id, "validation", stream="synthetic"))
                     test = [writer.example(held_out, task) for _ in range(n_test)]
@@ -223,11 +225,11 @@ def _generate(cfg: DataConfig) -> FederatedData:
         "test_per_client": {t: n_test for t in tasks},
         "clients_per_task": per_task,
         "related_families": {k: ", ".join(t for t in v if t in tasks) for k, v in RELATED.items()},
-        "languages": f"{options['source_language']} -> {options['target_language']}",
-        "task_hint": bool(options["task_hint"]),
+        "languages": f"{options.source_language} -> {options.target_language}",
+        "task_hint": options.task_hint,
         "resource_level": {t: BASE_LEVEL[t] for t in tasks},
         "base_per_group": base_per_group,
-        "evaluate_on": options["evaluate_on"],
+        "evaluate_on": options.evaluate_on,
     }
     return FederatedData(NAME, "generation", None, tasks, clients, base_train, info)
 

@@ -13,7 +13,7 @@ domain: the public data of alignment and distillation.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Literal
 
 import numpy as np
 
@@ -21,8 +21,9 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.partition import split_train_test
-from fedpeft.data.synthetic.common import cached, check_options, rng_for
+from fedpeft.data.synthetic.common import cached, rng_for
 from fedpeft.data.synthetic.mosaic import client_tasks
 from fedpeft.data.types import ClientData, Example, FederatedData
 
@@ -46,13 +47,16 @@ QUESTIONS = {
     "size": "is the shape big or small ?",
 }
 NUMBERS = ("zero", "one", "two", "three")
-OPTIONS: dict[str, Any] = {
-    "num_clients": 10,
-    "tasks_per_client": 4,
-    "train_per_task": 60,
-    "test_per_task": 15,
-    "setting": "dynamic",
-}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-vqa``."""
+
+    num_clients: int = 10
+    tasks_per_client: int = 4
+    train_per_task: int = 60
+    test_per_task: int = 15
+    setting: Literal["dynamic", "static"] = "dynamic"
 
 
 def shape_mask(shape: str, size: int, top: int, left: int) -> np.ndarray:
@@ -122,16 +126,14 @@ def _domain(seed: int, index: int) -> tuple[list[str], tuple[int, int, int]]:
 
 
 def _generate(cfg: DataConfig) -> FederatedData:
-    options = check_options(cfg, OPTIONS)
-    per_client = int(options["tasks_per_client"])
+    options = parse_options(cfg, Options)
+    per_client = options.tasks_per_client
     if not 1 <= per_client <= len(TASK_TYPES):
         raise UserError(f"data.options.tasks_per_client must be between 1 and {len(TASK_TYPES)}.")
-    if options["setting"] not in ("dynamic", "static"):
-        raise UserError("data.options.setting must be dynamic or static.")
-    dynamic = options["setting"] == "dynamic"
+    dynamic = options.setting == "dynamic"
     clients = []
     tasks_of = {}
-    for index in range(int(options["num_clients"])):
+    for index in range(options.num_clients):
         client_id = f"client-{index:02d}"
         palette, background = _domain(cfg.seed, index)
         group = f"domain-{index:02d}"
@@ -140,12 +142,12 @@ def _generate(cfg: DataConfig) -> FederatedData:
         types = client_tasks(index, list(TASK_TYPES), per_client)
         for stage, task_type in enumerate(types):
             rng = rng_for(cfg.seed, "vqa", client_id, task_type)
-            count = int(options["train_per_task"]) + int(options["test_per_task"])
+            count = options.train_per_task + options.test_per_task
             rows = [
                 {**make_question(rng, task_type, palette, background), "group": group, "task": task_type}
                 for _ in range(count)
             ]
-            fraction = int(options["test_per_task"]) / count
+            fraction = options.test_per_task / count
             task_train, task_test = split_train_test(
                 rows, fraction, derive_seed(cfg.seed, "split", client_id, task_type, stream="synthetic")
             )
@@ -158,11 +160,11 @@ def _generate(cfg: DataConfig) -> FederatedData:
     rng = rng_for(cfg.seed, "vqa-base")
     base_train = []
     for _ in range(cfg.base_samples if cfg.base_samples is not None else 400):
-        palette, background = _domain(cfg.seed, rng.randrange(int(options["num_clients"])))
+        palette, background = _domain(cfg.seed, rng.randrange(options.num_clients))
         task = rng.choice(TASK_TYPES)
         base_train.append({**make_question(rng, task, palette, background), "group": "public", "task": task})
     info = {
-        "setting": options["setting"],
+        "setting": options.setting,
         "tasks_per_client": per_client,
         "client_tasks": tasks_of,
         "image_size": SIZE,

@@ -10,14 +10,13 @@ pairs and low-resource ones few. See ``docs/data.md``.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.registry import DATASETS
+from fedpeft.data.options import DatasetOptions, Names, parse_options
 from fedpeft.data.synthetic.common import (
     base_corpus,
     cached,
-    check_options,
     classification_pools,
     federation_info,
     groups_with_clients,
@@ -34,7 +33,12 @@ from fedpeft.data.types import Example, FederatedData
 NAME = "synthetic-xnli"
 DEFAULT_LANGUAGES = ("lat1", "lat2", "lat3", "cyr1", "cyr2", "cyr3", "arb1", "arb2", "dev1", "dev2", "grk1",
                      "hng1", "lat4", "geo1", "eth1")  # fmt: skip
-OPTIONS: dict[str, Any] = {"unseen_only_groups": ["cyr1"]}
+
+
+class Options(DatasetOptions):
+    """``data.options`` of ``synthetic-xnli``."""
+
+    unseen_only_groups: Names = ["cyr1"]
 
 
 def nli_examples(code: str, count: int, pool: str, *, seed: int) -> list[Example]:
@@ -54,8 +58,8 @@ def nli_examples(code: str, count: int, pool: str, *, seed: int) -> list[Example
 
 def _generate(cfg: DataConfig) -> FederatedData:
     groups = select_groups(cfg, DEFAULT_LANGUAGES)
-    options = check_options(cfg, OPTIONS)
-    reserved = unseen_only(groups, options["unseen_only_groups"])
+    options = parse_options(cfg, Options)
+    reserved = unseen_only(groups, options.unseen_only_groups)
     sizes = {code: (cfg.train_per_group, cfg.test_per_group) for code in groups}
     clients = classification_pools(
         cfg, groups, reserved, partial(nli_examples, seed=cfg.seed), sizes, cfg.clients_per_group
