@@ -27,6 +27,7 @@ from fedpeft.core.io import (
     write_marker,
     write_text_atomic,
 )
+from fedpeft.core.records import ResultRecord
 
 CONFIG_FILE = "config.yaml"
 ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
@@ -160,7 +161,7 @@ class RunDirectory:
         """The file of unit ``name``'s records (``parts/<name>.jsonl``)."""
         return self.path / PARTS_DIR / f"{name}.jsonl"
 
-    def write_part(self, name: str, records: list[dict], costs: list[dict], *, append: bool = False) -> None:
+    def write_part(self, name: str, records: list[ResultRecord], costs: list[dict], *, append: bool = False) -> None:
         """Write unit ``name``'s result records and cost rows, flushed to disk before the rename (with
         ``append``, after the lines already there)."""
         part = self.part(name)
@@ -168,9 +169,9 @@ class RunDirectory:
         lines = [json.dumps(r) for r in records] + [json.dumps({"_cost": c}) for c in costs]
         write_text_atomic(part, earlier + "".join(line + "\n" for line in lines), fsync=True)
 
-    def read_part(self, name: str) -> tuple[list[dict], list[dict]]:
+    def read_part(self, name: str) -> tuple[list[ResultRecord], list[dict]]:
         """Unit ``name``'s result records and cost rows (none when it has not finished)."""
-        records: list[dict] = []
+        records: list[ResultRecord] = []
         costs: list[dict] = []
         part = self.part(name)
         if part.exists():

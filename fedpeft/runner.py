@@ -34,6 +34,7 @@ from fedpeft.core.errors import AllClientsFailedError, UserError
 from fedpeft.core.faults import check_fault_clients
 from fedpeft.core.io import staged_dir, write_text_atomic
 from fedpeft.core.progress import Progress
+from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import FederatedData
@@ -226,7 +227,7 @@ class Stages:
         self.progress = progress
         self._parts: list[str] = []  # the units of this run, in the order a one-at-a-time run lists them
         # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
-        self._round_records: dict[tuple[str, int], list[dict]] = {}
+        self._round_records: dict[tuple[str, int], list[ResultRecord]] = {}
 
     def run(self) -> None:
         """Every seed's units, in order; a unit already in ``parts/`` is skipped."""
@@ -253,13 +254,13 @@ class Stages:
             else:
                 yield client_id, result
 
-    def _method_unit(self, method: Method, seed: int) -> Callable[[], tuple[list[dict], list[dict]]]:
+    def _method_unit(self, method: Method, seed: int) -> Callable[[], tuple[list[ResultRecord], list[dict]]]:
         return lambda: self._run_method(method, seed)
 
-    def _base_evaluation_unit(self, seed: int) -> Callable[[], tuple[list[dict], list[dict]]]:
+    def _base_evaluation_unit(self, seed: int) -> Callable[[], tuple[list[ResultRecord], list[dict]]]:
         return lambda: self._evaluate_base(seed)
 
-    def _units(self, units: list[tuple[str, Callable[[], tuple[list[dict], list[dict]]]]]) -> None:
+    def _units(self, units: list[tuple[str, Callable[[], tuple[list[ResultRecord], list[dict]]]]]) -> None:
         """Run ``units`` one after the other, or, where the engine runs several at once
         (``engine.concurrent_methods``), each in a thread of its own that takes turns with the others for its
         server code (:class:`~fedpeft.core.turns.Turns`); the first failure is raised once every unit has ended."""
@@ -273,7 +274,7 @@ class Stages:
         slots = min(self.engine.concurrent_units, len(units))
         started = itertools.count()
 
-        def run(name: str, work: Callable[[], tuple[list[dict], list[dict]]]) -> None:
+        def run(name: str, work: Callable[[], tuple[list[ResultRecord], list[dict]]]) -> None:
             try:
                 with turns.hold():
                     if next(started) >= slots:  # a unit that waited for a free thread
@@ -356,7 +357,7 @@ class Stages:
         if shared or seed == self.cfg.seeds[0]:
             self._save_base_model(tensors)
 
-    def _client_bases(self, seed: int) -> tuple[list[dict], list[dict]]:
+    def _client_bases(self, seed: int) -> tuple[list[ResultRecord], list[dict]]:
         """Every client's own base model (per-client base stages), computed where its base-stage state lives."""
         self.progress.stage(f"base model of every client, seed {seed}")
         ckpt = self.out / "checkpoints" / BASE_STAGE_LABEL / f"seed{seed}{SUFFIX}"
@@ -389,11 +390,11 @@ class Stages:
                 if processor is not None:
                     processor.save_pretrained(target)
 
-    def _evaluate_base(self, seed: int) -> tuple[list[dict], list[dict]]:
+    def _evaluate_base(self, seed: int) -> tuple[list[ResultRecord], list[dict]]:
         self.progress.stage(f"base model evaluation, seed {seed}")
         ids = [c.client_id for c in self.data.clients]
         self.progress.clients(len(ids))
-        records: list[dict] = []
+        records: list[ResultRecord] = []
         meter = CostMeter()
         for _, result in self.each_client("evaluate_base", ids, meter.record_failure, seed=seed):
             records += result
@@ -476,10 +477,10 @@ class Stages:
         ):
             records += result
 
-    def _run_method(self, method: Method, seed: int) -> tuple[list[dict], list[dict]]:
+    def _run_method(self, method: Method, seed: int) -> tuple[list[ResultRecord], list[dict]]:
         costs: list[dict] = []
         state = ServerState()
-        records: list[dict] = []
+        records: list[ResultRecord] = []
         extra: dict[str, Any] = {}
         federated_meter = CostMeter()
         if method.federated:
@@ -547,7 +548,9 @@ class Checkpoint:
     to the checkpoint file ``path`` (:mod:`fedpeft.core.checkpoints`: safetensors and JSON, no pickle): what
     ``--resume`` continues from."""
 
-    def __init__(self, path: Path, store: Any, meter: CostMeter, round_records: Callable[[], list[dict]]) -> None:
+    def __init__(
+        self, path: Path, store: Any, meter: CostMeter, round_records: Callable[[], list[ResultRecord]]
+    ) -> None:
         self.path = path
         self.store = store
         self.meter = meter
@@ -601,23 +604,23 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
-def train_rows(label: str, budget: int | None, seed: int, round_: int, metrics: Metrics) -> list[dict]:
+def train_rows(label: str, budget: int | None, seed: int, round_: int, metrics: Metrics) -> list[ResultRecord]:
     """``results.jsonl`` records (split ``train``) of one federated round (0-based ``round_``): the clients' mean
     training loss where the method reports one, the clients and examples aggregated, and the round's seconds."""
     names = {"train_loss": "loss", "clients": "clients", "examples": "examples", "seconds": "seconds"}
     return [
-        {
-            "method": label,
-            "budget": budget,
-            "pool": "seen",
-            "client": None,
-            "group": None,
-            "seed": seed,
-            "round": round_ + 1,
-            "split": "train",
-            "metric": name,
-            "value": float(metrics[key]),
-        }
+        result_record(
+            label,
+            budget,
+            pool="seen",
+            client=None,
+            group=None,
+            seed=seed,
+            round_=round_ + 1,
+            split="train",
+            metric=name,
+            value=metrics[key],
+        )
         for key, name in names.items()
         if key in metrics
     ]
@@ -643,17 +646,23 @@ def communication_rows(label: str, seed: int, meter: CostMeter, clients: int) ->
     return [{"method": label, "seed": seed, "phase": "federated", "metric": k, "value": v} for k, v in values.items()]
 
 
-def merge_cost_rows(label: str, seed: int, records: list[dict], federated: CostMeter) -> list[dict]:
+def _personalize_facts(records: list[ResultRecord], metric: str) -> list[float]:
+    """The values of ``metric`` among the ``personalize`` facts in ``records``."""
+    return [
+        r["value"] for r in records if r["split"] == "personalize" and r["metric"] == metric and r["value"] is not None
+    ]
+
+
+def merge_cost_rows(label: str, seed: int, records: list[ResultRecord], federated: CostMeter) -> list[dict]:
     """The cost of a personalization-time merge, from the ``merge_s`` / ``train_s`` facts a method reports.
 
     ``merge_share`` = all clients' merge seconds / all their training seconds (the federated phase's client
     seconds plus the personalization-time training), the paper's "merge cost relative to training".
     """
-    facts = [r for r in records if r.get("split") == "personalize"]
-    merge = [r["value"] for r in facts if r["metric"] == "merge_s"]
+    merge = _personalize_facts(records, "merge_s")
     if not merge:
         return []
-    training = federated.client_seconds + sum(r["value"] for r in facts if r["metric"] == "train_s")
+    training = federated.client_seconds + sum(_personalize_facts(records, "train_s"))
     values = {"merge_s_per_client": sum(merge) / len(merge)}
     if training > 0:
         values["merge_share"] = sum(merge) / training

@@ -24,13 +24,14 @@ from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 from fedpeft.core.config import BASE_STAGE_LABEL, ExperimentConfig, MethodConfig, ModelConfig, method_config
 from fedpeft.core.faults import before_work, corrupt, reaching_faults
 from fedpeft.core.io import staged_files, write_text_atomic
-from fedpeft.core.registry import DATASETS, METHODS
+from fedpeft.core.records import ResultRecord, result_record
+from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.stores import ClientStateStore, make_store
 from fedpeft.core.types import Metrics, Payload, ServerState, TrainResult
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.federation import build_federation
-from fedpeft.methods.base import Budget, Method
+from fedpeft.methods.base import Budget, Method, method_class
 from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
@@ -45,7 +46,7 @@ def build_method(entry: MethodConfig | dict[str, Any], experiment: ExperimentCon
     architectures runs once per architecture group (:mod:`fedpeft.methods.families.per_architecture`).
     """
     cfg = method_config(entry)
-    method: Method = METHODS.get(cfg.name)(cfg)
+    method: Method = method_class(cfg.name)(cfg)
     if experiment is not None:
         method = for_architectures(method, len(experiment.models) > 1)
     return method
@@ -98,21 +99,21 @@ def records_of(
     round_: int | None,
     metrics: Metrics,
     split: str = "test",
-) -> list[dict]:
+) -> list[ResultRecord]:
     """Tidy ``results.jsonl`` records of one client's evaluation (or, with another ``split``, other facts)."""
     return [
-        {
-            "method": method,
-            "budget": budget,
-            "pool": client.pool,
-            "client": client.client_id,
-            "group": client.group,
-            "seed": seed,
-            "round": round_,
-            "split": split,
-            "metric": name,
-            "value": float(value),
-        }
+        result_record(
+            method,
+            budget,
+            pool=client.pool,
+            client=client.client_id,
+            group=client.group,
+            seed=seed,
+            round_=round_,
+            split=split,
+            metric=name,
+            value=value,
+        )
         for name, value in metrics.items()
     ]
 
@@ -269,7 +270,7 @@ class Worker:
             store.put(client_id, client_state, round_)
         return TrainResult(corrupt(faults, update, payload), reaching_faults(faults))
 
-    def evaluate_base(self, seed: int, client_id: str) -> list[dict]:
+    def evaluate_base(self, seed: int, client_id: str) -> list[ResultRecord]:
         """The base model (no personalization) on one client's test split (the client's own, if it has one)."""
         self.use_client_base(seed, client_id)
         client = self.clients[client_id]
@@ -286,7 +287,7 @@ class Worker:
         *,
         save_adapters: bool = False,
         budget_states: dict[int, ServerState] | None = None,
-    ) -> tuple[list[dict], float]:
+    ) -> tuple[list[ResultRecord], float]:
         """Personalize one client at every budget of the method and evaluate it.
 
         ``budget_states`` holds the server state of each budget for methods with one federated phase per budget.
@@ -306,7 +307,7 @@ class Worker:
         )
         seconds = time.perf_counter() - started
         method.save_client_artifacts(client_state, client, self.run_dir, label, seed)
-        records: list[dict] = []
+        records: list[ResultRecord] = []
         for budget in budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
             budget_state = budget_states[budget] if budget_states and isinstance(budget, int) else state
@@ -339,7 +340,9 @@ class Worker:
             return False
         return same_tensors(runtime.adapter_state(), state.tensors)
 
-    def evaluate_round(self, label: str, seed: int, round_: int, client_id: str, state: ServerState) -> list[dict]:
+    def evaluate_round(
+        self, label: str, seed: int, round_: int, client_id: str, state: ServerState
+    ) -> list[ResultRecord]:
         """A client's current model after ``round_`` completed rounds of a federated phase: accuracy on its own
         test examples seen so far (``split: test``) and on the other clients' (``split: others``)."""
         from fedpeft import continual
@@ -360,8 +363,7 @@ class Worker:
         records = records_of(label, budget, client, seed, round_, {"accuracy": continual.accuracy(runtime, own)})
         if others:
             value = {"accuracy": continual.accuracy(runtime, others)}
-            others_records = records_of(label, budget, client, seed, round_, value)
-            records += [{**r, "split": continual.OTHERS_SPLIT} for r in others_records]
+            records += records_of(label, budget, client, seed, round_, value, split=continual.OTHERS_SPLIT)
         return records
 
     def save_adapter(self, label: str, budget: Budget, client_id: str, *, shared: bool = False) -> Path:

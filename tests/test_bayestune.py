@@ -11,6 +11,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from fedpeft.adapters.bayestune import (
     SCALE_MIN,
+    PrunedAdapters,
     RankScaleHooks,
     bayestune_penalties,
     check_budget,
@@ -227,7 +228,7 @@ def test_exported_adapter_with_removed_modules_loads_with_plain_peft(toy_runtime
     cfg = BayesTuneLoraConfig(name="bayestune_lora", r_max=2, lr=1e-2, finetune_epochs=1.0)
     # Module 1 and 3 hold only the smallest scales: at budget 1 they are removed.
     scales = torch.tensor([[0.9, 0.8, 0.1, 0.1], [1e-3] * 4, [0.7, 0.6, 0.5, 0.1], [-1.0] * 4])
-    model = finetune_pruned(rt, toy_clients[0].train, scales, 1, cfg, seed=3)
+    model = finetune_pruned(rt, toy_clients[0].train, scales, 1, cfg, seed=3, pruned=PrunedAdapters())
     names = [name for name, _ in rt.target_modules]
     assert model.lora is not None and dict(model.lora.rank_pattern) == {names[0]: 2, names[2]: 2}
     rt.install(model)

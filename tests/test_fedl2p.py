@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -69,7 +70,8 @@ def test_early_stopping_keeps_the_best_mlp():
         update = ClientUpdate("c0", {POST: torch.full((1,), float(round_ + 1))}, 1.0, {"val_loss": loss})
         history.append(state)
         assert not method.should_stop(state)
-        state, _ = method.aggregate(state, iter([update]))
+        new_state, _ = method.aggregate(state, iter([update]))
+        state = dataclasses.replace(new_state, round=round_ + 1)  # the round loop counts the round
     # The MLP that reached 0.5 was the one sent in round 1 (the output of round 0).
     assert torch.equal(state.best_tensors[POST], history[1].tensors[POST]) and state.best_loss == 0.5
     assert method.should_stop(state) and state.round == 4

@@ -214,10 +214,11 @@ def test_both_engines_dispatch_through_the_table(monkeypatch):
     worker = _Worker()
     results = list(LocalEngine(worker).map_clients("evaluate_base", ["c0", "c1"], seed=3))  # type: ignore[arg-type]
     assert results == [("c0", [{"client": "c0"}]), ("c1", [{"client": "c1"}])]
-    monkeypatch.setattr(node, "cached_worker", lambda run_dir, text, node_config: worker)
+    workers = node.NodeWorkers()
+    monkeypatch.setattr(workers, "worker", lambda run_dir, text, node_config: worker)
     task = NodeTask("evaluate_base", "run", "config", [("c2", {"seed": 3})])
-    reply = node._node_task(EVALUATE_BASE, task, {})
+    reply = node._node_task(EVALUATE_BASE, task, {}, workers)
     assert reply.results[0]["value"] == [{"client": "c2"}]
     assert worker.calls[-1] == ("evaluate_base", {"client_id": "c2", "seed": 3})
     with pytest.raises(ValueError, match="cannot run as"):
-        node._node_task(EVALUATE_BASE, NodeTask("train", "run", "config", []), {})
+        node._node_task(EVALUATE_BASE, NodeTask("train", "run", "config", []), {}, workers)

@@ -64,8 +64,9 @@ def fedpeft_rounds(entry: dict, x0: dict[str, np.ndarray], rounds: list[list[dic
     method = build_method({"name": "fedit", **entry})
     state = FedITState(tensors={k: torch.from_numpy(v.copy()) for k, v in x0.items()})
     out = []
-    for uploads in rounds:
+    for number, uploads in enumerate(rounds, start=1):
         state, _ = method.aggregate(state, iter(updates_of(uploads)))
+        state = dataclasses.replace(state, round=number)  # the round loop counts the round
         out.append({k: v.numpy().copy() for k, v in state.tensors.items()})
     return out
 
@@ -213,9 +214,11 @@ def three_rounds_with_a_round_trip(through) -> tuple[FedITState, FedITState]:  #
     x0, rounds = rounds_of_uploads()
     method = build_method({"name": "fedit", "server_optimizer": {"name": "adam"}})
     straight = carried = FedITState(tensors={k: torch.from_numpy(v.copy()) for k, v in x0.items()}, seed=3)
-    for uploads in rounds:
+    for number, uploads in enumerate(rounds, start=1):
         straight, _ = method.aggregate(straight, iter(updates_of(uploads)))
         carried, _ = method.aggregate(carried, iter(updates_of(uploads)))
+        # the round loop counts the round
+        straight, carried = (dataclasses.replace(s, round=number) for s in (straight, carried))
         carried = through(carried)
     return straight, carried
 
@@ -281,6 +284,7 @@ def test_the_optimizer_steps_along_the_robust_or_dp_aggregate(rule):
             combined.cfg.server_optimizer, state.tensors, released.tensors, moments, state.round + 1
         )
         state, combined_metrics = combined.aggregate(state, iter(updates_of(uploads)))
+        state = dataclasses.replace(state, round=state.round + 1)  # the round loop counts the round
         assert combined_metrics == metrics
         for key, tensor in expected.items():
             torch.testing.assert_close(state.tensors[key], tensor, rtol=0, atol=1e-12, msg=key)

@@ -27,6 +27,7 @@ from peft.tuners.lora import LoraLayer
 
 from fedpeft.adapters.weights import layer_weight
 from fedpeft.core.errors import UserError
+from fedpeft.core.records import Budget
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -34,8 +35,6 @@ from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 SCALE_MIN = 1e-4
 SCALE_MAX = 1000.0
 PRUNED_SLOT = "bayestune-pruned"
-# Pruned structures are one-off shapes: each runtime keeps only the latest one as a PEFT adapter.
-_PRUNED: weakref.WeakKeyDictionary[ModelRuntime, LoraSpec] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -110,7 +109,7 @@ def prune_to_budget(scores_by_module: dict[str, torch.Tensor], budget: int) -> d
     return structure
 
 
-def check_budget(budget: int | None, r_max: int) -> int:
+def check_budget(budget: Budget, r_max: int) -> int:
     """The budget as an int, or a UserError when it is missing or outside ``1 .. r_max``."""
     if budget is None or not 1 <= int(budget) <= r_max:
         raise UserError(
@@ -267,21 +266,35 @@ def fold_scales(adapter: StateDict, kept_scales: dict[str, torch.Tensor]) -> Sta
     return folded
 
 
-def _use_pruned_adapter(runtime: ModelRuntime, spec: LoraSpec) -> None:
-    """Forget the previous pruned structure's PEFT adapter (structures differ per client and budget)."""
-    previous = _PRUNED.get(runtime)
-    if previous is not None and previous != spec:
-        runtime.remove_adapter(previous)
-    _PRUNED[runtime] = spec
+class PrunedAdapters:
+    """The pruned structure each runtime holds as a PEFT adapter: only the latest one, since pruned structures are
+    one-off shapes (they differ per client and budget). The method that prunes owns one."""
+
+    def __init__(self) -> None:
+        self._latest: weakref.WeakKeyDictionary[ModelRuntime, LoraSpec] = weakref.WeakKeyDictionary()
+
+    def use(self, runtime: ModelRuntime, spec: LoraSpec) -> None:
+        """``spec`` is now ``runtime``'s pruned structure: remove the PEFT adapter of the previous one."""
+        previous = self._latest.get(runtime)
+        if previous is not None and previous != spec:
+            runtime.remove_adapter(previous)
+        self._latest[runtime] = spec
 
 
 def finetune_pruned(
-    runtime: ModelRuntime, examples: list[Example], scales: torch.Tensor, budget: int, cfg: Any, *, seed: int
+    runtime: ModelRuntime,
+    examples: list[Example],
+    scales: torch.Tensor,
+    budget: int,
+    cfg: Any,
+    *,
+    seed: int,
+    pruned: PrunedAdapters,
 ) -> ClientModel:
     """Personalize at budget r from trained scales: prune, re-train a fresh LoRA with lambda frozen, fold lambda.
 
     ``cfg`` provides ``alpha_multiplier``, ``dropout``, ``batch_size``, ``finetune_lr`` (or ``lr``) and
-    ``finetune_epochs``.
+    ``finetune_epochs``; ``pruned`` keeps the runtime's previous pruned structure, whose adapter this one replaces.
 
     Returns:
         A plain LoRA ``ClientModel`` (rank pattern, lambda folded into A).
@@ -291,7 +304,7 @@ def finetune_pruned(
     structure = prune_to_budget(by_module, budget)
     spec = pruned_spec(structure, budget, cfg.alpha_multiplier, cfg.dropout)
     runtime.install(ClientModel(lora=spec), seed=seed)
-    _use_pruned_adapter(runtime, spec)
+    pruned.use(runtime, spec)
     kept = {name: by_module[name][idx].clamp(SCALE_MIN, SCALE_MAX) for name, idx in structure.items()}
     layers = lora_layers(runtime)
     if list(layers) != list(kept):

@@ -6,7 +6,6 @@ Parse once at the boundary: everything past :func:`load_config` receives typed o
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import FaultConfig, check_fault_methods
+from fedpeft.core.method_class import MethodClass, MethodConfig
 from fedpeft.core.textfiles import codec_of, read_text
 
 BASE_STAGE_LABEL = "base-stage"
@@ -24,30 +24,6 @@ BASE_STAGE_LABEL = "base-stage"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class MethodConfig(_Strict):
-    """Fields every method accepts; each method's ``Config`` (a subclass) adds its own."""
-
-    name: str
-    label: str | None = None
-
-    @model_validator(mode="after")
-    def _check_common_ranges(self) -> MethodConfig:
-        # Checked by name here, so that a subclass that redefines a field's default keeps its range.
-        ranges: dict[str, tuple[Callable[[Any], bool], str]] = {
-            "rounds": (lambda v: v >= 0, "0 or more (0: no federated training)"),
-            "fraction": (lambda v: 0 < v <= 1, "in (0, 1]"),
-            "min_clients": (lambda v: v >= 1, "at least 1"),
-            "batch_size": (lambda v: v >= 1, "at least 1"),
-            "local_steps": (lambda v: v is None or v >= 1, "at least 1"),
-            "local_epochs": (lambda v: v is None or v > 0, "above 0"),
-        }
-        for key, (valid, wanted) in ranges.items():
-            value = getattr(self, key, None)
-            if key in type(self).model_fields and value is not None and not valid(value):
-                raise ValueError(f"`{key}` must be {wanted}, not {value}")
-        return self
 
 
 def method_config(entry: Any) -> MethodConfig:
@@ -79,20 +55,13 @@ def method_config(entry: Any) -> MethodConfig:
     return cfg
 
 
-def _check_server_rule(cls: Any, cfg: MethodConfig) -> None:
+def _check_server_rule(cls: MethodClass, cfg: MethodConfig) -> None:
     """Refuse ``aggregation`` (a robust rule), ``dp`` and ``server_optimizer`` for a method whose server step is not
-    a weighted mean: ``server_step()`` of the method ``cfg`` configures is ``None`` (called by name: core does not
-    import the methods)."""
-    used = []
-    if getattr(getattr(cfg, "aggregation", None), "robust", "none") != "none":
-        used.append("`aggregation.robust`")
-    if getattr(cfg, "dp", None) is not None:
-        used.append("`dp`")
-    if getattr(cfg, "server_optimizer", None) is not None:
-        used.append("`server_optimizer`")
-    if used and cls(cfg).server_step() is None:
+    a weighted mean (the method ``cfg`` configures names those it sets)."""
+    refused = cls(cfg).refused_server_settings()
+    if refused:
         raise UserError(
-            f"Method {cls.name!r} cannot use {' or '.join(used)}: its server step is not a weighted mean of the "
+            f"Method {cls.name!r} cannot use {' or '.join(refused)}: its server step is not a weighted mean of the "
             "clients' uploads."
         )
 

@@ -46,6 +46,7 @@ class Progress:
             self._bars.stop()
 
     def stage(self, description: str) -> None:
+        """Begin a stage: log ``description`` and replace the previous stage's bars by one headed ``description``."""
         log.info(description)
         self._stage = description
         if self._bars is None:
@@ -57,15 +58,18 @@ class Progress:
         self._client_task = None
 
     def rounds(self, total: int, done: int = 0) -> None:
+        """Count the stage's ``total`` rounds from ``done`` (the rounds a resumed run finished before)."""
         self._round, self._total = done, total
         if self._bars is not None:
             self._round_task = self._bars.add_task("rounds", total=total, completed=done)
 
     def clients(self, total: int) -> None:
+        """Add a bar for the ``total`` clients of the current step (nothing without bars)."""
         if self._bars is not None:
             self._client_task = self._bars.add_task("clients", total=total)
 
     def advance_round(self, metrics: dict | None = None) -> None:
+        """Count one finished round; with ``plain``, print its line (:func:`round_line` of ``metrics``) to stderr."""
         log.debug("round done: %s", metrics)
         self._round += 1
         if self.plain:
@@ -74,6 +78,7 @@ class Progress:
             self._bars.advance(self._round_task)
 
     def advance_client(self) -> None:
+        """Count one finished client on the clients bar."""
         if self._bars is not None and self._client_task is not None:
             self._bars.advance(self._client_task)
 

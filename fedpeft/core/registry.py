@@ -19,9 +19,10 @@ import importlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.method_class import MethodClass
 
 T = TypeVar("T")
 
@@ -181,10 +182,12 @@ class Registry(Generic[T]):
         return self._entries[self.canonical(name)]
 
     def names(self) -> list[str]:
+        """Every registered or declared name, sorted (aliases left out), from the declarations alone."""
         self._load_catalog()
         return sorted(self._entries)
 
     def aliases_of(self, name: str) -> list[str]:
+        """The aliases of the canonical ``name``, sorted (empty for an alias or an unknown name)."""
         self._load_catalog()
         return sorted(a for a, n in self._aliases.items() if n == name)
 
@@ -196,9 +199,10 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
-METHODS: Registry = Registry("method", catalog="fedpeft.catalog.methods", entry_points="fedpeft.methods")
-DATASETS: Registry = Registry("dataset", catalog="fedpeft.catalog.datasets", entry_points="fedpeft.datasets")
-MODELS: Registry = Registry("model", catalog="fedpeft.catalog.models", entry_points="fedpeft.models")
+METHODS: Registry[MethodClass] = Registry("method", catalog="fedpeft.catalog.methods", entry_points="fedpeft.methods")
+# Dataset builders (DataConfig -> FederatedData) and model specs are types of the layers above core.
+DATASETS: Registry[Any] = Registry("dataset", catalog="fedpeft.catalog.datasets", entry_points="fedpeft.datasets")
+MODELS: Registry[Any] = Registry("model", catalog="fedpeft.catalog.models", entry_points="fedpeft.models")
 
 
 def import_plugins(modules: list[str]) -> None:

@@ -17,9 +17,11 @@ from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 class ClientStateStore(Protocol):
     """Where per-client state lives between rounds."""
 
-    def get(self, client_id: str) -> Any: ...
+    def get(self, client_id: str) -> Any:
+        """The latest state of ``client_id``; None when it has none."""
 
-    def put(self, client_id: str, state: Any, round_: int) -> None: ...
+    def put(self, client_id: str, state: Any, round_: int) -> None:
+        """Keep ``state`` as the state of ``client_id`` written in round ``round_``."""
 
     def rollback(self, round_: int) -> None:
         """Forget every write of a round later than ``round_`` (restoring the version before it)."""
@@ -38,15 +40,18 @@ class MemoryStore:
         self._data: dict[str, list[tuple[int, Any]]] = {}
 
     def get(self, client_id: str) -> Any:
+        """The latest state of ``client_id``; None when it has none."""
         versions = self._data.get(client_id)
         return versions[-1][1] if versions else None
 
     def put(self, client_id: str, state: Any, round_: int) -> None:
+        """Keep ``state`` as written in round ``round_``; of the older versions only the latest stays (for rollback)."""
         versions = self._data.setdefault(client_id, [])
         versions.append((round_, state))
         del versions[:-2]
 
     def rollback(self, round_: int) -> None:
+        """Drop the versions written after round ``round_``; a client left with none is forgotten."""
         for client_id in list(self._data):
             kept = [v for v in self._data[client_id] if v[0] <= round_]
             if kept:
@@ -55,9 +60,11 @@ class MemoryStore:
                 del self._data[client_id]
 
     def snapshot(self) -> dict[str, Any]:
+        """Every client's versions (a shallow copy), for a checkpoint."""
         return dict(self._data)
 
     def restore(self, snapshot: dict[str, Any]) -> None:
+        """Take the versions in ``snapshot`` (from :meth:`snapshot`) as the store's."""
         self._data = dict(snapshot)
 
 
@@ -78,26 +85,31 @@ class DiskStore:
         return sorted(found)
 
     def get(self, client_id: str) -> Any:
+        """The latest state of ``client_id``, loaded from its newest file; None when it has none."""
         versions = self._versions(client_id)
         if not versions:
             return None
         return load_checkpoint(versions[-1][1])
 
     def put(self, client_id: str, state: Any, round_: int) -> None:
+        """Save ``state`` as ``<client>.r<round_>.safetensors``, then delete all but the client's two newest files."""
         save_checkpoint(state, self.root / f"{client_id}.r{round_}{SUFFIX}")
         for _, path in self._versions(client_id)[:-2]:
             path.unlink()
 
     def rollback(self, round_: int) -> None:
+        """Delete every file written in a round later than ``round_``."""
         for path in self.root.glob(f"*.r*{SUFFIX}"):
             version = path.name.removesuffix(SUFFIX).rsplit(".r", 1)[-1]
             if version.isdigit() and int(version) > round_:
                 path.unlink()
 
     def snapshot(self) -> None:
+        """None: the files under ``root`` are already what a checkpoint needs."""
         return None
 
     def restore(self, snapshot: Any) -> None:
+        """Nothing to restore: the files under ``root`` are the store (:meth:`rollback` returns them to a round)."""
         return None
 
 

@@ -155,9 +155,11 @@ class AfterRound:
         self.fn = fn
 
     def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> None:
+        """Call the function with the round's state, round (0-based) and metrics."""
         self.fn(state, round_, metrics)
 
     def after_phase(self, state: ServerState) -> None:
+        """Nothing: the function is called after rounds only."""
         return None
 
 

@@ -24,7 +24,7 @@ from peft.tuners.adalora import AdaLoraLayer, AdaLoraModel
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Method, MethodConfig
+from fedpeft.methods.base import Budget, Method, MethodConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime, unload_adapters
 
 ADAPTER = "adalora"
@@ -131,7 +131,7 @@ class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         rank = int(budget or 8)

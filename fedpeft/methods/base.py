@@ -33,6 +33,8 @@ from pydantic import BaseModel, Field, model_validator
 from fedpeft.base_models import ClientBase
 from fedpeft.core.config import MethodConfig
 from fedpeft.core.errors import UserError
+from fedpeft.core.records import Budget
+from fedpeft.core.registry import METHODS
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -99,7 +101,6 @@ class SamplingConfig(Protocol):
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 ServerT = TypeVar("ServerT", bound=ServerState)
 ClientT = TypeVar("ClientT")
-Budget = int | str | None  # a rank budget, a tier name, or none
 
 
 class Method(Generic[ConfigT, ServerT, ClientT]):
@@ -229,6 +230,22 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
             step = ServerOptimizer(step, cfg.server_optimizer)
         return step
 
+    def refused_server_settings(self) -> list[str]:
+        """The server-step settings of this method's config that its server step cannot apply, as a config names
+        them: all that are set (a robust ``aggregation``, ``dp``, ``server_optimizer``) when :meth:`server_step` is
+        ``None``. ``core.config.method_config`` refuses a config for which this is not empty."""
+        cfg = self.cfg
+        if not isinstance(cfg, MeanServerConfigMixin):
+            return []
+        used = []
+        if cfg.aggregation.active:
+            used.append("`aggregation.robust`")
+        if cfg.dp is not None:
+            used.append("`dp`")
+        if cfg.server_optimizer is not None:
+            used.append("`server_optimizer`")
+        return used if used and self.server_step() is None else []
+
     def aggregate(self, state: ServerT, updates: Iterable[ClientUpdate]) -> tuple[ServerT, Metrics]:
         """The next server state from the round's updates (an iterator: aggregate as it streams): by default the
         new tensors of :meth:`server_step`."""
@@ -238,9 +255,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         result = step(state, updates)
         if not result.tensors:
             return state, result.metrics
-        new_state = dataclasses.replace(
-            state, tensors=result.tensors, server_optimizer=result.moments, round=state.round + 1
-        )
+        new_state = dataclasses.replace(state, tensors=result.tensors, server_optimizer=result.moments)
         return new_state, result.metrics
 
     # ------------------------------------------------------------------ personalization
@@ -262,7 +277,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         client: ClientData,
         state: ServerT,
         client_state: Any,
-        budget: Any,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         """The model ``client`` keeps at ``budget``, from the final server state and its own state."""
@@ -345,6 +360,19 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
             The paths of the files written.
         """
         return []
+
+
+def method_class(name: str) -> type[Method[Any, Any, Any]]:
+    """The registered class of the method ``name`` (or an alias), imported on first use.
+
+    Raises:
+        UserError: no method is registered as ``name``.
+        TypeError: what is registered as ``name`` is not a :class:`Method` subclass.
+    """
+    cls = METHODS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise TypeError(f"the method {name!r} is registered as {cls!r}, which is not a subclass of Method")
+    return cls
 
 
 def lora_spec(

@@ -19,7 +19,7 @@ from fedpeft.base_models import ClientBase, embedding_keys
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, Method, local_training
+from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -69,7 +69,7 @@ class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         embeddings = client_state if client_state is not None else starting_embeddings(runtime)

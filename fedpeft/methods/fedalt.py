@@ -26,7 +26,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
 from fedpeft.methods.families.lora_keys import is_lora, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
@@ -203,7 +203,7 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
             return state, metrics
         metrics["train_loss"] = sum(losses) / len(losses)
         tensors = rest_of_world(individuals, "")
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1, individual=individuals), metrics
+        return dataclasses.replace(state, tensors=tensors, individual=individuals), metrics
 
     def personalize(
         self,
@@ -211,7 +211,7 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
         client: ClientData,
         state: FedALTState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         init_seed = state.init_seed

@@ -13,7 +13,7 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedConfig, Method, local_training
+from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -50,7 +50,7 @@ class FedAvgFull(Method[FedAvgFullConfig, ServerState, None]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         return ClientModel(base=state.tensors)

@@ -28,7 +28,7 @@ from fedpeft.base_models import ClientBase, merged_base, resolve_targets
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import FederatedConfig, Method, local_schedule
+from fedpeft.methods.base import Budget, FederatedConfig, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
@@ -112,7 +112,7 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         glob, local = self.specs(runtime)

@@ -26,7 +26,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean, weighted_mean
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, lora_spec
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training, lora_spec
 from fedpeft.methods.families.folding import (
     A_SUFFIX,
     B_SUFFIX,
@@ -119,7 +119,7 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
         norm = math.sqrt(sum(float((r**2).sum()) for r in residuals.values()))
         metrics["residual_norm"] = norm
         tensors = {**add_deltas(state.tensors, residuals), **mean}
-        return dataclasses.replace(state, tensors=tensors, residual_norm=norm, round=state.round + 1), metrics
+        return dataclasses.replace(state, tensors=tensors, residual_norm=norm), metrics
 
     def global_deltas(self, state: FedExLoraState) -> StateDict:
         """Every module's update of the global model in float64: cumulative residual + s B_avg A_avg."""
@@ -145,7 +145,7 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
         client: ClientData,
         state: FedExLoraState,
         client_state: Any,
-        budget: Any,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         if self.cfg.finetune_epochs <= 0:

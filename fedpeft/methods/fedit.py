@@ -28,7 +28,7 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
 from fedpeft.merging.server_step import ServerStep, metric_mean
-from fedpeft.methods.base import FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.training import LossHook
 
@@ -101,7 +101,7 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
             scaling=scaling,
             seed=derive_seed(state.seed, self.name, "merge", state.round),
         )
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+        return dataclasses.replace(state, tensors=tensors), metrics
 
     def extra_loss(self, runtime: ModelRuntime, payload: Payload) -> LossHook | None:
         return None
@@ -142,7 +142,7 @@ class FedIT(FedITBase[FedITConfigT, FedITState]):
         client: ClientData,
         state: FedITState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)

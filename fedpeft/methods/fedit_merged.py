@@ -18,6 +18,7 @@ import math
 from typing import Any, Literal
 
 from fedpeft.base_models import merged_base, resolve_targets
+from fedpeft.core.records import Budget
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload, StateDict
 from fedpeft.data.types import ClientData
@@ -75,7 +76,7 @@ class FedITMerged(FedIT[FedITMergedConfig]):
         client: ClientData,
         state: FedITState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         return ClientModel(base=self.export_base(runtime, state))

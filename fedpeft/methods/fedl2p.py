@@ -40,7 +40,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.hypergradient import ift_hypergradient
-from fedpeft.methods.base import FederatedConfig, Method, local_schedule
+from fedpeft.methods.base import Budget, FederatedConfig, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
@@ -228,9 +228,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
             state = dataclasses.replace(state, best_loss=loss, best_tensors=dict(state.tensors), since_best=0)
         else:
             state = dataclasses.replace(state, since_best=state.since_best + 1)
-        state = dataclasses.replace(
-            state, tensors=result.tensors, server_optimizer=result.moments, round=state.round + 1
-        )
+        state = dataclasses.replace(state, tensors=result.tensors, server_optimizer=result.moments)
         return state, result.metrics
 
     def should_stop(self, state: FedL2PState) -> bool:
@@ -243,7 +241,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
         client: ClientData,
         state: FedL2PState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         spec = self.spec(runtime, int(budget or self.state_budget(state)))

@@ -33,7 +33,7 @@ from fedpeft.data.types import ClientData
 from fedpeft.federation import federation_of
 from fedpeft.merging import rela
 from fedpeft.merging.server_step import weighted_mean
-from fedpeft.methods.base import Method
+from fedpeft.methods.base import Budget, Method
 from fedpeft.methods.families.branched import (
     PAPER_COMPUTE_SCALE,
     HeteroConfig,
@@ -217,7 +217,6 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
         new_state = dataclasses.replace(
             state,
             tensors=population,
-            round=state.round + 1,
             uploads=uploads,
             globals=customized,
             relevance=Relevance(clients=ids, weights=weights.float()),
@@ -308,7 +307,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
         client: ClientData,
         state: FedMosaicState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         architecture = runtime.architecture

@@ -17,7 +17,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
@@ -63,7 +63,7 @@ class FedSALora(Method[FedSALoraConfig, ServerState, StateDict]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         spec = self.spec(runtime)

@@ -26,7 +26,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
 from fedpeft.methods.families.folding import A_SUFFIX, B_SUFFIX, lora_modules, refactor
 from fedpeft.methods.families.lora_keys import is_lora_a
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -95,7 +95,7 @@ class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
             for module in lora_modules(tensors):
                 a_key, b_key = module + A_SUFFIX, module + B_SUFFIX
                 tensors[a_key], tensors[b_key] = refactor(tensors[a_key], tensors[b_key])
-        state = dataclasses.replace(state, tensors=tensors, server_optimizer=result.moments, round=state.round + 1)
+        state = dataclasses.replace(state, tensors=tensors, server_optimizer=result.moments)
         return state, result.metrics
 
     def personalize(
@@ -104,7 +104,7 @@ class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
         client: ClientData,
         state: FedSvdState,
         client_state: Any,
-        budget: Any,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)

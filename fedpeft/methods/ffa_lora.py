@@ -15,7 +15,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
@@ -70,7 +70,7 @@ class FFALora(Method[FFALoraConfig, FFALoraState, None]):
         client: ClientData,
         state: FFALoraState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         spec = self.spec(runtime)

@@ -33,6 +33,7 @@ from fedpeft.adapters.expert_lora import (
     split_b,
 )
 from fedpeft.core.errors import UserError
+from fedpeft.core.records import Budget
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
@@ -153,7 +154,7 @@ class Flame(TieredMethod[FlameConfig]):
             a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
             tensors[a_key] = join_a(mean_a.result(split_a(state.tensors[a_key], n)))
             tensors[b_key] = join_b(mean_b.result(split_b(state.tensors[b_key], n)))
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), mean_metrics(metrics)
+        return dataclasses.replace(state, tensors=tensors), mean_metrics(metrics)
 
     def personalize(
         self,
@@ -161,7 +162,7 @@ class Flame(TieredMethod[FlameConfig]):
         client: ClientData,
         state: TieredState,
         client_state: Any,
-        budget: int | str | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         self._require_moe(runtime)

@@ -49,4 +49,4 @@ class FlexLora(RankTieredMethod[RankTieredConfig]):
             a, b = svd_factors(collected.factors[key], collected.weights, module.experts, rank)
             tensors[a_key], tensors[b_key] = a.to(state.tensors[a_key].dtype), b.to(state.tensors[b_key].dtype)
         metrics = mean_metrics(collected.metrics)
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+        return dataclasses.replace(state, tensors=tensors), metrics

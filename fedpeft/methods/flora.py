@@ -32,7 +32,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean, weighted_mean
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training, lora_spec
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training, lora_spec
 from fedpeft.methods.families.folding import (
     A_SUFFIX,
     B_SUFFIX,
@@ -154,7 +154,7 @@ class Flora(Method[FloraConfig, FloraState, None]):
         tensors = {**add_deltas(state.tensors, deltas), **head}
         stacked = sum(ranks)
         metrics["stacked_rank"] = float(stacked)
-        return dataclasses.replace(state, tensors=tensors, stacked_rank=stacked, round=state.round + 1), metrics
+        return dataclasses.replace(state, tensors=tensors, stacked_rank=stacked), metrics
 
     def global_weights(self, runtime: ModelRuntime, state: FloraState) -> StateDict:
         """The base tensors the global model changes: W0 + folded update on every adapted layer, and the head."""
@@ -169,7 +169,7 @@ class Flora(Method[FloraConfig, FloraState, None]):
         client: ClientData,
         state: FloraState,
         client_state: Any,
-        budget: Any,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         base = self.global_weights(runtime, state)

@@ -28,7 +28,7 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, lora_pairs, merge_lora_states
 from fedpeft.merging.server_step import MetricMean, metric_mean, weighted_mean
-from fedpeft.methods.base import FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
@@ -143,7 +143,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
         if self.cfg.relora:
             lora_keys = {k for pair in lora_pairs(tensors).values() for k in pair}
             folds = [*state.folds, {k: tensors[k] for k in lora_keys}]
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1, folds=folds), metrics
+        return dataclasses.replace(state, tensors=tensors, folds=folds), metrics
 
     # ------------------------------------------------------------------ client
     def client_update(
@@ -241,7 +241,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
         client: ClientData,
         state: GuidedState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         """The client's own last LoRA; a client that never trained gets the global model.

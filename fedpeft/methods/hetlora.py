@@ -33,6 +33,7 @@ from fedpeft.adapters.expert_lora import (
     truncate,
     zero_pad,
 )
+from fedpeft.core.records import Budget
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
@@ -133,7 +134,7 @@ class HetLora(RankTieredMethod[HetLoraConfig]):
             previous = (state.tensors[a_key], state.tensors[b_key])
             tensors[a_key], tensors[b_key] = hetlora_mean(collected.factors[key], module.experts, rank, previous)
         metrics = mean_metrics(collected.metrics)
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+        return dataclasses.replace(state, tensors=tensors), metrics
 
     def personalize(
         self,
@@ -141,7 +142,7 @@ class HetLora(RankTieredMethod[HetLoraConfig]):
         client: ClientData,
         state: TieredState,
         client_state: Any,
-        budget: int | str | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         tier = self.tier_of(client.client_id)

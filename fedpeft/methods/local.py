@@ -11,7 +11,7 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import LoraConfigMixin, Method, MethodConfig, fine_tune, lora_spec
+from fedpeft.methods.base import Budget, LoraConfigMixin, Method, MethodConfig, fine_tune, lora_spec
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -40,7 +40,7 @@ class Local(Method[LocalConfig, ServerState, None]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)

@@ -12,7 +12,7 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Method, MethodConfig, fine_tune, lora_spec
+from fedpeft.methods.base import Budget, Method, MethodConfig, fine_tune, lora_spec
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -41,7 +41,7 @@ class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         rank = int(budget or 8)

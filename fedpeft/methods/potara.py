@@ -29,7 +29,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import FederatedLoraConfig, local_schedule
+from fedpeft.methods.base import Budget, FederatedLoraConfig, local_schedule
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedITBase, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -226,7 +226,7 @@ class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
         client: ClientData,
         state: PotaraState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         spec = self.spec(runtime)

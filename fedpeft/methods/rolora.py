@@ -23,7 +23,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 Factor = Literal["A", "B"]
@@ -94,7 +94,7 @@ class RoLora(Method[RoLoraConfig, RoLoraState, None]):
         if not result.tensors:
             return state, result.metrics
         tensors: StateDict = {**state.tensors, **result.tensors}
-        state = dataclasses.replace(state, tensors=tensors, server_optimizer=result.moments, round=state.round + 1)
+        state = dataclasses.replace(state, tensors=tensors, server_optimizer=result.moments)
         return state, result.metrics
 
     def personalize(
@@ -103,7 +103,7 @@ class RoLora(Method[RoLoraConfig, RoLoraState, None]):
         client: ClientData,
         state: RoLoraState,
         client_state: Any,
-        budget: Any,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)

@@ -54,6 +54,7 @@ class MetricLog:
 
     @property
     def active(self) -> bool:
+        """Whether any logger is configured (otherwise every call does nothing)."""
         return self._writer is not None or self._wandb is not None
 
     def scalars(self, prefix: str, values: dict[str, float], step: int | None = None) -> None:
@@ -88,6 +89,7 @@ class MetricLog:
             self.scalars(prefix, {k: statistics.fmean(v) for k, v in metrics.items()})
 
     def close(self) -> None:
+        """Close the TensorBoard writer and finish the W&B run, where configured."""
         if self._writer is not None:
             self._writer.close()
         if self._wandb is not None:

@@ -36,10 +36,10 @@ def config_method_entries(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
 def method_class(name: Any) -> type[Method] | None:
     """The registered method class of ``name`` (or of an alias); ``None`` for a name that is not registered."""
     import fedpeft.methods  # noqa: F401  (registers the methods)
-    from fedpeft.core.registry import METHODS
+    from fedpeft.methods.base import method_class as registered_class
 
     try:
-        return METHODS.get(str(name))
+        return registered_class(str(name))
     except UserError:
         return None
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from fedpeft.core.records import Budget, ResultRecord, result_record
 from fedpeft.merging.dp import DPConfig, epsilon
 from fedpeft.report.records import Record, budget_label, first_seen
 from fedpeft.report.tables import markdown_table
@@ -23,8 +24,8 @@ _INPUTS = ("dp_noise_multiplier", "dp_clip_norm", "dp_sample_rate", "dp_delta")
 
 
 def privacy_records(
-    method: str, budget: Any, seed: int, rounds: int, dp: DPConfig, sample_rate: float
-) -> list[dict[str, Any]]:
+    method: str, budget: Budget, seed: int, rounds: int, dp: DPConfig, sample_rate: float
+) -> list[ResultRecord]:
     """The ``privacy`` records of ``method`` after ``rounds`` rounds: epsilon at ``dp.delta`` and its inputs."""
     eps = epsilon(dp.noise_multiplier, sample_rate, rounds, dp.delta)
     values = {
@@ -35,18 +36,18 @@ def privacy_records(
         "dp_delta": dp.delta,
     }
     return [
-        {
-            "method": method,
-            "budget": budget,
-            "pool": "seen",
-            "client": None,
-            "group": None,
-            "seed": seed,
-            "round": rounds,
-            "split": PRIVACY_SPLIT,
-            "metric": metric,
-            "value": None if value is None else float(value),
-        }
+        result_record(
+            method,
+            budget,
+            pool="seen",
+            client=None,
+            group=None,
+            seed=seed,
+            round_=rounds,
+            split=PRIVACY_SPLIT,
+            metric=metric,
+            value=value,
+        )
         for metric, value in values.items()
     ]
 
@@ -56,7 +57,7 @@ class EpsilonRecorder:
     ``records`` after every round of one federated phase."""
 
     def __init__(
-        self, method: str, budget: Any, seed: int, dp: DPConfig, sample_rate: float, records: list[dict]
+        self, method: str, budget: Budget, seed: int, dp: DPConfig, sample_rate: float, records: list[ResultRecord]
     ) -> None:
         self.method, self.budget, self.seed = method, budget, seed
         self.dp, self.sample_rate, self.records = dp, sample_rate, records

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.records import Budget
 from fedpeft.core.textfiles import read_text
 
-Budget = int | str | None
 Record = dict[str, Any]
+"""A record read back from a run's file: a ``results.jsonl`` line (written as a ``core.records.ResultRecord``),
+or a ``costs.jsonl`` row."""
 
 RESULTS_FILE = "results.jsonl"
 COSTS_FILE = "costs.jsonl"

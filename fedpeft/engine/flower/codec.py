@@ -85,12 +85,14 @@ class NodeTask:
     clients: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def to_content(self) -> RecordDict:
+        """The task as message content (:func:`encode`)."""
         return encode(
             {"op": self.op, "run_dir": self.run_dir, "config_text": self.config_text, "clients": self.clients}
         )
 
     @classmethod
     def from_content(cls, content: RecordDict) -> NodeTask:
+        """The task :meth:`to_content` encoded."""
         value = decode(content)
         return cls(value["op"], value["run_dir"], value["config_text"], [tuple(c) for c in value["clients"]])
 
@@ -111,10 +113,12 @@ class NodeResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
     def to_content(self) -> RecordDict:
+        """The result as message content (:func:`encode`)."""
         return encode({"results": self.results, "stats": self.stats})
 
     @classmethod
     def from_content(cls, content: RecordDict) -> NodeResult:
+        """The result :meth:`to_content` encoded."""
         return cls(**decode(content))
 
 
@@ -126,10 +130,12 @@ class NodeBundle:
     tasks: list[NodeTask]
 
     def to_content(self) -> RecordDict:
+        """The bundle as message content: its tasks' fields, in order, under ``bundle``."""
         return encode({"bundle": [{f.name: getattr(t, f.name) for f in fields(t)} for t in self.tasks]})
 
     @classmethod
     def from_content(cls, content: RecordDict) -> NodeBundle:
+        """The bundle :meth:`to_content` encoded, its tasks in their order."""
         entries = decode(content)["bundle"]
         tasks = [NodeTask(e["op"], e["run_dir"], e["config_text"], [tuple(c) for c in e["clients"]]) for e in entries]
         return cls(tasks)

@@ -196,9 +196,11 @@ class GridEngine(Engine):
         return self.stats.rows()
 
     def units_started(self, count: int) -> None:
+        """``count`` units begin, each in a thread; the outbox holds requests until every unit waits for replies."""
         self.outbox.units_started(count)
 
     def unit_ended(self) -> None:
+        """A unit's thread ends; the outbox no longer waits for its requests."""
         self.outbox.unit_ended()
 
     # ------------------------------------------------------------------ what a secure round needs

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch imported)
 
 from fedpeft.core.processes import process_alive
-from fedpeft.engine.flower.client import handle_content
+from fedpeft.engine.flower.client import NodeWorkers, handle_content
 from fedpeft.engine.flower.relay import from_bytes, to_bytes
 
 log = logging.getLogger("fedpeft")
@@ -41,6 +41,7 @@ def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout
     os.chmod(socket_path, 0o600)
     last = [time.monotonic()]
     busy = threading.Lock()
+    workers = NodeWorkers()  # this process's worker, for every request it answers
 
     def watch() -> None:  # ends the process from outside the blocking accept()
         while True:
@@ -70,7 +71,7 @@ def serve(socket_path: Path, key_path: Path, *, parent: int | None, idle_timeout
                 break
             reply: tuple[str, bytes | str]
             try:
-                reply = ("ok", to_bytes(handle_content(message_type, from_bytes(data), node_config)))
+                reply = ("ok", to_bytes(handle_content(message_type, from_bytes(data), node_config, workers)))
             except Exception as err:
                 log.warning("%s failed on this node: %r\n%s", message_type, err, traceback.format_exc())
                 reply = ("error", repr(err))

@@ -101,6 +101,8 @@ class WorkerAddress:
 
     @classmethod
     def of(cls, run_id: int, node_id: int, node_config: Mapping[str, Any]) -> WorkerAddress:
+        """The address of the worker process of (run, node): in the node config's ``worker-dir``, else in
+        ``<tmp>/fedpeft-<uid>``, under a short name hashed from the two ids."""
         directory = node_config.get(WORKER_DIR) or Path(tempfile.gettempdir()) / f"fedpeft-{os.getuid()}"
         # A short name: a Unix socket's path is limited to about 100 bytes.
         name = hashlib.sha256(f"{run_id}:{node_id}".encode()).hexdigest()[:16]
@@ -108,22 +110,27 @@ class WorkerAddress:
 
     @property
     def socket(self) -> Path:
+        """The Unix socket the worker process listens on."""
         return self.directory / f"{self.name}.sock"
 
     @property
     def key(self) -> Path:
+        """The file of the secret key that authenticates connections to the socket (mode 0600)."""
         return self.directory / f"{self.name}.key"
 
     @property
     def log(self) -> Path:
+        """The file that receives the worker process's stdout and stderr."""
         return self.directory / f"{self.name}.log"
 
     @property
     def lock(self) -> Path:
+        """The file locked while a worker process is started, so that one starts at a time."""
         return self.directory / f"{self.name}.lock"
 
     @property
     def pid(self) -> Path:
+        """The file holding the process id of the worker process last started."""
         return self.directory / f"{self.name}.pid"
 
 

@@ -65,11 +65,14 @@ class RoundHost(Protocol):
     run_dir: str
     config_text: str
 
-    def node_of(self, client_id: str) -> int | None: ...
+    def node_of(self, client_id: str) -> int | None:
+        """The node that serves ``client_id`` (None while its node is lost)."""
 
-    def worker_sizes(self) -> dict[str, int]: ...
+    def worker_sizes(self) -> dict[str, int]:
+        """The training-set size of every client the server knows."""
 
-    def spec_of(self, label: str, payload: Payload) -> dict[str, torch.Size]: ...
+    def spec_of(self, label: str, payload: Payload) -> dict[str, torch.Size]:
+        """The keys and shapes method ``label`` expects back for ``payload`` (the layout of a secure sum)."""
 
 
 @dataclass

@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 
 from pydantic import Field, model_validator
 
-from fedpeft.adapters.bayestune import ClientScales, check_budget, finetune_pruned
+from fedpeft.adapters.bayestune import ClientScales, PrunedAdapters, check_budget, finetune_pruned
 from fedpeft.adapters.scale_analysis import ScaleRecord, save_client_scales, scales_path
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Method, MethodConfig
+from fedpeft.methods.base import Budget, Method, MethodConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -61,6 +61,10 @@ class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
 
     uses_budget = True
 
+    def __init__(self, cfg: BayesTuneConfigT) -> None:
+        super().__init__(cfg)
+        self.pruned_adapters = PrunedAdapters()
+
     def check_budgets(self, budgets: list[int]) -> None:
         """Refuse, before any training, a budget the scales cannot serve."""
         for budget in budgets:
@@ -83,13 +87,15 @@ class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
         client: ClientData,
         state: BayesTuneStateT,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         rank = check_budget(budget, self.cfg.r_max)
         if not isinstance(client_state, ClientScales):
             client_state = self.client_scales(runtime, client, state, client_state, seed)
-        return finetune_pruned(runtime, client.train, client_state.scales, rank, self.cfg, seed=seed)
+        return finetune_pruned(
+            runtime, client.train, client_state.scales, rank, self.cfg, seed=seed, pruned=self.pruned_adapters
+        )
 
     def save_client_artifacts(
         self, prepared: ClientScales, client: ClientData, run_dir: Path, label: str, seed: int

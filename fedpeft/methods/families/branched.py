@@ -24,7 +24,7 @@ from fedpeft.adapters.pq_lora import NUM_BLOCKS, layer_of, plan_sites
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import Example
-from fedpeft.methods.base import FederatedLoraConfig, Method
+from fedpeft.methods.base import Budget, FederatedLoraConfig, Method
 from fedpeft.models.runtime import ClientModel
 
 if TYPE_CHECKING:
@@ -255,7 +255,7 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
         return ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics, dict(extras))
 
     def personalize(
-        self, runtime: Any, client: Any, state: BranchedStateT, client_state: Any, budget: int | None, seed: int
+        self, runtime: Any, client: Any, state: BranchedStateT, client_state: Any, budget: Budget, seed: int
     ) -> ClientModel:
         shared = architecture_keys(state.tensors, runtime.architecture) if state.architectures else {}
         adapter = self.client_adapter(runtime, shared, client_state)

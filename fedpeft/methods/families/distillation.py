@@ -251,4 +251,4 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
                 for key in start:
                     tensors[key] = start[key] + sum(change[key] for change in changes) / max(len(changes), 1)
             metrics["distilled"] = 1.0
-        return dataclasses.replace(state, tensors=tensors, round=state.round + 1), metrics
+        return dataclasses.replace(state, tensors=tensors), metrics

@@ -99,11 +99,13 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         groups = dict(state.groups)
         metrics: Metrics = {"clients": 0.0}
         for name, group_updates in by_group.items():
-            groups[name], group_metrics = self.inner.aggregate(groups[name], iter(group_updates))
+            group_state, group_metrics = self.inner.aggregate(groups[name], iter(group_updates))
+            # Each group counts its own rounds, those it took part in (the round loop counts the wrapper's).
+            groups[name] = dataclasses.replace(group_state, round=groups[name].round + 1)
             for key, value in group_metrics.items():
                 metrics[f"{name}/{key}"] = value
             metrics["clients"] += group_metrics.get("clients", float(len(group_updates)))
-        return dataclasses.replace(state, tensors={}, round=state.round + 1, groups=groups), metrics
+        return dataclasses.replace(state, tensors={}, groups=groups), metrics
 
     def personalize(
         self,
@@ -111,7 +113,7 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         client: ClientData,
         state: ServerState,
         client_state: Any,
-        budget: int | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         """The wrapped method's model from the state of the client's architecture (``state`` may be a state of

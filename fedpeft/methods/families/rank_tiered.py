@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypeVar
 
 from fedpeft.adapters.expert_lora import module_key, truncate
+from fedpeft.core.records import Budget
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
@@ -76,7 +77,7 @@ class RankTieredMethod(TieredMethod[RankTieredConfigT]):
         client: ClientData,
         state: TieredState,
         client_state: Any,
-        budget: int | str | None,
+        budget: Budget,
         seed: int,
     ) -> ClientModel:
         tier = self.tier_of(client.client_id)
