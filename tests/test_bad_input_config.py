@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from entry_point import cli
 
 from fedpeft.core.config import load_config
 from fedpeft.core.errors import UserError
@@ -27,20 +28,6 @@ TINY = [
     "budgets=[2]",
     "methods=[{name: lora, lr: 0.005, epochs: 1}]",
 ]  # clients lat1-seen-00, lat1-seen-01 (seen) and lat1-unseen-00, lat1-unseen-01
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """The ``fedpeft`` console entry point, in process; returns (exit code, stdout, stderr)."""
-    from fedpeft.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def smoke_args(out: Path, *overrides: str) -> list[str]:

@@ -7,10 +7,10 @@ and ids, numbers in a text column) reads as it should."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import entry_point
 import pandas as pd
 import pytest
 import yaml
@@ -42,15 +42,8 @@ def csv_text(records: list[dict]) -> str:
 
 def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """The ``fedpeft`` console entry point, in process; returns (exit code, stderr)."""
-    from fedpeft.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    return code, capsys.readouterr().err
+    code, _, err = entry_point.cli(monkeypatch, capsys, *args)
+    return code, err
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

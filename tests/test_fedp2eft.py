@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from entry_point import cli
 from safetensors.torch import load_file
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -254,20 +254,6 @@ def test_saved_fedp2eft_adapter_loads_with_plain_peft_and_reproduces_accuracy(ru
         if r["method"] == "fedp2eft" and r["budget"] == 2 and r["client"] == client.client_id
     )
     assert accuracy == pytest.approx(logged, abs=1e-9)
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run the ``fedpeft`` console entry point in-process; returns (exit code, stdout, stderr)."""
-    from fedpeft.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_personalize_cli_reproduces_the_runs_adapter(run_dir, tmp_path, monkeypatch, capsys):

@@ -19,6 +19,7 @@ import datasets
 import pandas as pd
 import pytest
 import yaml
+from entry_point import cli
 
 from fedpeft.core.config import DataConfig, dump_given, load_config, validate
 from fedpeft.core.errors import UserError
@@ -262,15 +263,9 @@ def test_natural_partition_draws_no_progress_bar(capfd: pytest.CaptureFixture[st
 
 
 def cli_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    from fedpeft.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    return code, capsys.readouterr().err
+    """The ``fedpeft`` console entry point, in process; returns (exit code, stderr)."""
+    code, _, err = cli(monkeypatch, capsys, *args)
+    return code, err
 
 
 def _config(tmp_path: Path, data: dict, records: list[dict] | None = None, file: str = "d.jsonl") -> Path:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from entry_point import cli
 
 from fedpeft.core.config import load_config
 from fedpeft.core.errors import UserError
@@ -24,20 +24,6 @@ TINY = [
     "budgets=[2]",
     "methods=[{name: lora, lr: 0.005, epochs: 1}]",
 ]
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """The ``fedpeft`` console entry point, in process; returns (exit code, stdout, stderr)."""
-    from fedpeft.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["fedpeft", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def run_args(out: Path | None, *extra: str) -> list[str]:

@@ -59,21 +59,15 @@ def write_atomic(path: Path, write: Callable[[Any], None], *, fsync: bool = Fals
     With ``fsync``, the data (and the rename) reach the disk before this returns. The temporary file is removed
     when ``write`` raises.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(path)
-    try:
+
+    def to_file(tmp: Path) -> None:
         with open(tmp, "wb") as handle:
             write(handle)
             if fsync:
                 handle.flush()
                 os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if fsync:
-        _fsync_dir(path.parent)
+
+    _replace(path, to_file, fsync=fsync)
 
 
 def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
@@ -89,14 +83,24 @@ def write_text_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
 def write_file_atomic(path: Path, write: Callable[[Path], None], *, fsync: bool = False) -> None:
     """Call ``write(temporary path)`` for a writer that takes a file name (safetensors), then rename the file it
     wrote over ``path``; as :func:`write_atomic` otherwise."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(path)
-    try:
+
+    def to_file(tmp: Path) -> None:
         write(tmp)
         if fsync:
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
+
+    _replace(path, to_file, fsync=fsync)
+
+
+def _replace(path: Path, to_file: Callable[[Path], None], *, fsync: bool) -> None:
+    """``to_file(temporary sibling)``, then the rename over ``path`` (made durable with ``fsync``); the temporary
+    file is removed when ``to_file`` raises."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    try:
+        to_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
