@@ -75,6 +75,9 @@ class Experiment:
                     "base.kind=centralized trains on a base corpus in the server, which site-local data "
                     "(data.sites) does not have; use base.kind=pretrained or federated."
                 )
+        if cfg.engine.name == "local" and cfg.engine.worker_count() >= 2 and cfg.engine.state != "disk":
+            # Worker processes each serve any client: its state between rounds lives where all of them find it.
+            cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"state": "disk"})})
         # Every method's settings were validated with the config; what remains are facts across entries.
         labels = [entry.label or entry.name for entry in cfg.methods]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
@@ -199,7 +202,8 @@ class Experiment:
             raise UserError("The flower engine runs through `fedpeft run --engine flower` or `flwr run .`.")
         from fedpeft.engine.local import LocalEngine
 
-        return LocalEngine(worker, on_client=self.progress.advance_client)
+        workers = self.cfg.engine.worker_count()
+        return LocalEngine(worker, on_client=self.progress.advance_client, workers=workers, data=self._given_data)
 
 
 class Stages:

@@ -5,6 +5,7 @@ Parse once at the boundary: everything past :func:`load_config` receives typed o
 
 from __future__ import annotations
 
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -224,6 +225,10 @@ class EngineConfig(_Strict):
     seed in a deployment (``flwr run``, ``fedpeft launch``), where a node otherwise idles in Flower's poll
     between one message and the next, and one at a time in simulation; always one with ``secagg``. The local
     engine runs one method at a time.
+
+    ``workers``: on the local engine, how many worker processes run the clients of a round (and of
+    personalization and evaluation) side by side; ``auto``: one per CPU core this process may use. With 2 or
+    more, per-client state lives on disk (``state`` is set to ``disk``); 1 runs every client in this process.
     """
 
     name: Literal["local", "flower"] = "local"
@@ -231,6 +236,20 @@ class EngineConfig(_Strict):
     num_supernodes: int = 2
     secagg: SecAggConfig | None = None
     concurrent_methods: int | None = Field(default=None, ge=1)
+    workers: int | Literal["auto"] = 1
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _check_workers(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"got {value!r}; give a number of worker processes, 1 or more, or `auto` (one per CPU core)")
+
+    def worker_count(self) -> int:
+        """How many worker processes ``workers`` asks for (``auto``: the CPU cores this process may use)."""
+        if self.workers == "auto":
+            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return self.workers
 
 
 class EvalConfig(_Strict):

@@ -1,4 +1,6 @@
-"""The in-process engine: one worker, clients run one after another, aggregation streams."""
+"""The local engine: clients run on this process's worker one after another, or, with ``engine.workers`` of 2 or
+more, side by side on worker processes (:mod:`fedpeft.engine.pool`); either way their results reach aggregation
+in client-id order, so the numbers are the same."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fedpeft.core.config import dump_given
 from fedpeft.core.costs import release_memory
 from fedpeft.core.types import Payload, TrainResult
 from fedpeft.engine.operations import operation
+from fedpeft.engine.pool import WorkerPool, pool_threads
 from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.worker import Worker
 
@@ -17,18 +21,38 @@ log = logging.getLogger("fedpeft")
 
 
 class LocalEngine(Engine):
-    """Runs every client in this process on one :class:`~fedpeft.worker.Worker`."""
+    """Runs every client on this process's :class:`~fedpeft.worker.Worker`, or with ``workers`` of 2 or more on
+    that many worker processes (never more than the federation has clients), each with a worker of its own."""
 
     name = "local"
 
-    def __init__(self, worker: Worker, *, on_client: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, worker: Worker, *, on_client: Callable[[], None] | None = None, workers: int = 1, data: Any = None
+    ) -> None:
+        """``data``: the federation the run was given (None: a worker process builds it from the config)."""
         self.worker = worker
         self.on_client = on_client
+        self.pool: WorkerPool | None = None
+        size = min(workers, len(worker.data.clients))
+        if size >= 2:
+            threads = pool_threads(worker.cfg.threads, size)
+            self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data)
+            self.pool.start()
 
     def train_clients(
         self, label: str, seed: int, round_: int, client_ids: list[str], payload_of: Callable[[str], Payload]
     ) -> Iterator[ClientOutcome]:
-        """Each client's round, one after another: the next one starts when aggregation asks for its update."""
+        """Each client's round: on this process's worker, the next one starts when aggregation asks for its update;
+        on worker processes, as soon as one is free."""
+        if self.pool is not None:
+
+            def kwargs_of(client_id: str) -> dict[str, Any]:
+                return {"label": label, "seed": seed, "round_": round_, "payload": payload_of(client_id)}
+
+            for client_id, outcome, seconds in self.pool.run("train", client_ids, kwargs_of):
+                self._after_client(release=False)
+                yield ClientOutcome.of_training(client_id, outcome, seconds)
+            return
         for client_id in client_ids:
             payload = payload_of(client_id)
             started = time.perf_counter()
@@ -43,6 +67,13 @@ class LocalEngine(Engine):
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Call the worker operation ``op`` for each client; a failure comes back as the exception."""
+        if self.pool is not None:
+            for client_id, value, _ in self.pool.run(op, client_ids, lambda _client: kwargs):
+                if isinstance(value, BaseException):
+                    log.warning("client %s failed in %s: %r", client_id, op, value)
+                self._after_client(release=False)
+                yield client_id, value
+            return
         run = operation(op)
         for client_id in client_ids:
             try:
@@ -53,7 +84,18 @@ class LocalEngine(Engine):
             self._after_client()
             yield client_id, result
 
-    def _after_client(self) -> None:
-        release_memory()
+    def running(self) -> dict[str, int]:
+        """The worker process that runs each client's task now, by client (none without worker processes)."""
+        return self.pool.running() if self.pool is not None else {}
+
+    def close(self) -> None:
+        """End the worker processes, if any."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def _after_client(self, *, release: bool = True) -> None:
+        if release:
+            release_memory()
         if self.on_client is not None:
             self.on_client()

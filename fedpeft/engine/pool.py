@@ -1,0 +1,297 @@
+"""Worker processes of the local engine: each builds its :class:`~fedpeft.worker.Worker` once per run and runs one
+client's operation at a time, so the clients of a round run side by side.
+
+A process is a fresh interpreter (``python -m fedpeft.engine.pool FD``: no copy of the parent's model or threads,
+and nothing of the script that started the run is imported again) reached over one end of a Unix socket pair,
+whose first message says what to build. A task is ``(tag, operation, client, keyword arguments)``, a reply ``(tag, ok,
+value or error, seconds)``, both pickled by value (tensors included), so a result is the same object the
+operation returned in the process. :meth:`WorkerPool.run` hands out one client's task to each idle process and
+gives the results back in the order of the clients, whichever order they finish in: the round loop consumes them
+exactly as it does from one in-process worker.
+
+A process that dies (killed, out of memory) fails the task it held, with :class:`WorkerProcessError`, and is
+started again for the next task; one that dies before it was ready is not. The processes ignore SIGINT (Ctrl-C
+reaches the whole process group; the parent decides), end when their pipe closes, and :meth:`WorkerPool.close`
+ends what is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fedpeft")
+
+CLOSE_SECONDS = 5.0  # how long a closed pool waits for a process to end before it kills it
+
+
+class WorkerProcessError(RuntimeError):
+    """A worker process ended (or could not start) while it held a client's task."""
+
+
+def serve(connection: Connection) -> None:
+    """A worker process's life: build the worker the first message describes, say ``ready``, then answer tasks
+    until the connection closes.
+
+    The first message is ``(config_text, run_dir, threads, data)``: the experiment's config as given
+    (:func:`fedpeft.core.config.dump_given`), the run directory, this process's torch threads (a config's
+    ``threads`` overrides them) and the federation given to the run (None: built from the config).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the parent decides
+    import torch
+    import yaml
+
+    from fedpeft.core.config import validate
+    from fedpeft.core.costs import release_memory
+    from fedpeft.engine.operations import operation
+    from fedpeft.worker import Worker
+
+    try:
+        config_text, run_dir, threads, data = pickle.loads(connection.recv_bytes())
+    except EOFError:
+        return
+    torch.set_num_threads(threads)
+    worker = Worker(validate(yaml.safe_load(config_text)), Path(run_dir), data=data)
+    try:
+        connection.send_bytes(pickle.dumps(("ready", os.getpid())))
+    except OSError:  # the pool closed while this process was starting
+        return
+    while True:
+        try:
+            tag, op, client_id, kwargs = pickle.loads(connection.recv_bytes())
+        except EOFError:  # the engine closed the pool, or its process is gone
+            return
+        started = time.perf_counter()
+        try:
+            value, ok = operation(op)(worker, client_id=client_id, **kwargs), True
+        except Exception as err:  # the client fails, not the process
+            value, ok = err, False
+        finally:
+            release_memory()
+        seconds = time.perf_counter() - started
+        try:
+            reply = pickle.dumps((tag, ok, value, seconds))
+            pickle.loads(reply)  # an error whose class cannot be rebuilt travels as its repr
+        except Exception as err:
+            error = WorkerProcessError(f"{value!r} (its result could not travel: {err!r})")
+            reply = pickle.dumps((tag, False, error, seconds))
+        try:
+            connection.send_bytes(reply)
+        except OSError:
+            return
+
+
+def main() -> None:
+    """Entry point of a worker process (started by :class:`WorkerPool`, not by users): the socket's descriptor."""
+    serve(Connection(int(sys.argv[1])))
+
+
+@dataclass
+class _Slot:
+    """One place in the pool: its process (None until started), the pipe to it and the task it holds."""
+
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    connection: Connection | None = None
+    ready: bool = False
+    retired: bool = False  # its process died before it was ready: not started again
+    task: tuple[int, int, str] | None = None  # (tag, position in the run, client) of the task it holds
+    pid: int | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None
+
+
+@dataclass
+class WorkerPool:
+    """``size`` worker processes for the experiment ``config_text`` in ``run_dir`` (see the module docstring).
+
+    Attributes:
+        config_text: the config as given, which every process validates and builds its worker from.
+        run_dir: the run directory (the disk store of client states and the base checkpoints live in it).
+        size: how many processes.
+        threads: torch threads of each process.
+        data: the federation given to the run (None: each process builds it from the config).
+    """
+
+    config_text: str
+    run_dir: Path
+    size: int
+    threads: int
+    data: Any = None
+    _slots: list[_Slot] = field(default_factory=list)
+    _tags: Iterator[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self._slots = [_Slot(index) for index in range(self.size)]
+
+    def start(self) -> None:
+        """Start every process that is not running (they build their workers side by side)."""
+        for slot in self._slots:
+            if not slot.alive and not slot.retired:
+                self._start(slot)
+
+    def _start(self, slot: _Slot) -> None:
+        ours, theirs = socket.socketpair()
+        # The process imports the fedpeft this one runs, whatever the working directory.
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        command = [sys.executable, "-m", "fedpeft.engine.pool", str(theirs.fileno())]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env=env)
+        theirs.close()  # only the child holds its end: its death reads as end of file here
+        connection = Connection(ours.detach())
+        connection.send_bytes(pickle.dumps((self.config_text, str(self.run_dir), self.threads, self.data)))
+        slot.process, slot.connection, slot.ready, slot.task, slot.pid = process, connection, False, None, process.pid
+
+    def running(self) -> dict[str, int]:
+        """The process id of the worker process that runs each client's task now, by client."""
+        return {slot.task[2]: slot.pid for slot in self._slots if slot.task is not None and slot.pid is not None}
+
+    def run(
+        self, op: str, client_ids: list[str], kwargs_of: Callable[[str], dict[str, Any]]
+    ) -> Iterator[tuple[str, Any, float]]:
+        """Run the worker operation ``op`` for each of ``client_ids`` on the processes; yield ``(client, result or
+        the exception its work raised, seconds)`` in the order of ``client_ids``.
+
+        ``kwargs_of(client)`` gives the operation's keyword arguments, called in this process when the client's
+        task is handed out (in the order of the clients). At most ``2 * size`` results wait to be yielded."""
+        self.start()
+        pending = deque(enumerate(client_ids))
+        done: dict[int, tuple[str, Any, float]] = {}
+        next_index = 0
+        try:
+            while next_index < len(client_ids):
+                if next_index in done:
+                    yield done.pop(next_index)
+                    next_index += 1
+                    continue
+                while pending and pending[0][0] < next_index + 2 * self.size:
+                    slot = self._idle_slot()
+                    if slot is None:
+                        break
+                    position, client_id = pending.popleft()
+                    self._send(slot, position, op, client_id, kwargs_of(client_id))
+                if not self._receive(done) and pending:  # no process left to run it
+                    position, client_id = pending.popleft()
+                    done[position] = (client_id, WorkerProcessError("no worker process is left to run it"), 0.0)
+        finally:
+            # Results still due (the caller stopped early, or an error) belong to no later run: dropped on arrival.
+            for slot in self._slots:
+                if slot.task is not None:
+                    slot.task = (slot.task[0], -1, slot.task[2])
+
+    def _idle_slot(self) -> _Slot | None:
+        """A ready process without a task, else (re)start one; None when every process is busy or starting."""
+        for slot in self._slots:
+            if slot.alive and slot.ready and slot.task is None:
+                return slot
+        for slot in self._slots:
+            if not slot.alive and not slot.retired:
+                self._start(slot)
+        return None
+
+    def _send(self, slot: _Slot, position: int, op: str, client_id: str, kwargs: dict[str, Any]) -> None:
+        tag = next(self._tags)
+        slot.task = (tag, position, client_id)
+        assert slot.connection is not None
+        try:
+            slot.connection.send_bytes(pickle.dumps((tag, op, client_id, kwargs)))
+        except OSError:
+            pass  # the process died: read as end of file by _receive, which fails the task
+
+    def _receive(self, done: dict[int, tuple[str, Any, float]]) -> bool:
+        """Wait for the next message of any process (a result, ``ready``, or a death) and act on it; False when no
+        process is running or starting."""
+        waiting = {slot.connection: slot for slot in self._slots if slot.alive and slot.connection is not None}
+        if not waiting:
+            return False
+        for connection in wait(list(waiting)):
+            slot = waiting[connection]  # type: ignore[index]
+            try:
+                message = pickle.loads(slot.connection.recv_bytes())  # type: ignore[union-attr]
+            except (EOFError, OSError):
+                self._died(slot, done)
+                continue
+            if message[0] == "ready":
+                slot.ready = True
+                continue
+            tag, ok, value, seconds = message
+            if slot.task is None or slot.task[0] != tag:
+                continue
+            _, position, client_id = slot.task
+            slot.task = None
+            if position >= 0:
+                done[position] = (client_id, value if ok else _as_error(value), seconds)
+        return True
+
+    def _died(self, slot: _Slot, done: dict[int, tuple[str, Any, float]]) -> None:
+        """``slot``'s process ended: its task fails; it starts again for the next task unless it never got ready."""
+        assert slot.process is not None and slot.connection is not None
+        try:
+            code: int | None = slot.process.wait(timeout=CLOSE_SECONDS)
+        except subprocess.TimeoutExpired:  # its socket closed, yet it runs: it cannot serve
+            slot.process.kill()
+            code = slot.process.wait()
+        slot.connection.close()
+        when = "while it ran client" if slot.ready else "before it was ready, with client"
+        log.warning("worker process %s ended (exit code %s)", slot.pid, code)
+        if slot.task is not None:
+            _, position, client_id = slot.task
+            if position >= 0:
+                error = WorkerProcessError(f"worker process {slot.pid} ended (exit code {code}) {when} {client_id}")
+                done[position] = (client_id, error, 0.0)
+        slot.retired = slot.retired or not slot.ready
+        slot.process, slot.connection, slot.ready, slot.task = None, None, False, None
+
+    def close(self) -> None:
+        """End every process: close the connections (an idle process ends at once), then terminate, then kill."""
+        for slot in self._slots:
+            if slot.connection is not None:
+                with contextlib.suppress(OSError):
+                    slot.connection.close()
+        deadline = time.monotonic() + CLOSE_SECONDS
+        for slot in self._slots:
+            if slot.process is not None and slot.ready and slot.task is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    slot.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.terminate()
+        for slot in self._slots:
+            if slot.process is not None:
+                try:
+                    slot.process.wait(timeout=CLOSE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    slot.process.kill()
+                    slot.process.wait()
+            slot.process, slot.connection, slot.ready, slot.task = None, None, False, None
+
+
+def _as_error(value: Any) -> BaseException:
+    return value if isinstance(value, BaseException) else WorkerProcessError(repr(value))
+
+
+def pool_threads(configured: int | None, size: int) -> int:
+    """Torch threads per worker process: the config's ``threads``, else the CPU cores shared out among ``size``."""
+    if configured:
+        return configured
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // size)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The local engine on worker processes (``engine.workers``): the records of one worker, a dead worker process as a
+failed client, Ctrl-C, and the config's refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedpeft.core.config import load_config, validate
+from fedpeft.core.errors import UserError
+from fedpeft.engine.local import LocalEngine
+from fedpeft.engine.pool import pool_threads
+from fedpeft.runner import Experiment
+from tests.test_flower import tiny_raw
+from tests.test_run_dirs import TINY
+
+# Several method families: FedIT and FedProx (global adapter), Ditto and FedSA-LoRA (state kept per client between
+# rounds), LoRA (local only); every round evaluated (evaluate_round on the workers too).
+FAMILIES = [
+    "methods=[{name: fedit, rounds: 2, fraction: 0.5, local_steps: 2, lr: 0.005},"
+    " {name: fedprox, rounds: 2, fraction: 1.0, local_steps: 2, lr: 0.005, mu: 0.01},"
+    " {name: ditto, rounds: 2, fraction: 1.0, local_steps: 2, lr: 0.005},"
+    " {name: fedsa_lora, rounds: 2, fraction: 1.0, local_steps: 2, lr: 0.005},"
+    " {name: lora, lr: 0.005, epochs: 1}]",
+    "eval.every=1",
+]
+
+
+def comparable(out: Path) -> list[dict]:
+    """The run's records, the ``train`` split's timings left out (they are wall-clock seconds)."""
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return [r for r in records if not (r["split"] == "train" and r["metric"] == "seconds")]
+
+
+def run_with(tmp_path: Path, name: str, overrides: list[str], workers: int) -> Path:
+    out = tmp_path / name
+    Experiment(load_config("smoke", [*overrides, f"engine.workers={workers}"]), out).run()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize("value", [0, -1, "many", 1.5])
+def test_workers_below_one_are_refused_with_one_sentence(value):
+    with pytest.raises(UserError, match=r"engine\.workers.*1 or more, or `auto`"):
+        validate({"engine": {"workers": value}})
+
+
+def test_workers_auto_is_the_cores_this_process_may_use():
+    cfg = validate({"engine": {"workers": "auto"}})
+    assert cfg.engine.worker_count() == len(os.sched_getaffinity(0))
+    assert validate({}).engine.worker_count() == 1
+
+
+def test_two_workers_keep_client_state_on_disk_and_one_keeps_it_in_memory(tmp_path):
+    two = Experiment(load_config("smoke", [*TINY, "engine.workers=2"]), tmp_path / "a")
+    one = Experiment(load_config("smoke", TINY), tmp_path / "b")
+    assert two.cfg.engine.state == "disk" and one.cfg.engine.state == "memory"
+
+
+def test_threads_per_worker_share_the_cores_unless_the_config_sets_them():
+    cores = len(os.sched_getaffinity(0))
+    assert pool_threads(None, 2) == max(1, cores // 2)
+    assert pool_threads(None, 10 * cores) == 1
+    assert pool_threads(3, 2) == 3
+
+
+def test_workers_given_on_the_command_line_are_refused_at_load(tmp_path, monkeypatch, capsys):
+    from fedpeft import cli
+
+    argv = ["fedpeft", "run", "smoke", "--out", str(tmp_path / "out"), "--set", "engine.workers=0"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "engine.workers" in err[-1] and not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------- same numbers
+@pytest.mark.slow
+def test_two_workers_give_the_records_of_one(tmp_path):
+    one = run_with(tmp_path, "one", TINY, 1)
+    two = run_with(tmp_path, "two", TINY, 2)
+    assert comparable(two) == comparable(one)
+    # More workers than clients: as many as there are clients.
+    many = run_with(tmp_path, "many", TINY, 64)
+    assert comparable(many) == comparable(one)
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_records_of_one_across_method_families(tmp_path):
+    overrides = [*TINY[:-1], *FAMILIES]
+    one = run_with(tmp_path, "one", overrides, 1)
+    two = run_with(tmp_path, "two", overrides, 2)
+    records = comparable(one)
+    assert {r["method"] for r in records} >= {"fedit", "fedprox", "ditto", "fedsa_lora", "lora"}
+    assert any(r["split"] == "train" for r in records) and any(r["round"] == 1 for r in records)
+    assert comparable(two) == records
+    assert list((two / "client_state").rglob("*.safetensors"))  # per-client state lived on disk
+
+
+# ---------------------------------------------------------------------------------------------- failures
+@pytest.mark.slow
+def test_a_killed_worker_process_is_a_failed_client_and_the_run_goes_on(tmp_path):
+    """SIGKILL the worker process that runs a (slow) client in round 1: the client is a failed client of that
+    round, the process is replaced, and the run ends with every other record."""
+    victim = "lat1-seen-00"
+    overrides = [
+        *TINY[:-1],
+        "methods=[{name: fedit, rounds: 3, fraction: 1.0, local_steps: 2, lr: 0.005}]",
+        f"faults=[{{kind: slow, value: 120, clients: [{victim}], rounds: [1]}}]",
+        "engine.workers=2",
+    ]
+    engines: list[LocalEngine] = []
+
+    def engine_factory(worker):
+        engines.append(LocalEngine(worker, workers=2))
+        return engines[0]
+
+    killed: list[int] = []
+
+    out = tmp_path / "run"
+    after_round_0 = out / "checkpoints" / "fedit" / "seed0.safetensors"
+
+    def kill_the_victim() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            pid = engines[0].running().get(victim) if engines and after_round_0.exists() else None
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_victim, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    Experiment(load_config("smoke", overrides), out).run(engine_factory=engine_factory)
+    killer.join(timeout=10)
+    assert killed and time.monotonic() - started < 110  # the slow client was not waited for
+    costs = [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
+    failed = [c for c in costs if c.get("metric") == "failed_client"]
+    assert len(failed) == 1 and failed[0]["client"] == victim and failed[0]["round"] == 1, failed
+    assert "WorkerProcessError" in json.dumps(failed[0]) and str(killed[0]) in json.dumps(failed[0])
+    records = comparable(out)
+    assert {r["method"] for r in records} >= {"fedit", "base"}
+    assert {r["client"] for r in records if r["method"] == "fedit" and r["split"] == "test"} >= {victim}
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_worker_process(tmp_path):
+    """Ctrl-C (SIGINT to the process group) during the rounds ends the run with exit code 130 and leaves no
+    process of its session behind."""
+    raw = tiny_raw(base={"kind": "pretrained"}, engine={"workers": 2})
+    raw["methods"] = [raw["methods"][0] | {"rounds": 40}]
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    fedpeft = str(Path(sys.executable).parent / "fedpeft")
+    run = subprocess.Popen(
+        [fedpeft, "run", str(config), "--out", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    checkpoint = out / "checkpoints" / "fedit" / "seed0.safetensors"
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert run.poll() is None, "the run ended before it could be interrupted"
+    session = ["ps", "-o", "pid=,args=", "-s", str(run.pid)]
+    before = subprocess.run(session, capture_output=True, text=True).stdout
+    assert before.count("fedpeft.engine.pool") == 2, before
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err[-3000:]
+    deadline = time.monotonic() + 10
+    while True:
+        left = subprocess.run(session, capture_output=True, text=True).stdout
+        if not left.strip() or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not left.strip(), left
