@@ -33,7 +33,7 @@ class LocalEngine(Engine):
         self.worker = worker
         self.on_client = on_client
         self.pool: WorkerPool | None = None
-        size = min(workers, len(worker.data.clients))
+        size = min(workers, len(worker.data.clients)) if workers >= 2 else 1
         if size >= 2:
             threads = pool_threads(worker.cfg.threads, size)
             self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data)
