@@ -47,6 +47,7 @@ WORKER_DIR = "worker-dir"  # node config: where the node keeps its worker proces
 IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker process waits for a message before it ends
 DEFAULT_IDLE_TIMEOUT = 3600.0
 START_TIMEOUT = 300.0  # seconds a new worker process may take to import, before its first message
+LISTEN_SECONDS = 10.0  # seconds a new worker process may take from binding its socket to listening on it
 
 
 class RelayError(RuntimeError):
@@ -144,6 +145,17 @@ def _connect(address: WorkerAddress) -> Connection | None:
         return None
 
 
+def _connect_listening(address: WorkerAddress, seconds: float = LISTEN_SECONDS) -> Connection | None:
+    """:func:`_connect` to a worker process whose socket has just appeared: the socket file exists from its bind,
+    a moment before it listens, so a refused connection is tried again for up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        connection = _connect(address)
+        if connection is not None or time.monotonic() > deadline:
+            return connection
+        time.sleep(0.05)
+
+
 def _starting(address: WorkerAddress) -> int | None:
     """The process id of a worker process of ``address`` that was started and is alive (it may still be importing,
     before its socket exists), or None."""
@@ -221,7 +233,7 @@ def connect(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> tuple[
                 _wait_for_socket(address, pid)
             else:
                 _start(address, node_config)
-            connection = _connect(address)
+            connection = _connect_listening(address)
     if connection is None:
         raise RelayError(f"the node's worker process does not answer on {address.socket}")
     return connection, time.perf_counter() - started
