@@ -276,17 +276,18 @@ class Stages:
         self._parts += [name for name, _ in units]  # in the order a one-at-a-time run lists them
 
         slots = min(self.engine.concurrent_units, len(units))
-        started = itertools.count()
+        # A unit that waits for a free thread takes over the count of the unit whose thread it gets: between the one
+        # ending and the other starting, the engine still counts a running unit, so no step leaves without it.
+        handoffs = itertools.count(len(units) - slots, -1)
 
         def run(name: str, work: Callable[[], tuple[list[ResultRecord], list[dict]]]) -> None:
             try:
                 with turns.hold():
-                    if next(started) >= slots:  # a unit that waited for a free thread
-                        self.engine.units_started(1)
                     self._unit(name, work, listed=True)
             finally:
                 with turns.hold():
-                    self.engine.unit_ended()
+                    if next(handoffs) <= 0:
+                        self.engine.unit_ended()
 
         self.engine.units_started(slots)  # before any thread starts: the engine waits for all of them to ask
         with ThreadPoolExecutor(slots, thread_name_prefix="unit") as pool:
