@@ -15,19 +15,13 @@ from pathlib import Path
 
 import pytest
 from entry_point import cli
+from test_run_dirs import TINY
 
 from fedpeft.core.config import load_config
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import FaultConfig, check_fault_clients
 
-TINY = [
-    "data.groups=[lat1]",
-    "data.train_per_group=40",
-    "data.test_per_group=20",
-    "data.base_samples=200",
-    "budgets=[2]",
-    "methods=[{name: lora, lr: 0.005, epochs: 1}]",
-]  # clients lat1-seen-00, lat1-seen-01 (seen) and lat1-unseen-00, lat1-unseen-01
+# TINY's clients: lat1-seen-00, lat1-seen-01 (seen) and lat1-unseen-00, lat1-unseen-01
 
 
 def smoke_args(out: Path, *overrides: str) -> list[str]:
