@@ -248,6 +248,29 @@ def test_float16_on_the_cpu_is_refused(texts):
         runtime(texts, dtype="float16")
 
 
+def test_full_fine_tuning_on_a_float16_or_quantized_base_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """Checked from the config, before the model loads (so before the CPU's own float16 refusal here)."""
+    from tests.entry_point import cli
+
+    out = tmp_path / "out"
+    code, _, err = cli(monkeypatch, capsys, "run", "smoke", "--out", str(out), "--set", "model.dtype=float16")
+    assert code == 2 and not out.exists()
+    assert err.strip().splitlines()[-1] == (
+        "error: model.dtype float16 trains adapters only (loss scaling cannot update float16 weights), and base.kind "
+        "centralized, method 'fedavg_full' train(s) the base weights; use model.dtype bfloat16, or leave them out."
+    )
+    code, _, err = cli(monkeypatch, capsys, "run", "smoke", "--out", str(out), "--set", "model.quantization=8bit")
+    assert code == 2 and not out.exists()
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: model.quantization 8bit keeps the base weights frozen (QLoRA), and base.kind centralized, method "
+            "'fedavg_full' train(s) them;"
+        )
+    )
+
+
 # ------------------------------------------------------------------------------------------------ quantization
 
 
@@ -304,6 +327,13 @@ def test_quantized_checkpoint_trains_a_lora_on_the_cpu(quantization, texts, tmp_
     first.install(ClientModel(lora=lora_spec(first, 4)), seed=0)
     assert first.train(examples, lr=0.0, batch_size=8, seed=0, steps=1)["loss"] == pytest.approx(reference, rel=0.05)
     assert len(rt.predict(examples[:2])) == 2
+    # The next client: the base is restored (its quantized weights stay the layers' own) and a fresh LoRA trains.
+    rt.install(ClientModel())
+    rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=1)
+    assert torch.isfinite(torch.tensor(rt.train(examples, lr=5e-2, batch_size=8, seed=1, steps=2)["loss"]))
+    assert all(torch.equal(v, rt.base_state()[k]) for k, v in base.items())
+    with pytest.raises(UserError, match="model.quantization keeps the base weights frozen, and this method replaces"):
+        rt.load_base({name: torch.zeros_like(base[name]) for name in rt.weights.quantized_params})
 
 
 def test_quantizing_a_registered_model_is_refused(monkeypatch, texts):

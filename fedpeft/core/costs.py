@@ -21,6 +21,15 @@ def peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+def peak_cuda_mb() -> float | None:
+    """Peak GPU memory that this process's tensors took so far, in MiB (the largest over its GPUs); None when it
+    has not used CUDA (torch not imported, or no GPU initialized)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return max(torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())) / 2**20
+
+
 @cache
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
@@ -118,6 +127,9 @@ class CostMeter:
     def rows(self, method: str, seed: int, phase: str) -> list[dict]:
         """Records for ``costs.jsonl``."""
         values: dict[str, float] = {"wall_s": self.wall_seconds, "peak_rss_mb": peak_rss_mb()}
+        cuda = peak_cuda_mb()
+        if cuda is not None:  # of this process: with worker processes, the server's share only
+            values["peak_cuda_mb"] = cuda
         if self.client_rounds:
             values.update(
                 bytes_up_per_client_round=self.bytes_up / self.client_rounds,

@@ -64,6 +64,11 @@ class MethodClass(Protocol):
         """The pydantic class its config entries are validated into."""
         ...
 
+    @property
+    def trains_base_weights(self) -> bool:
+        """Whether it fine-tunes the base model's own weights (refused on a float16 base)."""
+        ...
+
     def __call__(self, cfg: Any) -> ConfiguredMethod:
         """The method configured by ``cfg``, an instance of its own ``Config`` (hence ``Any`` here)."""
         ...

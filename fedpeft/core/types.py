@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 StateDict = dict[str, torch.Tensor]
 Metrics = dict[str, float]
 ClientId = str
+T = TypeVar("T")
+
+
+def on_cpu(value: T) -> T:
+    """``value`` with every tensor in it (inside dicts, lists, tuples and dataclasses) on the CPU: what a client
+    sends and keeps between rounds, whatever device it trained on. CPU tensors are kept as they are (no copy)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {k: on_cpu(v) for k, v in value.items()}  # type: ignore[return-value]
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return type(value)(on_cpu(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: on_cpu(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    return value
 
 
 @dataclass

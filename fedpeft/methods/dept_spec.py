@@ -47,6 +47,7 @@ class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
     private_keys = ("word_embeddings", "position_embeddings", "embed_tokens", "embed_positions", "wte", "wpe")
     base_stage = True
     per_client_base = True
+    trains_base_weights = True
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         runtime.install(ClientModel())

@@ -32,6 +32,7 @@ class FedAvgFull(Method[FedAvgFullConfig, ServerState, None]):
     name = "fedavg_full"
     Config = FedAvgFullConfig
     base_stage = True
+    trains_base_weights = True
 
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerState:
         runtime.load_base(None)

@@ -43,6 +43,7 @@ __all__ = [
     "Loaded",
     "LoraSpec",
     "ModelRuntime",
+    "check_device",
     "resolve_device",
     "unload_adapters",
 ]
@@ -58,6 +59,31 @@ def resolve_device(device: str) -> str:
     if mps is not None and mps.is_available():
         return "mps"
     return "cpu"
+
+
+def check_device(device: str) -> None:
+    """Refuse, in one sentence, a ``device`` this machine does not have: CUDA without a GPU or a CUDA build of
+    PyTorch, ``cuda:N`` beyond the visible GPUs, ``mps`` off Apple silicon.
+
+    Raises:
+        UserError: naming the device and what to set instead.
+    """
+    target = torch.device(resolve_device(device))
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build of PyTorch" if torch.version.cuda is None else "no visible GPU"
+            raise UserError(
+                f"device {device} needs an NVIDIA GPU, and this machine has {build} (torch {torch.__version__}); "
+                "set device: cpu or auto."
+            )
+        count = torch.cuda.device_count()
+        if target.index is not None and target.index >= count:
+            raise UserError(
+                f"device {device} names GPU {target.index}, but {count} GPU(s) are visible (numbered from 0, "
+                "after CUDA_VISIBLE_DEVICES); name one of them, or set device: cuda."
+            )
+    if target.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UserError(f"device {device} needs Apple silicon with PyTorch's MPS backend; set device: cpu or auto.")
 
 
 class Loaded(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,36 @@ class LoraSpec:
         )
 
 
+def _lora_params(module: LoraLayer, name: str) -> list[torch.nn.Parameter]:
+    """The parameters of adapter ``name`` in the LoRA layer ``module`` (its A and B, embedding A and B)."""
+    params: list[torch.nn.Parameter] = []
+    for attr in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
+        container = getattr(module, attr, None)
+        if container is None or name not in container:
+            continue
+        part = container[name]
+        params.extend(part.parameters() if isinstance(part, torch.nn.Module) else [part])
+    return params
+
+
+@contextlib.contextmanager
+def _on_cpu(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """Move ``params`` to the CPU for the block (their objects kept), then back where each was."""
+    devices = [p.device for p in params]
+    for p in params:
+        p.data = p.data.cpu()
+    try:
+        yield
+    finally:
+        for p, device in zip(params, devices, strict=True):
+            p.data = p.data.to(device)
+
+
+def _is_quantized(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a bitsandbytes packed weight (``Params4bit``, ``Int8Params``)."""
+    return type(param).__module__.split(".")[0] == "bitsandbytes"
+
+
 class ModelWeights:
     """A base model's weights and the named LoRA adapters installed on it in place.
 
@@ -102,25 +132,47 @@ class ModelWeights:
         # The layers LoRA wraps, captured before PEFT injects adapters (the module objects survive injection as
         # each LoRA layer's ``base_layer``, so hooks on them see the base layer's input).
         self.target_modules: list[tuple[str, torch.nn.Module]] = lora_modules(self.base_model, lora_targets)
-        self._initial_base = {k: v.detach().clone() for k, v in self.base_params.items()}
+        # bitsandbytes' packed 4-bit / 8-bit weights: frozen by QLoRA, so never copied or overwritten (a copy of
+        # the packed data does not load back into the layer).
+        self.quantized_params = {name for name, p in self.base_params.items() if _is_quantized(p)}
+        self._initial_base = self._copy(self.base_params)
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None
 
     # ------------------------------------------------------------------ base weights
+    def _copy(self, state: Mapping[str, torch.Tensor], device: torch.device | None = None) -> StateDict:
+        """A copy of ``state`` on ``device`` (``None``: each tensor where its base weight lives); a quantized weight
+        is kept as the layer's own tensor (it never changes)."""
+        return {
+            k: v if k in self.quantized_params else v.detach().to(device or self.base_params[k].device, copy=True)
+            for k, v in state.items()
+        }
+
     def base_state(self) -> StateDict:
-        """A copy of the current base weights, by canonical parameter name."""
-        return {k: v.detach().clone() for k, v in self.base_params.items()}
+        """A copy of the current base weights on the CPU, by canonical parameter name (what a server keeps and a
+        message carries; quantized weights, which never change, as the layers' own tensors)."""
+        return self._copy(self.base_params, torch.device("cpu"))
+
+    def _write(self, name: str, tensor: torch.Tensor) -> None:
+        param = self.base_params[name]
+        if name not in self.quantized_params:
+            param.copy_(tensor)
+        elif tensor.data_ptr() != param.data_ptr():
+            raise UserError(
+                f"model.quantization keeps the base weights frozen, and this method replaces {name}; drop "
+                "model.quantization, or use a method that trains adapters only on a pretrained base."
+            )
 
     def load_base(self, state: StateDict | None) -> None:
         """Overwrite base weights in place (``None`` restores the weights the model was loaded with)."""
         source = self._initial_base if state is None else state
         with torch.no_grad():
             for name, tensor in source.items():
-                self.base_params[name].copy_(tensor)
+                self._write(name, tensor)
 
     def set_initial_base(self, state: StateDict) -> None:
         """Make ``state`` the weights that ``load_base(None)`` restores (the output of the base stage)."""
-        self._initial_base = {k: v.detach().clone() for k, v in state.items()}
+        self._initial_base = self._copy(state)
         self.load_base(None)
 
     def override_initial_base(self, tensors: StateDict) -> StateDict:
@@ -132,8 +184,8 @@ class ModelWeights:
         previous = {k: self._initial_base[k] for k in tensors}
         with torch.no_grad():
             for name, tensor in tensors.items():
-                self._initial_base[name] = tensor.detach().clone()
-                self.base_params[name].copy_(tensor)
+                self._write(name, tensor)
+                self._initial_base[name] = self._copy({name: tensor})[name]
         return previous
 
     def check_budget(self, rank: int) -> None:
@@ -178,10 +230,11 @@ class ModelWeights:
         return {k: p for k, p in self.peft.named_parameters() if f".{name}." in k or k.endswith(f".{name}")}
 
     def adapter_state(self) -> StateDict:
-        """A copy of the active adapter's tensors (LoRA weights and head), PEFT names without adapter name."""
+        """A copy of the active adapter's tensors (LoRA weights and head) on the CPU, PEFT names without adapter
+        name."""
         assert self.peft is not None and self.active is not None, "no active adapter"
         state = get_peft_model_state_dict(self.peft, adapter_name=self.active.key)
-        return {k: v.detach().clone() for k, v in state.items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     def load_adapter(self, state: StateDict) -> None:
         """Load tensors (as returned by :meth:`adapter_state`, possibly partial) into the active adapter."""
@@ -195,11 +248,13 @@ class ModelWeights:
         """Fresh LoRA weights (A random from ``seed``, B = 0) and the head copied from the base model."""
         assert self.peft is not None and self.active is not None, "no active adapter"
         name = self.active.key
+        # Drawn on the CPU from its generator alone, whatever the device: a seed gives the same adapter on a GPU.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)
             for module in self.peft.modules():
                 if isinstance(module, LoraLayer) and name in module.lora_A:
-                    module.reset_lora_parameters(name, True)
+                    with _on_cpu(_lora_params(module, name)):
+                        module.reset_lora_parameters(name, True)
         with torch.no_grad():
             for module in self.peft.modules():
                 to_save = getattr(module, "modules_to_save", None)
