@@ -38,15 +38,18 @@ from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import FederatedData
+from fedpeft.engine.pool import visible_gpus
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
-from fedpeft.methods.base import MeanServerConfigMixin, Method
+from fedpeft.methods.base import DropoutConfig, MeanServerConfigMixin, Method, method_class
+from fedpeft.models.runtime import check_device
 from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.rundir import DATA_FILE, RunDirectory
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
 
 log = logging.getLogger("fedpeft")
 
+CUDA_CONTEXT_BYTES = 512 * 2**20  # what a process's CUDA context takes on its GPU before any tensor
 ENGINE_PART = "engine"  # parts/engine.jsonl: the engine's own cost rows
 EngineFactory = Callable[[Worker], Engine]
 
@@ -75,7 +78,8 @@ class Experiment:
                     "base.kind=centralized trains on a base corpus in the server, which site-local data "
                     "(data.sites) does not have; use base.kind=pretrained or federated."
                 )
-        if cfg.engine.name == "local" and cfg.engine.worker_count() >= 2 and cfg.engine.state != "disk":
+        self._gpus = visible_gpus(cfg.device) if cfg.engine.name == "local" else []
+        if cfg.engine.name == "local" and cfg.engine.worker_count(len(self._gpus)) >= 2 and cfg.engine.state != "disk":
             # Worker processes each serve any client: its state between rounds lives where all of them find it.
             cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"state": "disk"})})
         # Every method's settings were validated with the config; what remains are facts across entries.
@@ -95,6 +99,7 @@ class Experiment:
         self.directory = RunDirectory(out, dump_config(cfg))
         self.progress = progress or Progress()
         self._given_data = data
+        self._check_batch_clients()
 
     @property
     def out(self) -> Path:
@@ -148,7 +153,11 @@ class Experiment:
     def _load(self, *, flower: bool) -> Worker:
         """This process's worker (data, model, methods), once every check that needs them has passed; nothing is
         written before."""
+        check_device(self.cfg.device)
+        self._check_frozen_base()
+        self._check_gpu_workers()
         worker = Worker(self.cfg, self.out, data=self._given_data)
+        self._check_worker_memory(worker)
         methods = [worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         data = worker.data
         seen = len(data.pool("seen"))
@@ -170,9 +179,81 @@ class Experiment:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self._check_secure_aggregation(worker, methods, flower=flower)
+        self._check_batch_model(worker, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
         check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in data.clients})
         return worker
+
+    def _check_frozen_base(self) -> None:
+        """Refuse full fine-tuning where the base weights cannot train: a float16 base (loss scaling cannot update
+        float16 weights) or a quantized one; the trainer would refuse it at the first client, mid-run."""
+        models = [self.cfg.model, *(self.cfg.models or {}).values()]
+        float16 = any(model.dtype == "float16" for model in models)
+        quantized = next((model.quantization for model in models if model.quantization), None)
+        if not float16 and quantized is None:
+            return
+        entries = self.cfg.methods
+        training = [f"method {e.label or e.name!r}" for e in entries if METHODS.get(e.name).trains_base_weights]
+        if self.cfg.base.kind == "centralized":
+            training.insert(0, "base.kind centralized")
+        elif self.cfg.base.kind == "federated" and METHODS.get(self.cfg.base.method.name).trains_base_weights:
+            training.insert(0, f"base.method {self.cfg.base.method.name!r}")
+        if not training:
+            return
+        if quantized is not None:
+            raise UserError(
+                f"model.quantization {quantized} keeps the base weights frozen (QLoRA), and {', '.join(training)} "
+                "train(s) them; drop model.quantization, or leave them out (base.kind pretrained)."
+            )
+        raise UserError(
+            f"model.dtype float16 trains adapters only (loss scaling cannot update float16 weights), and "
+            f"{', '.join(training)} train(s) the base weights; use model.dtype bfloat16, or leave them out."
+        )
+
+    def _worker_processes(self, clients: int | None = None) -> int:
+        """How many worker processes the local engine starts (0: none, every client runs in this process)."""
+        if self.cfg.engine.name != "local":
+            return 0
+        size = self.cfg.engine.worker_count(len(self._gpus))
+        if clients is not None:
+            size = min(size, clients)
+        return size if size >= 2 else 0
+
+    def _check_gpu_workers(self) -> None:
+        """Refuse more worker processes than the visible GPUs take at ``engine.workers_per_gpu``."""
+        engine = self.cfg.engine
+        if self._gpus and self._worker_processes() > len(self._gpus) * engine.workers_per_gpu:
+            raise UserError(
+                f"engine.workers {engine.workers} is more worker processes than the {len(self._gpus)} visible GPU(s) "
+                f"take at engine.workers_per_gpu {engine.workers_per_gpu}; lower engine.workers or raise "
+                "engine.workers_per_gpu."
+            )
+
+    def _check_worker_memory(self, worker: Worker) -> None:
+        """Refuse a worker-process count whose estimated memory does not fit (docs/engines.md): each process holds
+        what this one holds now (the data and the model: its resident size), and on a GPU what this process's
+        model takes there (its allocated bytes) plus half again for training."""
+        import psutil
+        import torch
+
+        from fedpeft.engine.pool import gpu_shares, memory_shortfall
+
+        size = self._worker_processes(len(worker.data.clients))
+        if not size:
+            return
+        problem = memory_shortfall(
+            size, psutil.Process().memory_info().rss, psutil.virtual_memory().available, where="memory"
+        )
+        if problem is None and self._gpus:
+            per_process = int(torch.cuda.memory_allocated() * 1.5) + CUDA_CONTEXT_BYTES
+            for index, share in enumerate(gpu_shares(size, self._gpus)):
+                free, _ = torch.cuda.mem_get_info(index)
+                where = f"memory of GPU {self._gpus[index]}"
+                problem = problem or memory_shortfall(
+                    share, per_process, free, where=where, setting="engine.workers_per_gpu"
+                )
+        if problem is not None:
+            raise UserError(problem)
 
     def _check_secure_aggregation(self, worker: Worker, methods: list[Method], *, flower: bool) -> None:
         """Refuse ``engine.secagg`` where it cannot run: off the Flower engine, for a method whose server step is
@@ -197,13 +278,71 @@ class Experiment:
                     "secure aggregation (engine.secagg) shows the server only their sum."
                 )
 
+    def _check_batch_clients(self) -> None:
+        """Refuse, from the config alone, ``engine.batch_clients`` above 1 where a batch cannot train each client
+        exactly as alone: on the Flower engine, with worker processes, for methods whose clients cannot train
+        together, with LoRA dropout, and with one base model per architecture."""
+        cfg = self.cfg
+        if cfg.engine.batch_clients < 2:
+            return
+        fix = "set engine.batch_clients=1"
+        if cfg.engine.name == "flower":
+            raise UserError(f"engine.batch_clients runs on the local engine; run without `--engine flower` or {fix}.")
+        if self._worker_processes():
+            raise UserError(
+                "engine.batch_clients does not combine with engine.workers of 2 or more yet; set one of them to 1."
+            )
+        entries = list(cfg.methods) + ([cfg.base.method] if cfg.base.kind == "federated" else [])
+        refused = [entry.label or entry.name for entry in entries if not method_class(entry.name).batchable_clients]
+        if refused:
+            batchable = ", ".join(n for n in METHODS.names() if method_class(n).batchable_clients)
+            raise UserError(
+                f"engine.batch_clients trains clients together only for methods whose clients each train a plain "
+                f"LoRA ({batchable}), not {', '.join(refused)}; {fix} or run those methods in a config of their own."
+            )
+        dropout = [entry.label or entry.name for entry in entries if isinstance(entry, DropoutConfig) and entry.dropout]
+        if dropout:
+            raise UserError(
+                f"engine.batch_clients needs LoRA dropout 0 (each client would draw its own masks), and "
+                f"{', '.join(dropout)} set(s) a dropout; set it to 0 or {fix}."
+            )
+        if len(cfg.models) > 1:
+            raise UserError(
+                f"engine.batch_clients trains clients of one base model, not of several architectures; {fix}."
+            )
+
+    def _check_batch_model(self, worker: Worker, *, flower: bool) -> None:
+        """Refuse ``engine.batch_clients`` above 1 where the loaded model or the engine cannot train clients together
+        exactly as alone: the Flower engine, a base model per client, and what :func:`batching_refusal` names."""
+        from fedpeft.models.multi_lora import batching_refusal
+
+        if self.cfg.engine.batch_clients < 2:
+            return
+        fix = "set engine.batch_clients=1"
+        if flower:
+            raise UserError(f"engine.batch_clients runs on the local engine, not in a Flower ServerApp; {fix}.")
+        if worker.per_client_base:
+            raise UserError(
+                f"engine.batch_clients trains clients that share one base model, and base.method "
+                f"{self.cfg.base.method.name!r} gives every client its own; {fix}."
+            )
+        problem = batching_refusal(worker.runtime)
+        if problem is not None:
+            raise UserError(problem)
+
     def _local_engine(self, worker: Worker) -> Engine:
         if self.cfg.engine.name == "flower":
             raise UserError("The flower engine runs through `fedpeft run --engine flower` or `flwr run .`.")
         from fedpeft.engine.local import LocalEngine
 
-        workers = self.cfg.engine.worker_count()
-        return LocalEngine(worker, on_client=self.progress.advance_client, workers=workers, data=self._given_data)
+        return LocalEngine(
+            worker,
+            on_client=self.progress.advance_client,
+            workers=self._worker_processes() or 1,
+            data=self._given_data,
+            gpus=self._gpus,
+            batch_clients=self.cfg.engine.batch_clients,
+        )
 
 
 class Stages:

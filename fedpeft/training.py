@@ -8,12 +8,15 @@ allocation reads the gradients and masks the weights the step produced).
 At LLM scale the loop also accumulates gradients over micro-batches (an item of ``batches`` that is a list of
 batches is one optimizer step), runs forward passes under ``autocast`` (bfloat16 / float16 compute) and, for
 float16, scales the loss with a ``GradScaler``.
+
+:func:`train_clients_loop` is the same loop for several clients at once (``engine.batch_clients``): one
+forward/backward per step over their joined batches, each client with its own loss, clipping and AdamW state.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -127,3 +130,61 @@ def train_loop(
             p.requires_grad_(saved_flags.get(name, False))
         model.eval()
     return {"loss": total_loss / max(steps, 1), "steps": float(steps)}
+
+
+ClientLosses = Callable[[list[int], list[Batch]], list[torch.Tensor]]
+"""``f(clients, batches) -> losses``: the task loss of each given client (by index) on its batch, all computed in
+one forward pass (:mod:`fedpeft.models.multi_lora`)."""
+
+
+def train_clients_loop(
+    losses: ClientLosses,
+    streams: Sequence[Iterator[Batch]],
+    params: Sequence[dict[str, torch.nn.Parameter]],
+    *,
+    steps: Sequence[int],
+    lr: Sequence[float],
+    weight_decay: Sequence[float],
+    max_grad_norm: float | None = 1.0,
+    autocast: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> list[Metrics]:
+    """:func:`train_loop` for several clients at once: every step is one forward/backward over the batches of the
+    clients still training, and each client keeps what it has alone (its AdamW state, learning rate and weight
+    decay, its gradient clipping and its mean loss), so each client's parameters end as :func:`train_loop` would
+    leave them. A client whose ``steps`` are done drops out of the later steps.
+
+    Args:
+        losses: computes the task loss of each given client on its batch (see :data:`ClientLosses`); the
+            gradient of their sum reaches each client's ``params`` from its own loss only.
+        streams: each client's endless batch iterator.
+        params: each client's trained parameters (disjoint between clients).
+        steps, lr, weight_decay: each client's optimizer steps, learning rate and weight decay.
+        max_grad_norm: clips each client's gradient norm on its own (``None``: no clipping).
+        autocast: returns the context every forward pass (and loss) runs in; ``None``: none.
+
+    Returns:
+        Each client's ``{"loss": mean task loss over its steps, "steps": its steps}``.
+    """
+    # One parameter group per client: AdamW keeps its moments and step count per parameter and skips a parameter
+    # without a gradient, so one optimizer steps every client still training exactly as its own optimizer would.
+    groups = [
+        {"params": list(own.values()), "lr": rate, "weight_decay": decay}
+        for own, rate, decay in zip(params, lr, weight_decay, strict=True)
+    ]
+    optimizer = torch.optim.AdamW(groups)
+    totals = [0.0] * len(params)
+    context = autocast if autocast is not None else contextlib.nullcontext
+    for step in range(max(steps, default=0)):
+        active = [k for k, total in enumerate(steps) if step < total]
+        batches = [next(streams[k]) for k in active]
+        with context():
+            task_losses = losses(active, batches)
+        for k, value in zip(active, torch.stack([loss.detach() for loss in task_losses]).tolist(), strict=True):
+            totals[k] += value
+        optimizer.zero_grad(set_to_none=True)  # a client that is done keeps no gradient: the step skips it
+        torch.stack(task_losses).sum().backward()
+        if max_grad_norm is not None:
+            for k in active:
+                torch.nn.utils.clip_grad_norm_(list(params[k].values()), max_grad_norm)
+        optimizer.step()
+    return [{"loss": totals[k] / max(total, 1), "steps": float(total)} for k, total in enumerate(steps)]

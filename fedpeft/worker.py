@@ -28,7 +28,7 @@ from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.stores import ClientStateStore, make_store
-from fedpeft.core.types import Metrics, Payload, ServerState, TrainResult
+from fedpeft.core.types import Metrics, Payload, ServerState, TrainResult, on_cpu
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.federation import build_federation
 from fedpeft.methods.base import Budget, Method, method_class
@@ -259,13 +259,16 @@ class Worker:
             self.use_client_base(seed, client_id)
         store = self.store(label, seed)
         client = self.client_in_round(client_id, round_, method.rounds)
+        runtime = self.runtime_for(client_id)
         update, client_state = method.client_update(
-            self.runtime_for(client_id),
+            runtime,
             client,
             payload,
             store.get(client_id),
             client_seed(seed, method.name, "train", round_, client_id),
         )
+        if runtime.device.type != "cpu":  # what travels and stays between rounds lives on the CPU
+            update, client_state = on_cpu((update, client_state))
         if client_state is not None:
             store.put(client_id, client_state, round_)
         return TrainResult(corrupt(faults, update, payload), reaching_faults(faults))
@@ -297,7 +300,6 @@ class Worker:
         self.use_client_base(seed, client_id)
         client = self.clients[client_id]
         budgets = method.budgets_of(client, self.cfg.budgets)
-        rounds = method.rounds if method.federated else None
         runtime = self.runtime_for(client_id)
         # Work every budget shares (e.g. BayesTune's rank scales), done once per client and timed with the rest.
         started = time.perf_counter()
@@ -314,21 +316,41 @@ class Worker:
             started = time.perf_counter()
             model = method.personalize(runtime, client, budget_state, client_state, budget, pseed)
             seconds += time.perf_counter() - started
-            metrics = method.evaluate(runtime, client, model, pseed)
-            records += records_of(label, budget, client, seed, rounds, metrics)
-            if save_adapters and model.lora is not None:
-                shared = self._is_shared(model, budget_state, runtime)
-                target = self.save_adapter(label, budget, client_id, shared=shared)
-                if model.routing is not None:  # how a mixture-of-experts model runs this adapter
-                    write_text_atomic(target / "routing.json", json.dumps(dataclasses.asdict(model.routing)) + "\n")
-            elif save_adapters and isinstance(model.extension, SavableExtension):  # adapters PEFT lacks
-                model.extension.save(adapter_dir(self.run_dir, label, budget, client_id))
-            records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
-            for name, variant in model.variants.items():
-                runtime.install(variant, seed=pseed)
-                metrics = runtime.evaluate(client.test)
-                records += records_of(f"{label}-{name}", budget, client, seed, rounds, metrics)
+            records += self.personalized_records(label, seed, client_id, budget, budget_state, model, save_adapters)
         return records, seconds
+
+    def personalized_records(
+        self,
+        label: str,
+        seed: int,
+        client_id: str,
+        budget: Budget,
+        state: ServerState,
+        model: ClientModel,
+        save_adapters: bool,
+    ) -> list[ResultRecord]:
+        """Evaluate one client's personalized ``model`` at ``budget`` (from the server ``state`` of that budget),
+        its variants too, save its adapter if asked; returns the records (:meth:`personalize`'s, per budget)."""
+        method = self.methods[label]
+        client = self.clients[client_id]
+        runtime = self.runtime_for(client_id)
+        rounds = method.rounds if method.federated else None
+        pseed = client_seed(seed, method.name, "personalize", budget, client_id)
+        metrics = method.evaluate(runtime, client, model, pseed)
+        records = records_of(label, budget, client, seed, rounds, metrics)
+        if save_adapters and model.lora is not None:
+            shared = self._is_shared(model, state, runtime)
+            target = self.save_adapter(label, budget, client_id, shared=shared)
+            if model.routing is not None:  # how a mixture-of-experts model runs this adapter
+                write_text_atomic(target / "routing.json", json.dumps(dataclasses.asdict(model.routing)) + "\n")
+        elif save_adapters and isinstance(model.extension, SavableExtension):  # adapters PEFT lacks
+            model.extension.save(adapter_dir(self.run_dir, label, budget, client_id))
+        records += records_of(label, budget, client, seed, rounds, model.info, split="personalize")
+        for name, variant in model.variants.items():
+            runtime.install(variant, seed=pseed)
+            metrics = runtime.evaluate(client.test)
+            records += records_of(f"{label}-{name}", budget, client, seed, rounds, metrics)
+        return records
 
     def _is_shared(self, model: ClientModel, state: ServerState, runtime: ModelRuntime) -> bool:
         """Whether the client's personalized model is the server's global adapter as it is (FedIT or FedProx

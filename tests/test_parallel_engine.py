@@ -18,8 +18,9 @@ import yaml
 from fedpeft.core.config import load_config, validate
 from fedpeft.core.errors import UserError
 from fedpeft.engine.local import LocalEngine
-from fedpeft.engine.pool import pool_threads
+from fedpeft.engine.pool import gpu_shares, memory_shortfall, pool_threads
 from fedpeft.runner import Experiment
+from tests.entry_point import cli
 from tests.test_flower import tiny_raw
 from tests.test_run_dirs import TINY
 
@@ -39,6 +40,11 @@ def comparable(out: Path) -> list[dict]:
     """The run's records, the ``train`` split's timings left out (they are wall-clock seconds)."""
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     return [r for r in records if not (r["split"] == "train" and r["metric"] == "seconds")]
+
+
+def sets(overrides: list[str]) -> list[str]:
+    """``overrides`` as ``--set`` options of the command line."""
+    return [arg for override in overrides for arg in ("--set", override)]
 
 
 def run_with(tmp_path: Path, name: str, overrides: list[str], workers: int) -> Path:
@@ -83,6 +89,64 @@ def test_workers_given_on_the_command_line_are_refused_at_load(tmp_path, monkeyp
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "engine.workers" in err[-1] and not (tmp_path / "out").exists()
+
+
+def test_memory_shortfall_names_the_count_that_fits():
+    gib = 2**30
+    assert memory_shortfall(3, gib, 3 * gib, where="memory") is None
+    message = memory_shortfall(4, gib, int(2.5 * gib), where="memory")
+    assert message == (
+        "engine.workers 4 needs about 4.0 GiB of memory (4 worker processes of about 1.00 GiB, each holding the "
+        "run's data and model), and 2.5 GiB is free; use engine.workers 2 or fewer."
+    )
+    tight = memory_shortfall(2, gib, gib // 2, where="memory of GPU 0", setting="engine.workers_per_gpu")
+    assert tight is not None and tight.startswith("engine.workers_per_gpu 2 needs about 2.0 GiB of memory of GPU 0")
+    assert tight.endswith("free memory or use a smaller model.")
+
+
+def test_worker_processes_are_pinned_to_the_gpus_round_robin(tmp_path):
+    """Each process sees one GPU (``CUDA_VISIBLE_DEVICES``), taken in turn; a CPU build of torch ignores it."""
+    import psutil
+
+    from fedpeft.core.config import dump_given
+    from fedpeft.engine.pool import WorkerPool
+
+    assert gpu_shares(5, ["0", "1"]) == [3, 2] and gpu_shares(1, ["0", "1"]) == [1, 0]
+    cfg = load_config("smoke", TINY)
+    pool = WorkerPool(dump_given(cfg), tmp_path, 3, 1, None, ["2", "7"])
+    pool.start()
+    try:
+        children = [p for p in psutil.Process().children() if "fedpeft.engine.pool" in " ".join(p.cmdline())]
+        seen = sorted(p.environ().get("CUDA_VISIBLE_DEVICES") for p in children)
+    finally:
+        pool.close()
+    assert seen == ["2", "2", "7"]
+
+
+def test_a_worker_count_that_does_not_fit_in_memory_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capsys
+):
+    """The estimate is this process's resident size per worker process; here the machine has room for one."""
+    import psutil
+
+    rss = psutil.Process().memory_info().rss
+    real = psutil.virtual_memory
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real()._replace(available=int(1.5 * rss)))
+    out = tmp_path / "out"
+    code, _, err = cli(monkeypatch, capsys, "run", "smoke", "--out", str(out), "--set", "engine.workers=2", *sets(TINY))
+    assert code == 2 and not out.exists()
+    assert err.strip().splitlines()[-1].endswith("GiB is free; use engine.workers 1 or fewer.")
+
+
+def test_a_gpu_device_without_a_gpu_is_refused_in_one_sentence(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    for device in ("cuda", "cuda:1"):
+        code, _, err = cli(monkeypatch, capsys, "run", "smoke", "--out", str(out), "--set", f"device={device}")
+        assert code == 2 and not out.exists()
+        assert f"device {device} needs an NVIDIA GPU" in err.strip().splitlines()[-1]
 
 
 # ---------------------------------------------------------------------------------------------- same numbers

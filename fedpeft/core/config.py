@@ -227,8 +227,14 @@ class EngineConfig(_Strict):
     engine runs one method at a time.
 
     ``workers``: on the local engine, how many worker processes run the clients of a round (and of
-    personalization and evaluation) side by side; ``auto``: one per CPU core this process may use. With 2 or
+    personalization and evaluation) side by side; ``auto``: one per CPU core this process may use, or, where the
+    run's device is ``cuda`` (or ``auto`` on a machine with GPUs), ``workers_per_gpu`` per visible GPU. With 2 or
     more, per-client state lives on disk (``state`` is set to ``disk``); 1 runs every client in this process.
+    On GPUs each worker process is pinned to one visible GPU, round-robin; ``workers_per_gpu`` is how many may
+    share one (``workers`` above the GPUs times ``workers_per_gpu`` is refused).
+
+    ``batch_clients``: on the local engine, how many clients of a batchable method (``fedit``, ``local``, ``lora``)
+    train their LoRA together in one forward/backward, each example through its own client's adapter.
     """
 
     name: Literal["local", "flower"] = "local"
@@ -237,6 +243,8 @@ class EngineConfig(_Strict):
     secagg: SecAggConfig | None = None
     concurrent_methods: int | None = Field(default=None, ge=1)
     workers: int | Literal["auto"] = 1
+    workers_per_gpu: int = Field(default=1, ge=1)
+    batch_clients: int = Field(default=1, ge=1)
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -245,9 +253,12 @@ class EngineConfig(_Strict):
             return value
         raise ValueError(f"got {value!r}; give a number of worker processes, 1 or more, or `auto` (one per CPU core)")
 
-    def worker_count(self) -> int:
-        """How many worker processes ``workers`` asks for (``auto``: the CPU cores this process may use)."""
+    def worker_count(self, gpus: int = 0) -> int:
+        """How many worker processes ``workers`` asks for (``auto``: ``workers_per_gpu`` per GPU when the run has
+        ``gpus`` GPUs to pin them to, else the CPU cores this process may use)."""
         if self.workers == "auto":
+            if gpus:
+                return gpus * self.workers_per_gpu
             return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return self.workers
 

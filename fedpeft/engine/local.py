@@ -1,6 +1,7 @@
 """The local engine: clients run on this process's worker one after another, or, with ``engine.workers`` of 2 or
-more, side by side on worker processes (:mod:`fedpeft.engine.pool`); either way their results reach aggregation
-in client-id order, so the numbers are the same."""
+more, side by side on worker processes (:mod:`fedpeft.engine.pool`), or, with ``engine.batch_clients`` above 1,
+several clients of a batchable method in one batch (:mod:`fedpeft.engine.batched`); either way their results reach
+aggregation in client-id order, so the numbers are the same."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from fedpeft.core.config import dump_given
 from fedpeft.core.costs import release_memory
 from fedpeft.core.types import Payload, TrainResult
+from fedpeft.engine.batched import batched_personalization, batched_training
 from fedpeft.engine.operations import operation
 from fedpeft.engine.pool import WorkerPool, pool_threads
 from fedpeft.engine.rounds import ClientOutcome, Engine
@@ -27,16 +29,29 @@ class LocalEngine(Engine):
     name = "local"
 
     def __init__(
-        self, worker: Worker, *, on_client: Callable[[], None] | None = None, workers: int = 1, data: Any = None
+        self,
+        worker: Worker,
+        *,
+        on_client: Callable[[], None] | None = None,
+        workers: int = 1,
+        data: Any = None,
+        gpus: list[str] | None = None,
+        batch_clients: int = 1,
     ) -> None:
-        """``data``: the federation the run was given (None: a worker process builds it from the config)."""
+        """``data``: the federation the run was given (None: a worker process builds it from the config);
+        ``gpus``: the GPUs the worker processes are pinned to, round-robin (:class:`WorkerPool`);
+        ``batch_clients``: clients of a batchable method trained in one batch (:mod:`fedpeft.engine.batched`)."""
         self.worker = worker
+        self.batch_clients = batch_clients
         self.on_client = on_client
         self.pool: WorkerPool | None = None
-        size = min(workers, len(worker.data.clients)) if workers >= 2 else 1
+        clients = len(worker.data.clients)
+        size = min(workers, clients) if workers >= 2 else 1
+        if size < workers:
+            log.info("%d worker processes: no stage has more than the federation's %d clients to run", size, clients)
         if size >= 2:
             threads = pool_threads(worker.cfg.threads, size)
-            self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data)
+            self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data, gpus or [])
             self.pool.start()
 
     def train_clients(
@@ -52,6 +67,13 @@ class LocalEngine(Engine):
             for client_id, outcome, seconds in self.pool.run("train", client_ids, kwargs_of):
                 self._after_client(release=False)
                 yield ClientOutcome.of_training(client_id, outcome, seconds)
+            return
+        if self._batched(label):
+            for outcome in batched_training(
+                self.worker, self.batch_clients, label, seed, round_, client_ids, payload_of
+            ):
+                self._after_client()
+                yield outcome
             return
         for client_id in client_ids:
             payload = payload_of(client_id)
@@ -74,6 +96,13 @@ class LocalEngine(Engine):
                 self._after_client(release=False)
                 yield client_id, value
             return
+        if op == "personalize" and self._batched(kwargs["label"]):
+            for client_id, value in batched_personalization(self.worker, self.batch_clients, client_ids, **kwargs):
+                if isinstance(value, BaseException):
+                    log.warning("client %s failed in %s: %r", client_id, op, value)
+                self._after_client()
+                yield client_id, value
+            return
         run = operation(op)
         for client_id in client_ids:
             try:
@@ -93,6 +122,10 @@ class LocalEngine(Engine):
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+
+    def _batched(self, label: str) -> bool:
+        """Whether the clients of method ``label`` train in batches (``batch_clients`` above 1, a batchable method)."""
+        return self.batch_clients > 1 and self.worker.methods[label].batchable_clients
 
     def _after_client(self, *, release: bool = True) -> None:
         if release:

@@ -127,6 +127,8 @@ class WorkerPool:
         size: how many processes.
         threads: torch threads of each process.
         data: the federation given to the run (None: each process builds it from the config).
+        gpus: the GPUs to pin the processes to, round-robin, as ``CUDA_VISIBLE_DEVICES`` names them (process
+            ``i`` sees only ``gpus[i % len(gpus)]``); empty: the processes see what this one sees.
     """
 
     config_text: str
@@ -134,6 +136,7 @@ class WorkerPool:
     size: int
     threads: int
     data: Any = None
+    gpus: list[str] = field(default_factory=list)
     _slots: list[_Slot] = field(default_factory=list)
     _tags: Iterator[int] = field(default_factory=itertools.count)
 
@@ -151,6 +154,8 @@ class WorkerPool:
         # The process imports the fedpeft this one runs, whatever the working directory.
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot.index % len(self.gpus)]
         command = [sys.executable, "-m", "fedpeft.engine.pool", str(theirs.fileno())]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env=env)
         theirs.close()  # only the child holds its end: its death reads as end of file here
@@ -283,6 +288,45 @@ class WorkerPool:
 
 def _as_error(value: Any) -> BaseException:
     return value if isinstance(value, BaseException) else WorkerProcessError(repr(value))
+
+
+def visible_gpus(device: str) -> list[str]:
+    """The GPUs worker processes are pinned to for a run on ``device``, as ``CUDA_VISIBLE_DEVICES`` names them:
+    every visible GPU when ``device`` is ``cuda`` (or ``auto`` resolving to it); none for another device or a
+    numbered ``cuda:N``, which every process then uses."""
+    import torch
+
+    from fedpeft.models.runtime import resolve_device
+
+    if resolve_device(device) != "cuda" or not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [name.strip() for name in listed.split(",") if name.strip()][: torch.cuda.device_count()]
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+def gpu_shares(size: int, gpus: list[str]) -> list[int]:
+    """How many of ``size`` processes each of ``gpus`` holds, pinned round-robin (see :class:`WorkerPool`)."""
+    return [len(range(index, size, len(gpus))) for index in range(len(gpus))]
+
+
+def memory_shortfall(
+    size: int, per_process: int, available: int, *, where: str, setting: str = "engine.workers"
+) -> str | None:
+    """One sentence refusing ``size`` worker processes of ``per_process`` bytes each where ``available`` bytes are
+    free (``where``: ``memory``, ``memory of GPU 0``, ...), or None when they fit; it names the largest count that
+    fits."""
+    if size * per_process <= available:
+        return None
+    gib = 2**30
+    fits = available // per_process if per_process else size
+    advice = f"use {setting} {fits} or fewer" if fits >= 1 else "free memory or use a smaller model"
+    return (
+        f"{setting} {size} needs about {size * per_process / gib:.1f} GiB of {where} ({size} worker processes of "
+        f"about {per_process / gib:.2f} GiB, each holding the run's data and model), and {available / gib:.1f} "
+        f"GiB is free; {advice}."
+    )
 
 
 def pool_threads(configured: int | None, size: int) -> int:

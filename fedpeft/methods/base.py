@@ -42,6 +42,7 @@ from fedpeft.merging.dp import DifferentialPrivacy, DPConfig
 from fedpeft.merging.robust import AggregationConfig, RobustRule
 from fedpeft.merging.server_opt import ServerOptimizer, ServerOptimizerConfig
 from fedpeft.merging.server_step import ServerStep, WeightedMean
+from fedpeft.models.multi_lora import LoraTraining, train_alone
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
@@ -98,6 +99,13 @@ class SamplingConfig(Protocol):
     min_clients: int
 
 
+@runtime_checkable
+class DropoutConfig(Protocol):
+    """The config field of a method whose LoRA may drop its inputs (``dropout``, a probability)."""
+
+    dropout: float
+
+
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 ServerT = TypeVar("ServerT", bound=ServerState)
 ClientT = TypeVar("ClientT")
@@ -133,6 +141,14 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     architecture_aware: ClassVar[bool] = False
     # Sends tensors between server and clients in its rounds (False: rounds of local training only).
     communicates: ClassVar[bool] = True
+    # Trains the base model's own weights (full fine-tuning), which a float16 base cannot (model.dtype float16
+    # keeps them in float16, and loss scaling cannot update float16 weights): refused at start there.
+    trains_base_weights: ClassVar[bool] = False
+    # Its clients each train one LoRA with nothing of their own but data and seed (no extra loss, gradient edit or
+    # hook): ``client_update`` runs ``client_training`` and uploads ``trained_update``, ``personalize`` runs
+    # ``personal_training`` (where it gives one), so an engine may train several clients in one batch
+    # (``engine.batch_clients``, fedpeft.models.multi_lora). A subclass that changes those hooks sets it False.
+    batchable_clients: ClassVar[bool] = False
     # The clients rounds sample from (the seen pool), given by the runner before a federated phase
     # (:meth:`bind_pool`); DP's fixed denominator m is the number of clients sampled from it.
     pool: list[str] | None = None
@@ -197,6 +213,20 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     ) -> tuple[ClientUpdate, ClientT | None]:
         """One client's local work in one round: its upload and its new client state (``None``: keep none)."""
         raise NotImplementedError(f"{self.name} has no federated phase")
+
+    def client_training(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: ClientT | None, seed: int
+    ) -> LoraTraining:
+        """Batchable methods (``batchable_clients``): the LoRA training of ``client``'s :meth:`client_update`, which
+        an engine may run together with other clients' and hand to :meth:`trained_update`."""
+        raise NotImplementedError(f"{self.name} does not train its clients together")
+
+    def trained_update(
+        self, client: ClientData, adapter: StateDict, metrics: Metrics, client_state: ClientT | None
+    ) -> tuple[ClientUpdate, ClientT | None]:
+        """Batchable methods: the upload of ``client`` whose :meth:`client_training` trained ``adapter`` (by default
+        the adapter, weighted by the client's training examples), and its new client state."""
+        return ClientUpdate(client.client_id, adapter, float(len(client.train)), metrics), client_state
 
     def update_spec(self, payload: Payload) -> dict[str, torch.Size] | None:
         """The keys and shapes of the tensors a client answering ``payload`` uploads; the server rejects an update
@@ -282,6 +312,20 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     ) -> ClientModel:
         """The model ``client`` keeps at ``budget``, from the final server state and its own state."""
         raise NotImplementedError
+
+    def personal_training(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerT,
+        client_state: Any,
+        budget: Budget,
+        seed: int,
+    ) -> LoraTraining | None:
+        """Batchable methods: the LoRA training of ``client``'s :meth:`personalize` at ``budget``, which an engine may
+        run together with other clients'; the personalized model is its model with the trained adapter. ``None``:
+        :meth:`personalize` trains nothing for this client."""
+        return None
 
     def evaluate(self, runtime: ModelRuntime, client: ClientData, model: ClientModel, seed: int) -> Metrics:
         """Metrics of the personalized ``model`` on the client's test split (methods that infer differently, such
@@ -430,10 +474,22 @@ def fine_tune_if_asked(
 ) -> ClientModel:
     """``model`` as it is, or, with ``cfg.finetune_epochs`` above 0, fine-tuned on ``examples`` for that many epochs
     (at ``cfg.finetune_lr``, else the training ``lr``)."""
+    job = fine_tuning(model, examples, cfg, seed=seed)
+    return model if job is None else fine_tune_job(runtime, job)
+
+
+def fine_tuning(model: ClientModel, examples: list[Any], cfg: FineTuneSettings, *, seed: int) -> LoraTraining | None:
+    """The training :func:`fine_tune_if_asked` runs (``None`` without ``cfg.finetune_epochs``)."""
     if cfg.finetune_epochs <= 0:
-        return model
-    settings = {"lr": cfg.finetune_lr or cfg.lr, "batch_size": cfg.batch_size, "epochs": cfg.finetune_epochs}
-    return fine_tune(runtime, model, examples, seed=seed, **settings)
+        return None
+    lr = cfg.finetune_lr or cfg.lr
+    return LoraTraining(model, examples, seed, lr=lr, batch_size=cfg.batch_size, epochs=cfg.finetune_epochs)
+
+
+def fine_tune_job(runtime: ModelRuntime, job: LoraTraining) -> ClientModel:
+    """Run ``job`` alone and return its model with the trained adapter (what :func:`fine_tune` returns)."""
+    adapter, _ = train_alone(runtime, job)
+    return ClientModel(lora=job.model.lora, adapter=adapter)
 
 
 def fine_tune(

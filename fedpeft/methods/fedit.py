@@ -28,7 +28,16 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
 from fedpeft.merging.server_step import ServerStep, metric_mean
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.base import (
+    Budget,
+    FederatedLoraConfig,
+    Method,
+    fine_tune_job,
+    fine_tuning,
+    local_training,
+    lora_spec,
+)
+from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.training import LossHook
 
@@ -106,16 +115,21 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
     def extra_loss(self, runtime: ModelRuntime, payload: Payload) -> LossHook | None:
         return None
 
+    def client_training(
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+    ) -> LoraTraining:
+        model = ClientModel(lora=self.spec(runtime), adapter=payload.tensors)
+        lr = float(payload.config.get("lr", self.cfg.lr))  # a server-side schedule may set the round's lr
+        return LoraTraining(model, client.train, seed, **local_training(self.cfg, lr=lr))
+
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
-        runtime.install(ClientModel(lora=self.spec(runtime), adapter=payload.tensors), seed=seed)
-        lr = float(payload.config.get("lr", self.cfg.lr))  # a server-side schedule may set the round's lr
-        metrics = runtime.train(
-            client.train, seed=seed, extra_loss=self.extra_loss(runtime, payload), **local_training(self.cfg, lr=lr)
-        )
-        update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
-        return update, client_state
+        job = self.client_training(runtime, client, payload, client_state, seed)
+        runtime.install(job.model, seed=job.seed)
+        extra_loss = self.extra_loss(runtime, payload)  # built on the installed adapter (FedProx's anchors)
+        metrics = runtime.train(job.examples, seed=job.seed, extra_loss=extra_loss, **job.settings())
+        return self.trained_update(client, runtime.adapter_state(), metrics, client_state)
 
 
 @METHODS.register(
@@ -128,6 +142,7 @@ class FedIT(FedITBase[FedITConfigT, FedITState]):
 
     name = "fedit"
     Config: ClassVar[type[FedITConfig]] = FedITConfig
+    batchable_clients = True
 
     @property
     def merge_config(self) -> MergeConfig | None:
@@ -145,8 +160,22 @@ class FedIT(FedITBase[FedITConfigT, FedITState]):
         budget: Budget,
         seed: int,
     ) -> ClientModel:
+        job = self.personal_training(runtime, client, state, client_state, budget, seed)
+        if job is None:  # plain FedIT: the client keeps the global adapter
+            return ClientModel(lora=self.spec(runtime), adapter=state.tensors)
+        return fine_tune_job(runtime, job)
+
+    def personal_training(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: FedITState,
+        client_state: Any,
+        budget: Budget,
+        seed: int,
+    ) -> LoraTraining | None:
         model = ClientModel(lora=self.spec(runtime), adapter=state.tensors)
-        return fine_tune_if_asked(runtime, model, client.train, self.cfg, seed=seed)
+        return fine_tuning(model, client.train, self.cfg, seed=seed)
 
 
 def _state_key(param_name: str, runtime: ModelRuntime) -> str:

@@ -80,3 +80,14 @@ class FedITMerged(FedIT[FedITMergedConfig]):
         seed: int,
     ) -> ClientModel:
         return ClientModel(base=self.export_base(runtime, state))
+
+    def personal_training(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: FedITState,
+        client_state: Any,
+        budget: Budget,
+        seed: int,
+    ) -> None:
+        return None  # every client keeps the merged global model: nothing to train

@@ -30,6 +30,7 @@ class FedProx(FedIT[FedProxConfig]):
 
     name = "fedprox"
     Config = FedProxConfig
+    batchable_clients = False  # the proximal term is a loss of each client's own
 
     def extra_loss(self, runtime: ModelRuntime, payload: Payload) -> LossHook:
         params = runtime.adapter_parameters()

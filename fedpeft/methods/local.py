@@ -11,7 +11,8 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, LoraConfigMixin, Method, MethodConfig, fine_tune, lora_spec
+from fedpeft.methods.base import Budget, LoraConfigMixin, Method, MethodConfig, fine_tune_job, lora_spec
+from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -33,6 +34,7 @@ class Local(Method[LocalConfig, ServerState, None]):
     name = "local"
     Config = LocalConfig
     federated = False
+    batchable_clients = True
 
     def personalize(
         self,
@@ -43,14 +45,19 @@ class Local(Method[LocalConfig, ServerState, None]):
         budget: Budget,
         seed: int,
     ) -> ClientModel:
+        return fine_tune_job(runtime, self.personal_training(runtime, client, state, client_state, budget, seed))
+
+    def personal_training(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: Budget,
+        seed: int,
+    ) -> LoraTraining:
         spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
         steps = self.cfg.rounds * self.cfg.local_steps
-        return fine_tune(
-            runtime,
-            ClientModel(lora=spec),
-            client.train,
-            seed=seed,
-            lr=self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            steps=steps,
+        return LoraTraining(
+            ClientModel(lora=spec), client.train, seed, lr=self.cfg.lr, batch_size=self.cfg.batch_size, steps=steps
         )

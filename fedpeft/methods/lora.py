@@ -12,7 +12,8 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, MethodConfig, fine_tune, lora_spec
+from fedpeft.methods.base import Budget, Method, MethodConfig, fine_tune_job, lora_spec
+from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
@@ -34,6 +35,7 @@ class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
     Config = LoraBaselineConfig
     federated = False
     uses_budget = True
+    batchable_clients = True
 
     def personalize(
         self,
@@ -44,14 +46,20 @@ class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
         budget: Budget,
         seed: int,
     ) -> ClientModel:
+        return fine_tune_job(runtime, self.personal_training(runtime, client, state, client_state, budget, seed))
+
+    def personal_training(
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: Any,
+        budget: Budget,
+        seed: int,
+    ) -> LoraTraining:
         rank = int(budget or 8)
         spec = lora_spec(runtime, rank, self.cfg.alpha_multiplier * rank, self.cfg.dropout)
-        return fine_tune(
-            runtime,
-            ClientModel(lora=spec),
-            client.train,
-            seed=seed,
-            lr=self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            epochs=self.cfg.epochs,
+        cfg = self.cfg
+        return LoraTraining(
+            ClientModel(lora=spec), client.train, seed, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs
         )

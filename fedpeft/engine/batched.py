@@ -1,0 +1,235 @@
+"""Several clients in one batch (``engine.batch_clients``): the local engine's way of running the clients of a
+batchable method (:attr:`fedpeft.methods.base.Method.batchable_clients`) in groups of K.
+
+A group's LoRA trainings run in one forward/backward per step (:func:`fedpeft.models.multi_lora.train_together`);
+everything else of a client's work (injected faults, its state, its evaluation, saving its adapter) runs for each
+client as :meth:`fedpeft.worker.Worker.train` and :meth:`~fedpeft.worker.Worker.personalize` run it, and the
+results come back in client-id order, so the records are those of training the clients one by one (within float
+rounding). A client whose work fails before its training fails alone; a failed joint training fails its group.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fedpeft.core.config import BASE_STAGE_LABEL
+from fedpeft.core.errors import UserError
+from fedpeft.core.faults import FaultConfig, before_work, corrupt, reaching_faults
+from fedpeft.core.records import Budget, ResultRecord
+from fedpeft.core.seeds import client_seed
+from fedpeft.core.types import Metrics, Payload, ServerState, StateDict, TrainResult
+from fedpeft.data.types import ClientData
+from fedpeft.engine.rounds import ClientOutcome
+from fedpeft.models.multi_lora import LoraTraining, train_together
+from fedpeft.models.runtime import ClientModel
+from fedpeft.worker import Worker
+
+Personalized = tuple[list[ResultRecord], float]  # what the worker's ``personalize`` returns for a client
+
+
+def groups(client_ids: list[str], size: int) -> Iterator[list[str]]:
+    """``client_ids`` in consecutive groups of ``size`` (the last one may be smaller)."""
+    for start in range(0, len(client_ids), size):
+        yield client_ids[start : start + size]
+
+
+def train_group(worker: Worker, jobs: list[LoraTraining]) -> Sequence[tuple[StateDict, Metrics] | Exception]:
+    """The trained adapters and metrics of ``jobs``, trained together; if that fails, its error for each of them
+    (a :class:`UserError`, a setting that cannot batch, ends the run instead)."""
+    if not jobs:
+        return []
+    try:
+        return train_together(worker.runtime, jobs)
+    except UserError:
+        raise
+    except Exception as err:
+        return [err] * len(jobs)
+
+
+@dataclass
+class _Planned:
+    client: ClientData
+    faults: list[FaultConfig]
+    payload: Payload
+    job: LoraTraining
+
+
+def train_clients(
+    worker: Worker, label: str, seed: int, round_: int, client_ids: list[str], payloads: list[Payload]
+) -> list[TrainResult | Exception]:
+    """:meth:`Worker.train` of each of ``client_ids`` (with its payload), their LoRA trainings in one batch."""
+    method = worker.methods[label]
+    worker.use_base(None if label == BASE_STAGE_LABEL else seed)  # every client on the one shared base
+    store = worker.store(label, seed)
+    results: dict[str, TrainResult | Exception] = {}
+    planned: dict[str, _Planned] = {}
+    for client_id, payload in zip(client_ids, payloads, strict=True):
+        try:
+            faults = [fault for fault in worker.cfg.faults if fault.applies(label, client_id, round_)]
+            before_work(faults)
+            client = worker.client_in_round(client_id, round_, method.rounds)
+            cseed = client_seed(seed, method.name, "train", round_, client_id)
+            job = method.client_training(worker.runtime, client, payload, store.get(client_id), cseed)
+            if not job.examples:
+                raise ValueError("no training examples")
+            planned[client_id] = _Planned(client, faults, payload, job)
+        except Exception as err:  # a failing client must not stop the others
+            results[client_id] = err
+    trained = train_group(worker, [plan.job for plan in planned.values()])
+    for (client_id, plan), outcome in zip(planned.items(), trained, strict=True):
+        if isinstance(outcome, Exception):
+            results[client_id] = outcome
+            continue
+        adapter, metrics = outcome
+        try:
+            update, client_state = method.trained_update(plan.client, adapter, metrics, store.get(client_id))
+            if client_state is not None:
+                store.put(client_id, client_state, round_)
+            results[client_id] = TrainResult(corrupt(plan.faults, update, plan.payload), reaching_faults(plan.faults))
+        except Exception as err:
+            results[client_id] = err
+    return [results[client_id] for client_id in client_ids]
+
+
+def personalize_clients(
+    worker: Worker,
+    label: str,
+    seed: int,
+    client_ids: list[str],
+    state: ServerState,
+    *,
+    save_adapters: bool = False,
+    budget_states: dict[int, ServerState] | None = None,
+) -> list[Personalized | Exception]:
+    """:meth:`Worker.personalize` of each of ``client_ids``, the LoRA trainings of each budget in one batch; each
+    client's seconds are its own work plus its share of the batches it trained in."""
+    group = GroupPersonalization(worker, label, seed, state, budget_states)
+    worker.use_base(seed)
+    for client_id in client_ids:
+        group.prepare(client_id)
+    for budget in dict.fromkeys(b for own in group.budgets.values() for b in own):
+        group.train(budget)
+    for client_id in client_ids:
+        group.evaluate(client_id, save_adapters)
+    return [group.results[client_id] for client_id in client_ids]
+
+
+class GroupPersonalization:
+    """The personalization of a group of clients, step by step: each client's preparation, each budget's
+    trainings together, each client's evaluation; a client whose step fails keeps its error and leaves the group."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        label: str,
+        seed: int,
+        state: ServerState,
+        budget_states: dict[int, ServerState] | None,
+    ) -> None:
+        self.worker, self.label, self.seed = worker, label, seed
+        self.method = worker.methods[label]
+        self.state, self.budget_states = state, budget_states
+        self.results: dict[str, Personalized | Exception] = {}
+        self.prepared: dict[str, Any] = {}  # what prepare_personalization gave each client
+        self.budgets: dict[str, list[Budget]] = {}
+        self.seconds: dict[str, float] = {}
+        self.models: dict[tuple[str, Budget], ClientModel] = {}
+
+    def state_of(self, budget: Budget) -> ServerState:
+        """The server state a budget personalizes from."""
+        if self.budget_states and isinstance(budget, int):
+            return self.budget_states[budget]
+        return self.state
+
+    def prepare(self, client_id: str) -> None:
+        """The work every budget of the client shares (:meth:`Method.prepare_personalization`), timed."""
+        worker, method = self.worker, self.method
+        try:
+            client = worker.clients[client_id]
+            started = time.perf_counter()
+            pseed = client_seed(self.seed, method.name, "prepare", None, client_id)
+            own = worker.store(self.label, self.seed).get(client_id)
+            prepared = method.prepare_personalization(worker.runtime, client, self.state, own, pseed)
+            self.seconds[client_id] = time.perf_counter() - started
+            method.save_client_artifacts(prepared, client, worker.run_dir, self.label, self.seed)
+            self.prepared[client_id] = prepared
+            self.budgets[client_id] = method.budgets_of(client, worker.cfg.budgets)
+        except Exception as err:
+            self.results[client_id] = err
+
+    def train(self, budget: Budget) -> None:
+        """Every remaining client's model at ``budget``: the trainings together, a client without one alone."""
+        worker, method = self.worker, self.method
+        jobs: dict[str, LoraTraining] = {}
+        for client_id in [c for c in self.prepared if c not in self.results and budget in self.budgets[c]]:
+            client, state = worker.clients[client_id], self.state_of(budget)
+            pseed = client_seed(self.seed, method.name, "personalize", budget, client_id)
+            try:
+                started = time.perf_counter()
+                job = method.personal_training(worker.runtime, client, state, self.prepared[client_id], budget, pseed)
+                if job is None:  # nothing to train: the method personalizes the client as it does alone
+                    own = self.prepared[client_id]
+                    self.models[client_id, budget] = method.personalize(
+                        worker.runtime, client, state, own, budget, pseed
+                    )
+                elif not job.examples:
+                    raise ValueError("no training examples")
+                else:
+                    jobs[client_id] = job
+                self.seconds[client_id] += time.perf_counter() - started
+            except Exception as err:
+                self.results[client_id] = err
+        started = time.perf_counter()
+        trained = train_group(worker, list(jobs.values()))
+        share = (time.perf_counter() - started) / max(len(jobs), 1)
+        for (client_id, job), outcome in zip(jobs.items(), trained, strict=True):
+            if isinstance(outcome, Exception):
+                self.results[client_id] = outcome
+                continue
+            self.models[client_id, budget] = ClientModel(lora=job.model.lora, adapter=outcome[0])
+            self.seconds[client_id] += share
+
+    def evaluate(self, client_id: str, save_adapters: bool) -> None:
+        """The client's records at every budget (:meth:`Worker.personalized_records`), unless a step failed."""
+        if client_id in self.results:
+            return
+        try:
+            records: list[ResultRecord] = []
+            for budget in self.budgets[client_id]:
+                model, state = self.models[client_id, budget], self.state_of(budget)
+                records += self.worker.personalized_records(
+                    self.label, self.seed, client_id, budget, state, model, save_adapters
+                )
+            self.results[client_id] = (records, self.seconds[client_id])
+        except Exception as err:
+            self.results[client_id] = err
+
+
+def batched_training(
+    worker: Worker,
+    size: int,
+    label: str,
+    seed: int,
+    round_: int,
+    client_ids: list[str],
+    payload_of: Callable[[str], Payload],
+) -> Iterator[ClientOutcome]:
+    """The outcomes of a round's clients, trained ``size`` at a time, in client-id order; each client's seconds
+    are its share of its group's."""
+    for group in groups(client_ids, size):
+        started = time.perf_counter()
+        results = train_clients(worker, label, seed, round_, group, [payload_of(c) for c in group])
+        share = (time.perf_counter() - started) / len(group)
+        for client_id, result in zip(group, results, strict=True):
+            yield ClientOutcome.of_training(client_id, result, share)
+
+
+def batched_personalization(
+    worker: Worker, size: int, client_ids: list[str], **kwargs: Any
+) -> Iterator[tuple[str, Any]]:
+    """The personalization of ``client_ids``, ``size`` at a time, in client-id order (a failure as its error)."""
+    for group in groups(client_ids, size):
+        yield from zip(group, personalize_clients(worker, client_ids=group, **kwargs), strict=True)
