@@ -45,10 +45,12 @@ class LocalEngine(Engine):
         self.batch_clients = batch_clients
         self.on_client = on_client
         self.pool: WorkerPool | None = None
-        clients = len(worker.data.clients)
-        size = min(workers, clients) if workers >= 2 else 1
-        if size < workers:
-            log.info("%d worker processes: no stage has more than the federation's %d clients to run", size, clients)
+        size = 1
+        if workers >= 2:
+            clients = len(worker.data.clients)
+            size = min(workers, clients)
+            if size < workers:
+                log.info("%d worker processes: no stage has more than the federation's %d clients", size, clients)
         if size >= 2:
             threads = pool_threads(worker.cfg.threads, size)
             self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data, gpus or [])
