@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig, load_config
@@ -102,6 +103,11 @@ def from_cache(name: str) -> Architecture | None:
     path = try_to_load_from_cache(name, "config.json")
     if not isinstance(path, str):
         return None
+    return from_config(path, source="hub cache")
+
+
+def from_config(path: str, source: str = "config.json") -> Architecture | None:
+    """The architecture a ``config.json`` describes (``None``: not one this estimate models)."""
     with open(path) as f:
         c: dict[str, Any] = json.load(f)
     if "hidden_size" not in c or c.get("model_type") in {"llava", "vit"}:
@@ -122,7 +128,7 @@ def from_cache(name: str) -> Architecture | None:
         experts=experts,
         top_k=int(c.get("num_experts_per_tok", 0) or 0),
         positions=int(c.get("max_position_embeddings", 0)) if encoder else 0,
-        source="hub cache",
+        source=source,
     )
 
 
@@ -298,11 +304,38 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def against_measured(path: str) -> list[dict[str, Any]]:
+    """The estimate beside each measured peak of a benchmarks/step_overhead.py results file (JSON lines): the
+    model's weights in its dtype (or quantization), the LoRA with gradients and AdamW moments, and the activations
+    of one batch; the ratio is measured / estimated."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        run = json.loads(line)
+        measured = run.get("fedpeft_peak_cuda_mb")
+        arch = from_config(str(Path(run["model"]) / "config.json"))
+        if measured is None or arch is None:
+            continue
+        storage = {"4bit": "4bit", "8bit": "8bit"}.get(run.get("quantization") or "", run["dtype"])
+        weights = weight_bytes(arch)["bfloat16" if storage == "float16" else storage]
+        lora = lora_parameters(arch, run["rank"]) * 4 * 4  # weights, gradients, two moments: float32
+        p = 4 if run["dtype"] == "float32" else 2
+        acts = activation_bytes(arch, run["batch"], run["length"], p, False)["total"]
+        estimated = (weights + lora + acts) / 2**20
+        rows.append({**{k: run[k] for k in ("model", "dtype", "quantization", "batch", "length", "rank")},
+                     "measured_mb": measured, "estimated_mb": round(estimated, 1),
+                     "ratio": round(measured / estimated, 3)})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    parser.add_argument("--measured", help="compare with the peaks of a benchmarks/step_overhead.py results file")
     parser.add_argument("presets", nargs="*", default=PRESETS)
     args = parser.parse_args()
+    if args.measured:
+        print(json.dumps(against_measured(args.measured), indent=2))
+        return
     rows = [row for preset in args.presets for row in estimate(preset)]
     print(json.dumps(rows, indent=2) if args.json else markdown(rows))
     if not args.json:

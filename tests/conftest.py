@@ -18,6 +18,17 @@ torch.set_num_threads(1)
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` need a CUDA device: where none is visible they are deselected (reported as
+    deselected, never as passed or skipped); benchmarks/gpu.sh runs them on a GPU machine with ``-m cuda``."""
+    if torch.cuda.is_available():
+        return
+    gpu_only = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if gpu_only:
+        config.hook.pytest_deselected(items=gpu_only)
+        items[:] = [item for item in items if item.get_closest_marker("cuda") is None]
+
+
 @dataclass
 class ToyLoaded:
     model: torch.nn.Module
