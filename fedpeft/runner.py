@@ -342,6 +342,7 @@ class Experiment:
             data=self._given_data,
             gpus=self._gpus,
             batch_clients=self.cfg.engine.batch_clients,
+            concurrent_units=(self.cfg.engine.concurrent_methods or len(self.cfg.methods)) + 1,
         )
 
 
@@ -431,7 +432,11 @@ class Stages:
         self.engine.units_started(slots)  # before any thread starts: the engine waits for all of them to ask
         with ThreadPoolExecutor(slots, thread_name_prefix="unit") as pool:
             futures = [pool.submit(run, name, work) for name, work in units]
-            errors = [future.exception() for future in futures]
+            try:
+                errors = [future.exception() for future in futures]
+            except BaseException:  # Ctrl-C, SIGTERM: this thread only; the units' threads end at their next wait
+                self.engine.stop()
+                raise
         for error in errors:
             if error is not None:
                 raise error

@@ -161,15 +161,79 @@ def test_two_workers_give_the_records_of_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_workers_give_the_records_of_one_across_method_families(tmp_path):
+def test_two_workers_give_the_records_of_one_across_method_families(tmp_path, monkeypatch):
+    """The units (the base evaluation and each method) run at once on the two processes, and the records are those
+    of one worker, which runs them one after the other."""
+    from fedpeft.engine.pool import WorkerPool
+
+    in_flight: dict[int, str] = {}
+    overlaps: set[frozenset[str]] = set()
+    send, finish = WorkerPool._send, WorkerPool._finish
+
+    def recording_send(self, slot, op, client_id, kwargs):  # noqa: ANN001, ANN202
+        tag = send(self, slot, op, client_id, kwargs)
+        in_flight[tag] = kwargs.get("label", op)
+        overlaps.add(frozenset(in_flight.values()))
+        return tag
+
+    def recording_finish(self, tag, result):  # noqa: ANN001, ANN202
+        in_flight.pop(tag, None)
+        finish(self, tag, result)
+
     overrides = [*TINY[:-1], *FAMILIES]
     one = run_with(tmp_path, "one", overrides, 1)
+    monkeypatch.setattr(WorkerPool, "_send", recording_send)
+    monkeypatch.setattr(WorkerPool, "_finish", recording_finish)
     two = run_with(tmp_path, "two", overrides, 2)
     records = comparable(one)
     assert {r["method"] for r in records} >= {"fedit", "fedprox", "ditto", "fedsa_lora", "lora"}
     assert any(r["split"] == "train" for r in records) and any(r["round"] == 1 for r in records)
     assert comparable(two) == records
     assert list((two / "client_state").rglob("*.safetensors"))  # per-client state lived on disk
+    assert any(len(labels) >= 2 for labels in overlaps), overlaps  # two units' clients ran at the same time
+
+
+@pytest.mark.slow
+def test_runs_that_share_the_pool_get_their_own_results_in_order(tmp_path):
+    """Two runs of one pool at once, in threads that take turns (as units do): each gets its own clients' results,
+    in its clients' order, whichever thread received them."""
+    import threading
+
+    from fedpeft.core.config import dump_given
+    from fedpeft.core.turns import Turns
+    from fedpeft.engine.pool import WorkerPool
+
+    cfg = load_config("smoke", [*TINY, "base.kind=pretrained"])
+    pool = WorkerPool(dump_given(cfg), tmp_path, 2, 1, None)
+    turns = Turns()
+    results: dict[str, list[tuple[str, int]]] = {}
+    clients = sorted(c.client_id for c in Experiment(cfg, tmp_path / "x")._load(flower=False).data.clients)
+
+    def run(name: str, ids: list[str]) -> None:
+        with turns.hold():
+            got = pool.run("evaluate_base", ids, lambda _client: {"seed": 0}, turns.wait)
+            results[name] = [(client_id, len(value) if isinstance(value, list) else -1) for client_id, value, _ in got]
+
+    threads = [threading.Thread(target=run, args=(n, ids)) for n, ids in (("a", clients), ("b", clients[::-1]))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        pool.close()
+    assert [c for c, _ in results["a"]] == clients and [c for c, _ in results["b"]] == clients[::-1]
+    assert all(count > 0 for _, count in results["a"] + results["b"])
+
+
+def test_an_interrupted_run_of_the_pool_raises_at_its_next_look():
+    from fedpeft.engine.pool import WorkerPool
+
+    pool = WorkerPool("", Path("."), 1, 1, None)
+    pool.stopped.set()
+    with pytest.raises(KeyboardInterrupt, match="the run was interrupted"):
+        next(pool.run("evaluate_base", ["c"], lambda _client: {}, lambda seconds: None))
+    pool.close()
 
 
 # ---------------------------------------------------------------------------------------------- failures

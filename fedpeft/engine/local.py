@@ -12,6 +12,7 @@ from typing import Any
 
 from fedpeft.core.config import dump_given
 from fedpeft.core.costs import release_memory
+from fedpeft.core.turns import Turns
 from fedpeft.core.types import Payload, TrainResult
 from fedpeft.engine.batched import batched_personalization, batched_training
 from fedpeft.engine.operations import operation
@@ -37,10 +38,14 @@ class LocalEngine(Engine):
         data: Any = None,
         gpus: list[str] | None = None,
         batch_clients: int = 1,
+        concurrent_units: int = 1,
     ) -> None:
         """``data``: the federation the run was given (None: a worker process builds it from the config);
         ``gpus``: the GPUs the worker processes are pinned to, round-robin (:class:`WorkerPool`);
-        ``batch_clients``: clients of a batchable method trained in one batch (:mod:`fedpeft.engine.batched`)."""
+        ``batch_clients``: clients of a batchable method trained in one batch (:mod:`fedpeft.engine.batched`);
+        ``concurrent_units``: with worker processes, how many units (the base evaluation and the methods of a seed)
+        run at once, each in a thread that takes turns with the others for its server code
+        (:class:`~fedpeft.core.turns.Turns`) and lets them have the turn while its clients run."""
         self.worker = worker
         self.batch_clients = batch_clients
         self.on_client = on_client
@@ -55,6 +60,9 @@ class LocalEngine(Engine):
             threads = pool_threads(worker.cfg.threads, size)
             self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data, gpus or [])
             self.pool.start()
+            if concurrent_units >= 2:
+                self.concurrent_units = concurrent_units
+                self.turns = Turns()
 
     def train_clients(
         self, label: str, seed: int, round_: int, client_ids: list[str], payload_of: Callable[[str], Payload]
@@ -66,7 +74,7 @@ class LocalEngine(Engine):
             def kwargs_of(client_id: str) -> dict[str, Any]:
                 return {"label": label, "seed": seed, "round_": round_, "payload": payload_of(client_id)}
 
-            for client_id, outcome, seconds in self.pool.run("train", client_ids, kwargs_of):
+            for client_id, outcome, seconds in self.pool.run("train", client_ids, kwargs_of, self._pause):
                 self._after_client(release=False)
                 yield ClientOutcome.of_training(client_id, outcome, seconds)
             return
@@ -92,7 +100,7 @@ class LocalEngine(Engine):
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Call the worker operation ``op`` for each client; a failure comes back as the exception."""
         if self.pool is not None:
-            for client_id, value, _ in self.pool.run(op, client_ids, lambda _client: kwargs):
+            for client_id, value, _ in self.pool.run(op, client_ids, lambda _client: kwargs, self._pause):
                 if isinstance(value, BaseException):
                     log.warning("client %s failed in %s: %r", client_id, op, value)
                 self._after_client(release=False)
@@ -118,6 +126,16 @@ class LocalEngine(Engine):
     def running(self) -> dict[str, int]:
         """The worker process that runs each client's task now, by client (none without worker processes)."""
         return self.pool.running() if self.pool is not None else {}
+
+    @property
+    def _pause(self) -> Callable[[float], None] | None:
+        """How a unit waits for its clients' results when units run at once (None: the pool blocks)."""
+        return self.wait if self.turns is not None else None
+
+    def stop(self) -> None:
+        """The run was interrupted: every unit's thread raises ``KeyboardInterrupt`` at its next look for results."""
+        if self.pool is not None:
+            self.pool.stopped.set()
 
     def close(self) -> None:
         """End the worker processes, if any."""

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ from typing import Any
 log = logging.getLogger("fedpeft")
 
 CLOSE_SECONDS = 5.0  # how long a closed pool waits for a process to end before it kills it
+POLL_SECONDS = 0.005  # how long a run that shares the pool with others waits between looks for its results
 
 
 class WorkerProcessError(RuntimeError):
@@ -109,7 +111,7 @@ class _Slot:
     connection: Connection | None = None
     ready: bool = False
     retired: bool = False  # its process died before it was ready: not started again
-    task: tuple[int, int, str] | None = None  # (tag, position in the run, client) of the task it holds
+    task: tuple[int, str] | None = None  # (tag, client) of the task it holds
     pid: int | None = None
 
     @property
@@ -129,6 +131,7 @@ class WorkerPool:
         data: the federation given to the run (None: each process builds it from the config).
         gpus: the GPUs to pin the processes to, round-robin, as ``CUDA_VISIBLE_DEVICES`` names them (process
             ``i`` sees only ``gpus[i % len(gpus)]``); empty: the processes see what this one sees.
+        stopped: set when the run is interrupted; every :meth:`run` then raises ``KeyboardInterrupt``.
     """
 
     config_text: str
@@ -139,6 +142,9 @@ class WorkerPool:
     gpus: list[str] = field(default_factory=list)
     _slots: list[_Slot] = field(default_factory=list)
     _tags: Iterator[int] = field(default_factory=itertools.count)
+    _finished: dict[int, tuple[str, Any, float]] = field(default_factory=dict)  # results not yet taken, by tag
+    _abandoned: set[int] = field(default_factory=set)  # tags whose run ended before their result came
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self._slots = [_Slot(index) for index in range(self.size)]
@@ -165,24 +171,37 @@ class WorkerPool:
 
     def running(self) -> dict[str, int]:
         """The process id of the worker process that runs each client's task now, by client."""
-        return {slot.task[2]: slot.pid for slot in self._slots if slot.task is not None and slot.pid is not None}
+        return {slot.task[1]: slot.pid for slot in self._slots if slot.task is not None and slot.pid is not None}
 
     def run(
-        self, op: str, client_ids: list[str], kwargs_of: Callable[[str], dict[str, Any]]
+        self,
+        op: str,
+        client_ids: list[str],
+        kwargs_of: Callable[[str], dict[str, Any]],
+        pause: Callable[[float], None] | None = None,
     ) -> Iterator[tuple[str, Any, float]]:
         """Run the worker operation ``op`` for each of ``client_ids`` on the processes; yield ``(client, result or
         the exception its work raised, seconds)`` in the order of ``client_ids``.
 
         ``kwargs_of(client)`` gives the operation's keyword arguments, called in this process when the client's
-        task is handed out (in the order of the clients). At most ``2 * size`` results wait to be yielded."""
+        task is handed out (in the order of the clients). At most ``2 * size`` results wait to be yielded.
+
+        ``pause``: several runs at once (units of a run in threads of their own that take turns, one touching the
+        pool at a time): while no result is ready the run calls ``pause(seconds)``, which lets another thread take
+        its turn, instead of blocking; results are kept by task, whichever run's thread receives them. Once
+        :attr:`stopped` is set (the run was interrupted), a run raises ``KeyboardInterrupt`` at its next look.
+        """
         self.start()
         pending = deque(enumerate(client_ids))
-        done: dict[int, tuple[str, Any, float]] = {}
+        tags: dict[int, int] = {}  # position in client_ids -> tag of its task
         next_index = 0
         try:
             while next_index < len(client_ids):
-                if next_index in done:
-                    yield done.pop(next_index)
+                if self.stopped.is_set():
+                    raise KeyboardInterrupt("the run was interrupted")
+                tag = tags.get(next_index)
+                if tag is not None and tag in self._finished:
+                    yield self._finished.pop(tag)
                     next_index += 1
                     continue
                 while pending and pending[0][0] < next_index + 2 * self.size:
@@ -190,15 +209,20 @@ class WorkerPool:
                     if slot is None:
                         break
                     position, client_id = pending.popleft()
-                    self._send(slot, position, op, client_id, kwargs_of(client_id))
-                if not self._receive(done) and pending:  # no process left to run it
+                    tags[position] = self._send(slot, op, client_id, kwargs_of(client_id))
+                received = self._receive(None if pause is None else 0.0)
+                if received is None and pending:  # no process left to run it
                     position, client_id = pending.popleft()
-                    done[position] = (client_id, WorkerProcessError("no worker process is left to run it"), 0.0)
+                    tags[position] = next(self._tags)
+                    error = WorkerProcessError("no worker process is left to run it")
+                    self._finished[tags[position]] = (client_id, error, 0.0)
+                elif not received and pause is not None:
+                    pause(POLL_SECONDS)
         finally:
             # Results still due (the caller stopped early, or an error) belong to no later run: dropped on arrival.
-            for slot in self._slots:
-                if slot.task is not None:
-                    slot.task = (slot.task[0], -1, slot.task[2])
+            for position, tag in tags.items():
+                if position >= next_index and self._finished.pop(tag, None) is None:
+                    self._abandoned.add(tag)
 
     def _idle_slot(self) -> _Slot | None:
         """A ready process without a task, else (re)start one; None when every process is busy or starting."""
@@ -210,27 +234,35 @@ class WorkerPool:
                 self._start(slot)
         return None
 
-    def _send(self, slot: _Slot, position: int, op: str, client_id: str, kwargs: dict[str, Any]) -> None:
+    def _send(self, slot: _Slot, op: str, client_id: str, kwargs: dict[str, Any]) -> int:
         tag = next(self._tags)
-        slot.task = (tag, position, client_id)
+        slot.task = (tag, client_id)
         assert slot.connection is not None
         try:
             slot.connection.send_bytes(pickle.dumps((tag, op, client_id, kwargs)))
         except OSError:
             pass  # the process died: read as end of file by _receive, which fails the task
+        return tag
 
-    def _receive(self, done: dict[int, tuple[str, Any, float]]) -> bool:
-        """Wait for the next message of any process (a result, ``ready``, or a death) and act on it; False when no
-        process is running or starting."""
+    def _finish(self, tag: int, result: tuple[str, Any, float]) -> None:
+        if tag in self._abandoned:
+            self._abandoned.discard(tag)
+        else:
+            self._finished[tag] = result
+
+    def _receive(self, timeout: float | None) -> bool | None:
+        """Wait up to ``timeout`` seconds (``None``: until one comes) for the next messages of the processes (results,
+        ``ready``, deaths) and act on them; None when no process is running or starting, else whether any came."""
         waiting = {slot.connection: slot for slot in self._slots if slot.alive and slot.connection is not None}
         if not waiting:
-            return False
-        for connection in wait(list(waiting)):
+            return None
+        ready = wait(list(waiting), timeout)
+        for connection in ready:
             slot = waiting[connection]  # type: ignore[index]
             try:
                 message = pickle.loads(slot.connection.recv_bytes())  # type: ignore[union-attr]
             except (EOFError, OSError):
-                self._died(slot, done)
+                self._died(slot)
                 continue
             if message[0] == "ready":
                 slot.ready = True
@@ -238,13 +270,12 @@ class WorkerPool:
             tag, ok, value, seconds = message
             if slot.task is None or slot.task[0] != tag:
                 continue
-            _, position, client_id = slot.task
+            _, client_id = slot.task
             slot.task = None
-            if position >= 0:
-                done[position] = (client_id, value if ok else _as_error(value), seconds)
-        return True
+            self._finish(tag, (client_id, value if ok else _as_error(value), seconds))
+        return bool(ready)
 
-    def _died(self, slot: _Slot, done: dict[int, tuple[str, Any, float]]) -> None:
+    def _died(self, slot: _Slot) -> None:
         """``slot``'s process ended: its task fails; it starts again for the next task unless it never got ready."""
         assert slot.process is not None and slot.connection is not None
         try:
@@ -256,10 +287,9 @@ class WorkerPool:
         when = "while it ran client" if slot.ready else "before it was ready, with client"
         log.warning("worker process %s ended (exit code %s)", slot.pid, code)
         if slot.task is not None:
-            _, position, client_id = slot.task
-            if position >= 0:
-                error = WorkerProcessError(f"worker process {slot.pid} ended (exit code {code}) {when} {client_id}")
-                done[position] = (client_id, error, 0.0)
+            tag, client_id = slot.task
+            error = WorkerProcessError(f"worker process {slot.pid} ended (exit code {code}) {when} {client_id}")
+            self._finish(tag, (client_id, error, 0.0))
         slot.retired = slot.retired or not slot.ready
         slot.process, slot.connection, slot.ready, slot.task = None, None, False, None
 

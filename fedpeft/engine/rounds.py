@@ -179,6 +179,9 @@ class Engine:
     def unit_ended(self) -> None:
         """A unit's thread ends."""
 
+    def stop(self) -> None:
+        """The run was interrupted while units ran at once: their threads should end at their next wait."""
+
     def wait(self, seconds: float) -> None:
         """Wait ``seconds`` for replies, letting another unit's thread run meanwhile."""
         if self.turns is None:
