@@ -88,7 +88,9 @@ def train_loop(
     groups: list[dict[str, Any]] = [{"params": list(params.values())}, *(optimizer_groups or [])]
     optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
     model.train()
-    total_loss = 0.0
+    # Summed on the model's device in float64 (the sum of the same float32 values as Python floats would be): reading
+    # the loss every step would make the host wait for the device, which then idles while the next batch is made.
+    total_loss: torch.Tensor | None = None
     context = autocast if autocast is not None else contextlib.nullcontext
     try:
         for step in range(steps):
@@ -108,7 +110,8 @@ def train_loop(
                     if extra_loss is not None:
                         extra = extra_loss(model, batch, outputs)
                         loss = loss + (extra if weight is None else extra * weight)
-                total_loss += float(task_loss.detach())
+                value = task_loss.detach().to(torch.float64)
+                total_loss = value if total_loss is None else total_loss + value
                 if index == 0:
                     optimizer.zero_grad(set_to_none=True)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -129,7 +132,8 @@ def train_loop(
         for name, p in model.named_parameters():
             p.requires_grad_(saved_flags.get(name, False))
         model.eval()
-    return {"loss": total_loss / max(steps, 1), "steps": float(steps)}
+    total = 0.0 if total_loss is None else float(total_loss)
+    return {"loss": total / max(steps, 1), "steps": float(steps)}
 
 
 ClientLosses = Callable[[list[int], list[Batch]], list[torch.Tensor]]
