@@ -93,7 +93,7 @@ def prune_to_budget(scores_by_module: dict[str, torch.Tensor], budget: int) -> d
         module name -> sorted indices of its kept ranks, only for modules that keep at least one rank.
     """
     names = list(scores_by_module)
-    flat = torch.cat([scores_by_module[n].detach().reshape(-1).float() for n in names])
+    flat = torch.cat([scores_by_module[n].detach().reshape(-1).float().cpu() for n in names])
     total = min(budget * len(names), flat.numel())
     order = torch.sort(flat, descending=True, stable=True).indices[:total]
     keep = torch.zeros(flat.numel(), dtype=torch.bool)

@@ -33,9 +33,10 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
         raise ValueError("feature statistics need at least one example")
     modules = [module for _, module in runtime.target_modules]
     count = len(modules)
-    sums = torch.zeros(count, dtype=torch.float64)
-    squares = torch.zeros(count, dtype=torch.float64)
-    sizes = torch.zeros(count, dtype=torch.float64)
+    # Accumulated where the features are (a GPU's 0-dim sums cannot be added into CPU tensors).
+    sums = torch.zeros(count, dtype=torch.float64, device=runtime.device)
+    squares = torch.zeros(count, dtype=torch.float64, device=runtime.device)
+    sizes = torch.zeros(count, dtype=torch.float64, device=runtime.device)
     mask: dict[str, torch.Tensor] = {}
 
     def hook_for(index: int):  # noqa: ANN202
@@ -73,7 +74,7 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
             runtime.activate(previous)
     mean = sums / sizes.clamp_min(1.0)
     variance = (squares / sizes.clamp_min(1.0) - mean * mean).clamp_min(0.0)
-    return torch.stack([mean, variance.sqrt()], dim=1).reshape(-1).to(torch.float32)
+    return torch.stack([mean, variance.sqrt()], dim=1).reshape(-1).to("cpu", torch.float32)
 
 
 def statistics_module(model: torch.nn.Module, targets: list[torch.nn.Module]) -> torch.nn.Module:
