@@ -342,7 +342,7 @@ class Experiment:
             data=self._given_data,
             gpus=self._gpus,
             batch_clients=self.cfg.engine.batch_clients,
-            concurrent_units=(self.cfg.engine.concurrent_methods or len(self.cfg.methods)) + 1,
+            concurrent_units=(self.cfg.engine.concurrent_methods or 0) + 1,
         )
 
 

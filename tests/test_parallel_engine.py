@@ -162,8 +162,8 @@ def test_two_workers_give_the_records_of_one(tmp_path):
 
 @pytest.mark.slow
 def test_two_workers_give_the_records_of_one_across_method_families(tmp_path, monkeypatch):
-    """The units (the base evaluation and each method) run at once on the two processes, and the records are those
-    of one worker, which runs them one after the other."""
+    """With ``engine.concurrent_methods`` the units (the base evaluation and each method) run at once on the two
+    processes, and the records are those of one worker, which runs them one after the other."""
     from fedpeft.engine.pool import WorkerPool
 
     in_flight: dict[int, str] = {}
@@ -184,7 +184,7 @@ def test_two_workers_give_the_records_of_one_across_method_families(tmp_path, mo
     one = run_with(tmp_path, "one", overrides, 1)
     monkeypatch.setattr(WorkerPool, "_send", recording_send)
     monkeypatch.setattr(WorkerPool, "_finish", recording_finish)
-    two = run_with(tmp_path, "two", overrides, 2)
+    two = run_with(tmp_path, "two", [*overrides, "engine.concurrent_methods=5"], 2)
     records = comparable(one)
     assert {r["method"] for r in records} >= {"fedit", "fedprox", "ditto", "fedsa_lora", "lora"}
     assert any(r["split"] == "train" for r in records) and any(r["round"] == 1 for r in records)

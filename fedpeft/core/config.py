@@ -224,9 +224,9 @@ class EngineConfig(_Strict):
     interleave; every number stays what it is when they run one after the other). ``None``: every method of a
     seed in a deployment (``flwr run``, ``fedpeft launch``), where a node otherwise idles in Flower's poll
     between one message and the next, and one at a time in simulation; always one with ``secagg``. The local
-    engine with ``workers`` of 2 or more runs that many methods at once too (``None``: every method of a seed,
-    beside the base model's evaluation), so that its processes have clients to run while a method's server
-    steps; with one worker it runs one method at a time.
+    engine with ``workers`` of 2 or more runs that many methods at once too, beside the base model's evaluation
+    (``None``: one at a time), for processes that one method's rounds leave idle (more workers than a round has
+    clients); with one worker it runs one method at a time.
 
     ``workers``: on the local engine, how many worker processes run the clients of a round (and of
     personalization and evaluation) side by side; ``auto``: one per CPU core this process may use, or, where the
