@@ -5,7 +5,11 @@ the wall time of each, its ratio to one worker and whether the records are ident
 value by value, the ``train`` split's ``seconds`` left out). Run it on an otherwise idle machine: the ratio is the
 point, and another process on the cores moves it.
 
-Usage: python benchmarks/parallel.py [--preset quickstart] [--set seeds=[0] ...] [--workers 1 2]
+``--flower N`` adds a row for the Flower simulation engine with N virtual SuperNodes (Ray; its ``workers`` column
+counts them) on the same config, so
+the table says which engine to pick on this machine.
+
+Usage: python benchmarks/parallel.py [--preset quickstart] [--set seeds=[0] ...] [--workers 1 2] [--flower 2]
        [--out benchmarks/results/parallel.json]
 """
 
@@ -40,15 +44,20 @@ def main() -> None:
     parser.add_argument("--preset", default="quickstart")
     parser.add_argument("--set", dest="overrides", action="append", default=["seeds=[0]"])
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--flower", type=int, default=0, help="also the Flower simulation with this many SuperNodes")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/parallel.json"))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="fedpeft-parallel-"))
     rows, first = [], None
     try:
-        for workers in args.workers:
-            out = root / f"workers{workers}"
-            command = [sys.executable, "-m", "fedpeft.cli", "run", args.preset, "--out", str(out)]
-            for item in [*args.overrides, f"engine.workers={workers}"]:
+        runs = [(f"workers{w}", ["--set", f"engine.workers={w}"]) for w in args.workers]
+        if args.flower:
+            supernodes = f"engine.num_supernodes={args.flower}"
+            runs.append((f"flower{args.flower}", ["--engine", "flower", "--set", supernodes]))
+        for name, settings in runs:
+            out = root / name
+            command = [sys.executable, "-m", "fedpeft.cli", "run", args.preset, "--out", str(out), *settings]
+            for item in args.overrides:
                 command += ["--set", item]
             started = time.perf_counter()
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -57,7 +66,8 @@ def main() -> None:
             first = first or (seconds, got)
             rows.append(
                 {
-                    "workers": workers,
+                    "engine": "flower simulation" if name.startswith("flower") else "local",
+                    "workers": int(name.removeprefix("workers").removeprefix("flower")),
                     "wall_seconds": round(seconds, 1),
                     "ratio": round(seconds / first[0], 3),
                     "records": len(got),

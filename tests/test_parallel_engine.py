@@ -4,6 +4,7 @@ failed client, Ctrl-C, and the config's refusals."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -151,13 +152,16 @@ def test_a_gpu_device_without_a_gpu_is_refused_in_one_sentence(tmp_path, monkeyp
 
 # ---------------------------------------------------------------------------------------------- same numbers
 @pytest.mark.slow
-def test_two_workers_give_the_records_of_one(tmp_path):
+def test_two_workers_give_the_records_of_one(tmp_path, caplog):
     one = run_with(tmp_path, "one", TINY, 1)
     two = run_with(tmp_path, "two", TINY, 2)
     assert comparable(two) == comparable(one)
-    # More workers than clients: as many as there are clients.
-    many = run_with(tmp_path, "many", TINY, 64)
+    # More workers than clients: as many as there are clients, said once.
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        many = run_with(tmp_path, "many", TINY, 64)
     assert comparable(many) == comparable(one)
+    said = [r.getMessage() for r in caplog.records if "engine.workers 64" in r.getMessage()]
+    assert said == ["engine.workers 64: the federation has 4 clients, so 4 worker processes run"], said
 
 
 @pytest.mark.slow

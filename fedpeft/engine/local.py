@@ -55,7 +55,8 @@ class LocalEngine(Engine):
             clients = len(worker.data.clients)
             size = min(workers, clients)
             if size < workers:
-                log.info("%d worker processes: no stage has more than the federation's %d clients", size, clients)
+                message = "engine.workers %d: the federation has %d clients, so %d worker processes run"
+                log.warning(message, workers, clients, size)
         if size >= 2:
             threads = pool_threads(worker.cfg.threads, size)
             self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data, gpus or [])
