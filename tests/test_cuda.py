@@ -172,33 +172,7 @@ def test_more_worker_processes_than_the_gpus_take_are_refused(tmp_path, monkeypa
 def test_every_method_runs_on_the_gpu(name, request, tmp_path):
     """Every registered method's rounds, personalization, evaluation and cost rows with the model on the GPU: what
     a method builds for itself (statistics, scales, masks, server-side models) must meet the model's device."""
-    from fedpeft.core.config import ExperimentConfig
-    from fedpeft.core.costs import CostMeter
-    from fedpeft.data.types import FederatedData
-    from fedpeft.engine.local import LocalEngine
-    from fedpeft.worker import Worker
-    from tests.test_methods import FAST, MOE_ONLY, SHORT, toy_setup
+    from tests.test_methods import run_through
 
-    toy_runtime, clients, _ = toy_setup(name, request)
-    runtime = ModelRuntime(toy_runtime.loaded, eval_batch_size=32, max_new_tokens=3, device="cuda")
-    generation = name in MOE_ONLY
-    data = FederatedData(
-        "toy", "generation" if generation else "classification", None if generation else ["no", "yes"], ["g"], clients
-    )
-    fields = {k: v for k, v in {**FAST, **SHORT}.items() if k in METHODS_REGISTRY.get(name).Config.model_fields}
-    worker = Worker(
-        ExperimentConfig(methods=[{"name": name, **fields}], budgets=[2]), tmp_path, data=data, runtime=runtime
-    )
-    method = worker.methods[name]
-    state = method.init_server(runtime, seed=0)
-    if method.federated:
-        ids = [c.client_id for c in clients]
-        state = LocalEngine(worker).run_rounds(name, method, state, ids, seed=0, meter=CostMeter())
-        assert state.round == 2
-    model = method.personalize(runtime, clients[1], state, None, 2 if method.uses_budget else None, seed=4)
-    runtime.install(model, seed=4)
+    runtime = run_through(name, request, tmp_path, device="cuda")
     assert all(p.device.type == "cuda" for p in runtime.base_params.values())
-    metrics = runtime.evaluate(clients[1].test)
-    assert metrics and all(0.0 <= value <= 1.0 for value in metrics.values())
-    for row in method.compute_costs(runtime, seed=0):
-        assert torch.isfinite(torch.tensor(row["value"])), row

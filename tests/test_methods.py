@@ -327,19 +327,18 @@ def test_every_method_has_its_docs_page_and_row(name):
     assert f"| `{name}`" in (docs / "README.md").read_text(), f"docs/methods/README.md has no row for {name}"
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_every_method_runs_on_a_bfloat16_base_under_autocast(name, request, tmp_path):
-    """A bfloat16 base with float32 adapters: every forward pass of a method (training, prediction, statistics,
-    feature capture, per-sample gradients, hypergradients, distillation targets, timing) runs under autocast;
-    outside it a float32 adapter meets bfloat16 activations and the matmul refuses the mix."""
+def run_through(name: str, request, tmp_path, *, dtype: str = "float32", device: str = "cpu"):  # noqa: ANN001, ANN201
+    """Method ``name`` on the toy runtime with its base in ``dtype`` on ``device``: its rounds (if federated), the
+    personalized model of client 1 installed, evaluated, and its cost rows checked finite; returns the runtime."""
     from fedpeft.core.config import ExperimentConfig
     from fedpeft.data.types import FederatedData
     from fedpeft.models.runtime import ModelRuntime
     from fedpeft.worker import Worker
 
     toy_runtime, clients, _ = toy_setup(name, request)
-    toy_runtime.loaded.model.to(torch.bfloat16)  # as load_model does for model.dtype: bfloat16
-    runtime = ModelRuntime(toy_runtime.loaded, eval_batch_size=32, max_new_tokens=3, dtype="bfloat16")
+    if dtype != "float32":
+        toy_runtime.loaded.model.to(getattr(torch, dtype))  # as load_model does for model.dtype
+    runtime = ModelRuntime(toy_runtime.loaded, eval_batch_size=32, max_new_tokens=3, dtype=dtype, device=device)
     generation = name in MOE_ONLY
     data = FederatedData(
         "toy", "generation" if generation else "classification", None if generation else ["no", "yes"], ["g"], clients
@@ -356,10 +355,19 @@ def test_every_method_runs_on_a_bfloat16_base_under_autocast(name, request, tmp_
         assert state.round == 2
     model = method.personalize(runtime, clients[1], state, None, 2 if method.uses_budget else None, seed=4)
     runtime.install(model, seed=4)
-    if runtime.active is not None:
-        assert all(p.dtype == torch.float32 for p in runtime.adapter_parameters().values())
-    assert all(p.dtype == torch.bfloat16 for p in runtime.base_params.values())
     metrics = runtime.evaluate(clients[1].test)
     assert metrics and all(0.0 <= value <= 1.0 for value in metrics.values())
     for row in method.compute_costs(runtime, seed=0):
         assert torch.isfinite(torch.tensor(row["value"])), row
+    return runtime
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_method_runs_on_a_bfloat16_base_under_autocast(name, request, tmp_path):
+    """A bfloat16 base with float32 adapters: every forward pass of a method (training, prediction, statistics,
+    feature capture, per-sample gradients, hypergradients, distillation targets, timing) runs under autocast;
+    outside it a float32 adapter meets bfloat16 activations and the matmul refuses the mix."""
+    runtime = run_through(name, request, tmp_path, dtype="bfloat16")
+    if runtime.active is not None:
+        assert all(p.dtype == torch.float32 for p in runtime.adapter_parameters().values())
+    assert all(p.dtype == torch.bfloat16 for p in runtime.base_params.values())

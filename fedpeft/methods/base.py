@@ -310,8 +310,12 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         budget: Budget,
         seed: int,
     ) -> ClientModel:
-        """The model ``client`` keeps at ``budget``, from the final server state and its own state."""
-        raise NotImplementedError
+        """The model ``client`` keeps at ``budget``, from the final server state and its own state. By default the
+        LoRA that :meth:`personal_training` describes, trained alone (a method without one overrides this)."""
+        job = self.personal_training(runtime, client, state, client_state, budget, seed)
+        if job is None:
+            raise NotImplementedError(f"{self.name} gives its clients no personalized model")
+        return fine_tune_job(runtime, job)
 
     def personal_training(
         self,

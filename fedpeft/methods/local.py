@@ -11,7 +11,7 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, LoraConfigMixin, Method, MethodConfig, fine_tune_job, lora_spec
+from fedpeft.methods.base import Budget, LoraConfigMixin, Method, MethodConfig, lora_spec
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
@@ -35,17 +35,6 @@ class Local(Method[LocalConfig, ServerState, None]):
     Config = LocalConfig
     federated = False
     batchable_clients = True
-
-    def personalize(
-        self,
-        runtime: ModelRuntime,
-        client: ClientData,
-        state: ServerState,
-        client_state: Any,
-        budget: Budget,
-        seed: int,
-    ) -> ClientModel:
-        return fine_tune_job(runtime, self.personal_training(runtime, client, state, client_state, budget, seed))
 
     def personal_training(
         self,

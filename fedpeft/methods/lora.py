@@ -12,7 +12,7 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, MethodConfig, fine_tune_job, lora_spec
+from fedpeft.methods.base import Budget, Method, MethodConfig, lora_spec
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
@@ -36,17 +36,6 @@ class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
     federated = False
     uses_budget = True
     batchable_clients = True
-
-    def personalize(
-        self,
-        runtime: ModelRuntime,
-        client: ClientData,
-        state: ServerState,
-        client_state: Any,
-        budget: Budget,
-        seed: int,
-    ) -> ClientModel:
-        return fine_tune_job(runtime, self.personal_training(runtime, client, state, client_state, budget, seed))
 
     def personal_training(
         self,
