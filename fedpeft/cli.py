@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from fedpeft.core.errors import AllClientsFailedError, UserError
+from fedpeft.core.logs import quiet_libraries
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters.")
 console = Console()
@@ -52,8 +53,7 @@ def _setup_logging(verbose: bool) -> None:
         # Libraries' deprecation notices are for their users' code, not for fedpeft's: shown with -v only.
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        for name in ("transformers", "datasets", "flwr", "peft", "ray", "bitsandbytes"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+        quiet_libraries()
 
 
 def _quiet_libraries(verbose: bool) -> None:

@@ -18,6 +18,7 @@ import yaml
 
 from fedpeft.core.config import load_config, validate
 from fedpeft.core.errors import UserError
+from fedpeft.core.logs import LEVELS_VARIABLE, levels_for_children
 from fedpeft.engine.local import LocalEngine
 from fedpeft.engine.pool import gpu_shares, memory_shortfall, pool_threads
 from fedpeft.runner import Experiment
@@ -119,9 +120,22 @@ def test_worker_processes_are_pinned_to_the_gpus_round_robin(tmp_path):
     try:
         children = [p for p in psutil.Process().children() if "fedpeft.engine.pool" in " ".join(p.cmdline())]
         seen = sorted(p.environ().get("CUDA_VISIBLE_DEVICES") for p in children)
+        levels = {p.environ().get(LEVELS_VARIABLE) for p in children}
     finally:
         pool.close()
     assert seen == ["2", "2", "7"]
+    assert levels == {levels_for_children()}  # the run's library log levels (-v or not) reach the processes
+
+
+def test_a_worker_process_takes_the_library_log_levels_it_was_given(monkeypatch):
+    from fedpeft.core.logs import apply_inherited_levels
+
+    monkeypatch.setattr(logging.getLogger("bitsandbytes"), "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger("peft"), "level", logging.NOTSET)
+    monkeypatch.setenv(LEVELS_VARIABLE, f"bitsandbytes={logging.ERROR},peft=x,os={logging.DEBUG}")
+    apply_inherited_levels()
+    assert logging.getLogger("bitsandbytes").level == logging.ERROR
+    assert logging.getLogger("peft").level == logging.NOTSET  # not a level: left as it was
 
 
 def test_a_worker_count_that_does_not_fit_in_memory_is_refused_before_anything_is_written(

@@ -35,6 +35,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from fedpeft.core.logs import LEVELS_VARIABLE, levels_for_children
+
 log = logging.getLogger("fedpeft")
 
 CLOSE_SECONDS = 5.0  # how long a closed pool waits for a process to end before it kills it
@@ -99,6 +101,9 @@ def serve(connection: Connection) -> None:
 
 def main() -> None:
     """Entry point of a worker process (started by :class:`WorkerPool`, not by users): the socket's descriptor."""
+    from fedpeft.core.logs import apply_inherited_levels
+
+    apply_inherited_levels()  # before any library is imported: their import-time warnings follow the run's -v
     serve(Connection(int(sys.argv[1])))
 
 
@@ -160,6 +165,7 @@ class WorkerPool:
         # The process imports the fedpeft this one runs, whatever the working directory.
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env[LEVELS_VARIABLE] = levels_for_children()
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot.index % len(self.gpus)]
         command = [sys.executable, "-m", "fedpeft.engine.pool", str(theirs.fileno())]
