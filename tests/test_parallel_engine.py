@@ -333,3 +333,41 @@ def test_ctrl_c_leaves_no_worker_process(tmp_path):
             break
         time.sleep(0.5)
     assert not left.strip(), left
+
+
+@pytest.mark.slow
+def test_a_run_killed_on_two_workers_resumes_there_with_the_records_of_one(tmp_path):
+    """Ditto keeps its per-client state on disk with two worker processes: a run killed mid-phase resumes from its
+    checkpoint and gives the records of an uninterrupted run on one worker. Resuming with another worker count is a
+    changed config, refused in one sentence, with nothing of the run lost."""
+    from fedpeft.core.checkpoints import load_checkpoint
+
+    overrides = [
+        *TINY[:-1],
+        "methods=[{name: ditto, rounds: 40, fraction: 1.0, local_steps: 2, lr: 0.005}]",
+        "output.plots=false",
+    ]
+    reference = run_with(tmp_path, "reference", overrides, 1)
+    interrupted = tmp_path / "interrupted"
+    args = [sys.executable, "-m", "fedpeft.cli", "run", "smoke", "--out", str(interrupted)]
+    args += sets([*overrides, "engine.workers=2"])
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    checkpoint = interrupted / "checkpoints" / "ditto" / "seed0.safetensors"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.exists() and load_checkpoint(checkpoint)["round"] >= 3:
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (interrupted / "results.jsonl").exists(), "the run finished before it could be killed"
+    killed_at = load_checkpoint(checkpoint)["round"]
+    assert 3 <= killed_at < 40
+
+    other = subprocess.run([*args[:-2], "--set", "engine.workers=1", "--resume"], capture_output=True, text=True)
+    assert other.returncode == 2 and "The config differs from the one of the run" in other.stderr.splitlines()[-1]
+    assert load_checkpoint(checkpoint)["round"] == killed_at  # nothing of the run was lost
+
+    resumed = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert comparable(interrupted) == comparable(reference)
