@@ -24,6 +24,7 @@ from fedpeft.engine.pool import gpu_shares, memory_shortfall, pool_threads
 from fedpeft.runner import Experiment
 from tests.entry_point import cli
 from tests.test_flower import tiny_raw
+from tests.test_pipeline import kill_at_round
 from tests.test_run_dirs import TINY
 
 # Several method families: FedIT and FedProx (global adapter), Ditto and FedSA-LoRA (state kept per client between
@@ -351,17 +352,9 @@ def test_a_run_killed_on_two_workers_resumes_there_with_the_records_of_one(tmp_p
     interrupted = tmp_path / "interrupted"
     args = [sys.executable, "-m", "fedpeft.cli", "run", "smoke", "--out", str(interrupted)]
     args += sets([*overrides, "engine.workers=2"])
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     checkpoint = interrupted / "checkpoints" / "ditto" / "seed0.safetensors"
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        if checkpoint.exists() and load_checkpoint(checkpoint)["round"] >= 3:
-            break
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    killed_at = kill_at_round(args, checkpoint, 3)
     assert not (interrupted / "results.jsonl").exists(), "the run finished before it could be killed"
-    killed_at = load_checkpoint(checkpoint)["round"]
     assert 3 <= killed_at < 40
 
     other = subprocess.run([*args[:-2], "--set", "engine.workers=1", "--resume"], capture_output=True, text=True)

@@ -138,6 +138,20 @@ def test_list_commands():
 
 
 @pytest.mark.slow
+def kill_at_round(args: list[str], checkpoint: Path, round_: int) -> int:
+    """Start the command ``args`` in a session of its own and SIGKILL it (all its processes) once ``checkpoint``
+    holds round ``round_`` or a later one (or after 240 s); returns the checkpoint's round then."""
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.exists() and load_checkpoint(checkpoint)["round"] >= round_:
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return load_checkpoint(checkpoint)["round"]
+
+
 def test_kill_and_resume_gives_the_uninterrupted_results(tmp_path):
     overrides = [
         "data.groups=[lat1, lat4]",
@@ -152,17 +166,9 @@ def test_kill_and_resume_gives_the_uninterrupted_results(tmp_path):
     args = [sys.executable, "-m", "fedpeft.cli", "run", "smoke", "--out", str(interrupted)]
     for item in overrides:
         args += ["--set", item]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     checkpoint = interrupted / "checkpoints" / "fedit" / "seed0.safetensors"
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        if checkpoint.exists() and load_checkpoint(checkpoint)["round"] >= 3:
-            break
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    killed_at = kill_at_round(args, checkpoint, 3)
     assert not (interrupted / "results.jsonl").exists(), "the run finished before it could be killed"
-    killed_at = load_checkpoint(checkpoint)["round"]
     assert 3 <= killed_at < 40
 
     result = cli(*args[3:], "--resume")
