@@ -4,10 +4,14 @@ A :class:`TextEncoder` owns the tokenizer and how examples become model inputs: 
 images) with their labels, and generation prompts with their responses. Training and generation read a prompt
 the same way, through :meth:`TextEncoder.prompt`: BOS and the prompt's tokens cut to half of ``max_length`` (or
 the prompt as a user turn of the tokenizer's chat template, cut inside the template to the same length).
+
+An example is tokenized once per process: its token ids are kept (up to :data:`CACHED_TOKENS` tokens in all) and
+each batch is padded from them, the same tensors the tokenizer's own padding gives.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +31,10 @@ class Prompt:
 
     ids: list[int]
     text: str
+
+
+CACHED_TOKENS = 4_000_000  # token ids a TextEncoder keeps (8 bytes each); past it, the cache starts over
+_PADDED_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class TextEncoder:
@@ -51,11 +59,46 @@ class TextEncoder:
     ) -> None:
         self.tokenizer = tokenizer
         self.task = task
-        self.max_length = max_length
-        self.chat_template = chat_template
+        self._max_length = max_length
+        self._chat_template = chat_template
         self.image_processor = image_processor
+        # Each example's token ids, by its texts: field -> ids (classification) or (ids, prompt length) (generation).
+        self._cache: dict[tuple[Any, ...], Any] = {}
+        self._cached_tokens = 0
+
+    @property
+    def max_length(self) -> int:
+        """Truncation length of tokenized inputs (setting it forgets the cached token ids)."""
+        return self._max_length
+
+    @max_length.setter
+    def max_length(self, value: int) -> None:
+        self._max_length = value
+        self._forget()
+
+    @property
+    def chat_template(self) -> bool:
+        """Whether generation prompts use the tokenizer's chat template (setting it forgets the cached token ids)."""
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, value: bool) -> None:
+        self._chat_template = value
+        self._forget()
+
+    def _forget(self) -> None:
+        self._cache.clear()
+        self._cached_tokens = 0
 
     def prompt(self, text: str) -> Prompt:
+        """The one encoding of a generation prompt (:meth:`_prompt`), computed once per text."""
+        key = ("prompt", text)
+        if key not in self._cache:
+            found = self._prompt(text)
+            self._keep(key, found, len(found.ids))
+        return self._cache[key]
+
+    def _prompt(self, text: str) -> Prompt:
         """The one encoding of a generation prompt, for training and generation alike.
 
         Plain: BOS (when the tokenizer has one), then the prompt's tokens, cut to ``max_length // 2``. With
@@ -106,24 +149,78 @@ class TextEncoder:
         if self.task == "classification":
             pairs = [ex.get("text_pair") for ex in examples]
             has_pair = any(p is not None for p in pairs)
-            batch = self.tokenizer(
-                [ex["text"] for ex in examples],
-                [p or "" for p in pairs] if has_pair else None,
-                truncation=True,
-                max_length=self.max_length,
-                padding=True,
-                return_tensors="pt",
-            )
+            texts = [("text", ex["text"], (ex.get("text_pair") or "") if has_pair else None) for ex in examples]
+            # This batch's rows, taken from the cache before any is added (adding may empty it).
+            rows = {key: self._cache[key] for key in texts if key in self._cache}
+            missing = list(dict.fromkeys(key for key in texts if key not in rows))
+            if missing:
+                found = self.tokenizer(
+                    [text for _, text, _ in missing],
+                    [pair for _, _, pair in missing] if has_pair else None,
+                    truncation=True,
+                    max_length=self.max_length,
+                )
+                if not set(found) <= set(_PADDED_FIELDS):  # a tokenizer with other fields: its own padding
+                    return self._tokenize_batch(texts, examples, has_pair)
+                for i, key in enumerate(missing):
+                    fields = rows[key] = {name: array("q", found[name][i]) for name in found}
+                    self._keep(key, fields, sum(len(ids) for ids in fields.values()))
+            batch = self._pad_fields([rows[key] for key in texts])
             batch["labels"] = torch.tensor([int(ex["label"]) for ex in examples])
-            return dict(batch)
+            return batch
         ids, labels = [], []
         for ex in examples:
-            prompt = self.prompt(ex["prompt"])
-            full = (prompt.ids + self.response_ids(prompt, ex["response"]))[: self.max_length]
-            ids.append(full)
+            pair = ("pair", ex["prompt"], ex["response"])
+            if pair not in self._cache:
+                prompt = self.prompt(ex["prompt"])
+                full = (prompt.ids + self.response_ids(prompt, ex["response"]))[: self.max_length]
+                self._keep(pair, (array("q", full), len(prompt.ids)), len(full))
+            full_ids, prompt_length = self._cache[pair]
+            ids.append(full_ids.tolist())
             # Loss on the response tokens only.
-            labels.append([-100] * len(prompt.ids) + full[len(prompt.ids) :])
+            labels.append([-100] * prompt_length + ids[-1][prompt_length:])
         return pad_right(ids, labels, self.tokenizer.pad_token_id)
+
+    def _tokenize_batch(
+        self, texts: list[tuple[str, str, str | None]], examples: list[Example], has_pair: bool
+    ) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(
+            [text for _, text, _ in texts],
+            [pair for _, _, pair in texts] if has_pair else None,
+            truncation=True,
+            max_length=self.max_length,
+            padding=True,
+            return_tensors="pt",
+        )
+        batch["labels"] = torch.tensor([int(ex["label"]) for ex in examples])
+        return dict(batch)
+
+    def _keep(self, key: tuple[Any, ...], value: Any, tokens: int) -> None:
+        if self._cached_tokens + tokens > CACHED_TOKENS:
+            self._forget()
+        self._cache[key] = value
+        self._cached_tokens += tokens
+
+    def _pad_fields(self, rows: list[dict[str, array]]) -> dict[str, torch.Tensor]:
+        """Pad each field of ``rows`` to the longest row, on the tokenizer's padding side, as the tokenizer does."""
+        tok = self.tokenizer
+        pads = {"input_ids": tok.pad_token_id, "attention_mask": 0, "token_type_ids": tok.pad_token_type_id}
+        width = max(len(row["input_ids"]) for row in rows)
+        left = tok.padding_side == "left"
+        batch = {}
+        for name in rows[0]:
+            padded = torch.full((len(rows), width), pads[name], dtype=torch.long)
+            for i, row in enumerate(rows):
+                length = len(row[name])
+                if not length:
+                    continue
+                values = torch.frombuffer(row[name], dtype=torch.long)
+                if left:
+                    padded[i, width - length :] = values
+                else:
+                    padded[i, :length] = values
+            batch[name] = padded
+        return batch
 
     def prompt_batch(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """The generation inputs of ``examples``: their prompts (:meth:`prompt`), left-padded."""
