@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from fedpeft.core.config import GIVEN_CONFIG_FILE
+from fedpeft.core.config import GIVEN_CONFIG_FILE, same_run
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import (
     RUN_MARKER,
@@ -80,7 +80,8 @@ class RunDirectory:
         """Raise a :class:`UserError` unless the run may write into the directory; writes nothing.
 
         It may write into a new or empty directory; into a fedpeft run (its marker file) of the same config with
-        ``resume``; into a fedpeft run that never wrote a result (it starts over); and, with ``force``, into a
+        ``resume`` (settings of where the work runs, :data:`~fedpeft.core.config.EXECUTION_KEYS`, may differ); into a
+        fedpeft run that never wrote a result (it starts over); and, with ``force``, into a
         directory without the marker whose files it would not replace (:data:`RUN_WRITES`). A directory without
         the marker is never taken for a run, whatever it holds (one that looks like a run of an earlier version
         is refused with the command that marks it, :func:`adopt_run`).
@@ -100,7 +101,7 @@ class RunDirectory:
                 raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
             config_path = out / CONFIG_FILE
             if config_path.is_file():
-                same = config_path.read_bytes() == self.config_text.encode("utf-8")
+                same = same_run(config_path.read_text(encoding="utf-8", errors="replace"), self.config_text)
             else:
                 same = marker.get("config_sha256") == self.config_digest
             if not same:

@@ -75,6 +75,32 @@ def test_store_rollback(kind, tmp_path):
     assert store.get("c2") is None
 
 
+def test_a_store_restores_the_other_kinds_checkpoint(tmp_path):
+    """A run resumed with another engine.workers changes store kind: each restores the other's snapshot, versions
+    and rollback included."""
+    import torch
+
+    memory = MemoryStore()
+    memory.put("c.r1", {"w": torch.tensor([1.0])}, 0)  # a client id that looks like a version suffix
+    memory.put("c.r1", {"w": torch.tensor([2.0])}, 3)
+    memory.put("c2", {"w": torch.tensor([9.0])}, 4)
+    root = tmp_path / "states"
+    (root).mkdir()
+    (root / "stale.r7.safetensors").write_bytes(b"from an older sitting")
+    disk = DiskStore(root)
+    disk.restore(memory.snapshot())
+    assert sorted(p.name for p in root.iterdir()) == ["c.r1.r0.safetensors", "c.r1.r3.safetensors", "c2.r4.safetensors"]
+    disk.rollback(3)
+    assert disk.get("c.r1")["w"].item() == 2.0 and disk.get("c2") is None
+
+    back = MemoryStore(root)
+    back.restore(disk.snapshot())  # None: the files are the store
+    assert back.get("c.r1")["w"].item() == 2.0 and back.get("c2") is None
+    back.rollback(2)
+    assert back.get("c.r1")["w"].item() == 1.0
+    assert MemoryStore(tmp_path / "none").get("c.r1") is None
+
+
 def test_overrides_nested_and_list_items():
     raw = {"data": {"seed": 0}, "methods": [{"name": "lora"}, {"name": "fedit", "rounds": 3}]}
     apply_override(raw, "data.seed=5")

@@ -569,6 +569,31 @@ def dump_given(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True), sort_keys=False)
 
 
+EXECUTION_KEYS: dict[str, tuple[str, ...]] = {"engine": ("workers", "workers_per_gpu", "concurrent_methods", "state")}
+"""Keys, by section, that decide where a run's work happens and never its numbers: a run may resume with others."""
+
+
+def same_run(config_text: str, other_text: str) -> bool:
+    """Whether two resolved configs (:func:`dump_config`) describe the same run: equal but for
+    :data:`EXECUTION_KEYS` (e.g. a run started on two worker processes may resume on one)."""
+    if config_text == other_text:
+        return True
+
+    def numbers(text: str) -> Any:
+        config = yaml.safe_load(text)
+        if not isinstance(config, dict):
+            return config
+        for section, keys in EXECUTION_KEYS.items():
+            if isinstance(config.get(section), dict):
+                config[section] = {k: v for k, v in config[section].items() if k not in keys}
+        return config
+
+    try:
+        return bool(numbers(config_text) == numbers(other_text))
+    except yaml.YAMLError:
+        return False
+
+
 GIVEN_CONFIG_FILE = "config.given.yaml"
 """Beside a run's ``config.yaml``: its configuration as given (:func:`dump_given`), from which the run's data and
 model are rebuilt in a later process (``fedpeft personalize``)."""

@@ -4,6 +4,10 @@ Personalized methods keep per-client state (local adapters, optimizer moments, m
 lives in the server state: it lives in a store, in memory for small federations or on disk (one checkpoint file,
 :mod:`fedpeft.core.checkpoints`, per client and version) so that hundreds of clients fit. Every entry is tagged
 with the round that wrote it so a resumed run can roll back to a checkpoint.
+
+A run may resume with the other kind of store (another ``engine.workers``: worker processes keep client states
+on disk): a disk store restores a memory store's snapshot by writing its versions as files, and a memory store
+restores a disk store's (``None``) by reading the files a disk store left under its root.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ class ClientStateStore(Protocol):
 
 
 class MemoryStore:
-    """Client states in a dict (current and previous version)."""
+    """Client states in a dict (current and previous version); ``root``: where a disk store of the same run keeps
+    them (read when a checkpoint of a run on disk is restored)."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
         self._data: dict[str, list[tuple[int, Any]]] = {}
+        self.root = root
 
     def get(self, client_id: str) -> Any:
         """The latest state of ``client_id``; None when it has none."""
@@ -63,9 +69,18 @@ class MemoryStore:
         """Every client's versions (a shallow copy), for a checkpoint."""
         return dict(self._data)
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        """Take the versions in ``snapshot`` (from :meth:`snapshot`) as the store's."""
-        self._data = dict(snapshot)
+    def restore(self, snapshot: dict[str, Any] | None) -> None:
+        """Take the versions in ``snapshot`` (from :meth:`snapshot`) as the store's; ``None`` (the checkpoint of a
+        run that kept client states on disk): the versions in the files under ``root``."""
+        if snapshot is not None:
+            self._data = dict(snapshot)
+            return
+        self._data = {}
+        for client_id, round_, path in _files(self.root):
+            self._data.setdefault(client_id, []).append((round_, load_checkpoint(path)))
+        for versions in self._data.values():
+            versions.sort(key=lambda version: version[0])
+            del versions[:-2]
 
 
 class DiskStore:
@@ -99,9 +114,8 @@ class DiskStore:
 
     def rollback(self, round_: int) -> None:
         """Delete every file written in a round later than ``round_``."""
-        for path in self.root.glob(f"*.r*{SUFFIX}"):
-            version = path.name.removesuffix(SUFFIX).rsplit(".r", 1)[-1]
-            if version.isdigit() and int(version) > round_:
+        for _, version, path in _files(self.root):
+            if version > round_:
                 path.unlink()
 
     def snapshot(self) -> None:
@@ -109,10 +123,31 @@ class DiskStore:
         return None
 
     def restore(self, snapshot: Any) -> None:
-        """Nothing to restore: the files under ``root`` are the store (:meth:`rollback` returns them to a round)."""
-        return None
+        """``None``: nothing to restore, the files under ``root`` are the store (:meth:`rollback` returns them to a
+        round). A memory store's snapshot (the checkpoint of a run that kept client states in memory): its versions
+        replace every file."""
+        if snapshot is None:
+            return
+        for _, _, path in _files(self.root):
+            path.unlink()
+        for client_id, versions in snapshot.items():
+            for round_, state in versions:
+                save_checkpoint(state, self.root / f"{client_id}.r{round_}{SUFFIX}")
+
+
+def _files(root: Path | None) -> list[tuple[str, int, Path]]:
+    """``(client, round, path)`` of each state file a disk store keeps under ``root`` (none when it has no files)."""
+    if root is None or not root.is_dir():
+        return []
+    found = []
+    for path in root.glob(f"*.r*{SUFFIX}"):
+        client_id, _, version = path.name.removesuffix(SUFFIX).rpartition(".r")
+        if client_id and version.isdigit():
+            found.append((client_id, int(version), path))
+    return found
 
 
 def make_store(kind: str, root: Path) -> MemoryStore | DiskStore:
-    """A store of ``kind`` (``memory`` or ``disk``); disk stores live under ``root``."""
-    return DiskStore(root) if kind == "disk" else MemoryStore()
+    """A store of ``kind`` (``memory`` or ``disk``); disk stores live under ``root``, where a memory store looks for
+    the files of a run that kept them on disk before it resumed in memory."""
+    return DiskStore(root) if kind == "disk" else MemoryStore(root)
