@@ -153,7 +153,9 @@ class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
                 batch_size=cfg.batch_size,
                 seed=seed,
                 steps=total,
-                model=model,
+                # The tuner, not the PeftModel: a PeftModel without a task type calls the transformer directly,
+                # skipping AdaLoraModel.forward, which adds the orthogonal regularization to the loss.
+                model=tuner,
                 after_step=tuner.update_and_allocate,
             )
             spec, tensors = to_lora(model, list(runtime.loaded.head_modules), cfg.dropout)
