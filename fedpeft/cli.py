@@ -105,6 +105,10 @@ def run(
     raw = load_raw(config)
     for assignment in overrides:
         apply_override(raw, assignment)
+    if not resume and (out is not None or isinstance(raw.get("name"), str)):
+        from fedpeft.rundir import refuse_existing_run
+
+        refuse_existing_run(out or Path("runs") / path_component(raw["name"]))  # before torch is imported
     check_raw_model(raw)  # a model nothing could load without the hub ends here, before torch is imported
     cfg = validate(raw)  # and so does a misspelt method or dataset name
     _quiet_libraries(verbose)

@@ -98,7 +98,7 @@ class RunDirectory:
                 self._restart = True
                 return
             if not resume:
-                raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
+                raise existing_run_error(out)
             config_path = out / CONFIG_FILE
             if config_path.is_file():
                 same = same_run(config_path.read_text(encoding="utf-8", errors="replace"), self.config_text)
@@ -209,6 +209,24 @@ def adopt_run(path: Path) -> bool:
     digest = hashlib.sha256((path / CONFIG_FILE).read_bytes()).hexdigest()
     write_marker(path, RUN_MARKER, "run", config_sha256=digest, adopted=True)
     return True
+
+
+def existing_run_error(out: Path) -> UserError:
+    """The refusal of a start without ``--resume`` in ``out``, a run with results: a finished one names its summary."""
+    summary = out / "summary.md"
+    if (out / "results.jsonl").is_file() and summary.is_file():
+        return UserError(
+            f"{out} holds a finished run (its summary: {summary}); pass --resume to write its outputs again, or "
+            "choose another --out."
+        )
+    return UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
+
+
+def refuse_existing_run(out: Path) -> None:
+    """Raise :func:`existing_run_error` if ``out`` holds a run with results; reads only the directory, so a start
+    without ``--resume`` is told at once, before its config is validated (and torch imported)."""
+    if read_marker(out, RUN_MARKER) is not None and has_progress(out):
+        raise existing_run_error(out)
 
 
 def has_progress(run_dir: Path) -> bool:

@@ -243,7 +243,7 @@ def test_malformed_yaml_and_existing_run_lose_nothing(tmp_path, smoke_run):
     assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
     before = {p: p.read_bytes() for p in smoke_run.rglob("*.jsonl")}
     result = cli("run", "smoke", "--out", str(smoke_run))
-    assert result.returncode == 2 and "already holds a run" in result.stderr
+    assert result.returncode == 2 and "holds a finished run" in result.stderr
     assert before == {p: p.read_bytes() for p in smoke_run.rglob("*.jsonl")}
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,14 +163,30 @@ def test_the_memory_estimate_leaves_the_presets_alone():
 def test_an_existing_run_needs_resume_and_the_same_config(tiny_run, monkeypatch, capsys):
     before = snapshot(tiny_run)
     code, _, err = cli(monkeypatch, capsys, *run_args(tiny_run))
-    assert code == 2 and "already holds a run" in err
+    assert code == 2 and "holds a finished run" in err
     code, _, err = cli(monkeypatch, capsys, *run_args(tiny_run, "--resume", "--set", "seeds=[5]"))
     assert code == 2 and "config differs" in err
     code, _, err = cli(monkeypatch, capsys, *run_args(tiny_run, "--force"))  # --force never mixes two runs
-    assert code == 2 and "already holds a run" in err
+    assert code == 2 and "holds a finished run" in err
     assert snapshot(tiny_run) == before
     marker = json.loads((tiny_run / RUN_MARKER).read_text())
     assert marker["format"] == 1 and marker["kind"] == "run" and len(marker["config_sha256"]) == 64
+
+
+def test_a_finished_run_started_again_is_named_finished_before_torch_is_imported(tiny_run):
+    """Without --resume, a finished run's directory is refused at once: the message names its summary, and the
+    command never got as far as importing torch (nor validating the config)."""
+    before = snapshot(tiny_run)
+    probe = (
+        "import sys\n"
+        "from fedpeft.cli import main\n"
+        f"sys.argv = ['fedpeft', *{run_args(tiny_run, '--set', 'methods.0.epoch=1')!r}]\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert f"{tiny_run} holds a finished run (its summary: {tiny_run / 'summary.md'})" in done.stderr
+    assert snapshot(tiny_run) == before
 
 
 def test_force_writes_into_a_foreign_directory_and_keeps_its_files(tmp_path, monkeypatch, capsys):
