@@ -21,7 +21,7 @@ from fedpeft.adapters.bayestune import check_budget
 from fedpeft.adapters.psg import load_generator
 from fedpeft.core.config import load_run_config
 from fedpeft.core.errors import UserError
-from fedpeft.core.io import ADAPTER_MARKER, check_output_dir, make_output_dir, staged_files
+from fedpeft.core.io import ADAPTER_MARKER, check_output_dir, make_output_dir, relative_path, staged_files
 from fedpeft.core.seeds import client_seed
 from fedpeft.data.files import Table, check_scalar
 from fedpeft.data.real.readers import read_rows
@@ -186,16 +186,15 @@ def personalize_client(
     assert model.lora is not None
     base = run_dir / "base_model"
     make_output_dir(out, ADAPTER_MARKER, "personalize")
-    # The adapter usually lives outside the run, so it names the run's base model by its absolute path.
-    write_adapter(runtime, out, str(base.resolve()) if base.is_dir() else cfg.model.name)
+    # Like a run's adapters, it names the run's base model relative to its own directory.
+    write_adapter(runtime, out, relative_path(base, out) if base.is_dir() else cfg.model.name)
     return PersonalizedAdapter(out, client.client_id, budget, dict(model.lora.rank_pattern), accuracy)
 
 
 def write_adapter(runtime: Any, target: Path, base_model: str) -> Path:
     """Write the runtime's active adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``),
     each file through a temporary file and a rename."""
-    config = runtime.active.to_peft(runtime.loaded.head_modules)
-    config.base_model_name_or_path = base_model
+    config = runtime.saved_adapter_config(base_model)
     tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
     with staged_files(target) as staging:
         config.save_pretrained(str(staging))

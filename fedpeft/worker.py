@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -23,7 +22,7 @@ from fedpeft.continual import memory_view
 from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 from fedpeft.core.config import BASE_STAGE_LABEL, ExperimentConfig, MethodConfig, ModelConfig, method_config
 from fedpeft.core.faults import before_work, corrupt, reaching_faults
-from fedpeft.core.io import staged_files, write_text_atomic
+from fedpeft.core.io import relative_path, staged_files, write_text_atomic
 from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import client_seed
@@ -400,11 +399,9 @@ class Worker:
         target = adapter_dir(self.run_dir, label, budget, None if shared else client_id)
         if shared and target in self._shared_saved:
             return target
-        config = runtime.active.to_peft(runtime.loaded.head_modules)
         # Relative to the adapter directory (``../../../base_model`` for adapters/<label>/global/), so it still
         # holds after the run is moved.
-        base = (self.run_dir / "base_model").resolve()
-        config.base_model_name_or_path = Path(os.path.relpath(base, target.resolve())).as_posix()
+        config = runtime.saved_adapter_config(relative_path(self.run_dir / "base_model", target))
         tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
         with staged_files(target) as staging:  # each file written whole, then renamed into place
             config.save_pretrained(str(staging))

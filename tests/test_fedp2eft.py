@@ -256,6 +256,33 @@ def test_saved_fedp2eft_adapter_loads_with_plain_peft_and_reproduces_accuracy(ru
     assert accuracy == pytest.approx(logged, abs=1e-9)
 
 
+def test_saved_adapters_load_with_pefts_auto_class_and_the_umasks_mode(run_dir, monkeypatch):
+    """The task type is saved, so AutoPeftModelForSequenceClassification finds the model class (from the adapter's
+    directory, against which its base path is relative), and every file is as readable as the umask makes files."""
+    from peft import AutoPeftModelForSequenceClassification
+
+    from fedpeft.core.io import UMASK
+
+    client = "lat4-unseen-00"
+    adapter_dir = run_dir / "adapters" / "fedp2eft" / "r2" / client
+    assert json.loads((adapter_dir / "adapter_config.json").read_text())["task_type"] == "SEQ_CLS"
+    monkeypatch.chdir(adapter_dir)
+    auto = AutoPeftModelForSequenceClassification.from_pretrained(".").eval()
+    worker = Worker(load_config(str(run_dir / "config.yaml")), run_dir)
+    batch = worker.runtime.encode(worker.clients[client].test)
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        accuracy = float((auto(**batch).logits.argmax(-1) == labels).float().mean())
+    logged = next(
+        r["value"]
+        for r in read_jsonl(run_dir / "results.jsonl")
+        if r["method"] == "fedp2eft" and r["budget"] == 2 and r["client"] == client
+    )
+    assert accuracy == pytest.approx(logged, abs=1e-9)
+    files = [p for p in [*adapter_dir.iterdir(), *(run_dir / "base_model").iterdir()] if p.is_file()]
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o666 & ~UMASK)}
+
+
 def test_personalize_cli_reproduces_the_runs_adapter(run_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "adapter"
     code, stdout, stderr = cli(
@@ -300,7 +327,8 @@ def test_personalize_cli_from_a_file_of_examples(run_dir, tmp_path, monkeypatch,
     assert code == 0, stderr
     config = json.loads((out / "adapter_config.json").read_text())
     assert sum(config["rank_pattern"].values()) == 4 * 12
-    base = AutoModelForSequenceClassification.from_pretrained(config["base_model_name_or_path"])
+    assert not Path(config["base_model_name_or_path"]).is_absolute()  # like a run's adapters: relative to out
+    base = AutoModelForSequenceClassification.from_pretrained(out / config["base_model_name_or_path"])
     model = PeftModel.from_pretrained(base, out).eval()
     wrapped = {n.removeprefix("base_model.model.") for n, m in model.named_modules() if hasattr(m, "lora_A")}
     assert wrapped == set(config["target_modules"])

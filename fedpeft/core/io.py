@@ -38,6 +38,21 @@ ADAPTER_MARKER = ".fedpeft-adapter"
 
 
 # ---------------------------------------------------------------------------------------------- atomic writes
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()  # read once, at import, before any thread could create a file meanwhile
+
+
+def with_umask_mode(path: Path) -> None:
+    """Give the file ``path`` the mode a newly created file gets from the umask (writers such as safetensors create
+    theirs readable by the owner only)."""
+    os.chmod(path, 0o666 & ~UMASK)
+
+
 def temporary_sibling(path: Path) -> Path:
     """A hidden, unique name beside ``path`` for writing it before the rename."""
     return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
@@ -86,6 +101,7 @@ def write_file_atomic(path: Path, write: Callable[[Path], None], *, fsync: bool 
 
     def to_file(tmp: Path) -> None:
         write(tmp)
+        with_umask_mode(tmp)
         if fsync:
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -128,6 +144,9 @@ def staged_dir(target: Path) -> Iterator[Path]:
     target = Path(target)
     with _scratch_beside(target) as tmp:
         yield tmp
+        for written in tmp.rglob("*"):
+            if written.is_file():
+                with_umask_mode(written)
         if target.exists():
             old = temporary_sibling(target)
             os.replace(target, old)
@@ -148,12 +167,23 @@ def staged_files(target: Path) -> Iterator[Path]:
         target.mkdir(parents=True, exist_ok=True)
         for source in sorted(tmp.rglob("*")):
             if source.is_file():
+                with_umask_mode(source)
                 destination = target / source.relative_to(tmp)
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(source, destination)
 
 
 # ---------------------------------------------------------------------------------------------- output directories
+def relative_path(path: Path, start: Path) -> str:
+    """``path`` relative to the directory ``start`` (POSIX separators), as an adapter names its base model so that
+    both can move together; the absolute path where none exists (another drive)."""
+    resolved = Path(path).resolve()
+    try:
+        return Path(os.path.relpath(resolved, Path(start).resolve())).as_posix()
+    except ValueError:
+        return resolved.as_posix()
+
+
 def path_component(name: str) -> str:
     """``name`` as one safe path component: path separators and control characters become ``-``, then leading
     dots, dashes and spaces are dropped (no ``..``, no hidden directory, nothing that reads as an option);

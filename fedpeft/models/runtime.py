@@ -346,6 +346,18 @@ class ModelRuntime:
     def load_adapter(self, state: StateDict) -> None:
         self.weights.load_adapter(state)
 
+    def saved_adapter_config(self, base_model: str) -> Any:
+        """The PEFT config the active adapter is saved with: its LoRA settings, ``base_model`` as
+        ``base_model_name_or_path`` and the task type PEFT's ``AutoPeftModelFor...`` classes read (``SEQ_CLS`` for
+        text classification, ``CAUSAL_LM`` for text generation; none for image models, which PEFT has no type for)."""
+        assert self.active is not None
+        config = self.active.to_peft(self.loaded.head_modules)
+        config.base_model_name_or_path = base_model
+        text = self.tokenizer is not None and getattr(self.loaded, "image_processor", None) is None
+        if text and self.loaded.family != "llava":
+            config.task_type = "SEQ_CLS" if self.task == "classification" else "CAUSAL_LM"
+        return config
+
     def reset_adapter(self, seed: int) -> None:
         self.weights.reset_adapter(seed)
 
