@@ -226,7 +226,7 @@ def test_personalize_cli_on_the_minilm_run(minilm_run, tmp_path, monkeypatch, ca
     for key, tensor in expected.items():
         torch.testing.assert_close(written[key], tensor, msg=key)
     config = json.loads((target / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str((minilm_run.out / "base_model").resolve())
+    assert (target / config["base_model_name_or_path"]).resolve() == (minilm_run.out / "base_model").resolve()
 
 
 # -------------------------------------------------------------------------------- Gemma 3 270M (generation)
