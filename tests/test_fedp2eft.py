@@ -244,16 +244,24 @@ def test_saved_fedp2eft_adapter_loads_with_plain_peft_and_reproduces_accuracy(ru
     assert sum(config["rank_pattern"].values()) == 2 * 12
     base = AutoModelForSequenceClassification.from_pretrained(run_dir / "base_model")
     model = PeftModel.from_pretrained(base, adapter_dir).eval()
-    batch = worker.runtime.encode(client.test)
+    logged = _logged(run_dir, client.client_id)
+    assert _test_accuracy(model, worker, client.client_id) == pytest.approx(logged, abs=1e-9)
+
+
+def _test_accuracy(model: torch.nn.Module, worker: Worker, client_id: str) -> float:
+    batch = worker.runtime.encode(worker.clients[client_id].test)
     labels = batch.pop("labels")
     with torch.no_grad():
-        accuracy = float((model(**batch).logits.argmax(-1) == labels).float().mean())
-    logged = next(
+        return float((model(**batch).logits.argmax(-1) == labels).float().mean())
+
+
+def _logged(run_dir: Path, client_id: str) -> float:
+    """The run's accuracy record of FedP2EFT at r = 2 for ``client_id``."""
+    return next(
         r["value"]
         for r in read_jsonl(run_dir / "results.jsonl")
-        if r["method"] == "fedp2eft" and r["budget"] == 2 and r["client"] == client.client_id
+        if r["method"] == "fedp2eft" and r["budget"] == 2 and r["client"] == client_id
     )
-    assert accuracy == pytest.approx(logged, abs=1e-9)
 
 
 def test_saved_adapters_load_with_pefts_auto_class_and_the_umasks_mode(run_dir, monkeypatch):
@@ -269,16 +277,7 @@ def test_saved_adapters_load_with_pefts_auto_class_and_the_umasks_mode(run_dir, 
     monkeypatch.chdir(adapter_dir)
     auto = AutoPeftModelForSequenceClassification.from_pretrained(".").eval()
     worker = Worker(load_config(str(run_dir / "config.yaml")), run_dir)
-    batch = worker.runtime.encode(worker.clients[client].test)
-    labels = batch.pop("labels")
-    with torch.no_grad():
-        accuracy = float((auto(**batch).logits.argmax(-1) == labels).float().mean())
-    logged = next(
-        r["value"]
-        for r in read_jsonl(run_dir / "results.jsonl")
-        if r["method"] == "fedp2eft" and r["budget"] == 2 and r["client"] == client
-    )
-    assert accuracy == pytest.approx(logged, abs=1e-9)
+    assert _test_accuracy(auto, worker, client) == pytest.approx(_logged(run_dir, client), abs=1e-9)
     files = [p for p in [*adapter_dir.iterdir(), *(run_dir / "base_model").iterdir()] if p.is_file()]
     assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o666 & ~UMASK)}
 
