@@ -314,3 +314,23 @@ def test_personalization_runs_after_a_federated_lora_base_stage(stage, method, t
     base = {r["client"]: r["value"] for r in records if r["method"] == "base" and r["metric"] == "accuracy"}
     assert ours and len(base) == 8  # every client of both pools, each on its own base model
     assert len(list((out / "checkpoints" / "client-base" / "seed0").glob("*.safetensors"))) == 8
+
+
+@pytest.mark.parametrize(
+    ("doc", "start"),
+    [
+        ("README.md", "The base model personalization starts from"),
+        ("docs/methods/README.md", "Methods usable as the federated base stage"),
+        ("docs/base-models.md", "Besides the four methods above"),
+    ],
+)
+def test_the_docs_name_every_method_usable_as_the_base_stage(doc, start):
+    import re
+    from pathlib import Path
+
+    from fedpeft.core.registry import METHODS
+
+    text = (Path(__file__).resolve().parents[1] / doc).read_text()
+    paragraph = text[text.index(start) :].split("\n\n")[0]
+    named = {name for name in re.findall(r"`([a-z_0-9]+)`", paragraph) if name in METHODS.names()}
+    assert named == {name for name in METHODS.names() if METHODS.get(name).serves_as_base_stage()}
