@@ -119,3 +119,23 @@ def test_a_full_cache_starts_over_without_changing_a_batch(monkeypatch: pytest.M
     for _ in range(2):
         _assert_same(encoder.encode(examples), _reference(tokenizer.inner, examples, 24))
     assert encoder._cached_tokens <= 40
+
+
+def test_text_mostly_unknown_to_the_tokenizer_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    from fedpeft.data.types import ClientData
+    from fedpeft.personalize import warn_unknown_text
+
+    encoder = TextEncoder(toy_tokenizer(), "classification", max_length=24)
+    known = [{"text": " ".join(WORDS[:4]), "text_pair": None, "label": 0}]
+    english = [{"text": "The soup was cold and bland", "text_pair": None, "label": 0}]
+    assert encoder.unknown_rate(known) == 0.0
+    assert encoder.unknown_rate(english) == 1.0
+    assert encoder.unknown_rate([{"text": f"{WORDS[0]} soup", "text_pair": None, "label": 0}]) == 0.5
+    with caplog.at_level("WARNING", logger="fedpeft"):
+        assert warn_unknown_text(encoder, ClientData("mine", "g", "local", known, []), "tiny-bert") == 0.0
+        assert not caplog.records
+        warn_unknown_text(encoder, ClientData("mine", "g", "local", english, []), "tiny-bert")
+    assert [r.getMessage() for r in caplog.records] == [
+        "100 % of the tokens of client mine's text are unknown to the tokenizer of tiny-bert: the model cannot read "
+        "it; check that the data's language and script are the model's."
+    ]

@@ -181,6 +181,21 @@ class TextEncoder:
             labels.append([-100] * prompt_length + ids[-1][prompt_length:])
         return pad_right(ids, labels, self.tokenizer.pad_token_id)
 
+    def unknown_rate(self, examples: list[Example], limit: int = 200) -> float:
+        """The share of unknown-token ids (``[UNK]``) among the text tokens of the first ``limit`` of ``examples``
+        (special tokens left out); 0 for a tokenizer without an unknown token (byte-level BPE reads anything)."""
+        tok = self.tokenizer
+        unknown = getattr(tok, "unk_token_id", None)
+        if unknown is None or not examples:
+            return 0.0
+        texts = []
+        for ex in examples[:limit]:
+            texts += [t for t in (ex.get("text"), ex.get("text_pair"), ex.get("prompt"), ex.get("response")) if t]
+        if not texts:
+            return 0.0
+        ids = [i for row in tok(texts, add_special_tokens=False)["input_ids"] for i in row]
+        return sum(i == unknown for i in ids) / len(ids) if ids else 0.0
+
     def _tokenize_batch(
         self, texts: list[tuple[str, str, str | None]], examples: list[Example], has_pair: bool
     ) -> dict[str, torch.Tensor]:
