@@ -252,7 +252,7 @@ def test_a_round_in_which_every_client_fails_stops_the_cli_with_one_sentence(tmp
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert lines == [
-        "error: the run stopped: round 1: all 4 sampled clients failed; the first: round 1: client lat1-seen-00 "
+        "error: the run stopped: round 2: all 4 sampled clients failed; the first: round 2: client lat1-seen-00 "
         'failed and was left out (InjectedFaultError("injected fault: the client\'s work raised"))'
     ]
     assert "Traceback" not in done.stderr

@@ -312,7 +312,7 @@ def test_a_round_in_which_every_client_fails_stops_the_run(toy_runtime, toy_clie
         raise TypeError("no frames")
 
     method.client_update = broken  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError, match=r"round 0: all 4 sampled clients failed.*no frames"):
+    with pytest.raises(RuntimeError, match=r"round 1: all 4 sampled clients failed.*no frames"):
         _run_rounds(worker, toy_runtime, toy_clients, CostMeter())
 
 

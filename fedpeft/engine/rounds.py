@@ -107,7 +107,7 @@ class RoundTally:
     def fail(self, client_id: str, error: BaseException) -> None:
         """``client_id``'s work raised ``error`` (or it dropped out): it is left out of the round."""
         how = "dropped out" if isinstance(error, ClientDroppedError) else "failed"
-        message = f"round {self.round_}: client {client_id} {how} and was left out ({error!r})"
+        message = f"round {self.round_ + 1}: client {client_id} {how} and was left out ({error!r})"
         log.warning(message)
         self.failures.append(message)
         self.meter.record_failure(client_id, error, self.round_, message)
@@ -117,7 +117,7 @@ class RoundTally:
     def reject(self, clients: list[str], reason: str) -> None:
         """The update of ``clients`` (one client's, or a secure sum's) failed a check for ``reason``."""
         shown = clients[0] if len(clients) == 1 else clients
-        log.warning("round %d: the update of client(s) %s was rejected: %s", self.round_, shown, reason)
+        log.warning("round %d: the update of client(s) %s was rejected: %s", self.round_ + 1, shown, reason)
         self.rejected += clients
         for client_id in clients:
             event = {"metric": "rejected_update", "round": self.round_, "client": client_id, "reason": reason}
@@ -249,7 +249,7 @@ class Engine:
             tally.check(needed)
             if tally.valid < min_updates:
                 reason = f"{tally.valid} valid update(s), fewer than min_updates={min_updates}"
-                log.warning("round %d: the server kept its previous state (%s)", round_, reason)
+                log.warning("round %d: the server kept its previous state (%s)", round_ + 1, reason)
                 meter.events.append({"metric": "kept_previous_state", "round": round_, "reason": reason})
                 new_state = state
             seconds = time.perf_counter() - started
@@ -298,7 +298,8 @@ class Engine:
 
 
 def check_round(round_: int, sampled: int, failures: list[str], min_clients: int = 1) -> None:
-    """Stop the run when fewer than ``min_clients`` of the clients sampled in round ``round_`` answered
+    """Stop the run when fewer than ``min_clients`` of the clients sampled in round ``round_`` (0-based; messages
+    count rounds from 1, as the records do) answered
     (``failures``: that round's messages of those that did not; a client whose update arrived answered, valid or
     not). A round without a single update means the method cannot train (a configuration or code error, or every
     node gone), and going on would report the untrained model as the method's result; below ``min_clients`` the
@@ -308,8 +309,10 @@ def check_round(round_: int, sampled: int, failures: list[str], min_clients: int
     if not sampled or answered >= min(max(1, min_clients), sampled):
         return
     if answered <= 0:
-        raise AllClientsFailedError(f"round {round_}: all {sampled} sampled clients failed; the first: {failures[0]}")
+        raise AllClientsFailedError(
+            f"round {round_ + 1}: all {sampled} sampled clients failed; the first: {failures[0]}"
+        )
     raise AllClientsFailedError(
-        f"round {round_}: only {answered} of {sampled} sampled clients answered, fewer than min_clients="
+        f"round {round_ + 1}: only {answered} of {sampled} sampled clients answered, fewer than min_clients="
         f"{min_clients}; the first failure: {failures[0]}"
     )

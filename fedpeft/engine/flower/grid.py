@@ -154,7 +154,7 @@ class GridEngine(Engine):
         step = {"label": label, "seed": seed, "round_": round_}
         clients = [(client_id, {**step, "payload": payload_of(client_id)}) for client_id in client_ids]
         outcomes: dict[str, tuple[TrainResult | BaseException, float]] = {}
-        group = f"{label}-seed{seed}-round{round_}"
+        group = f"{label}-seed{seed}-round{round_ + 1}"  # rounds counted from 1, as in the records
         for client_id, outcome, seconds in self._run_tasks("train", clients, group=group):
             outcomes[client_id] = (outcome, seconds)
         for client_id in client_ids:

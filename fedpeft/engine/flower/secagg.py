@@ -152,7 +152,7 @@ def secure_round(
     payloads = {client_id: payload_of(client_id) for client_id in client_ids}
     if len(by_node) < 2:
         reason = (
-            f"secure aggregation needs the round's clients on at least 2 nodes, and round {round_} has them on "
+            f"secure aggregation needs the round's clients on at least 2 nodes, and round {round_ + 1} has them on "
             f"{len(by_node)}; sample more clients or start more nodes"
         )
         for client_id in client_ids:
@@ -232,7 +232,7 @@ def secure_round(
             metrics[key] = metrics.get(key, 0.0) + float(value) / len(contributors)
     faults = {c: reported[c]["fault"] for c in contributors if reported[c].get("fault")}
     seconds_of = {c: reported[c]["seconds"] for c in contributors}
-    log.info("round %d: secure aggregation of %d clients took %.2f s", round_, len(contributors), seconds)
+    log.info("round %d: secure aggregation of %d clients took %.2f s", round_ + 1, len(contributors), seconds)
     update = ClientUpdate(contributors[0], tensors, weight, metrics)
     yield ClientOutcome(contributors[0], update, seconds, faults, sum_of=seconds_of)
 
