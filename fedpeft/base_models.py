@@ -21,6 +21,7 @@ from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.moe import router_balancing
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.training import EpochHook
 
 # The query and value projections of attention, per family (the "q, v" LoRA placement of FedIT and FedDPA).
 QUERY_VALUE_TARGETS: dict[str, tuple[str, ...]] = {
@@ -46,17 +47,25 @@ class ClientBase:
     scale: float = 1.0
 
 
-def train_centralized_base(runtime: ModelRuntime, examples: list[Example], base: BaseStageConfig) -> Metrics:
+def train_centralized_base(
+    runtime: ModelRuntime, examples: list[Example], base: BaseStageConfig, *, after_epoch: EpochHook | None = None
+) -> Metrics:
     """A centralized base stage: train every base weight of ``runtime`` on ``examples`` (the base corpus).
 
     A mixture-of-experts model can train with its router load-balancing loss added, as in MoE pretraining
     (``base.router_aux_loss``; off by default). The trained weights stay in the runtime (read them with
-    ``runtime.base_state()``).
+    ``runtime.base_state()``). ``after_epoch`` is told each epoch's mean loss (progress display).
     """
     runtime.install(ClientModel())
     with router_balancing(runtime.base_model, base.router_aux_loss):
         return runtime.train(
-            examples, "all", lr=base.lr, batch_size=base.batch_size, seed=base.seed, epochs=base.epochs
+            examples,
+            "all",
+            lr=base.lr,
+            batch_size=base.batch_size,
+            seed=base.seed,
+            epochs=base.epochs,
+            after_epoch=after_epoch,
         )
 
 

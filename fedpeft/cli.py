@@ -81,13 +81,22 @@ def run(
         bool,
         typer.Option("--force", help="Write into a non-empty --out that holds no fedpeft run, beside its files."),
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every stage and round.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log every stage and round; end with every gain table.")
+    ] = False,
     plot_format: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option("--plot-format", help="Plot file formats, comma-separated: png,pdf,svg (output.plot_formats)."),
     ] = None,
 ) -> None:
-    """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters)."""
+    """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters).
+
+    CONFIG is a preset name (fedpeft list presets) or a YAML file.
+
+    Examples:
+      fedpeft run quickstart
+      fedpeft run my.yaml --set seeds=[0] --out runs/x
+    """
     _setup_logging(verbose)
     from fedpeft.core.config import apply_override, load_raw, validate
     from fedpeft.core.figures import parse_formats
@@ -123,8 +132,11 @@ def run(
             run_flower_simulation(cfg, target, resume=resume, force=force, progress=progress)
         else:
             Experiment(cfg, target, progress=progress).run(resume=resume, force=force)
-    console.print(Markdown((target / "summary.md").read_text()))
-    console.print(f"\nOutputs written to [bold]{target}[/bold]")
+    from fedpeft.report.terminal import run_end_block
+
+    for line in run_end_block(target, every_table=verbose):
+        typer.echo(line)
+    console.print(f"Outputs written to [bold]{target}[/bold]", soft_wrap=True)
 
 
 @app.command("list")

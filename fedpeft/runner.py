@@ -13,6 +13,7 @@ import datetime
 import itertools
 import json
 import logging
+import math
 import platform
 import subprocess
 import sys
@@ -493,7 +494,8 @@ class Stages:
                 raise UserError(
                     f"Dataset {self.cfg.data.name} has no base corpus; use base.kind=pretrained or federated."
                 )
-            train_centralized_base(runtime, self.data.base_train, base)
+            self.progress.epochs(math.ceil(base.epochs))
+            train_centralized_base(runtime, self.data.base_train, base, after_epoch=self.progress.advance_epoch)
             tensors = runtime.base_state()
         else:
             method = self.worker.methods[BASE_STAGE_LABEL]
@@ -687,6 +689,7 @@ class Stages:
         write_text_atomic(self.out / DATA_FILE, json.dumps(data_overview(self.data), indent=2, default=str) + "\n")
         from fedpeft import report
 
+        self.progress.stage("summary and plots")
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name)
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots", formats=self.cfg.output.plot_formats)

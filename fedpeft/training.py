@@ -16,6 +16,7 @@ forward/backward per step over their joined batches, each client with its own lo
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -26,6 +27,9 @@ from fedpeft.core.types import Metrics
 
 LossHook = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any], torch.Tensor]
 StepHook = Callable[[int], None]
+EpochHook = Callable[[int, int, float], None]
+"""``f(epoch, epochs, loss)`` after each epoch's last step: the epoch (from 1), how many there are and the mean task
+loss over the epoch's steps (for progress display only: it changes nothing the loop computes)."""
 Batch = dict[str, torch.Tensor]
 Step = Batch | list[Batch]
 """One optimizer step's data: a batch, or the micro-batches of one step (gradient accumulation)."""
@@ -55,6 +59,8 @@ def train_loop(
     after_step: StepHook | None = None,
     autocast: Callable[[], AbstractContextManager[Any]] | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    epoch_steps: int | None = None,
+    after_epoch: EpochHook | None = None,
 ) -> Metrics:
     """Run ``steps`` AdamW steps on ``params`` only; every other parameter stays frozen.
 
@@ -73,6 +79,9 @@ def train_loop(
         autocast: returns the context every forward pass (and loss) runs in (mixed precision); ``None``: none.
         scaler: a float16 ``GradScaler``: the loss is scaled before backward and the gradients unscaled before
             ``after_backward`` and clipping; the scaler skips a step whose gradients overflowed.
+        epoch_steps: the steps of one pass over the data, for ``after_epoch``.
+        after_epoch: called after every ``epoch_steps`` steps and after the last step (see :data:`EpochHook`);
+            reading the epoch's loss makes the host wait for the device once per epoch.
 
     Returns:
         ``{"loss": mean task loss over the steps, "steps": steps}``.
@@ -92,6 +101,8 @@ def train_loop(
     # the loss every step would make the host wait for the device, which then idles while the next batch is made.
     total_loss: torch.Tensor | None = None
     context = autocast if autocast is not None else contextlib.nullcontext
+    epochs = math.ceil(steps / epoch_steps) if epoch_steps else 0
+    reported_loss, reported_steps = 0.0, 0  # the loss sum and steps of the epochs passed to after_epoch
     try:
         for step in range(steps):
             item = next(batches)
@@ -128,6 +139,12 @@ def train_loop(
                 optimizer.step()
             if after_step is not None:
                 after_step(step)
+            done = step + 1
+            if after_epoch is not None and epoch_steps and (done % epoch_steps == 0 or done == steps):
+                loss_sum = 0.0 if total_loss is None else float(total_loss)
+                epoch_loss = (loss_sum - reported_loss) / (done - reported_steps)
+                after_epoch(math.ceil(done / epoch_steps), epochs, epoch_loss)
+                reported_loss, reported_steps = loss_sum, done
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(saved_flags.get(name, False))

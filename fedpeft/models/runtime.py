@@ -34,7 +34,7 @@ from fedpeft.models.precision import DTYPES
 from fedpeft.models.text import TextEncoder
 from fedpeft.models.trainer import Trainer
 from fedpeft.models.weights import LoraSpec, ModelWeights, unload_adapters
-from fedpeft.training import Batch, LossHook, StepHook
+from fedpeft.training import Batch, EpochHook, LossHook, StepHook
 
 __all__ = [
     "ClientModel",
@@ -426,6 +426,7 @@ class ModelRuntime:
         after_step: StepHook | None = None,
         model: torch.nn.Module | None = None,
         max_grad_norm: float | None = 1.0,
+        after_epoch: EpochHook | None = None,
     ) -> Metrics:
         """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``
         (:meth:`Trainer.train`)."""
@@ -444,6 +445,7 @@ class ModelRuntime:
             after_step=after_step,
             model=model,
             max_grad_norm=max_grad_norm,
+            after_epoch=after_epoch,
         )
 
     # ------------------------------------------------------------------ evaluation (Evaluator)

@@ -18,7 +18,7 @@ from fedpeft.core.types import Metrics
 from fedpeft.data.types import Example
 from fedpeft.models.text import TextEncoder
 from fedpeft.models.weights import ModelWeights
-from fedpeft.training import Batch, LossHook, Step, StepHook, train_loop
+from fedpeft.training import Batch, EpochHook, LossHook, Step, StepHook, train_loop
 
 
 class Trainer:
@@ -83,12 +83,14 @@ class Trainer:
         after_step: StepHook | None = None,
         model: torch.nn.Module | None = None,
         max_grad_norm: float | None = 1.0,
+        after_epoch: EpochHook | None = None,
     ) -> Metrics:
         """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``.
 
         ``model`` is the module to call instead of the weights' own (a PEFT model of another adapter type wrapped
         around the base model after ``detach_adapters``); ``after_step`` runs after every optimizer step;
-        ``max_grad_norm`` clips the global gradient norm (``None``: no clipping).
+        ``max_grad_norm`` clips the global gradient norm (``None``: no clipping); ``after_epoch`` is told each
+        pass over ``examples`` (progress: :data:`~fedpeft.training.EpochHook`).
 
         With ``grad_accum_steps`` k above 1 a step accumulates k micro-batches of ``batch_size``: the same step as
         one batch of ``batch_size * k`` (:meth:`accumulated_batches`), and ``epochs`` count those steps.
@@ -136,6 +138,8 @@ class Trainer:
                     after_step=after_step,
                     autocast=None if weights.dtype == torch.float32 else weights.autocast,
                     scaler=self.scaler,
+                    epoch_steps=self.steps_for(len(examples), batch_size * accumulation, 1.0, None),
+                    after_epoch=after_epoch,
                 )
 
 
