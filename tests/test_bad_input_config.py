@@ -1,6 +1,7 @@
 """Bad input that ends in one sentence and exit code 2, touching nothing: config files that are not UTF-8 or hold
-nothing, faults aimed at no method or no client, an unknown model without the hub; and the resume line an
-interrupted run prints, which pastes into a shell as it is."""
+nothing, mistakes in a config's keys and values (every one of them at once, one line each, with a "did you mean"),
+`--set` values that are not YAML, faults aimed at no method or no client, an unknown model without the hub; and the
+resume line an interrupted run prints, which pastes into a shell as it is."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from entry_point import cli
 from test_run_dirs import TINY
 
-from fedpeft.core.config import load_config
+from fedpeft.core.config import apply_override, load_config, load_raw, method_config, validate
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import FaultConfig, check_fault_clients
 
@@ -37,14 +38,14 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def refused(monkeypatch, capsys, tmp_path: Path, args: list[str]) -> str:
-    """Run ``args`` in ``tmp_path`` and check the refusal: exit 2, one line, no traceback, every file as it was,
-    no output directory; returns the line."""
+def refused(monkeypatch, capsys, tmp_path: Path, args: list[str], lines: int = 1) -> str:
+    """Run ``args`` in ``tmp_path`` and check the refusal: exit 2, ``lines`` lines, no traceback, every file as it
+    was, no output directory; returns the text."""
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
     code, _, err = cli(monkeypatch, capsys, *args)
     assert code == 2, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == lines and "Traceback" not in err, err
     assert snapshot(tmp_path) == before
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
     return err.strip()
@@ -97,6 +98,198 @@ def test_a_utf8_config_with_a_byte_order_mark_loads(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + "name: caf\u00e9\nseeds: [3]\n".encode())
     cfg = load_config(str(path))
     assert cfg.name == "caf\u00e9" and cfg.seeds == [3]
+
+
+# ---------------------------------------------------------------------------------------------- config keys and values
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Fail the test if a run gets as far as building its data."""
+    from fedpeft import worker
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the data was built")
+
+    monkeypatch.setattr(worker, "build_data", never)
+
+
+def test_every_mistake_of_a_config_is_told_at_once_with_its_key_and_a_suggestion(
+    tmp_path, monkeypatch, capsys, nothing_built
+):
+    mistakes = ["budget=4", "data.clients_per_grop=3", "methods.0.epoch=2", "methods.0.lr=-1"]
+    text = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", *mistakes), lines=5)
+    assert text.splitlines() == [
+        "error: The config has 4 problems:",
+        "  - Invalid config at data.clients_per_grop: `data` has no such key; did you mean `clients_per_group`?",
+        "  - Invalid setting 'lr' of method 'lora' (methods.0.lr): `lr` must be above 0, not -1.0.",
+        "  - Invalid setting 'epoch' of method 'lora' (methods.0.epoch): method 'lora' has no such key; did you mean "
+        "`epochs`?",
+        "  - Invalid config at budget: the config has no such key; did you mean `budgets`?",
+    ]
+
+
+def test_a_bad_method_setting_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, nothing_built):
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", "methods.0.lr=-1"))
+    assert line == "error: Invalid setting 'lr' of method 'lora' (methods.0.lr): `lr` must be above 0, not -1.0."
+
+
+def test_a_zero_size_of_the_data_is_refused_as_one(tmp_path, monkeypatch, capsys, nothing_built):
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", "data.clients_per_group=0"))
+    assert line == "error: Invalid config at data.clients_per_group: must be at least 1, not 0."
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        (
+            "seeds=[0,1",
+            "`--set seeds=[0,1` is a YAML syntax error (expected ',' or ']', but got '<stream end>'); did you mean "
+            '`--set "seeds=[0,1]"`?',
+        ),
+        (
+            "methods=[{name: lora, lr: 0.1]",
+            "`--set methods=[{name: lora, lr: 0.1]` is a YAML syntax error (expected ',' or '}', but got ']'); check "
+            "its brackets and quotes.",
+        ),
+        (
+            "budgets=4",
+            'Invalid config at budgets: expected a list, not 4; e.g. `--set "budgets=[4]"` '
+            "(in a file: `budgets: [4]`).",
+        ),
+    ],
+)
+def test_a_set_value_that_is_not_yaml_or_not_a_list_says_so(item, message, tmp_path, monkeypatch, capsys):
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", item))
+    assert line == f"error: {message}"
+
+
+def test_a_set_value_yaml_cannot_read_is_a_string_unless_it_opens_as_yaml():
+    raw: dict = {}
+    apply_override(raw, "data.path=*.csv")
+    apply_override(raw, "name=it's $HOME *; no")
+    assert raw == {"data": {"path": "*.csv"}, "name": "it's $HOME *; no"}
+    with pytest.raises(UserError) as refusal:
+        apply_override(raw, 'name="a b')
+    assert str(refusal.value) == (
+        '`--set name="a b` is a YAML syntax error (found unexpected end of stream); did you mean '
+        "`--set 'name=\"a b\"'`?"
+    )
+
+
+def smoke_raw(*overrides: str) -> dict:
+    raw = load_raw("smoke")
+    for item in [*TINY, *overrides]:
+        apply_override(raw, item)
+    return raw
+
+
+def refusal_of(*overrides: str) -> str:
+    with pytest.raises(UserError) as refusal:
+        validate(smoke_raw(*overrides))
+    return str(refusal.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("{name: fedit, rounds: -1}", "`rounds` must be 0 or more (0: no federated training), not -1"),
+        ("{name: fedit, fraction: 0}", "`fraction` must be in (0, 1], not 0.0"),
+        ("{name: fedit, min_clients: 0}", "`min_clients` must be at least 1, not 0"),
+        ("{name: fedit, batch_size: 0}", "`batch_size` must be at least 1, not 0"),
+        ("{name: fedit, local_steps: 0}", "`local_steps` must be at least 1, not 0"),
+        ("{name: fedit, local_epochs: 0}", "`local_epochs` must be above 0, not 0.0"),
+        ("{name: fedit, lr: 0}", "`lr` must be above 0, not 0.0"),
+        ("{name: fedit, weight_decay: -0.1}", "`weight_decay` must be 0 or more, not -0.1"),
+        ("{name: fedit, rank: 0}", "`rank` must be at least 1, not 0"),
+        ("{name: fedit, alpha: 0}", "`alpha` must be above 0, not 0.0"),
+        ("{name: fedit, dropout: 1}", "`dropout` must be in [0, 1), not 1.0"),
+        ("{name: fedit, finetune_epochs: -1}", "`finetune_epochs` must be 0 or more (0: no fine-tuning), not -1.0"),
+        ("{name: fedit, finetune_lr: 0}", "`finetune_lr` must be above 0 (or left out, to fine-tune at `lr`), not 0.0"),
+        ("{name: lora, epochs: 0}", "`epochs` must be above 0, not 0.0"),
+        ("{name: lora, alpha_multiplier: -2}", "`alpha_multiplier` must be above 0, not -2.0"),
+        ("{name: ditto, lam: -1}", "`lam` must be 0 or more, not -1.0"),
+    ],
+)
+def test_the_common_method_settings_are_range_checked_at_validation(entry, message):
+    name = entry.split(",")[0].removeprefix("{name: ")
+    key = message.split("`")[1]
+    expected = f"Invalid setting {key!r} of method {name!r} (methods.0.{key}): {message}."
+    assert refusal_of(f"methods=[{entry}]") == expected
+
+
+def test_a_method_entry_with_several_problems_names_them_all():
+    with pytest.raises(UserError) as refusal:
+        method_config({"name": "lora", "epoch": 1, "lr": 0, "batch_size": 0})
+    assert str(refusal.value) == (
+        "Method 'lora' has 3 problems:\n"
+        "  - Invalid setting 'lr' of method 'lora': `lr` must be above 0, not 0.0.\n"
+        "  - Invalid setting 'batch_size' of method 'lora': `batch_size` must be at least 1, not 0.\n"
+        "  - Invalid setting 'epoch' of method 'lora': method 'lora' has no such key; did you mean `epochs`?"
+    )
+
+
+def test_the_problems_of_every_section_and_method_entry_come_together():
+    message = refusal_of(
+        "methods=[{name: fedit, lr: 0}, {name: lora, batch_size: 0}]",
+        "base.method={name: fedavg_full, rounds: -1}",
+        "eval.batch_size=0",
+        "device=gpu",
+        "seeds=[]",
+    )
+    assert message.splitlines() == [
+        "The config has 6 problems:",
+        "  - `seeds` must list at least one seed; e.g. `seeds: [0]`.",
+        "  - Invalid setting 'rounds' of method 'fedavg_full' (base.method.rounds): `rounds` must be 0 or more (0: no "
+        "federated training), not -1.",
+        "  - Invalid setting 'lr' of method 'fedit' (methods.0.lr): `lr` must be above 0, not 0.0.",
+        "  - Invalid setting 'batch_size' of method 'lora' (methods.1.batch_size): `batch_size` must be at least 1, "
+        "not 0.",
+        "  - Invalid config at eval.batch_size: must be at least 1, not 0.",
+        "  - `device` must be cpu, cuda, cuda:N, mps or auto, not 'gpu'.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("log.tensorbord=x", "Invalid config at log.tensorbord: `log` has no such key; did you mean `tensorboard`?"),
+        ("log.other=x", "Invalid config at log.other: `log` has no such key; its keys are tensorboard, wandb."),
+        ("nonsense=1", "Invalid config at nonsense: the config has no such key."),
+        (
+            "methods=[{name: fedit, aggregation: {robust: median, clip_nrom: 1}}]",
+            "Invalid setting 'aggregation.clip_nrom' of method 'fedit' (methods.0.aggregation.clip_nrom): "
+            "`methods.0.aggregation` has no such key; did you mean `clip_norm`?",
+        ),
+        (
+            "methods.0.aggregation={robust: median}",
+            "Invalid setting 'aggregation' of method 'lora' (methods.0.aggregation): method 'lora' has no such key; "
+            "its keys are name, label, epochs, lr, batch_size, alpha_multiplier, dropout.",
+        ),
+        ("data.train_per_group=-1", "Invalid config at data.train_per_group: must be at least 1, not -1."),
+        ("data.test_per_group=0", "Invalid config at data.test_per_group: must be at least 1, not 0."),
+        ("data.dirichlet_alpha=0", "Invalid config at data.dirichlet_alpha: must be above 0, not 0."),
+        ("data.base_samples=-1", "Invalid config at data.base_samples: must be at least 0, not -1."),
+        (  # a value that fails both members of a union (int | float) is one problem
+            "engine.secagg={num_shares: many}",
+            "Invalid config at engine.secagg.num_shares: Input should be a valid integer, unable to parse string as "
+            "an integer.",
+        ),
+        ("faults=[{clients: [a]}]", "Invalid config at faults.0.kind: required, and not given."),
+    ],
+)
+def test_each_config_problem_names_its_key_path(override, message):
+    assert refusal_of(override) == message
+
+
+def test_misspelt_names_are_told_together_with_a_suggestion():
+    message = refusal_of("methods=[{name: lroa}, {name: fedit}]", "data.name=synthetic-xnlii")
+    first, *problems = message.splitlines()
+    assert first == "The config has 2 problems:" and len(problems) == 2
+    assert problems[0].startswith("  - Unknown method 'lroa'; choose one of: ") and problems[0].endswith(
+        "; did you mean 'lora' at methods.0.name?"
+    )
+    assert problems[1].startswith("  - Unknown dataset 'synthetic-xnlii'; choose one of: ") and problems[1].endswith(
+        "; did you mean 'synthetic-xnli' at data.name?"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- faults

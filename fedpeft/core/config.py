@@ -5,19 +5,27 @@ Parse once at the boundary: everything past :func:`load_config` receives typed o
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import shlex
+import types
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import FaultConfig, check_fault_methods
 from fedpeft.core.method_class import MethodClass, MethodConfig
 from fedpeft.core.textfiles import codec_of, read_text
+
+if TYPE_CHECKING:
+    from fedpeft.core.registry import Registry
 
 BASE_STAGE_LABEL = "base-stage"
 """The label of a federated base stage's rounds (its checkpoints, client states and ``faults.*.methods``)."""
@@ -27,33 +35,216 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def method_config(entry: Any) -> MethodConfig:
+class InvalidConfigError(UserError):
+    """Every problem found in a config (or in one method entry), one sentence each; the message is the one sentence
+    of a single problem, else a first line counting them and one line per problem."""
+
+    def __init__(self, problems: list[str], subject: str = "The config") -> None:
+        self.problems = problems
+        if len(problems) == 1:
+            super().__init__(problems[0])
+        else:
+            super().__init__(f"{subject} has {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+_PROBLEMS = "config_problems"
+"""The type of the pydantic error a validator raises to carry finished sentences (:func:`_problems_error`)."""
+
+
+def _problems_error(problems: list[str]) -> PydanticCustomError:
+    """A pydantic error carrying finished problem sentences: raised inside a validator, it joins the other fields'
+    errors (a :class:`UserError` raised there would end the validation at the first problem)."""
+    return PydanticCustomError(_PROBLEMS, " ".join(problems), {"problems": problems})
+
+
+def method_config(entry: Any, where: str | None = None) -> MethodConfig:
     """Validate one entry of ``methods`` (or ``base.method``) into its method's typed config.
 
     The method's class is looked up in the registry (which imports its module), and the entry validated by the
-    class's ``Config``: a misspelt or invalid setting is a :class:`UserError` before anything runs. An alias as
-    ``name`` becomes the canonical name, with the alias as ``label`` (unless one is given).
+    class's ``Config``: misspelt or invalid settings are an :class:`InvalidConfigError` (a :class:`UserError`) naming
+    every one of them, before anything runs. An alias as ``name`` becomes the canonical name, with the alias as
+    ``label`` (unless one is given).
+
+    Args:
+        entry: the entry as given (a mapping with a ``name``), or a config already validated.
+        where: the entry's key path in the config (``methods.0``, ``base.method``), named in the problems.
+
+    Returns:
+        The method's typed config.
     """
     if isinstance(entry, MethodConfig):
         return entry
+    at = f" ({where})" if where else ""
     if not isinstance(entry, dict) or "name" not in entry:
-        raise UserError("Every entry of `methods` needs a `name`; e.g. `- name: lora`.")
+        raise UserError(f"Every entry of `methods` needs a `name`{at}; e.g. `- name: lora`.")
     from fedpeft.core.registry import METHODS
 
     cls = METHODS.get(str(entry["name"]))
     try:
         cfg: MethodConfig = cls.Config.model_validate({**entry, "name": cls.name})
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if not where:  # a check across the method's settings
-            raise UserError(f"Invalid settings of method {entry['name']!r}: {message}.") from None
-        raise UserError(f"Invalid setting {where!r} of method {entry['name']!r}: {message}.") from None
+        method = f"method {entry['name']!r}"
+
+        def sentence(path: str, what: str) -> str:
+            return _method_problem(path, what, method, where)
+
+        problems = _problems_of(err, cls.Config, where or "", method, sentence)
+        raise InvalidConfigError(problems, f"Method {entry['name']!r}{at}") from None
     if "label" not in entry and entry["name"] != cls.name:
         cfg.label = str(entry["name"])
     _check_server_rule(cls, cfg)
     return cfg
+
+
+def _method_problem(path: str, explained: str, method: str, where: str | None) -> str:
+    if not path:  # a check across the method's settings
+        return _sentence(f"Invalid settings of {method}{f' ({where})' if where else ''}: {explained}")
+    return _sentence(f"Invalid setting {path!r} of {method}{f' ({where}.{path})' if where else ''}: {explained}")
+
+
+def _method_configs(entries: list[tuple[str, Any]]) -> list[MethodConfig]:
+    """The typed configs of method ``entries`` (key path, entry); every problem of every entry in one pydantic
+    error."""
+    configs: list[MethodConfig] = []
+    problems: list[str] = []
+    for where, entry in entries:
+        try:
+            configs.append(method_config(entry, where))
+        except InvalidConfigError as err:
+            problems += err.problems
+        except UserError as err:
+            problems.append(str(err))
+    if problems:
+        raise _problems_error(problems)
+    return configs
+
+
+_FEW_KEYS = 12
+"""Up to this many keys, the message of an unknown key lists the known keys of its place."""
+
+_BOUNDS = {
+    "greater_than": ("gt", "above"),
+    "greater_than_equal": ("ge", "at least"),
+    "less_than": ("lt", "below"),
+    "less_than_equal": ("le", "at most"),
+}
+"""Pydantic's errors of numeric bounds: error type -> (its context key, the words for the bound)."""
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "?")) else f"{text}."
+
+
+def _problems_of(
+    err: ValidationError, model: type[BaseModel], prefix: str, root: str, sentence: Callable[[str, str], str]
+) -> list[str]:
+    """Every problem of ``err`` (from validating ``model``) as a sentence, one per key path: a value that fails
+    each member of a union is one problem.
+
+    Args:
+        err: the validation error.
+        model: the class validated.
+        prefix: the key path of ``model`` in the config (``methods.0``; '' for the config itself).
+        root: how a message names ``model``'s own place ("the config", "method 'lora'").
+        sentence: the sentence of one problem, from its key path under ``model`` and what is wrong.
+    """
+    problems: list[str] = []
+    seen: set[str] = set()
+    for error in err.errors():
+        if error["type"] == _PROBLEMS:  # finished sentences (method entries, checks that name their own keys)
+            problems += [p for p in error.get("ctx", {}).get("problems", []) if p not in problems]
+            continue
+        keys, holder = _locate(model, error["loc"])
+        path = ".".join(keys)
+        if path in seen and path:
+            continue
+        seen.add(path)
+        problems.append(sentence(path, _explain(error, keys, holder, prefix, root)))
+    return problems
+
+
+def _explain(error: ErrorDetails, keys: list[str], holder: type[BaseModel] | None, prefix: str, root: str) -> str:
+    """What is wrong at ``keys`` (under the config place ``prefix``) and, where it can tell, how to fix it."""
+    kind, ctx, given = error["type"], error.get("ctx", {}), error["input"]
+    full = ".".join([prefix, *keys] if prefix else keys)
+    if kind == "extra_forbidden" and keys:
+        parent = ".".join([prefix, *keys[:-1]] if prefix else keys[:-1])
+        place = f"`{parent}`" if keys[:-1] else root
+        return _unknown_key(keys[-1], list(holder.model_fields) if holder is not None else [], place)
+    if kind in _BOUNDS:
+        bound, words = _BOUNDS[kind]
+        limit = ctx[bound]
+        limit = int(limit) if isinstance(limit, float) and limit.is_integer() else limit  # 0, not 0.0
+        return f"must be {words} {limit}, not {given}"
+    if kind == "list_type" and keys:
+        items = given if isinstance(given, str) else _inline(given)
+        example = f"--set {_shell_word(f'{full}=[{items}]')}"
+        return f"expected a list, not {given!r}; e.g. `{example}` (in a file: `{keys[-1]}: [{items}]`)"
+    if kind == "missing":
+        return "required, and not given"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _unknown_key(key: str, known: list[str], place: str) -> str:
+    close = _close_to(key, known)
+    if close:
+        return f"{place} has no such key; did you mean `{close[0]}`?"
+    if 0 < len(known) <= _FEW_KEYS:
+        return f"{place} has no such key; its keys are {', '.join(known)}"
+    return f"{place} has no such key"
+
+
+def _close_to(word: str, known: list[str]) -> list[str]:
+    """The word of ``known`` closest to a misspelt ``word``, if one is close (a list of it, else empty)."""
+    return difflib.get_close_matches(word, known, n=1)
+
+
+def _inline(value: Any) -> str:
+    """``value`` as YAML on one line (``[0, 1]``, ``{name: lora}``, ``4``)."""
+    return str(yaml.safe_dump(value, default_flow_style=True, width=10**6)).strip().removesuffix("...").strip()
+
+
+def _shell_word(text: str) -> str:
+    """``text`` quoted for a shell: in double quotes where nothing in it expands there, else as shlex quotes it."""
+    return f'"{text}"' if re.fullmatch(r'[^"$`\\!]*', text) else shlex.quote(text)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types ``annotation`` admits: unions and ``Optional`` unpacked, ``Annotated`` unwrapped, ``None`` left out."""
+    origin = get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        return [member for arg in get_args(annotation) for member in _members(arg)]
+    if origin is Annotated:
+        return _members(get_args(annotation)[0])
+    return [] if annotation is type(None) else [annotation]
+
+
+def _locate(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[list[str], type[BaseModel] | None]:
+    """The key path of a pydantic error's location under ``model`` (the tags pydantic adds for the members of a
+    union, such as ``int``, left out), and the model class whose key is the path's last."""
+    keys: list[str] = []
+    holder: type[BaseModel] | None = None
+    current: list[Any] = [model]
+    for part in loc:
+        models = [c for c in current if isinstance(c, type) and issubclass(c, BaseModel)]
+        owner = next((m for m in models if part in m.model_fields), None)
+        lists = [c for c in current if get_origin(c) in (list, tuple)]
+        mappings = [c for c in current if get_origin(c) is dict]
+        if owner is not None:
+            keys.append(str(part))
+            holder, current = owner, _members(owner.model_fields[str(part)].annotation)
+        elif isinstance(part, int) and lists:
+            keys.append(str(part))
+            current = _members(get_args(lists[0])[0])
+        elif mappings:
+            keys.append(str(part))
+            current = _members(get_args(mappings[0])[-1])
+        elif len(current) > 1:  # the tag of a union member
+            current = [c for c in current if getattr(c, "__name__", None) == part]
+        else:  # a key the model does not know
+            keys.append(str(part))
+            holder, current = (models[0] if models else None), []
+    return keys, holder
 
 
 def _check_server_rule(cls: MethodClass, cfg: MethodConfig) -> None:
@@ -107,13 +298,13 @@ class DataConfig(_Strict):
     hub_id: str | None = None
     seed: int = 0
     groups: list[str] | None = None
-    clients_per_group: int = 20
-    train_per_group: int = 2000
-    test_per_group: int = 500
+    clients_per_group: int = Field(default=20, ge=1)
+    train_per_group: int = Field(default=2000, ge=1)
+    test_per_group: int = Field(default=500, ge=1)
     partition: Literal["dirichlet", "iid", "natural"] = "dirichlet"
-    dirichlet_alpha: float = 0.5
+    dirichlet_alpha: float = Field(default=0.5, gt=0)
     unseen_pool: bool = True
-    base_samples: int | None = None
+    base_samples: int | None = Field(default=None, ge=0)
     options: dict[str, Any] = Field(default_factory=dict)
     task: Literal["classification", "generation"] | None = None
     columns: DataColumns = Field(default_factory=DataColumns)
@@ -130,7 +321,10 @@ class DataConfig(_Strict):
     @field_validator("encoding")
     @classmethod
     def _known_encoding(cls, encoding: str) -> str:
-        codec_of(encoding, "data.encoding")
+        try:
+            codec_of(encoding, "data.encoding")
+        except UserError as err:
+            raise _problems_error([str(err)]) from None
         return encoding
 
 
@@ -146,9 +340,9 @@ class ModelConfig(_Strict):
 
     name: str = "tiny-bert"
     revision: str | None = None
-    max_length: int = 64
+    max_length: int = Field(default=64, ge=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
-    vocab_size: int = 2000
+    vocab_size: int = Field(default=2000, ge=1)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gradient_checkpointing: bool = False
     quantization: Literal["4bit", "8bit"] | None = None
@@ -173,16 +367,16 @@ class BaseStageConfig(_Strict):
 
     kind: Literal["pretrained", "centralized", "federated"] = "pretrained"
     seed: int = 0
-    epochs: float = 1.0
-    lr: float = 1e-3
-    batch_size: int = 32
+    epochs: float = Field(default=1.0, gt=0)
+    lr: float = Field(default=1e-3, gt=0)
+    batch_size: int = Field(default=32, ge=1)
     router_aux_loss: float | None = Field(default=0.0, ge=0.0)
     method: SerializeAsAny[MethodConfig] = Field(default_factory=lambda: method_config({"name": "fedavg_full"}))
 
     @field_validator("method", mode="before")
     @classmethod
     def _typed_method(cls, entry: Any) -> MethodConfig:
-        return method_config(entry)
+        return _method_configs([("base.method", entry)])[0]
 
 
 class SecAggConfig(_Strict):
@@ -274,8 +468,8 @@ class EvalConfig(_Strict):
     the final evaluation.
     """
 
-    batch_size: int = 64
-    max_new_tokens: int = 32
+    batch_size: int = Field(default=64, ge=1)
+    max_new_tokens: int = Field(default=32, ge=1)
     every: int | None = Field(default=None, ge=1)
     others_per_client: int = Field(default=16, ge=1)
 
@@ -374,21 +568,21 @@ class ExperimentConfig(_Strict):
     @classmethod
     def _typed_methods(cls, entries: Any) -> list[MethodConfig]:
         if not isinstance(entries, list) or not entries:
-            raise UserError("`methods` must list at least one method; e.g. `methods: [{name: lora}]`.")
-        return [method_config(entry) for entry in entries]
+            raise _problems_error(["`methods` must list at least one method; e.g. `methods: [{name: lora}]`."])
+        return _method_configs([(f"methods.{i}", entry) for i, entry in enumerate(entries)])
 
     @field_validator("device")
     @classmethod
     def _known_device(cls, device: str) -> str:
         if not re.fullmatch(r"cpu|mps|auto|cuda(:\d+)?", device):
-            raise UserError(f"`device` must be cpu, cuda, cuda:N, mps or auto, not {device!r}.")
+            raise _problems_error([f"`device` must be cpu, cuda, cuda:N, mps or auto, not {device!r}."])
         return device
 
     @field_validator("seeds")
     @classmethod
     def _some_seeds(cls, seeds: list[int]) -> list[int]:
         if not seeds:
-            raise UserError("`seeds` must list at least one seed; e.g. `seeds: [0]`.")
+            raise _problems_error(["`seeds` must list at least one seed; e.g. `seeds: [0]`."])
         return seeds
 
     @field_validator("budgets")
@@ -396,7 +590,7 @@ class ExperimentConfig(_Strict):
     def _positive_budgets(cls, budgets: list[int]) -> list[int]:
         bad = [b for b in budgets if b <= 0]
         if bad:
-            raise UserError(f"`budgets` must be positive ranks; {bad} are not.")
+            raise _problems_error([f"`budgets` must be positive ranks; {bad} are not."])
         return budgets
 
     @model_validator(mode="after")
@@ -464,12 +658,56 @@ def _read_yaml(text: str, source: str) -> dict[str, Any]:
     return raw
 
 
-def parse_value(text: str) -> Any:
-    """Parse the right-hand side of ``--set key=value`` as YAML (numbers, lists, booleans, strings)."""
+_YAML_OPENERS = ("[", "{", '"', "'")
+"""How a value opens that is YAML and nothing else: a flow list or mapping, or a quoted string."""
+
+
+def parse_value(text: str, assignment: str | None = None) -> Any:
+    """Parse the right-hand side of ``--set key=value`` as YAML (numbers, lists, booleans, strings).
+
+    Text YAML cannot read stays a string (``data.path=*.csv``), unless it opens as only YAML does (``[``, ``{``
+    or a quote): then it is a YAML syntax error, a :class:`UserError` naming ``assignment`` (the whole ``--set``
+    item) and, where closing its brackets and quotes makes it YAML, the item so closed.
+    """
     try:
         return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        if not text.strip().startswith(_YAML_OPENERS):
+            return text
+        item = assignment if assignment is not None else text
+        problem = getattr(err, "problem", None) or "it cannot be parsed"
+        closed = _closed(text)
+        if closed is None:
+            fix = "check its brackets and quotes."
+        else:
+            fix = f"did you mean `--set {_shell_word(item[: len(item) - len(text)] + closed)}`?"
+        raise UserError(f"`--set {item}` is a YAML syntax error ({problem}); {fix}") from None
+
+
+def _closed(text: str) -> str | None:
+    """``text`` with its open brackets (or its open quote) closed, if that makes it YAML (else ``None``)."""
+    closers = {"[": "]", "{": "}"}
+    expected: list[str] = []
+    quote: str | None = None
+    for char in text:
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char in closers:
+            expected.append(closers[char])
+        elif expected and char == expected[-1]:
+            expected.pop()
+    if quote is not None and expected:  # where the quote ends is anyone's guess
+        return None
+    closed = text + (quote or "") + "".join(reversed(expected))
+    if closed == text:
+        return None
+    try:
+        yaml.safe_load(closed)
     except yaml.YAMLError:
-        return text
+        return None
+    return closed
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
@@ -477,6 +715,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
         raise UserError(f"Override {assignment!r} must look like key=value, e.g. data.seed=3.")
     key, value = assignment.split("=", 1)
+    parsed = parse_value(value, assignment)
     parts = key.strip().split(".")
     node: Any = raw
     for i, part in enumerate(parts):
@@ -485,12 +724,12 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
             if not part.isdigit() or int(part) >= len(node):
                 raise UserError(f"Override {key!r}: {part!r} is not an index of a list of {len(node)} items.")
             if last:
-                node[int(part)] = parse_value(value)
+                node[int(part)] = parsed
             else:
                 node = node[int(part)]
         elif isinstance(node, dict):
             if last:
-                node[part] = parse_value(value)
+                node[part] = parsed
             else:
                 node = node.setdefault(part, {})
         else:
@@ -512,8 +751,14 @@ def load_raw(source: str) -> dict[str, Any]:
 
 
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
-    """Validate a raw mapping into an :class:`ExperimentConfig`, with one-sentence errors; the config's
-    ``plugins`` are imported first, so that the methods, datasets and models they register are known."""
+    """Validate a raw mapping into an :class:`ExperimentConfig`; the config's ``plugins`` are imported first, so that
+    the methods, datasets and models they register are known.
+
+    Raises:
+        InvalidConfigError: every problem of the config at once (each section's and each method entry's), one sentence
+            each naming its key path, with a "did you mean" for a misspelt key. Unknown method and dataset names
+            are reported alone, before any method's module (and torch) is imported.
+    """
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
         raise UserError("`plugins` must list module names, e.g. `plugins: [my_methods]`.")
@@ -524,26 +769,38 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise UserError(f"Invalid config at {where}: {first['msg']}.") from None
+        raise InvalidConfigError(_problems_of(err, ExperimentConfig, "", "the config", _config_problem)) from None
+
+
+def _config_problem(path: str, what: str) -> str:
+    return _sentence(f"Invalid config at {path}: {what}" if path else f"Invalid config: {what}")
 
 
 def _check_names(raw: dict[str, Any]) -> None:
-    """Refuse an unknown method or dataset name from the catalogues, before validating the entries imports the
-    methods' modules (and torch with them): a misspelt name is reported at once."""
+    """Refuse unknown method and dataset names from the catalogues, before validating the entries imports the
+    methods' modules (and torch with them): misspelt names are reported at once, all of them."""
     from fedpeft.core.registry import DATASETS, METHODS
 
     base = raw.get("base")
-    entries = list(raw["methods"]) if isinstance(raw.get("methods"), list) else []
-    if isinstance(base, dict) and isinstance(base.get("method"), dict):
-        entries.append(base["method"])
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-            METHODS.canonical(entry["name"])
-    data = raw.get("data")
-    if isinstance(data, dict) and isinstance(data.get("name"), str):
-        DATASETS.canonical(data["name"])
+    entries = list(enumerate(raw["methods"])) if isinstance(raw.get("methods"), list) else []
+    named: list[tuple[Registry[Any], str, Any]] = [(METHODS, f"methods.{i}.name", entry) for i, entry in entries]
+    if isinstance(base, dict):
+        named.append((METHODS, "base.method.name", base.get("method")))
+    named.append((DATASETS, "data.name", raw.get("data")))
+    problems = [
+        _unknown_name(registry, entry["name"], where)
+        for registry, where, entry in named
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"] not in registry
+    ]
+    if problems:
+        raise InvalidConfigError(problems)
+
+
+def _unknown_name(registry: Registry[Any], name: str, where: str) -> str:
+    known = registry.names()
+    close = _close_to(name, known)
+    tail = f"; did you mean {close[0]!r} at {where}?" if close else f" (at {where})."
+    return f"Unknown {registry.kind} {name!r}; choose one of: {', '.join(known)}{tail}"
 
 
 def load_config(source: str, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -10,34 +10,56 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+COMMON_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "rounds": (lambda v: v >= 0, "0 or more (0: no federated training)"),
+    "fraction": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "min_clients": (lambda v: v >= 1, "at least 1"),
+    "batch_size": (lambda v: v >= 1, "at least 1"),
+    "local_steps": (lambda v: v >= 1, "at least 1"),
+    "local_epochs": (lambda v: v > 0, "above 0"),
+    "epochs": (lambda v: v > 0, "above 0"),
+    "finetune_epochs": (lambda v: v >= 0, "0 or more (0: no fine-tuning)"),
+    "lr": (lambda v: v > 0, "above 0"),
+    "finetune_lr": (lambda v: v > 0, "above 0 (or left out, to fine-tune at `lr`)"),
+    "weight_decay": (lambda v: v >= 0, "0 or more"),
+    "rank": (lambda v: v >= 1, "at least 1"),
+    "alpha": (lambda v: v > 0, "above 0"),
+    "alpha_multiplier": (lambda v: v > 0, "above 0"),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "lam": (lambda v: v >= 0, "0 or more"),
+}
+"""The ranges of the settings many methods share: setting -> (whether a value is valid, what a valid value is).
+
+Checked by name on every method config that has the setting (``None``, where a config allows it, means "not set"
+and is not checked), so that a subclass that redefines a field's default keeps its range."""
 
 
 class MethodConfig(BaseModel):
-    """Fields every method accepts; each method's ``Config`` (a subclass) adds its own."""
+    """Fields every method accepts; each method's ``Config`` (a subclass) adds its own.
+
+    The settings of :data:`COMMON_RANGES` are checked, wherever a subclass declares them, before anything runs.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     label: str | None = None
 
-    @model_validator(mode="after")
-    def _check_common_ranges(self) -> MethodConfig:
-        # Checked by name here, so that a subclass that redefines a field's default keeps its range.
-        ranges: dict[str, tuple[Callable[[Any], bool], str]] = {
-            "rounds": (lambda v: v >= 0, "0 or more (0: no federated training)"),
-            "fraction": (lambda v: 0 < v <= 1, "in (0, 1]"),
-            "min_clients": (lambda v: v >= 1, "at least 1"),
-            "batch_size": (lambda v: v >= 1, "at least 1"),
-            "local_steps": (lambda v: v is None or v >= 1, "at least 1"),
-            "local_epochs": (lambda v: v is None or v > 0, "above 0"),
-        }
-        values = dict(self)  # the fields this config class has
-        for key, (valid, wanted) in ranges.items():
-            value = values.get(key)
-            if value is not None and not valid(value):
-                raise ValueError(f"`{key}` must be {wanted}, not {value}")
-        return self
+    @field_validator(*COMMON_RANGES, check_fields=False)
+    @classmethod
+    def _check_common_range(cls, value: Any, info: ValidationInfo) -> Any:
+        key = str(info.field_name)
+        valid, wanted = COMMON_RANGES[key]
+        if _number(value) and not valid(value):
+            raise ValueError(f"`{key}` must be {wanted}, not {value}")
+        return value
 
 
 class ConfiguredMethod(Protocol):
