@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
-from fedpeft.core.errors import AllClientsFailedError, UserError
+from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.logs import quiet_libraries
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters.")
@@ -365,6 +365,9 @@ def main() -> None:
         sys.exit(2)
     except AllClientsFailedError as err:  # every client of a round failed: what is written so far stays
         print(f"error: the run stopped: {err}", file=sys.stderr)
+        sys.exit(1)
+    except MissingResultsError as err:  # the outputs are written; some clients have none
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     except (typer.Abort, KeyboardInterrupt):
         _stopped(130, "interrupted")

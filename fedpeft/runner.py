@@ -31,7 +31,7 @@ from fedpeft.base_models import train_centralized_base
 from fedpeft.core.checkpoints import SUFFIX, has_checkpoint, load_checkpoint, save_checkpoint
 from fedpeft.core.config import ExperimentConfig, dump_config, dump_given
 from fedpeft.core.costs import FAILED_CLIENT, CostMeter
-from fedpeft.core.errors import AllClientsFailedError, UserError
+from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.faults import check_fault_clients
 from fedpeft.core.io import staged_dir, write_text_atomic
 from fedpeft.core.progress import Progress
@@ -148,7 +148,13 @@ class Experiment:
             if fresh and not self.directory.has_progress():
                 self.directory.discard()
             raise
-        stages.write_outputs()
+        records = stages.write_outputs()
+        check_result_coverage(
+            records,
+            [c.client_id for c in stages.data.clients if c.test],
+            self.cfg.validation.min_result_fraction,
+            self.out / "summary.md",
+        )
         return self.out
 
     def _load(self, *, flower: bool) -> Worker:
@@ -675,9 +681,9 @@ class Stages:
         return records, costs
 
     # ------------------------------------------------------------------ outputs
-    def write_outputs(self) -> None:
+    def write_outputs(self) -> list[ResultRecord]:
         """Merge the parts into ``results.jsonl`` and ``costs.jsonl``, then the data overview, the summary and
-        the plots."""
+        the plots; returns the run's records."""
         records, costs = [], []
         for name in self._parts:
             unit_records, unit_costs = self.directory.read_part(name)
@@ -693,6 +699,7 @@ class Stages:
         report.write_summary([self.out], self.out / "summary.md", title=self.cfg.name)
         if self.cfg.output.plots:
             report.write_plots([self.out], self.out / "plots", formats=self.cfg.output.plot_formats)
+        return records
 
 
 class Checkpoint:
@@ -776,6 +783,31 @@ def train_rows(label: str, budget: int | None, seed: int, round_: int, metrics: 
         for key, name in names.items()
         if key in metrics
     ]
+
+
+def check_result_coverage(records: list[ResultRecord], clients: list[str], min_fraction: float, summary: Path) -> None:
+    """Raise :class:`MissingResultsError` when, for some method, seed and budget with results, fewer than
+    ``min_fraction`` of ``clients`` (those with test data) have a final test record; names how many and where the
+    failures are listed (``summary``)."""
+    if not clients:
+        return
+    have: dict[tuple[str, int, Any], set[str]] = {}
+    for record in records:
+        if record["split"] == "test" and record["client"] is not None:
+            key = (record["method"], record["seed"], record["budget"])
+            have.setdefault(key, set()).add(record["client"])
+    expected = set(clients)
+    short = []
+    for (method, seed, budget), present in have.items():
+        if len(present & expected) < min_fraction * len(expected):
+            at = f", budget {budget}" if budget is not None else ""
+            short.append(f"{len(expected - present)} of {len(expected)} clients for {method} (seed {seed}{at})")
+    if short:
+        more = f" and {len(short) - 1} more" if len(short) > 1 else ""
+        raise MissingResultsError(
+            f"the run completed without final results of {short[0]}{more}, fewer than validation.min_result_fraction="
+            f"{min_fraction:g} asks; the failures are listed under Failed clients in {summary}."
+        )
 
 
 def check_clients(step: str, clients: int, failures: list[str]) -> None:

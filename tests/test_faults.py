@@ -289,3 +289,37 @@ def test_base_evaluation_failures_are_counted_and_named_as_such(tmp_path, monkey
     summary = (out / "summary.md").read_text()
     assert "1 client(s) failed the base model's evaluation" in summary
     assert "left out of the aggregation" not in summary
+
+
+def test_a_run_with_clients_missing_from_its_results_ends_with_exit_1_unless_the_config_accepts_it(
+    tmp_path, monkeypatch, capsys
+):
+    """One client's personalization fails: the outputs are written, the summary lists it, and the command exits 1
+    with one line naming how many and where; `validation.min_result_fraction` below the share present accepts it."""
+    from entry_point import cli
+
+    from fedpeft.worker import Worker
+
+    real = Worker.personalize
+
+    def one_fails(self, label, seed, client_id, state, **kwargs):  # noqa: ANN001, ANN202
+        if client_id == "lat2-seen-01":
+            raise RuntimeError("out of memory")
+        return real(self, label, seed, client_id, state, **kwargs)
+
+    monkeypatch.setattr(Worker, "personalize", one_fails)
+    config = tmp_path / "one-fails.yaml"
+    config.write_text(yaml.safe_dump(tiny_raw(base={"kind": "pretrained"}, methods=[{"name": "lora", "epochs": 1}])))
+    out = tmp_path / "run"
+    code, _, err = cli(monkeypatch, capsys, "run", str(config), "--out", str(out))
+    assert code == 1
+    assert err.strip().splitlines()[-1] == (
+        "error: the run completed without final results of 1 of 8 clients for lora (seed 0, budget 2), fewer than "
+        f"validation.min_result_fraction=1 asks; the failures are listed under Failed clients in {out / 'summary.md'}."
+    )
+    assert "lat2-seen-01" in (out / "summary.md").read_text()
+    code, _, err = cli(
+        monkeypatch, capsys, "run", str(config), "--out", str(tmp_path / "accepted"),
+        "--set", "validation.min_result_fraction=0.8",
+    )  # fmt: skip
+    assert code == 0, err

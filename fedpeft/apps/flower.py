@@ -31,7 +31,7 @@ from flwr.app import Context, UserConfig
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.core.config import ExperimentConfig, load_config
-from fedpeft.core.errors import AllClientsFailedError, UserError
+from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.io import path_component
 from fedpeft.core.processes import end_descendants
 from fedpeft.core.progress import Progress
@@ -126,7 +126,7 @@ def main(grid: Grid, context: Context) -> None:
         log.setLevel(logging.INFO)
     try:
         run_from_run_config(grid, context.run_config)
-    except (UserError, AllClientsFailedError) as err:  # one sentence, no traceback; the run ends as failed
+    except (UserError, AllClientsFailedError, MissingResultsError) as err:  # one sentence, no traceback: failed
         from flwr.supercore.exit import ExitCode, flwr_exit
 
         stopped = isinstance(err, AllClientsFailedError)

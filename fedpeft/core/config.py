@@ -477,10 +477,13 @@ class EvalConfig(_Strict):
 class ValidationConfig(_Strict):
     """The server's checks of client updates (docs/privacy.md): keys, shapes, finite values and example counts are
     always checked; ``max_norm`` also bounds an update's norm (its distance from what the server sent; ``None``:
-    no bound). A round with fewer than ``min_updates`` valid updates keeps the previous server state."""
+    no bound). A round with fewer than ``min_updates`` valid updates keeps the previous server state. A run whose
+    final results cover fewer than ``min_result_fraction`` of the clients (with test data) for a method, seed and
+    budget ends with exit code 1 once its outputs are written (1.0: every client must have results)."""
 
     max_norm: float | None = Field(default=None, gt=0)
     min_updates: int = Field(default=1, ge=1)
+    min_result_fraction: float = Field(default=1.0, ge=0, le=1)
 
 
 class LogConfig(_Strict):
