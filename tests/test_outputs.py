@@ -377,3 +377,20 @@ def test_report_cli_writes_csv_latex_and_plot_formats(tmp_path):
     assert bad.returncode == 2 and "png, pdf, svg" in bad.stderr and not (tmp_path / "bad").exists()
     bad = cli("run", "smoke", "--out", str(tmp_path / "bad-run"), "--plot-format", "png,gif")
     assert bad.returncode == 2 and "png, pdf, svg" in bad.stderr and not (tmp_path / "bad-run").exists()
+
+
+def test_lambda_distance_plot_says_what_it_measures_in_the_tables_group_order(tmp_path, monkeypatch):
+    from fedpeft.adapters.scale_analysis import save_client_scales, scales_path
+    from fedpeft.adapters.scale_plots import DISTANCE_LABEL, write_scale_plots
+
+    run = tmp_path / "run"
+    for record in _scale_records(False):
+        save_client_scales(scales_path(run, record.method, record.seed, record.client), record)
+    order = ["lat4", "cyr1", "lat1"]  # the records' first-seen order, as the per-group tables have it
+    (run / "results.jsonl").write_text("".join(json.dumps({"method": "base", "group": g}) + "\n" for g in order))
+    figures = _capture_figures(monkeypatch)
+    write_scale_plots(run, tmp_path / "plots")
+    heatmap, colorbar = figures[-1].axes[:2]
+    assert [label.get_text() for label in heatmap.get_xticklabels()] == order
+    assert colorbar.get_ylabel().replace("\n", " ") == DISTANCE_LABEL
+    assert "lower = more similar" in DISTANCE_LABEL

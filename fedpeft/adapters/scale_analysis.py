@@ -118,14 +118,18 @@ def rank_structure(records: Sequence[ScaleRecord], budget: int) -> tuple[list[in
     return layers, kinds, matrix
 
 
-def language_distances(records: Sequence[ScaleRecord]) -> tuple[list[str], list[list[float]]]:
+def language_distances(
+    records: Sequence[ScaleRecord], order: Sequence[str] = ()
+) -> tuple[list[str], list[list[float]]]:
     """The normalized log distance ``log(d(j,k) / sqrt(d(j,j) d(k,k)))`` between the groups of ``records``.
 
     d(j, k) is the mean Euclidean distance between the (clamped) scales of two different clients of groups j and k,
     within one seed and method (scales of different runs are not comparable), then averaged over those.
-    Undefined entries (a group with a single client) are NaN.
+    Undefined entries (a group with a single client) are NaN. Groups come in ``order`` (the result tables' order)
+    where it names them, the others after it, sorted.
     """
-    groups = sorted({r.group for r in records})
+    present = {r.group for r in records}
+    groups = [g for g in dict.fromkeys(order) if g in present] + sorted(present - set(order))
     sums = torch.zeros(len(groups), len(groups), dtype=torch.float64)
     counts = torch.zeros_like(sums)
     by_run: dict[tuple[str, int], list[ScaleRecord]] = defaultdict(list)

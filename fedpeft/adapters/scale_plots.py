@@ -73,21 +73,28 @@ def plot_rank_structure(records: Sequence[ScaleRecord], budgets: Sequence[int], 
     return save_figure(figure, path)
 
 
-def plot_language_distances(records: Sequence[ScaleRecord], path: Path, title: str) -> list[Path]:
-    """Heatmap of :func:`language_distances` (smaller: more similar scales); returns the files written.
+DISTANCE_LABEL = "distance between groups' scales, relative to within groups (log; lower = more similar)"
+"""The colour bar of the lambda-distance plot: 0 is as far apart as two clients of the same group."""
+
+
+def plot_language_distances(
+    records: Sequence[ScaleRecord], path: Path, title: str, order: Sequence[str] = ()
+) -> list[Path]:
+    """Heatmap of :func:`language_distances` (smaller: more similar scales), groups in ``order`` (the result
+    tables'); returns the files written.
 
     Undefined entries (a group with a single client, or clients whose scales are all equal, so that a distance
     of 0 divides) are gray cells marked ``n/a``, explained under the plot.
     """
     from matplotlib.figure import Figure
 
-    groups, matrix = language_distances(records)
+    groups, matrix = language_distances(records, order)
     width = max(6.0, 0.55 * len(groups) + 3.0)
     figure = Figure(figsize=(width, max(4.0, 0.5 * len(groups) + 2.0)))
     axes = figure.add_subplot()
     image = _heatmap(axes, matrix, groups, groups, fmt=".2f", cmap="magma_r")
     if any(math.isfinite(value) for row in matrix for value in row):
-        figure.colorbar(image, ax=axes, label="log(d(j,k) / sqrt(d(j,j) d(k,k)))")
+        figure.colorbar(image, ax=axes, label=textwrap.fill(DISTANCE_LABEL, 45))
     axes.set_title(_title(title, width * 0.75), fontsize="medium")
     if any(not math.isfinite(value) for row in matrix for value in row):
         if all(torch.equal(r.scales, records[0].scales) for r in records):
@@ -99,6 +106,22 @@ def plot_language_distances(records: Sequence[ScaleRecord], path: Path, title: s
     else:
         figure.tight_layout()
     return save_figure(figure, path)
+
+
+def run_groups(run_dirs: Sequence[Path]) -> list[str]:
+    """The groups of the runs' ``results.jsonl`` records in first-seen order: the result tables' column order."""
+    groups: dict[str, None] = {}
+    for run_dir in run_dirs:
+        results = Path(run_dir) / "results.jsonl"
+        if results.is_file():
+            for line in results.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("group"), str):
+                    groups.setdefault(record["group"])
+    return list(groups)
 
 
 def run_budgets(run_dirs: Sequence[Path], method: str) -> list[int]:
@@ -148,5 +171,5 @@ def write_scale_plots(
         title = f"{method}: rank structure ({len(mine)} client scales)"
         written += plot_rank_structure(mine, budgets, out_dir / f"rank_structure_{name}.png", title)
         title = f"{method}: distance of the clients' lambda (rank scales) between groups"
-        written += plot_language_distances(mine, out_dir / f"lambda_distance_{name}.png", title)
+        written += plot_language_distances(mine, out_dir / f"lambda_distance_{name}.png", title, run_groups(dirs))
     return written
