@@ -1,13 +1,16 @@
 """Paper-style reports of one or more runs: per-group tables with Wins, gain over base, costs, plots.
 
-Everything here reads the run directory contract (``results.jsonl``, ``costs.jsonl``, ``config.yaml``;
-docs/outputs.md) and nothing else, so a report can be rebuilt from finished runs, and several runs (e.g. one per
-seed or per method) can be merged into one report. Methods add their own sections and plots through the
-reporting hooks of their class (``Method.report_sections``, ``Method.report_plots``; :mod:`.method_hooks`).
+Everything here reads the run directory contract (``results.jsonl``, ``costs.jsonl``, ``config.yaml``,
+``data.json``; docs/outputs.md) and nothing else, so a report can be rebuilt from finished runs, and several runs
+(e.g. one per seed or per method) can be merged into one report. Methods add their own sections and plots through
+the reporting hooks of their class (``Method.report_sections``, ``Method.report_plots``; :mod:`.method_hooks`).
+Importing the package imports no torch, and a report of methods without hooks of their own never does.
 
 Modules: :mod:`.records` (reading and merging runs, orders, labels), :mod:`.tables` (statistics over seeds,
-per-group tables, Wins, gain over base), :mod:`.costs`, :mod:`.continual`, :mod:`.plots`, :mod:`.sweeps`,
-:mod:`.summary` (``summary.md``), :mod:`.export` (the result tables as CSV and LaTeX). Every plot is saved in each
+per-group tables, Wins, gain over base), :mod:`.evidence` (tables that rest on too little to call a winner: one
+seed, fewer than ``MIN_TEST_EXAMPLES`` test examples per client; the summary's Evidence note), :mod:`.costs`,
+:mod:`.continual`, :mod:`.plots`, :mod:`.sweeps`, :mod:`.summary` (``summary.md``), :mod:`.export` (the result
+tables as CSV and LaTeX). Every plot is saved in each
 format of :func:`plot_formats` (:mod:`fedpeft.core.figures`). The reports of Potara and of the BayesTune methods
 (:mod:`fedpeft.methods.families.merge_report`, :mod:`fedpeft.adapters.scale_plots`) are called by their hooks.
 """
@@ -15,6 +18,12 @@ format of :func:`plot_formats` (:mod:`fedpeft.core.figures`). The reports of Pot
 from fedpeft.core.figures import PLOT_FORMATS, plot_formats, save_figure
 from fedpeft.report.continual import continual_cells, continual_sections, read_round_records, render_continual_table
 from fedpeft.report.costs import cost_cells, render_compute_table, render_cost_tables, render_failures
+from fedpeft.report.evidence import (
+    MIN_TEST_EXAMPLES,
+    evidence_note,
+    judged_tables,
+    per_client_test_examples,
+)
 from fedpeft.report.export import render_csv, render_latex, table_rows, write_csv, write_latex
 from fedpeft.report.plots import write_plots
 from fedpeft.report.records import budget_label, budget_order, method_order, metric_label, read_records
@@ -33,6 +42,7 @@ from fedpeft.report.tables import (
 )
 
 __all__ = [
+    "MIN_TEST_EXAMPLES",
     "PLOT_FORMATS",
     "Cell",
     "GroupTable",
@@ -44,12 +54,15 @@ __all__ = [
     "continual_sections",
     "cost_cells",
     "data_sections",
+    "evidence_note",
     "gain_over_base",
     "group_table",
+    "judged_tables",
     "method_order",
     "method_sweeps",
     "metric_label",
     "over_seeds",
+    "per_client_test_examples",
     "plot_formats",
     "read_records",
     "read_round_records",

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedpeft.report.evidence import MIN_SEEDS
 from fedpeft.report.records import (
     RESULT_KEY,
     RESULTS_FILE,
@@ -63,8 +64,11 @@ def continual_cells(records: Sequence[Record], metric: str = "accuracy") -> dict
     return {key: over_seeds(values) for key, values in per_seed.items()}
 
 
-def render_continual_table(cells: Mapping[tuple[str, str, str], Cell], methods: Sequence[str]) -> str:
-    """Markdown: one row per method, Self / Others x A_last / A_AUC (x100), best value of a column in bold."""
+def render_continual_table(
+    cells: Mapping[tuple[str, str, str], Cell], methods: Sequence[str], *, emphasis: bool = True
+) -> str:
+    """Markdown: one row per method, Self / Others x A_last / A_AUC (x100), best value of a column in bold (none
+    with ``emphasis=False``: on one seed)."""
     columns = [(split, stat) for split in CONTINUAL_SPLITS for stat in ("last", "auc")]
     best = {
         c: max((display_key(cells[(m, c[0], c[1])]) for m in methods if (m, c[0], c[1]) in cells), default=None)
@@ -76,7 +80,8 @@ def render_continual_table(cells: Mapping[tuple[str, str, str], Cell], methods: 
         for column in columns:
             cell = cells.get((method, *column))
             text = format_cell(cell)
-            row.append(f"**{text}**" if cell is not None and display_key(cell) == best[column] else text)
+            is_best = emphasis and cell is not None and display_key(cell) == best[column]
+            row.append(f"**{text}**" if is_best else text)
         rows.append(row)
     header = [f"{CONTINUAL_SPLITS[split]} A_{stat.replace('auc', 'AUC')}" for split, stat in columns]
     return markdown_table(["Method", *header], rows)
@@ -85,12 +90,15 @@ def render_continual_table(cells: Mapping[tuple[str, str, str], Cell], methods: 
 def continual_sections(records: Sequence[Record]) -> list[str]:
     """The summary section of per-round evaluations (empty when no method was evaluated during training)."""
     sections = []
+    one_seed = False
     for metric in metric_order(records):
         cells = continual_cells(records, metric)
         if not cells:
             continue
         methods = [m for m in method_order(records) if any(key[0] == m for key in cells)]
-        sections += [f"### {metric_label(metric)}", render_continual_table(cells, methods)]
+        emphasis = min(cell.seeds for cell in cells.values()) >= MIN_SEEDS
+        one_seed |= not emphasis
+        sections += [f"### {metric_label(metric)}", render_continual_table(cells, methods, emphasis=emphasis)]
     if not sections:
         return []
     intro = (
@@ -98,4 +106,6 @@ def continual_sections(records: Sequence[Record]) -> list[str]:
         "the tasks seen so far, Others = on the other clients' test data. A_last = at the last round, A_AUC = "
         "mean over the evaluation rounds; x100, mean ± sample SD over seeds of the mean over clients."
     )
+    if one_seed:
+        intro += " On one seed no value is bold: differences between methods may be noise."
     return ["## Continual personalization", intro, *sections]

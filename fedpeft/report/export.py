@@ -1,6 +1,6 @@
 """The summary's result tables as files for papers and further analysis: one tidy CSV, and LaTeX tables.
 
-Both hold the tables of ``summary.md``'s results, computed the same way (:func:`~fedpeft.report.tables.result_tables`
+Both hold the tables of ``summary.md``'s results, computed the same way (:func:`~fedpeft.report.evidence.judged_tables`
 and :func:`~fedpeft.report.tables.gain_over_base`): every per-group table (pool, budget, metric) and every gain
 over base table (pool, metric). ``fedpeft report --csv`` and ``--latex`` write them.
 """
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import write_text_atomic
+from fedpeft.report.evidence import judged_tables, per_client_test_examples
 from fedpeft.report.records import (
     Budget,
     Record,
@@ -30,12 +31,16 @@ from fedpeft.report.tables import (
     format_cell,
     gain_layout,
     gain_over_base,
-    result_tables,
+    wins_header,
 )
 
 CSV_FILE = "summary.csv"
 LATEX_FILE = "summary.tex"
-CSV_FIELDS = ("table", "pool", "metric", "budget", "method", "column", "mean", "sd", "seeds", "best", "wins", "text")
+CSV_FIELDS = (
+    "table", "pool", "metric", "budget", "method", "column", "mean", "sd", "seeds", "best", "wins", "text", "evidence"
+)  # fmt: skip
+# Shrinks a tabular wider than the text to the text's width, and leaves a narrower one at its natural size.
+FIT_TO_PAGE = r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%"
 
 
 def _budget_value(budget: Budget) -> str:
@@ -57,16 +62,23 @@ def _cell_fields(cell: Cell | None, *, signed: bool = False) -> dict[str, str]:
     }
 
 
-def table_rows(results: Sequence[Record]) -> list[dict[str, str]]:
+def table_rows(results: Sequence[Record], test_per_client: Mapping[str, float] | None = None) -> list[dict[str, str]]:
     """The result tables as tidy rows (:data:`CSV_FIELDS`), one per printed cell, values x100.
 
     Per-group tables give ``table = results``, the table's ``budget`` (empty without one), one row per method and
-    column (a group or ``Mean``), with ``best`` (``1`` for a bold cell) and the row's ``wins`` (empty for ``base``).
-    Gain tables give ``table = gain``, ``budget`` and ``column`` the budget of the cell (``no budget`` for budget-less
-    methods). ``mean`` and ``sd`` are unrounded; ``text`` is the cell as ``summary.md`` prints it (without bold).
+    column (a group or ``Mean``), with ``best`` (``1`` for a bold cell), the row's ``wins`` (empty for ``base``) and
+    ``evidence``: why the table rests on too little to call a winner (``one seed``, ``few test examples``, joined
+    with ``; ``; empty when it does not; such a table has no bold cell). Gain tables give ``table = gain``,
+    ``budget`` and ``column`` the budget of the cell (``no budget`` for budget-less methods). ``mean`` and ``sd``
+    are unrounded; ``text`` is the cell as ``summary.md`` prints it (without bold).
+
+    Args:
+        results: result records.
+        test_per_client: the runs' test examples per client per pool
+            (:func:`~fedpeft.report.evidence.per_client_test_examples`); ``None`` judges the evidence on seeds alone.
     """
     rows: list[dict[str, str]] = []
-    for found in result_tables(results):
+    for found in judged_tables(results, test_per_client):
         table = found.table
         wins = found.printed_wins
         for method in table.methods:
@@ -80,8 +92,9 @@ def table_rows(results: Sequence[Record]) -> list[dict[str, str]]:
                         "method": method,
                         "column": column,
                         **_cell_fields(table.cells.get((method, column))),
-                        "best": "1" if method in table.best.get(column, set()) else "0",
+                        "best": "1" if found.emphasis and method in table.best.get(column, set()) else "0",
                         "wins": str(wins[method]) if method in wins else "",
+                        "evidence": "; ".join(found.thin),
                     }
                 )
     for pool in pool_order(results):  # as summary.md's gain section
@@ -101,17 +114,18 @@ def table_rows(results: Sequence[Record]) -> list[dict[str, str]]:
                             **_cell_fields(gains.get((method, budget)), signed=True),
                             "best": "",
                             "wins": "",
+                            "evidence": "",
                         }
                     )
     return rows
 
 
-def render_csv(results: Sequence[Record]) -> str:
+def render_csv(results: Sequence[Record], test_per_client: Mapping[str, float] | None = None) -> str:
     """The CSV text of :func:`table_rows` (a header line, then one line per cell)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(table_rows(results))
+    writer.writerows(table_rows(results, test_per_client))
     return buffer.getvalue()
 
 
@@ -146,24 +160,29 @@ def _latex_table(caption: str, header: Sequence[str], rows: Sequence[Sequence[st
         r"\begin{table}[ht]",
         r"\centering",
         rf"\caption{{{caption}}}",
+        FIT_TO_PAGE,
         r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
         r"\toprule",
         " & ".join(latex_escape(h) for h in header) + r" \\",
         r"\midrule",
         *(" & ".join(row) + r" \\" for row in rows),
         r"\bottomrule",
-        r"\end{tabular}",
+        r"\end{tabular}}",
         r"\end{table}",
     ]
     return "\n".join(lines)
 
 
-def render_latex(results: Sequence[Record]) -> str:
+def render_latex(results: Sequence[Record], test_per_client: Mapping[str, float] | None = None) -> str:
     """LaTeX of the result tables: one ``table`` with a booktabs ``tabular`` per per-group table and per gain
     table, the cells as ``summary.md`` prints them (x100, ``mean $\\pm$ SD``, best in bold, ``---`` for no data).
-    Needs ``\\usepackage{booktabs}``."""
-    parts = ["% fedpeft result tables; needs \\usepackage{booktabs}"]
-    for found in result_tables(results):
+
+    Each tabular sits in a ``\\resizebox`` that shrinks it to ``\\linewidth`` when it is wider (many groups) and
+    leaves it as it is otherwise, so every table fits the page. A table on thin evidence (``test_per_client``: as
+    for :func:`table_rows`) has no bold cell, a ``Wins (n.s.)`` column and a caption that says why. Needs
+    ``\\usepackage{booktabs}`` and ``\\usepackage{graphicx}``."""
+    parts = ["% fedpeft result tables; needs \\usepackage{booktabs} and \\usepackage{graphicx}"]
+    for found in judged_tables(results, test_per_client):
         table = found.table
         wins = found.printed_wins
         columns = [*table.groups, MEAN_COLUMN]
@@ -171,15 +190,19 @@ def render_latex(results: Sequence[Record]) -> str:
         for method in table.methods:
             row = [latex_escape(method)]
             for column in columns:
-                bold = method in table.best.get(column, set())
+                bold = found.emphasis and method in table.best.get(column, set())
                 row.append(_latex_cell(format_cell(table.cells.get((method, column))), bold=bold))
             row.append(str(wins[method]) if method in wins else "---")
             rows.append(row)
         where = pool_label(table.pool)
         if table.budget is not None:
             where += f", {budget_label(table.budget)}"
-        caption = latex_escape(f"{where}: {metric_label(table.metric)} (x100, mean ± SD over seeds).")
-        parts.append(_latex_table(caption.replace("±", r"$\pm$"), ["Method", *columns, "Wins"], rows))
+        caption = f"{where}: {metric_label(table.metric)} (x100, mean ± SD over seeds)."
+        if found.thin:
+            reasons = ", ".join(found.thin)
+            caption += f" Too little evidence to call a winner ({reasons}): no bold; Wins not significant."
+        header = ["Method", *columns, wins_header(found.emphasis)]
+        parts.append(_latex_table(latex_escape(caption).replace("±", r"$\pm$"), header, rows))
     for pool in pool_order(results):  # as summary.md's gain section
         for metric in metric_order(results):
             gains = gain_over_base(results, pool=pool, metric=metric)
@@ -207,16 +230,18 @@ def _target(out: Path, default_name: str, suffix: str) -> Path:
 def write_csv(run_dirs: Sequence[Path], out: Path) -> Path:
     """Write :func:`render_csv` of the merged runs to ``out`` (a ``.csv`` file, or a directory that receives
     ``summary.csv``); returns the file."""
-    results, _ = read_records([Path(d) for d in run_dirs])
+    run_dirs = [Path(d) for d in run_dirs]
+    results, _ = read_records(run_dirs)
     target = _target(out, CSV_FILE, ".csv")
-    write_text_atomic(target, render_csv(results))
+    write_text_atomic(target, render_csv(results, per_client_test_examples(run_dirs)))
     return target
 
 
 def write_latex(run_dirs: Sequence[Path], out: Path) -> Path:
     """Write :func:`render_latex` of the merged runs to ``out`` (a ``.tex`` file, or a directory that receives
     ``summary.tex``); returns the file."""
-    results, _ = read_records([Path(d) for d in run_dirs])
+    run_dirs = [Path(d) for d in run_dirs]
+    results, _ = read_records(run_dirs)
     target = _target(out, LATEX_FILE, ".tex")
-    write_text_atomic(target, render_latex(results))
+    write_text_atomic(target, render_latex(results, per_client_test_examples(run_dirs)))
     return target

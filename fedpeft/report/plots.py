@@ -12,11 +12,13 @@ from fedpeft.core.figures import DEFAULT_FORMATS, plot_formats, save_figure
 from fedpeft.core.io import staged_files
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.records import (
+    METRIC_LABELS,
     Budget,
     Record,
     budget_label,
     budget_order,
     file_part,
+    first_seen,
     is_test,
     method_order,
     metric_label,
@@ -26,6 +28,8 @@ from fedpeft.report.records import (
 )
 from fedpeft.report.sweeps import write_sweep_plots
 from fedpeft.report.tables import MEAN_COLUMN, Cell, group_table
+
+HIGHER_IS_BETTER = frozenset(METRIC_LABELS)  # accuracy, METEOR, ROUGE-1, ROUGE-L
 
 
 def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str], path: Path) -> list[Path]:
@@ -54,7 +58,7 @@ def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str
                     position + (offset - (len(present) - 1) / 2) * width,
                     cell.mean * 100,
                     width,
-                    yerr=(cell.sd or 0.0) * 100,
+                    yerr=None if cell.sd is None else cell.sd * 100,
                     capsize=3,
                     color=f"C{methods.index(method) % 10}",
                     label=None if method in labelled else method,
@@ -62,51 +66,64 @@ def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str
                 labelled.add(method)
         axes.set_xticks(range(len(slot_order)), [budget_label(b) for b in slot_order])
         axes.set_ylabel(f"{metric_label(metric)} (x100)")
-        axes.set_title(f"{pool} pool: mean over clients, ± SD over seeds")
+        # Error bars only where there is a spread over seeds to show.
+        spread = "± SD over seeds" if len(first_seen(r["seed"] for r in results)) > 1 else _seed_words(results)
+        axes.set_title(f"{pool} pool: mean over clients, {spread}")
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     return save_figure(figure, path)
 
 
+def colour_label(metric: str) -> str:
+    """The words of a heatmap's colour bar: the metric, its scale, and which way is better where known."""
+    label = f"{metric_label(metric)} x100"
+    return f"{label} (higher = better)" if metric in HIGHER_IS_BETTER else label
+
+
+def _seed_words(results: Sequence[Record]) -> str:
+    """``mean over 3 seeds`` or ``one seed (0)``: what the plotted means are taken over."""
+    seeds = first_seen(r["seed"] for r in results)
+    return f"mean over {len(seeds)} seeds" if len(seeds) > 1 else f"one seed ({seeds[0]})"
+
+
 def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
-    labels: list[str] = []
-    rows: list[list[float]] = []
-    groups: list[str] = []
-    seen_rows: set[tuple[str, Budget]] = set()
-    for budget in budget_order(results) or [None]:
-        table = group_table(results, pool=pool, metric=metric, budget=budget)
-        groups = groups or table.groups
-        for method in table.methods:
-            row_key = (method, table.row_budgets[method])
-            if row_key in seen_rows:
-                continue
-            seen_rows.add(row_key)
-            labels.append(method if row_key[1] is None else f"{method} ({budget_label(row_key[1])})")
-            rows.append(
-                [
-                    table.cells[method, column].mean * 100 if (method, column) in table.cells else math.nan
-                    for column in [*groups, MEAN_COLUMN]
-                ]
-            )
-    columns = [*groups, MEAN_COLUMN]
-    figure = Figure(figsize=(max(4.0, 0.7 * len(columns) + 2.5), max(2.5, 0.4 * len(labels) + 1.5)))
-    axes = figure.add_subplot()
-    image = axes.imshow(rows, aspect="auto", cmap="viridis")
-    axes.set_xticks(range(len(columns)), columns, rotation=45, ha="right")
-    axes.set_yticks(range(len(labels)), labels)
-    if len(labels) * len(columns) <= 400:
-        for i, row in enumerate(rows):
-            for j, value in enumerate(row):
-                if not math.isnan(value):
-                    # Dark text on the light (high) end of viridis, light text on the dark end.
-                    shade = float(np.asarray(image.norm(np.asarray(value))))
-                    color = "black" if shade > 0.6 else "white"
-                    axes.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7, color=color)
-    figure.colorbar(image, ax=axes, label=f"{metric_label(metric)} (x100)")
-    axes.set_title(f"{pool} pool: {metric_label(metric)}, mean over seeds", fontsize="medium")
-    figure.tight_layout()
+    # One panel per budget, each with its own colour scale: the budgets' values differ in range, and one scale
+    # for all would flatten the differences within a budget. Rows and groups in the order of the summary's tables.
+    tables = [group_table(results, pool=pool, metric=metric, budget=b) for b in budget_order(results) or [None]]
+    tables = [table for table in tables if table.methods]
+    columns = [*first_seen(g for table in tables for g in table.groups), MEAN_COLUMN]
+    heights = [max(1, len(table.methods)) for table in tables]
+    figure = Figure(
+        figsize=(max(5.0, 0.7 * len(columns) + 4.0), 0.4 * sum(heights) + 1.1 * len(tables) + 0.8),
+        layout="constrained",
+    )
+    grid = figure.add_gridspec(len(tables), 1, height_ratios=heights)
+    for index, table in enumerate(tables):
+        axes = figure.add_subplot(grid[index])
+        rows = [
+            [table.cells[m, c].mean * 100 if (m, c) in table.cells else math.nan for c in columns]
+            for m in table.methods
+        ]
+        values = np.ma.masked_invalid(np.asarray(rows, dtype=float))
+        vmin, vmax = (None, None) if values.count() else (0.0, 100.0)  # nothing measured: a neutral scale
+        image = axes.imshow(values, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax)
+        axes.set_xticks(range(len(columns)), columns, rotation=45, ha="right")
+        axes.set_yticks(range(len(table.methods)), table.methods)
+        if len(table.methods) * len(columns) <= 400:
+            for i, row in enumerate(rows):
+                for j, value in enumerate(row):
+                    if not math.isnan(value):
+                        # Dark text on the light (high) end of viridis, light text on the dark end.
+                        shade = float(np.asarray(image.norm(np.asarray(value))))
+                        color = "black" if shade > 0.6 else "white"
+                        axes.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7, color=color)
+        figure.colorbar(image, ax=axes, label=colour_label(metric))
+        if table.budget is not None:
+            axes.set_title(f"{budget_label(table.budget)} (its own colour scale)", fontsize="medium")
+    what = f"{pool} pool: {metric_label(metric)}, mean over each group's clients, {_seed_words(results)}"
+    figure.suptitle(what, fontsize="medium")
     return save_figure(figure, path)
 
 

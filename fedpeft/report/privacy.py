@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedpeft.core.records import Budget, ResultRecord, result_record
-from fedpeft.merging.dp import DPConfig, epsilon
 from fedpeft.report.records import Record, budget_label, first_seen
 from fedpeft.report.tables import markdown_table
+
+if TYPE_CHECKING:
+    from fedpeft.merging.dp import DPConfig
 
 PRIVACY_SPLIT = "privacy"
 EPSILON = "dp_epsilon"
@@ -27,6 +29,8 @@ def privacy_records(
     method: str, budget: Budget, seed: int, rounds: int, dp: DPConfig, sample_rate: float
 ) -> list[ResultRecord]:
     """The ``privacy`` records of ``method`` after ``rounds`` rounds: epsilon at ``dp.delta`` and its inputs."""
+    from fedpeft.merging.dp import epsilon  # a run's accounting: the report itself needs no torch
+
     eps = epsilon(dp.noise_multiplier, sample_rate, rounds, dp.delta)
     values = {
         EPSILON: eps if math.isfinite(eps) else None,

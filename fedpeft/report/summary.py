@@ -1,5 +1,5 @@
-"""The report's ``summary.md``: the sections of results, gains, methods' own sections, continual
-evaluation, failures and costs, assembled in that order."""
+"""The report's ``summary.md``: the headline (the comparison, the Evidence note, the gain over base), the data,
+the per-group result tables, methods' own sections, continual evaluation, failures and costs, in that order."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from fedpeft.core.io import write_text_atomic
 from fedpeft.core.textfiles import read_text
 from fedpeft.report.continual import continual_sections, read_round_records
 from fedpeft.report.costs import render_compute_table, render_cost_tables, render_failures, render_rejections
+from fedpeft.report.evidence import MIN_SEEDS, evidence_note, judged_tables, per_client_test_examples
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.privacy import privacy_sections
 from fedpeft.report.records import (
+    BASE_METHOD,
     DAMAGED_FIX,
     DATA_FILE,
     Record,
@@ -32,11 +34,13 @@ from fedpeft.report.records import (
 from fedpeft.report.tables import (
     GENERATION_METRICS,
     GENERATION_MIN_BEST,
+    MEAN_COLUMN,
+    ResultTable,
+    format_cell,
     gain_over_base,
     markdown_table,
     render_gain_table,
     render_group_table,
-    result_tables,
 )
 
 SUMMARY_FILE = "summary.md"
@@ -139,13 +143,14 @@ _NOTES = (
 )
 
 
-def _result_sections(results: Sequence[Record]) -> list[str]:
+def _result_sections(results: Sequence[Record], tables: Sequence[ResultTable], evidence: str) -> list[str]:
     metrics = metric_order(results)
     combined = list(GENERATION_METRICS) if set(GENERATION_METRICS) <= set(metrics) else []
     labels = ", ".join(map(metric_label, combined))
     criterion = f" in at least {GENERATION_MIN_BEST} of {labels}" if combined else ""
     sections = [_NOTES.format(criterion=criterion)]
-    tables = result_tables(results)
+    if evidence:
+        sections.append(evidence)
     for pool in pool_order(results):
         sections.append(f"## {pool_label(pool)}")
         for found in (t for t in tables if t.table.pool == pool):
@@ -153,8 +158,32 @@ def _result_sections(results: Sequence[Record]) -> list[str]:
             metric, budget = table.metric, table.budget
             heading = metric_label(metric) if budget is None else f"{budget_label(budget)} — {metric_label(metric)}"
             sections.append(f"### {heading}")
-            sections.append(render_group_table(table, found.wins))
+            sections.append(render_group_table(table, found.wins, emphasis=found.emphasis))
     return sections
+
+
+def _headline_sentence(tables: Sequence[ResultTable]) -> str:
+    """The comparison the report leads with: per budget, the method(s) with the highest ``Mean`` of the first pool
+    and metric, against ``base``."""
+    if not tables:
+        return ""
+    first = tables[0].table
+    clauses = []
+    for table in (t.table for t in tables if (t.table.pool, t.table.metric) == (first.pool, first.metric)):
+        best = [m for m in table.methods if m in table.best.get(MEAN_COLUMN, set())]
+        if not best:
+            continue
+        clause = f"{', '.join(best)} {format_cell(table.cells[best[0], MEAN_COLUMN])}"
+        if (BASE_METHOD, MEAN_COLUMN) in table.cells:
+            clause += f" vs {BASE_METHOD} {format_cell(table.cells[BASE_METHOD, MEAN_COLUMN])}"
+        clauses.append(clause if table.budget is None else f"{budget_label(table.budget)}: {clause}")
+    if not clauses:
+        return ""
+    seeds = "one seed" if min(cell.seeds for cell in first.cells.values()) < MIN_SEEDS else "mean over seeds"
+    return (
+        f"**Highest mean {metric_label(first.metric)}, {pool_label(first.pool).lower()}** (x100, mean over the "
+        f"pool's clients, {seeds}): {'; '.join(clauses)}."
+    )
 
 
 def _gain_sections(results: Sequence[Record]) -> list[str]:
@@ -183,8 +212,12 @@ def write_summary(
 ) -> str:
     """Write the paper-style ``summary.md`` of one or more runs.
 
-    Methods add sections of their own (e.g. Potara's mixing weights) through ``Method.report_sections``
-    (:func:`~fedpeft.report.method_hooks.method_hook_calls`), after the gain over base.
+    It leads with the headline: the method(s) with the highest pool mean per budget against ``base``, the Evidence
+    note when the results rest on too little (:mod:`fedpeft.report.evidence`: one seed, or fewer than
+    ``MIN_TEST_EXAMPLES`` test examples per client in the runs' ``data.json``; those tables then mark no winner),
+    and the gain over base; then the data and the per-group tables. Methods add sections of their own (e.g.
+    Potara's mixing weights) through ``Method.report_sections``
+    (:func:`~fedpeft.report.method_hooks.method_hook_calls`), after the result tables.
 
     Args:
         run_dirs: run directories to merge (see :func:`read_records`).
@@ -204,11 +237,19 @@ def write_summary(
     seeds = ", ".join(map(str, first_seen(r["seed"] for r in results)))
     runs = ", ".join(f"`{d}`" for d in run_dirs)
     parts = [f"# {title}", f"Runs: {runs}. Seeds: {seeds}. Methods: {', '.join(method_order(results))}."]
+    test_per_client = per_client_test_examples(run_dirs)
+    tables = judged_tables(results, test_per_client)
+    evidence = evidence_note(tables, test_per_client)
+    # The headline first: the comparison, how much it rests on, and the gain over base; the long tables after.
+    headline = [text for text in (_headline_sentence(tables), evidence) if text]
+    if headline:
+        parts += ["## Headline", *headline]
+    parts += _gain_sections(results)
     if info is None:
         parts += data_sections(run_dirs)
     elif info:
         parts += ["## Data", render_info(info)]
-    parts += ["## Results", *_result_sections(results), *_gain_sections(results)]
+    parts += ["## Results", *_result_sections(results, tables, evidence)]
     for hook, records in method_hook_calls(results, run_dirs, "report_sections"):
         parts += hook(records, run_dirs)
     parts += continual_sections(read_round_records(run_dirs))

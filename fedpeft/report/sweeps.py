@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from fedpeft.report.records import (
 )
 from fedpeft.report.tables import over_seeds
 
+SWEEP_MIN_ENTRIES = 3  # a method listed this many times, one numeric setting varied, is a sweep
+
 
 def method_sweeps(run_dirs: Sequence[Path]) -> dict[tuple[str, str], dict[str, float]]:
     """Settings swept across entries of one method in the runs' ``config.yaml``.
@@ -31,8 +34,13 @@ def method_sweeps(run_dirs: Sequence[Path]) -> dict[tuple[str, str], dict[str, f
     """
     from pydantic import ValidationError
 
+    from fedpeft.core.registry import METHODS
+
+    listed = [e for e in config_method_entries(run_dirs) if str(e.get("name")) in METHODS]
+    # Told from the names alone, so that runs without a sweep import no method class (nor torch).
+    counts = Counter(METHODS.canonical(str(e["name"])) for e in listed)
     entries: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for entry in config_method_entries(run_dirs):
+    for entry in (e for e in listed if counts[METHODS.canonical(str(e["name"]))] >= SWEEP_MIN_ENTRIES):
         cls = method_class(entry.get("name"))
         if cls is None:
             continue
@@ -45,7 +53,7 @@ def method_sweeps(run_dirs: Sequence[Path]) -> dict[tuple[str, str], dict[str, f
         entries.setdefault(cls.name, []).append((str(entry.get("label") or entry["name"]), settings))
     sweeps: dict[tuple[str, str], dict[str, float]] = {}
     for name, rows in entries.items():
-        if len(rows) < 3:
+        if len(rows) < SWEEP_MIN_ENTRIES:
             continue
         varying = [k for k in rows[0][1] if len({json.dumps(s.get(k), sort_keys=True) for _, s in rows}) > 1]
         if len(varying) != 1:

@@ -22,6 +22,8 @@ from fedpeft.report.records import (
 )
 
 MEAN_COLUMN = "Mean"
+WINS_COLUMN = "Wins"
+NOT_SIGNIFICANT = "n.s."
 GENERATION_METRICS = ("meteor", "rouge1", "rougeL")
 # A method wins a group of a generation benchmark when it is best in at least this many of GENERATION_METRICS.
 GENERATION_MIN_BEST = 2
@@ -150,16 +152,24 @@ def group_table(records: Sequence[Record], *, pool: str, metric: str, budget: Bu
 
 @dataclass(frozen=True)
 class ResultTable:
-    """One per-group table of a report as printed: its table and the Wins it prints (``wins``: the combined Wins
-    of a generation benchmark's METEOR, ROUGE-1 and ROUGE-L tables, else ``None`` for the table's own)."""
+    """One per-group table of a report as printed: its table, the Wins it prints (``wins``: the combined Wins
+    of a generation benchmark's METEOR, ROUGE-1 and ROUGE-L tables, else ``None`` for the table's own) and why it
+    rests on too little to call a winner (``thin``, set by :func:`fedpeft.report.evidence.judged_tables`; empty:
+    enough, and its best cells print bold)."""
 
     table: GroupTable
     wins: Mapping[str, int] | None = None
+    thin: tuple[str, ...] = ()
 
     @property
     def printed_wins(self) -> Mapping[str, int]:
         """The Wins column: ``wins`` when given, else the table's own."""
         return self.table.wins if self.wins is None else self.wins
+
+    @property
+    def emphasis(self) -> bool:
+        """Whether its best cells print bold and its Wins as findings (not on thin evidence)."""
+        return not self.thin
 
 
 def result_tables(results: Sequence[Record]) -> list[ResultTable]:
@@ -210,12 +220,19 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None) -> str:
+def wins_header(emphasis: bool = True) -> str:
+    """The Wins column's heading: ``Wins``, or ``Wins (n.s.)`` (not significant) on thin evidence."""
+    return WINS_COLUMN if emphasis else f"{WINS_COLUMN} ({NOT_SIGNIFICANT})"
+
+
+def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None, *, emphasis: bool = True) -> str:
     """Markdown of a :class:`GroupTable`: values x100, best cells in bold, a Wins column.
 
     Args:
         table: the table.
         wins: Wins to print instead of the table's own (e.g. :func:`combined_wins` for generation).
+        emphasis: ``False`` on thin evidence (:attr:`ResultTable.emphasis`): no cell bold, the Wins column headed
+            ``Wins (n.s.)``; the numbers stay.
     """
     wins = table.wins if wins is None else wins
     columns = [*table.groups, MEAN_COLUMN]
@@ -224,10 +241,10 @@ def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None)
         row = [method]
         for column in columns:
             text = format_cell(table.cells.get((method, column)))
-            row.append(f"**{text}**" if method in table.best.get(column, set()) else text)
+            row.append(f"**{text}**" if emphasis and method in table.best.get(column, set()) else text)
         row.append(str(wins[method]) if method in wins else "—")
         rows.append(row)
-    return markdown_table(["Method", *columns, "Wins"], rows)
+    return markdown_table(["Method", *columns, wins_header(emphasis)], rows)
 
 
 # ----------------------------------------------------------------------------------------------------------
