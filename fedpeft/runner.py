@@ -786,16 +786,17 @@ def train_rows(label: str, budget: int | None, seed: int, round_: int, metrics: 
 
 
 def check_result_coverage(records: list[ResultRecord], clients: list[str], min_fraction: float, summary: Path) -> None:
-    """Raise :class:`MissingResultsError` when, for some method, seed and budget with results, fewer than
-    ``min_fraction`` of ``clients`` (those with test data) have a final test record; names how many and where the
-    failures are listed (``summary``)."""
+    """Raise :class:`MissingResultsError` when, for some method, seed and rank budget with results (the tiers of a
+    tiered method together), fewer than ``min_fraction`` of ``clients`` (those with test data) have a final test
+    record; names how many and where the failures are listed (``summary``)."""
     if not clients:
         return
     have: dict[tuple[str, int, Any], set[str]] = {}
     for record in records:
         if record["split"] == "test" and record["client"] is not None:
-            key = (record["method"], record["seed"], record["budget"])
-            have.setdefault(key, set()).add(record["client"])
+            # A rank budget evaluates every client; a tier (a named budget) only its own clients: pooled.
+            budget = record["budget"] if isinstance(record["budget"], int) else None
+            have.setdefault((record["method"], record["seed"], budget), set()).add(record["client"])
     expected = set(clients)
     short = []
     for (method, seed, budget), present in have.items():

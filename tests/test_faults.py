@@ -323,3 +323,19 @@ def test_a_run_with_clients_missing_from_its_results_ends_with_exit_1_unless_the
         "--set", "validation.min_result_fraction=0.8",
     )  # fmt: skip
     assert code == 0, err
+
+
+def test_result_coverage_pools_the_tiers_of_a_tiered_method_and_not_rank_budgets(tmp_path):
+    from fedpeft.core.errors import MissingResultsError
+    from fedpeft.runner import check_result_coverage
+
+    def test_record(method, budget, client):  # noqa: ANN001, ANN202
+        return {"method": method, "seed": 0, "budget": budget, "client": client, "split": "test"}
+
+    clients = ["a", "b", "c", "d"]
+    tiers = [test_record("flame", tier, c) for tier, c in zip(["t1", "t1", "t2", "t3"], clients, strict=True)]
+    check_result_coverage(tiers, clients, 1.0, tmp_path / "summary.md")  # each client at its own tier: complete
+    ranks = [test_record("lora", r, c) for r in (2, 8) for c in clients if (r, c) != (8, "d")]
+    with pytest.raises(MissingResultsError, match=r"of 1 of 4 clients for lora \(seed 0, budget 8\)"):
+        check_result_coverage(ranks, clients, 1.0, tmp_path / "summary.md")
+    check_result_coverage(ranks, clients, 0.75, tmp_path / "summary.md")
