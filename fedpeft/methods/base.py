@@ -410,6 +410,13 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         return []
 
 
+def contract() -> dict[str, Any]:
+    """Every public member of the method contract, by name, as :class:`Method` defines it: the hooks (functions,
+    classmethods, properties) and the class flags. What a wrapper of a method (the per-architecture groups) must
+    either answer for itself or hand to the method it wraps."""
+    return {name: member for name, member in vars(Method).items() if not name.startswith("_")}
+
+
 def method_class(name: str) -> type[Method[Any, Any, Any]]:
     """The registered class of the method ``name`` (or an alias), imported on first use.
 
