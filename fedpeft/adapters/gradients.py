@@ -92,6 +92,7 @@ def per_sample_gradients(
     was_training = model.training
     model.eval()
     attention = _eager_attention(runtime.base_model)
+    padding_warning = _without_padding_warning(runtime.base_model)
     try:
         # grad differentiates inside; nothing outside the transform needs a graph
         with torch.no_grad(), runtime.autocast():
@@ -104,7 +105,33 @@ def per_sample_gradients(
     finally:
         model.train(was_training)
         attention()
+        padding_warning()
     return torch.stack(rows).float(), layout  # type: ignore[arg-type]
+
+
+_PADDING_CHECK = "warn_if_padding_and_no_attention_mask"  # transformers' PreTrainedModel method
+
+
+def _without_padding_warning(model: torch.nn.Module) -> Callable[[], None]:
+    """Silence transformers' check for padding without an attention mask (GPT-2 runs it on every forward pass)
+    in ``model`` and its submodels; returns the function that restores it.
+
+    The check reads token ids in a Python ``if`` (``pad_token_id in input_ids``), which vmap cannot trace; the
+    examples here carry no padding, or padding that changes nothing (module docstring), so it has nothing to say.
+    """
+    silenced = [m for m in model.modules() if callable(getattr(m, _PADDING_CHECK, None))]
+    for module in silenced:
+        setattr(module, _PADDING_CHECK, _no_warning)  # an instance attribute over the class's method
+
+    def restore() -> None:
+        for module in silenced:
+            delattr(module, _PADDING_CHECK)
+
+    return restore
+
+
+def _no_warning(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def _eager_attention(model: torch.nn.Module) -> Callable[[], None]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedpeft.adapters.weights import layer_weight
+from fedpeft.models.targets import in_out_features
 
 NUM_BLOCKS = 4
 _LAYER = re.compile(r"\.(?:layers|layer|h|blocks)\.(\d+)\.")
@@ -141,8 +141,7 @@ def plan_sites(
     sites = []
     for (name, module), layer in zip(modules, layers, strict=True):
         kind_of = module_type(name)
-        weight = layer_weight(module)
-        d_out, d_in = weight.shape[0], weight.shape[1]
+        d_in, d_out = in_out_features(module)  # GPT-2's Conv1D stores its weight (in, out)
         if pq and layer in block_of:
             sites.append(Site(name, layer, "pq", f"pq{block_of[layer]}.{kind_of}", d_in, d_out))
         else:

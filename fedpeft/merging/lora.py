@@ -242,6 +242,8 @@ def merge_lora_states(
 
 
 def lora_delta(state: Mapping[str, torch.Tensor], module: str, scaling: float = 1.0) -> torch.Tensor:
-    """The dense update s B A of one module of an adapter state dict."""
+    """The dense update s B A of one module of an adapter state dict, in the (out, in) layout of B A; a layer that
+    stores its weight (in, out), GPT-2's ``Conv1D``, takes it through :func:`fedpeft.models.targets.to_weight_layout`.
+    """
     a_key, b_key = f"{module}.lora_A.weight", f"{module}.lora_B.weight"
     return scaling * (state[b_key].to(_EXACT) @ state[a_key].to(_EXACT))

@@ -29,10 +29,11 @@ from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, lora_pairs, merge_lora_states
 from fedpeft.merging.server_step import MetricMean, metric_mean, weighted_mean
 from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
+from fedpeft.methods.families.folding import base_weight_key, in_out_weights
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.models.targets import to_weight_layout
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
-_PEFT_PREFIX = "base_model.model."
 
 
 class GuidedConfig(FederatedLoraConfig):
@@ -120,7 +121,15 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
         for index, fold in enumerate(state.folds):
             tensors.update({f"{FOLD_PREFIX}{index}.{k}": v for k, v in fold.items()})
         config["init_seed"] = derive_seed(state.seed, self.name, "relora", state.round)
+        # The fresh LoRA is not sent; its shapes are, for the server's check of the upload (``update_spec``).
+        config["lora_shapes"] = {k: list(state.tensors[k].shape) for k in sorted(lora_keys)}
         return Payload(tensors=tensors, config=config)
+
+    def update_spec(self, payload: Payload) -> dict[str, torch.Size]:
+        """The head and the LoRA a client trained (with ReLoRA a fresh one, not the folds it received)."""
+        tensors = {k: v.shape for k, v in payload.tensors.items() if not k.startswith(FOLD_PREFIX)}
+        shapes = payload.config.get("lora_shapes", {})
+        return {**tensors, **{k: torch.Size(shape) for k, shape in shapes.items()}}
 
     def aggregate(self, state: GuidedState, updates: Iterable[ClientUpdate]) -> tuple[GuidedState, Metrics]:
         merge = self.cfg.merge
@@ -224,14 +233,15 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
     def folded_base(self, runtime: ModelRuntime, folds: list[StateDict]) -> StateDict:
         """W0 + sum of the folded global updates s B_G A_G, for the targeted base weights (ReLoRA)."""
         runtime.load_base(None)
+        in_out = in_out_weights(runtime)
         weights: StateDict = {}
         for fold in folds:
             for module, (a_key, b_key) in lora_pairs(fold).items():
-                name = module.removeprefix(_PEFT_PREFIX) + ".weight"
+                name = base_weight_key(module)
                 if name not in weights:
                     weights[name] = runtime.base_params[name].detach().clone()
                 delta = self.scaling * (fold[b_key].to(torch.float64) @ fold[a_key].to(torch.float64))
-                weights[name] += delta.to(weights[name].dtype)
+                weights[name] += to_weight_layout(delta, name in in_out).to(weights[name].dtype)
         return weights
 
     # ------------------------------------------------------------------ personalization

@@ -351,7 +351,7 @@ class ModelRuntime:
         ``base_model_name_or_path`` and the task type PEFT's ``AutoPeftModelFor...`` classes read (``SEQ_CLS`` for
         text classification, ``CAUSAL_LM`` for text generation; none for image models, which PEFT has no type for)."""
         assert self.active is not None
-        config = self.active.to_peft(self.loaded.head_modules)
+        config = self.active.to_peft(self.loaded.head_modules, self.weights.fan_in_fan_out)
         config.base_model_name_or_path = base_model
         text = self.tokenizer is not None and getattr(self.loaded, "image_processor", None) is None
         if text and self.loaded.family != "llava":

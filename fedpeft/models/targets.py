@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -116,10 +117,39 @@ def count_lora_modules(model: nn.Module, targets: Iterable[str]) -> int:
     return len(lora_modules(model, targets))
 
 
-def _in_out(module: nn.Module) -> tuple[int, int]:
+def stores_in_out(module: nn.Module) -> bool:
+    """Whether ``module`` stores its weight as (in, out), as GPT-2's ``Conv1D`` does, rather than as ``Linear``'s
+    (out, in): the layout of a LoRA product B @ A (A of shape (r, in), B of shape (out, r)).
+
+    PEFT wraps such a layer with ``fan_in_fan_out=True`` and merges ``transpose(B @ A)``; every place that folds an
+    (out, in) update into the weight, or reads the weight as (out, in), goes through :func:`to_weight_layout` /
+    :func:`to_lora_layout` with this answer.
+    """
+    return isinstance(module, Conv1D)
+
+
+def in_out_weight_names(modules: Iterable[tuple[str, nn.Module]]) -> frozenset[str]:
+    """The weight names (``<module>.weight``) of the ``(name, module)`` pairs whose weight is stored (in, out)."""
+    return frozenset(f"{name}.weight" for name, module in modules if stores_in_out(module))
+
+
+def to_weight_layout(delta: torch.Tensor, in_out: bool) -> torch.Tensor:
+    """An (out, in) update (``B @ A``) in the layout of a weight: transposed where the weight is stored (in, out)
+    (``in_out``, from :func:`stores_in_out`), as it is otherwise."""
+    return delta.transpose(0, 1) if in_out else delta
+
+
+def to_lora_layout(weight: torch.Tensor, in_out: bool) -> torch.Tensor:
+    """A weight (or an update in its layout) as (out, in), the layout of ``B @ A``: the inverse of
+    :func:`to_weight_layout`."""
+    return weight.transpose(0, 1) if in_out else weight
+
+
+def in_out_features(module: nn.Module) -> tuple[int, int]:
+    """``(in_features, out_features)`` of a layer LoRA wraps (``Linear`` or ``Conv1D``)."""
     if isinstance(module, Conv1D):
-        # GPT-2's Conv1D stores its weight as (in, out).
-        return module.weight.shape[0], module.weight.shape[1]
+        in_features, out_features = module.weight.shape
+        return int(in_features), int(out_features)
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
     raise TypeError(f"LoRA wraps linear layers, not {type(module).__name__}")
@@ -134,4 +164,4 @@ def max_rank(model: nn.Module, targets: Iterable[str]) -> int:
     found = lora_modules(model, targets)
     if not found:
         raise ValueError("the LoRA targets match no linear layer of the model")
-    return min(min(_in_out(module)) for _, module in found)
+    return min(min(in_out_features(module)) for _, module in found)

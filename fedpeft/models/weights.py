@@ -22,7 +22,7 @@ from peft.utils.other import AuxiliaryTrainingWrapper
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.types import StateDict
-from fedpeft.models.targets import lora_modules, max_rank
+from fedpeft.models.targets import lora_modules, max_rank, stores_in_out
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,10 @@ class LoraSpec:
         digest = hashlib.blake2b(repr(self).encode(), digest_size=6).hexdigest()
         return f"r{self.rank}_{digest}"
 
-    def to_peft(self, head_modules: list[str]) -> LoraConfig:
+    def to_peft(self, head_modules: list[str], fan_in_fan_out: bool = False) -> LoraConfig:
+        """PEFT's config of this adapter; ``fan_in_fan_out`` for a model whose LoRA layers store their weight
+        (in, out) (GPT-2's ``Conv1D``: PEFT then merges the transposed product, and sets it itself, with a warning,
+        when it is not given)."""
         return LoraConfig(
             r=self.rank,
             lora_alpha=self.alpha,  # type: ignore[arg-type]  # PEFT annotates int; a float works
@@ -64,6 +67,7 @@ class LoraSpec:
             alpha_pattern=dict(self.alpha_pattern),
             modules_to_save=(list(head_modules) or None) if self.head else None,
             target_parameters=list(self.target_parameters) or None,
+            fan_in_fan_out=fan_in_fan_out,
         )
 
 
@@ -132,6 +136,8 @@ class ModelWeights:
         # The layers LoRA wraps, captured before PEFT injects adapters (the module objects survive injection as
         # each LoRA layer's ``base_layer``, so hooks on them see the base layer's input).
         self.target_modules: list[tuple[str, torch.nn.Module]] = lora_modules(self.base_model, lora_targets)
+        # GPT-2-style models: LoRA layers over weights stored (in, out), told to PEFT rather than left to its warning.
+        self.fan_in_fan_out = any(stores_in_out(module) for _, module in self.target_modules)
         # bitsandbytes' packed 4-bit / 8-bit weights: frozen by QLoRA, so never copied or overwritten (a copy of
         # the packed data does not load back into the layer).
         self.quantized_params = {name for name, p in self.base_params.items() if _is_quantized(p)}
@@ -204,7 +210,7 @@ class ModelWeights:
             self.active = None
             return self.base_model if self.peft is None else self.peft
         name = spec.key
-        config = spec.to_peft(self.head_modules)
+        config = spec.to_peft(self.head_modules, self.fan_in_fan_out)
         if self.peft is None:
             self.peft = get_peft_model(self.base_model, config, adapter_name=name)
         elif name not in self.peft.peft_config:

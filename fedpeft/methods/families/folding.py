@@ -1,4 +1,4 @@
-"""Folding LoRA products into the frozen base weights, shared by FLoRA, FedEX-LoRA and FedSVD.
+"""Folding LoRA products into the frozen base weights, shared by FLoRA, FedEX-LoRA, FedSVD and ReLoRA (guided).
 
 The methods here keep an update of the base weights (the part of the global model that lives in the weights rather
 than in an adapter) as one full-size tensor per LoRA module, under the key ``<module>.base_delta`` next to the
@@ -8,6 +8,11 @@ with those deltas added (:func:`folded_weights`) plus whatever adapter the metho
 Keys follow ``ModelRuntime.adapter_state()``: PEFT names (``base_model.model.<module>.lora_A.weight``); the base
 weight a module adapts is ``<module>.weight`` without the PEFT prefix (:func:`base_weight_key`). Only plain LoRA
 modules (2-D factors) fold; fused expert LoRA is refused by :func:`lora_modules`.
+
+A ``<module>.base_delta`` is kept in the (out, in) layout of the product B A, whatever layout the layer stores its
+weight in, so the server sums and checks products without knowing the model; :func:`folded_weights` puts it in the
+weight's layout when it adds it (transposed for GPT-2's ``Conv1D``, whose weight is (in, out), as PEFT's merge
+does).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from fedpeft.core.errors import UserError
 from fedpeft.core.types import StateDict
 from fedpeft.models.runtime import ModelRuntime
+from fedpeft.models.targets import in_out_weight_names, to_lora_layout, to_weight_layout
 
 PEFT_PREFIX = "base_model.model."
 DELTA = ".base_delta"
@@ -101,11 +107,18 @@ def add_deltas(previous: StateDict, deltas: Mapping[str, torch.Tensor]) -> State
     return out
 
 
+def in_out_weights(runtime: ModelRuntime) -> frozenset[str]:
+    """The base weights (canonical names) of the layers LoRA wraps that are stored (in, out) (GPT-2's ``Conv1D``)."""
+    return in_out_weight_names(runtime.target_modules)
+
+
 def zero_deltas(runtime: ModelRuntime, modules: Sequence[str]) -> StateDict:
-    """A zero ``<module>.base_delta`` of each module's base weight shape and dtype."""
+    """A zero ``<module>.base_delta`` of each module's (out, in) shape and its base weight's dtype."""
+    in_out = in_out_weights(runtime)
     out = {}
     for module in modules:
-        weight = runtime.base_params[base_weight_key(module)]
+        name = base_weight_key(module)
+        weight = to_lora_layout(runtime.base_params[name], name in in_out)
         out[delta_key(module)] = torch.zeros(weight.shape, dtype=weight.dtype)
     return out
 
@@ -118,12 +131,14 @@ def folded_weights(runtime: ModelRuntime, tensors: Mapping[str, torch.Tensor], h
     Restores those weights into the runtime (``load_base(None)``) to read them.
     """
     runtime.load_base(None)
+    in_out = in_out_weights(runtime)
     out: StateDict = {}
     for key, delta in tensors.items():
         if is_delta(key):
             name = base_weight_key(module_of_delta(key))
             weight = runtime.base_params[name].detach()
-            out[name] = (weight.to(torch.float64) + delta.to(torch.float64)).to(weight.dtype)
+            folded = to_weight_layout(delta.to(torch.float64), name in in_out)
+            out[name] = (weight.to(torch.float64) + folded).to(weight.dtype)
     if head:
         for key in head_keys(tensors):
             out[key.removeprefix(PEFT_PREFIX)] = tensors[key].detach().clone()
