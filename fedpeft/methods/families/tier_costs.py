@@ -24,8 +24,10 @@ def tier_costs(method: Any, runtime: ModelRuntime, seed: int) -> list[dict]:
     :class:`~fedpeft.methods.families.tiered.TieredMethod`)."""
     cfg = method.cfg
     rows: list[dict] = []
-    tokens = cfg.compute_tokens
-    vocab = int(runtime.base_model.config.vocab_size)
+    config = runtime.base_model.config
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    tokens = min(cfg.compute_tokens, int(positions)) if positions else cfg.compute_tokens  # what the model can read
+    vocab = int(config.vocab_size)
     ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed), device="cpu")
     ids = ids.to(runtime.device)
     for tier in cfg.tiers:
