@@ -186,6 +186,7 @@ def report(
     ] = None,
 ) -> None:
     """Merge the results of several runs into one summary (and plots; with --csv, --latex, the tables as files)."""
+    _setup_logging(False)
     from fedpeft import report as reporting
     from fedpeft.core.figures import parse_formats
     from fedpeft.core.io import REPORT_MARKER, check_output_dir, make_output_dir
