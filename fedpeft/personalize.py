@@ -28,6 +28,7 @@ from fedpeft.data.files import Table, check_scalar
 from fedpeft.data.real.readers import read_rows
 from fedpeft.data.types import ClientData, Example, FederatedData
 from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFTState
+from fedpeft.models.text import warn_unknown_text
 
 log = logging.getLogger("fedpeft")
 
@@ -172,7 +173,7 @@ def personalize_client(
     worker = Worker(cfg, run_dir, data=data)
     if label not in worker.methods:
         raise UserError(f"Method {label!r} is not in the config of run {run_dir}.")
-    warn_unknown_text(worker.runtime.text, client, cfg.model.name)
+    warn_unknown_text(worker.runtime.text, [client], cfg.model.name)
     worker.use_base(seed)
     runtime = worker.runtime
     if meta["modules"] != [name for name, _ in runtime.target_modules]:
@@ -193,26 +194,6 @@ def personalize_client(
     # Like a run's adapters, it names the run's base model relative to its own directory.
     write_adapter(runtime, out, relative_path(base, out) if base.is_dir() else cfg.model.name)
     return PersonalizedAdapter(out, client.client_id, budget, dict(model.lora.rank_pattern), accuracy)
-
-
-UNKNOWN_WARNING = 0.5
-"""Above this share of unknown tokens the model cannot read a client's text: :func:`warn_unknown_text` says so."""
-
-
-def warn_unknown_text(text: Any, client: ClientData, model: str) -> float:
-    """Warn when most of ``client``'s training text is unknown to the tokenizer of ``text`` (a
-    :class:`~fedpeft.models.text.TextEncoder`) — text in another language or script than the model's; returns the
-    unknown-token share."""
-    rate = float(text.unknown_rate(client.train))
-    if rate > UNKNOWN_WARNING:
-        log.warning(
-            "%.0f %% of the tokens of client %s's text are unknown to the tokenizer of %s: the model cannot read "
-            "it; check that the data's language and script are the model's.",
-            100 * rate,
-            client.client_id,
-            model,
-        )
-    return rate
 
 
 def write_adapter(runtime: Any, target: Path, base_model: str) -> Path:

@@ -44,6 +44,7 @@ from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import DropoutConfig, MeanServerConfigMixin, Method, method_class
 from fedpeft.models.runtime import check_device
+from fedpeft.models.text import warn_unknown_text
 from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.rundir import DATA_FILE, RunDirectory
 from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
@@ -188,6 +189,7 @@ class Experiment:
         self._check_secure_aggregation(worker, methods, flower=flower)
         self._check_batch_model(worker, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
+        warn_unknown_text(worker.runtime.text, data.clients, self.cfg.model.name)
         check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in data.clients})
         return worker
 

@@ -123,7 +123,7 @@ def test_a_full_cache_starts_over_without_changing_a_batch(monkeypatch: pytest.M
 
 def test_text_mostly_unknown_to_the_tokenizer_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
     from fedpeft.data.types import ClientData
-    from fedpeft.personalize import warn_unknown_text
+    from fedpeft.models.text import warn_unknown_text
 
     encoder = TextEncoder(toy_tokenizer(), "classification", max_length=24)
     known = [{"text": " ".join(WORDS[:4]), "text_pair": None, "label": 0}]
@@ -132,10 +132,14 @@ def test_text_mostly_unknown_to_the_tokenizer_is_warned_of(caplog: pytest.LogCap
     assert encoder.unknown_rate(english) == 1.0
     assert encoder.unknown_rate([{"text": f"{WORDS[0]} soup", "text_pair": None, "label": 0}]) == 0.5
     with caplog.at_level("WARNING", logger="fedpeft"):
-        assert warn_unknown_text(encoder, ClientData("mine", "g", "local", known, []), "tiny-bert") == 0.0
+        assert warn_unknown_text(encoder, [ClientData("mine", "g", "local", known, [])], "tiny-bert") == []
         assert not caplog.records
-        warn_unknown_text(encoder, ClientData("mine", "g", "local", english, []), "tiny-bert")
+        warn_unknown_text(encoder, [ClientData("mine", "g", "local", english, [])], "tiny-bert")
+        mixed = [ClientData(f"c{i}", "g", "local", english if i % 2 else known, []) for i in range(4)]
+        assert warn_unknown_text(encoder, mixed, "tiny-bert") == [("c1", 1.0), ("c3", 1.0)]
     assert [r.getMessage() for r in caplog.records] == [
         "100 % of the tokens of client mine's text are unknown to the tokenizer of tiny-bert: the model cannot read "
-        "it; check that the data's language and script are the model's."
+        "it; check that the data's language and script are the model's.",
+        "The text of 2 of 4 clients is mostly unknown to the tokenizer of tiny-bert (over 50 % unknown tokens; c1: "
+        "100 %): the model cannot read it; check that the data's language and script are the model's.",
     ]

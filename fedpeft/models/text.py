@@ -11,13 +11,16 @@ each batch is padded from them, the same tensors the tokenizer's own padding giv
 
 from __future__ import annotations
 
+import logging
 from array import array
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fedpeft.data.types import Example
+from fedpeft.data.types import ClientData, Example
+
+log = logging.getLogger("fedpeft")
 
 
 @dataclass(frozen=True)
@@ -264,3 +267,37 @@ def pad_left(prompts: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
         "input_ids": torch.tensor([[pad] * (width - len(p)) + p for p in prompts]),
         "attention_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]),
     }
+
+
+UNKNOWN_WARNING = 0.5
+"""Above this share of unknown tokens the model cannot read a client's text: :func:`warn_unknown_text` says so."""
+
+
+def warn_unknown_text(text: TextEncoder, clients: list[ClientData], model: str) -> list[tuple[str, float]]:
+    """Warn, once, when most of some ``clients``' training text is unknown to the tokenizer of ``text`` (a
+    :class:`~fedpeft.models.text.TextEncoder`): text in another language or script than the model's. Returns
+    ``(client, unknown-token share)`` of those clients."""
+    unreadable = [(c.client_id, float(text.unknown_rate(c.train))) for c in clients]
+    unreadable = [(client, rate) for client, rate in unreadable if rate > UNKNOWN_WARNING]
+    if len(unreadable) == 1 and len(clients) == 1:
+        client, rate = unreadable[0]
+        log.warning(
+            "%.0f %% of the tokens of client %s's text are unknown to the tokenizer of %s: the model cannot read "
+            "it; check that the data's language and script are the model's.",
+            100 * rate,
+            client,
+            model,
+        )
+    elif unreadable:
+        client, rate = max(unreadable, key=lambda item: item[1])
+        log.warning(
+            "The text of %d of %d clients is mostly unknown to the tokenizer of %s (over %.0f %% unknown tokens; "
+            "%s: %.0f %%): the model cannot read it; check that the data's language and script are the model's.",
+            len(unreadable),
+            len(clients),
+            model,
+            100 * UNKNOWN_WARNING,
+            client,
+            100 * rate,
+        )
+    return unreadable
