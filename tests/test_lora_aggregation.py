@@ -79,7 +79,8 @@ def test_flora_folds_the_weighted_sum_of_scaled_products_of_heterogeneous_ranks(
 def test_fedex_lora_residual_makes_the_global_model_exact():
     from fedpeft.methods.fedex_lora import FedExLoraState
 
-    method = build_method({"name": "fedex_lora", "rank": 2, "alpha": 8.0})
+    # Weighted by data size here; the default, uniform weights, is in tests/test_official_formulas.py.
+    method = build_method({"name": "fedex_lora", "rank": 2, "alpha": 8.0, "weighting": "examples"})
     s = 8.0 / 2
     start = factors(2, 0)
     state = FedExLoraState(
@@ -151,7 +152,8 @@ def test_refactor_keeps_the_product_with_orthonormal_a():
 def test_fedsvd_averages_b_and_refactorizes_the_product():
     from fedpeft.methods.fedsvd import FedSvdState
 
-    method = build_method({"name": "fedsvd", "rank": 2})
+    # The head trained and averaged (`train_head`); frozen by default, as tests/test_official_formulas.py checks.
+    method = build_method({"name": "fedsvd", "rank": 2, "train_head": True})
     a0, b0 = factors(2, 3)
     state = FedSvdState(tensors={A: a0, B: b0, HEAD: head(0)})
     assert method.update_spec(method.payload(state, "c0")) == {B: (OUT, 2), HEAD: (2, IN)}
@@ -161,7 +163,7 @@ def test_fedsvd_averages_b_and_refactorizes_the_product():
         new.tensors[B] @ new.tensors[A], sum(p * b @ a0 for p, b in zip(P, bs, strict=True)), **TOL
     )
     torch.testing.assert_close(new.tensors[A] @ new.tensors[A].T, torch.eye(2, dtype=torch.float64), **TOL)
-    every_other = build_method({"name": "fedsvd", "rank": 2, "refactor_every": 2})
+    every_other = build_method({"name": "fedsvd", "rank": 2, "refactor_every": 2, "train_head": True})
     kept, _ = every_other.aggregate(state, iter(updates([{B: b, HEAD: head(i)} for i, b in enumerate(bs)])))
     assert torch.equal(kept.tensors[A], a0)
 

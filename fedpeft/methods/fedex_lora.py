@@ -4,9 +4,10 @@ R. Singhal, K. Ponkshe, P. Vepakomma, "FedEx-LoRA: Exact Aggregation for Federat
 Large Language Models", ACL 2025, https://arxiv.org/abs/2410.09432.
 
 Clients train the global LoRA (A, B) on top of the current frozen weights W. The server averages A and B (and the
-task head) by data size, p_k = n_k / sum_j n_j, as FedIT does, and adds the residual of that average to the
-weights: W <- W + s (sum_k p_k B_k A_k - B_avg A_avg), s = alpha / r. The global model W + s B_avg A_avg then
-equals W + s sum_k p_k B_k A_k: the exact weighted mean of the clients' models. The server keeps the cumulative
+task head) with weights p_k, uniform 1/K over the round's K clients as the authors' code does (``weighting:
+examples``: p_k = n_k / sum_j n_j, as FedIT), and adds the residual of that average to the weights:
+W <- W + s (sum_k p_k B_k A_k - B_avg A_avg), s = alpha / r. The global model W + s B_avg A_avg then equals
+W + s sum_k p_k B_k A_k: the exact mean of the clients' models. The server keeps the cumulative
 residual of every module as one full-size tensor (``<module>.base_delta``), sent with the adapter, so any client
 rebuilds the global model. Every client keeps the global model, merged into the weights, optionally fine-tuned
 for ``finetune_epochs`` epochs (then the global adapter is trained on top of W0 + residual).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -43,8 +44,10 @@ from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
 class FedExLoraConfig(FederatedLoraConfig):
-    """FedEX-LoRA's knobs: the LoRA shape and optional local fine-tuning of the global model."""
+    """FedEX-LoRA's knobs: the LoRA shape, the clients' weights in the means, optional local fine-tuning."""
 
+    # uniform: 1/K per client, as the authors' aggregate_models_ours; examples: by training examples (FedAvg).
+    weighting: Literal["uniform", "examples"] = "uniform"
     finetune_epochs: float = 0.0
     finetune_lr: float | None = None
 
@@ -100,18 +103,24 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
         metrics = runtime.train(client.train, seed=seed, **local_training(self.cfg))
         return ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics), None
 
+    def client_weights(self, updates: list[ClientUpdate]) -> list[float]:
+        """Each client's weight in the means of A, B, the head and the products, before normalizing by their sum:
+        1 (``weighting: uniform``) or its training examples (``examples``)."""
+        return [1.0 if self.cfg.weighting == "uniform" else float(u.weight) for u in updates]
+
     def aggregate(self, state: FedExLoraState, updates: Iterable[ClientUpdate]) -> tuple[FedExLoraState, Metrics]:
         received = list(updates)
-        mean, metrics = weighted_mean(received), metric_mean(received)
-        total = sum(float(u.weight) for u in received)
+        weights = self.client_weights(received)
+        mean = weighted_mean(dataclasses.replace(u, weight=w) for u, w in zip(received, weights, strict=True))
+        metrics, total = metric_mean(received), sum(weights)
         if not mean or total <= 0:
             return state, metrics
         residuals: dict[str, torch.Tensor] = {}
         for module in lora_modules(mean):
             a_key, b_key = module + A_SUFFIX, module + B_SUFFIX
             products = sum(
-                (float(u.weight) / total) * (u.tensors[b_key].to(torch.float64) @ u.tensors[a_key].to(torch.float64))
-                for u in received
+                (w / total) * (u.tensors[b_key].to(torch.float64) @ u.tensors[a_key].to(torch.float64))
+                for u, w in zip(received, weights, strict=True)
             )
             # The product of the means the clients will receive (in their dtype), so the sum is exact for them.
             of_means = mean[b_key].to(torch.float64) @ mean[a_key].to(torch.float64)

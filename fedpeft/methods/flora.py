@@ -5,8 +5,9 @@ Heterogeneous Low-Rank Adaptations", NeurIPS 2024, https://arxiv.org/abs/2409.05
 
 Every round each sampled client k starts a fresh LoRA of its own rank r_k (A random, B = 0) on the current global
 weights and trains it. The server stacks the uploads: A = [p_1 s_1 A_1; ...; p_K s_K A_K] (rows) and
-B = [B_1, ..., B_K] (columns), with p_k = n_k / sum_j n_j and s_k = alpha_k / r_k the client's LoRA scaling, so
-that B A = sum_k p_k s_k B_k A_k exactly for any ranks (:func:`~fedpeft.methods.families.folding.stack_factors`).
+B = [B_1, ..., B_K] (columns), with p_k = n_k / sum_j n_j and s_k = alpha_k / r_k the client's LoRA scaling
+(``merge_scaling``: one scaling for every client, as the authors' code merges at lora_alpha / lora_r), so that
+B A = sum_k p_k s_k B_k A_k exactly for any ranks (:func:`~fedpeft.methods.families.folding.stack_factors`).
 That product is folded into the frozen weights: W <- W + B A. The task head (a full tensor) is averaged by data
 size.
 
@@ -57,6 +58,9 @@ class FloraConfig(FederatedLoraConfig):
 
     ranks: list[int] | None = Field(default=None, min_length=1)
     client_ranks: dict[str, int] = Field(default_factory=dict)
+    # None: each client's own alpha_k / r_k (the mean of the updates the clients trained); a number: every product
+    # folded at that scaling (the authors' code: lora_alpha / lora_r, whatever the clients trained with).
+    merge_scaling: float | None = Field(default=None, gt=0)
     finetune_epochs: float = 0.0
     finetune_lr: float | None = None
 
@@ -94,8 +98,13 @@ class Flora(Method[FloraConfig, FloraState, None]):
         return int(self.cfg.rank)
 
     def scaling(self, rank: int) -> float:
-        """The LoRA scaling of a client of ``rank`` (alpha / rank; alpha 2 * rank when unset)."""
+        """The LoRA scaling a client of ``rank`` trains with (alpha / rank; alpha 2 * rank when unset)."""
         return lora_scaling(self.cfg.alpha, rank)
+
+    def merge_scale(self, rank: int) -> float:
+        """The scaling the server folds the product of a client of ``rank`` with: ``merge_scaling``, else the
+        client's own."""
+        return self.cfg.merge_scaling if self.cfg.merge_scaling is not None else self.scaling(rank)
 
     def spec(self, runtime: ModelRuntime, rank: int) -> LoraSpec:
         return lora_spec(runtime, rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
@@ -145,7 +154,7 @@ class Flora(Method[FloraConfig, FloraState, None]):
         if not received or total <= 0:
             return state, metrics
         ranks = [int(u.tensors[modules[0] + A_SUFFIX].shape[0]) for u in received] if modules else []
-        coefficients = [float(u.weight) / total * self.scaling(r) for u, r in zip(received, ranks, strict=False)]
+        coefficients = [float(u.weight) / total * self.merge_scale(r) for u, r in zip(received, ranks, strict=False)]
         deltas = {}
         for module in modules:
             factors = [(u.tensors[module + A_SUFFIX], u.tensors[module + B_SUFFIX]) for u in received]

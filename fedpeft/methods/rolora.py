@@ -7,8 +7,11 @@ In a B round every client freezes the global A and trains B (and the task head);
 B by data size and keeps A, so the global product is sum_k p_k B_k A exactly. In an A round B is frozen and A
 trained and averaged, B (sum_k p_k A_k) likewise exact. Rounds alternate, starting with B (``first``): with the
 usual LoRA initialization (B = 0) the gradient of A is zero until B has moved. A client uploads only the factor
-it trained (and the head): half of the LoRA bytes of FedIT. Every client keeps the global adapter, optionally
-fine-tuned locally for ``finetune_epochs`` epochs.
+it trained (and the head): half of the LoRA bytes of FedIT. Local training builds a fresh AdamW every round over
+the round's trainable tensors only, so Adam's step count and moments are per round and per factor: the first step
+of every round (of B in B rounds, of A in A rounds) is bias-corrected as step 1, and no moment carries over from
+the factor's previous round. Every client keeps the global adapter, optionally fine-tuned locally for
+``finetune_epochs`` epochs.
 """
 
 from __future__ import annotations
