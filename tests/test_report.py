@@ -24,14 +24,15 @@ from fedpeft.report import (
 
 CLIENTS = {"en-0": "en", "en-1": "en", "fr-0": "fr", "fr-1": "fr"}
 # method -> budget -> seed -> client -> accuracy. Per-group means by seed:
-#   lora     en .70 / .80, fr .50 / .50   -> en 75.00 ± 7.07, fr 50.00 ± 0.00, Mean 62.50 ± 3.54
+#   lora     en .65 / .75, fr .65 / .45   -> en 70.00 ± 7.07, fr 55.00 ± 14.14, Mean 62.50 ± 3.54
 #   fedp2eft en .70 / .80, fr .70 / .50   -> en 75.00 ± 7.07, fr 60.00 ± 14.14, Mean 67.50 ± 3.54
-# so en is a tie (both win) and fr goes to fedp2eft.
+# fedp2eft - lora is 5 points on every client (4.9 or 5.1 over the seeds), so its 95 % interval lies above 0 in every
+# column: fedp2eft is bold and wins both groups (tests/test_report_intervals.py has ties and overlapping methods).
 ACCURACY = {
     "lora": {
         2: {
-            0: {"en-0": 0.6, "en-1": 0.8, "fr-0": 0.4, "fr-1": 0.6},
-            1: {"en-0": 0.8, "en-1": 0.8, "fr-0": 0.5, "fr-1": 0.5},
+            0: {"en-0": 0.652, "en-1": 0.648, "fr-0": 0.652, "fr-1": 0.648},
+            1: {"en-0": 0.75, "en-1": 0.75, "fr-0": 0.45, "fr-1": 0.45},
         },
         4: {0: {"en-0": 0.9, "en-1": 0.9, "fr-0": 0.9, "fr-1": 0.9}},
     },
@@ -99,8 +100,8 @@ def test_group_table_means_sds_wins_and_ties():
     assert table.groups == ["en", "fr"]
     assert table.row_budgets == {"base": None, "lora": 2, "fedp2eft": 2}
     expected = {
-        ("lora", "en"): (0.75, 0.0707107),
-        ("lora", "fr"): (0.50, 0.0),
+        ("lora", "en"): (0.70, 0.0707107),
+        ("lora", "fr"): (0.55, 0.1414214),
         ("lora", "Mean"): (0.625, 0.0353553),
         ("fedp2eft", "en"): (0.75, 0.0707107),
         ("fedp2eft", "fr"): (0.60, 0.1414214),
@@ -111,8 +112,11 @@ def test_group_table_means_sds_wins_and_ties():
         assert table.cells[key].mean == pytest.approx(mean)
         assert table.cells[key].sd == pytest.approx(sd, abs=1e-6)
         assert table.cells[key].seeds == 2
-    assert table.best == {"en": {"lora", "fedp2eft"}, "fr": {"fedp2eft"}, "Mean": {"fedp2eft"}}
-    assert table.wins == {"lora": 1, "fedp2eft": 2}
+    assert table.best == table.bold == {"en": {"fedp2eft"}, "fr": {"fedp2eft"}, "Mean": {"fedp2eft"}}
+    assert table.wins == {"lora": 0, "fedp2eft": 2}
+    reference, interval = table.against["fedp2eft", "en"]  # what decides the bold cell: fedp2eft - lora over en
+    assert reference == "lora" and interval.clients == 2 and interval.mean == pytest.approx(0.05)
+    assert table.against["lora", "Mean"][0] == "fedp2eft" and table.against["lora", "Mean"][1].high < 0
 
 
 def test_rendered_table_bold_best_and_base_without_wins():
@@ -120,7 +124,7 @@ def test_rendered_table_bold_best_and_base_without_wins():
     lines = text.splitlines()
     assert lines[0] == "| Method | en | fr | Mean | Wins |"
     assert lines[2] == "| base | 50.00 ± 0.00 | 50.00 ± 0.00 | 50.00 ± 0.00 | — |"
-    assert lines[3] == "| lora | **75.00 ± 7.07** | 50.00 ± 0.00 | 62.50 ± 3.54 | 1 |"
+    assert lines[3] == "| lora | 70.00 ± 7.07 | 55.00 ± 14.14 | 62.50 ± 3.54 | 0 |"
     assert lines[4] == "| fedp2eft | **75.00 ± 7.07** | **60.00 ± 14.14** | **67.50 ± 3.54** | 2 |"
 
 
@@ -131,30 +135,39 @@ def test_single_seed_has_no_sd_and_base_never_competes():
     assert table.cells["lora", "en"].sd is None
     lines = render_group_table(table).splitlines()
     assert lines[3] == "| lora | **90.00** | **90.00** | **90.00** | 2 |"
-    # base (0.5) beats lora (0.1) everywhere, yet the best and the Wins go to lora: base is the reference.
+    # base (0.5) beats lora (0.1) everywhere, yet the best goes to lora: base is the reference. With no other method
+    # lora is judged against base, and it is no win (it was one before the 95 % intervals: a best cell far below the
+    # reference is not a finding).
     records = [r for r in classification_records() if r["method"] in ("base", "lora")]
     records = [{**r, "value": 0.1} if r["method"] == "lora" else r for r in records]
     table = group_table(records, pool="seen", metric="accuracy", budget=2)
-    assert table.best["en"] == {"lora"} and table.wins == {"lora": 2}
+    assert table.best["en"] == {"lora"} and table.bold["en"] == set() and table.wins == {"lora": 0}
+    assert table.against["lora", "en"][0] == "base"
 
 
 def test_generation_wins_need_two_of_three_metrics_with_ties():
     # group -> metric -> {method: value}: g1 A best twice; g2 each best once (no winner); g3 A and B tie on
-    # METEOR, so A (METEOR, ROUGE-L) and B (METEOR, ROUGE-1) are both best twice.
+    # METEOR, so each is bold once (B ROUGE-1, A ROUGE-L): no winner (before the 95 % intervals a tie made both
+    # best, and both won); g4 B best twice. Three clients per group, each method a little noise of its own around
+    # the value, so that the intervals exist; a tie is never bold.
     values = {
         "g1": {"meteor": (0.9, 0.1, 0.1), "rouge1": (0.9, 0.1, 0.1), "rougeL": (0.1, 0.9, 0.1)},
         "g2": {"meteor": (0.9, 0.1, 0.1), "rouge1": (0.1, 0.9, 0.1), "rougeL": (0.1, 0.1, 0.9)},
         "g3": {"meteor": (0.5, 0.5, 0.1), "rouge1": (0.1, 0.9, 0.1), "rougeL": (0.9, 0.1, 0.1)},
+        "g4": {"meteor": (0.1, 0.9, 0.1), "rouge1": (0.1, 0.1, 0.9), "rougeL": (0.1, 0.9, 0.1)},
     }
+    noise = {"A": (-0.001, 0.0, 0.001), "B": (0.0, 0.0, 0.0), "C": (0.001, 0.0, -0.001)}
     records = [
-        result(method, 8, f"{group}-0", 0, triple[i], metric=metric, group=group)
+        result(method, 8, f"{group}-{k}", 0, triple[i] + noise[method][k], metric=metric, group=group)
         for group, metrics in values.items()
         for metric, triple in metrics.items()
         for i, method in enumerate("ABC")
+        for k in range(3)
     ]
     tables = [group_table(records, pool="seen", metric=m, budget=8) for m in ("meteor", "rouge1", "rougeL")]
-    assert tables[0].wins == {"A": 3, "B": 1, "C": 0}
-    assert combined_wins(tables) == {"A": 2, "B": 1, "C": 0}
+    assert tables[0].best["g3"] == {"A", "B"} and tables[0].bold["g3"] == set()
+    assert tables[0].wins == {"A": 2, "B": 1, "C": 0}
+    assert combined_wins(tables) == {"A": 1, "B": 1, "C": 0}
 
 
 def test_gain_over_base_pairs_client_and_seed():
@@ -189,7 +202,7 @@ def test_read_records_merges_later_dir_wins(tmp_path):
     assert cells["lora", "federated", "wall_s_per_client_round"].mean == pytest.approx((9.0 + 2.5) / 2)
     results, _ = read_records([second, first])
     lora_en0 = [r for r in results if r["method"] == "lora" and r["client"] == "en-0" and r["budget"] == 2]
-    assert [r["value"] for r in lora_en0 if r["seed"] == 0] == [0.6]
+    assert [r["value"] for r in lora_en0 if r["seed"] == 0] == [0.652]
 
 
 def test_read_records_keeps_compute_records_of_every_budget(tmp_path):
@@ -275,16 +288,20 @@ def test_summary_of_generation_uses_combined_wins(tmp_path):
     records = []
     for metric, (a, b) in {"meteor": (0.5, 0.4), "rouge1": (0.3, 0.4), "rougeL": (0.6, 0.2)}.items():
         for seed in (0, 1):  # two seeds: enough evidence to mark winners (tests/test_report_evidence.py)
+            # Two clients, A a little apart on them: the 95 % interval of A - B needs a spread over clients.
             records += [
-                result("A", None, "en-0", seed, a, metric=metric),
+                result("A", None, "en-0", seed, a - 0.001, metric=metric),
+                result("A", None, "en-1", seed, a + 0.001, metric=metric),
                 result("B", None, "en-0", seed, b, metric=metric),
+                result("B", None, "en-1", seed, b, metric=metric),
             ]
     text = write_summary([write_run(tmp_path / "gen", records)], tmp_path)
     for label in ("METEOR", "ROUGE-1", "ROUGE-L"):
         assert f"### {label}" in text
     # B is best in ROUGE-1 only: its Wins stay 0 even in the ROUGE-1 table.
     assert text.count("| B | **40.00 ± 0.00** | **40.00 ± 0.00** | 0 |") == 1
-    assert text.count("| A | ") == 3 and text.count(" | 1 |") == 3
+    tables = text.split("## Results")[1]
+    assert tables.count("| A | ") == 3 and tables.count(" | 1 |") == 3
 
 
 def test_write_plots(tmp_path):

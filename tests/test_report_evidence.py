@@ -75,7 +75,10 @@ def test_the_note_names_the_tables_of_one_seed(tmp_path):
     tables = judged_tables(results)
     assert [t.thin for t in tables] == [(), (ONE_SEED,)]
     note = evidence_note(tables)
-    assert "- one seed (in Seen pool, r = 4): no spread over seeds; differences between methods may be noise." in note
+    assert (
+        "- one seed (in Seen pool, r = 4): no spread over seeds; the 95 % intervals are over the clients of that one "
+        "seed and leave out how much another seed moves every client together." in note
+    )
     assert evidence_note(judged_tables([r for r in results if r["budget"] != 4])) == ""
 
 
@@ -91,7 +94,8 @@ def test_summary_on_thin_evidence_leads_with_the_headline_and_marks_no_winner(tm
     )
     note = (
         "**Evidence: too little to call a winner.** These results rest on\n\n"
-        "- one seed: no spread over seeds; differences between methods may be noise;\n"
+        "- one seed: no spread over seeds; the 95 % intervals are over the clients of that one seed and leave out "
+        "how much another seed moves every client together;\n"
         f"- fewer than {MIN_TEST_EXAMPLES} test examples per client on average (Seen pool 1): one test example moves "
         "a client's score by about 100 points.\n\n"
         "Those tables keep the numbers but mark no cell bold and head the Wins column `Wins (n.s.)` (not "

@@ -7,7 +7,9 @@ the reporting hooks of their class (``Method.report_sections``, ``Method.report_
 Importing the package imports no torch, and a report of methods without hooks of their own never does.
 
 Modules: :mod:`.records` (reading and merging runs, orders, labels), :mod:`.tables` (statistics over seeds,
-per-group tables, Wins, gain over base), :mod:`.evidence` (tables that rest on too little to call a winner: one
+per-group tables, Wins, gain over base), :mod:`.intervals` (paired differences over clients and their 95 % t
+interval, which decides bold and Wins), :mod:`.differences` (each method against ``base`` and the best other method,
+with intervals; the summary's section of them), :mod:`.evidence` (tables that rest on too little to call a winner: one
 seed, fewer than ``MIN_TEST_EXAMPLES`` test examples per client; the summary's Evidence note), :mod:`.costs`,
 :mod:`.continual`, :mod:`.plots`, :mod:`.sweeps`, :mod:`.summary` (``summary.md``), :mod:`.export` (the result
 tables as CSV and LaTeX). Every plot is saved in each
@@ -18,6 +20,7 @@ format of :func:`plot_formats` (:mod:`fedpeft.core.figures`). The reports of Pot
 from fedpeft.core.figures import PLOT_FORMATS, plot_formats, save_figure
 from fedpeft.report.continual import continual_cells, continual_sections, read_round_records, render_continual_table
 from fedpeft.report.costs import cost_cells, render_compute_table, render_cost_tables, render_failures
+from fedpeft.report.differences import comparisons, difference_sections, gain_intervals
 from fedpeft.report.evidence import (
     MIN_TEST_EXAMPLES,
     evidence_note,
@@ -25,6 +28,7 @@ from fedpeft.report.evidence import (
     per_client_test_examples,
 )
 from fedpeft.report.export import render_csv, render_latex, table_rows, write_csv, write_latex
+from fedpeft.report.intervals import Interval, paired_interval
 from fedpeft.report.plots import write_plots
 from fedpeft.report.records import budget_label, budget_order, method_order, metric_label, read_records
 from fedpeft.report.summary import data_sections, render_info, write_summary
@@ -46,15 +50,19 @@ __all__ = [
     "PLOT_FORMATS",
     "Cell",
     "GroupTable",
+    "Interval",
     "ResultTable",
     "budget_label",
     "budget_order",
     "combined_wins",
+    "comparisons",
     "continual_cells",
     "continual_sections",
     "cost_cells",
     "data_sections",
+    "difference_sections",
     "evidence_note",
+    "gain_intervals",
     "gain_over_base",
     "group_table",
     "judged_tables",
@@ -62,6 +70,7 @@ __all__ = [
     "method_sweeps",
     "metric_label",
     "over_seeds",
+    "paired_interval",
     "per_client_test_examples",
     "plot_formats",
     "read_records",

@@ -4,7 +4,9 @@ A per-group table is *thin* when one of its cells rests on a single seed (no spr
 difference between methods against) or when its pool's clients have fewer than :data:`MIN_TEST_EXAMPLES` test
 examples on average (read from the runs' ``data.json``; a client's score then moves in steps of several points). A
 thin table keeps its numbers but marks no cell bold and heads its Wins ``Wins (n.s.)`` (not significant); the
-Evidence note above the tables says which tables are thin and why.
+Evidence note above the tables says which tables are thin and why. This comes on top of the 95 % intervals
+(:mod:`.intervals`), which decide bold and Wins in the tables that are not thin: they are over clients, so they
+exist with one seed too, but they do not measure how another seed moves every client together.
 """
 
 from __future__ import annotations
@@ -102,7 +104,10 @@ def evidence_note(tables: Sequence[ResultTable], test_per_client: Mapping[str, f
     one_seed = [t for t in thin if ONE_SEED in t.thin]
     if one_seed:
         where = "" if len(one_seed) == len(tables) else f" (in {_where(one_seed)})"
-        findings.append(f"one seed{where}: no spread over seeds; differences between methods may be noise")
+        findings.append(
+            f"one seed{where}: no spread over seeds; the 95 % intervals are over the clients of that one seed and "
+            "leave out how much another seed moves every client together"
+        )
     pools = first_seen(t.table.pool for t in thin if FEW_TEST_EXAMPLES in t.thin)
     if pools:
         counts = test_per_client or {}

@@ -2,7 +2,8 @@
 
 Both hold the tables of ``summary.md``'s results, computed the same way (:func:`~fedpeft.report.evidence.judged_tables`
 and :func:`~fedpeft.report.tables.gain_over_base`): every per-group table (pool, budget, metric) and every gain
-over base table (pool, metric). ``fedpeft report --csv`` and ``--latex`` write them.
+over base table (pool, metric). The CSV also gives each cell's paired difference with its reference and the 95 %
+interval (:mod:`.intervals`). ``fedpeft report --csv`` and ``--latex`` write them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from pathlib import Path
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import write_text_atomic
+from fedpeft.report.differences import gain_intervals
 from fedpeft.report.evidence import judged_tables, per_client_test_examples
+from fedpeft.report.intervals import Interval
 from fedpeft.report.records import (
+    BASE_METHOD,
     Budget,
     Record,
     budget_label,
@@ -37,7 +41,8 @@ from fedpeft.report.tables import (
 CSV_FILE = "summary.csv"
 LATEX_FILE = "summary.tex"
 CSV_FIELDS = (
-    "table", "pool", "metric", "budget", "method", "column", "mean", "sd", "seeds", "best", "wins", "text", "evidence"
+    "table", "pool", "metric", "budget", "method", "column", "mean", "sd", "seeds", "best", "wins", "text", "evidence",
+    "reference", "difference", "low", "high", "clients",
 )  # fmt: skip
 # Shrinks a tabular wider than the text to the text's width, and leaves a narrower one at its natural size.
 FIT_TO_PAGE = r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%"
@@ -62,6 +67,18 @@ def _cell_fields(cell: Cell | None, *, signed: bool = False) -> dict[str, str]:
     }
 
 
+def _interval_fields(reference: str | None, interval: Interval | None) -> dict[str, str]:
+    if reference is None or interval is None:
+        return {"reference": "", "difference": "", "low": "", "high": "", "clients": ""}
+    return {
+        "reference": reference,
+        "difference": _number(interval.mean * 100),
+        "low": _number(None if interval.low is None else interval.low * 100),
+        "high": _number(None if interval.high is None else interval.high * 100),
+        "clients": str(interval.clients),
+    }
+
+
 def table_rows(results: Sequence[Record], test_per_client: Mapping[str, float] | None = None) -> list[dict[str, str]]:
     """The result tables as tidy rows (:data:`CSV_FIELDS`), one per printed cell, values x100.
 
@@ -70,7 +87,12 @@ def table_rows(results: Sequence[Record], test_per_client: Mapping[str, float] |
     ``evidence``: why the table rests on too little to call a winner (``one seed``, ``few test examples``, joined
     with ``; ``; empty when it does not; such a table has no bold cell). Gain tables give ``table = gain``,
     ``budget`` and ``column`` the budget of the cell (``no budget`` for budget-less methods). ``mean`` and ``sd``
-    are unrounded; ``text`` is the cell as ``summary.md`` prints it (without bold).
+    are unrounded; ``text`` is the cell as ``summary.md`` prints it (without bold). ``reference``, ``difference``,
+    ``low``, ``high`` and ``clients``: the paired difference of the row's method minus ``reference`` over the
+    column's clients, its 95 % interval and n (:mod:`.intervals`), x100, unrounded; the reference is the best other
+    method of the column (:attr:`~fedpeft.report.tables.GroupTable.against`, what decides bold) in the per-group
+    tables and ``base`` in the gain tables; all empty for ``base`` and without a pair, ``low`` and ``high`` with
+    one client.
 
     Args:
         results: result records.
@@ -92,14 +114,16 @@ def table_rows(results: Sequence[Record], test_per_client: Mapping[str, float] |
                         "method": method,
                         "column": column,
                         **_cell_fields(table.cells.get((method, column))),
-                        "best": "1" if found.emphasis and method in table.best.get(column, set()) else "0",
+                        "best": "1" if found.emphasis and method in table.bold.get(column, set()) else "0",
                         "wins": str(wins[method]) if method in wins else "",
                         "evidence": "; ".join(found.thin),
+                        **_interval_fields(*table.against.get((method, column), (None, None))),
                     }
                 )
     for pool in pool_order(results):  # as summary.md's gain section
         for metric in metric_order(results):
             gains = gain_over_base(results, pool=pool, metric=metric)
+            intervals = gain_intervals(results, pool=pool, metric=metric)
             methods, budgets = gain_layout(gains, results)
             for method in methods:
                 for budget in budgets:
@@ -115,6 +139,7 @@ def table_rows(results: Sequence[Record], test_per_client: Mapping[str, float] |
                             "best": "",
                             "wins": "",
                             "evidence": "",
+                            **_interval_fields(BASE_METHOD, intervals.get((method, budget))),
                         }
                     )
     return rows
@@ -190,7 +215,7 @@ def render_latex(results: Sequence[Record], test_per_client: Mapping[str, float]
         for method in table.methods:
             row = [latex_escape(method)]
             for column in columns:
-                bold = found.emphasis and method in table.best.get(column, set())
+                bold = found.emphasis and method in table.bold.get(column, set())
                 row.append(_latex_cell(format_cell(table.cells.get((method, column))), bold=bold))
             row.append(str(wins[method]) if method in wins else "---")
             rows.append(row)

@@ -1,5 +1,6 @@
-"""The report's ``summary.md``: the headline (the comparison, the Evidence note, the gain over base), the data,
-the per-group result tables, methods' own sections, continual evaluation, failures and costs, in that order."""
+"""The report's ``summary.md``: the headline (the comparison, its 95 % intervals, the Evidence note), the gain over
+base, the differences with 95 % intervals, the data, the per-group result tables, methods' own sections, continual
+evaluation, failures and costs, in that order."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fedpeft.core.io import write_text_atomic
 from fedpeft.core.textfiles import read_text
 from fedpeft.report.continual import continual_sections, read_round_records
 from fedpeft.report.costs import render_compute_table, render_cost_tables, render_failures, render_rejections
+from fedpeft.report.differences import difference_sections, headline_intervals
 from fedpeft.report.evidence import MIN_SEEDS, evidence_note, judged_tables, per_client_test_examples
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.privacy import privacy_sections
@@ -138,8 +140,10 @@ _NOTES = (
     "Values x100: mean ± sample SD (ddof = 1) over seeds of the mean over the group's clients (no ± with one "
     "seed); Mean = the same over all clients of the pool. Rows without a budget (`base`, the base model "
     "without personalization, and budget-less methods) are budget-independent and repeat in every budget's "
-    "table. `base` is the reference: it is never bold and has no Wins. Bold = best printed value among the "
-    "other methods; Wins = groups where a method is best{criterion}, every tied method winning."
+    "table. `base` is the reference: it is never bold and has no Wins. Bold = the best printed value among the "
+    "other methods, where the 95 % interval of its method minus the next best method (paired differences over the "
+    "column's clients, as in the differences above; with no other method, minus `base`) lies above 0: a tie or a "
+    "group of one client is never bold. Wins = groups where a method is best with that interval above 0{criterion}."
 )
 
 
@@ -212,10 +216,12 @@ def write_summary(
 ) -> str:
     """Write the paper-style ``summary.md`` of one or more runs.
 
-    It leads with the headline: the method(s) with the highest pool mean per budget against ``base``, the Evidence
-    note when the results rest on too little (:mod:`fedpeft.report.evidence`: one seed, or fewer than
-    ``MIN_TEST_EXAMPLES`` test examples per client in the runs' ``data.json``; those tables then mark no winner),
-    and the gain over base; then the data and the per-group tables. Methods add sections of their own (e.g.
+    It leads with the headline: the method(s) with the highest pool mean per budget against ``base``, their 95 %
+    intervals against the runner-up and ``base`` (:mod:`fedpeft.report.differences`), the Evidence note when the
+    results rest on too little (:mod:`fedpeft.report.evidence`: one seed, or fewer than ``MIN_TEST_EXAMPLES`` test
+    examples per client in the runs' ``data.json``; those tables then mark no winner); then the gain over base, the
+    differences with 95 % intervals, the data and the per-group tables (bold and Wins only where the interval
+    against the next best method lies above 0). Methods add sections of their own (e.g.
     Potara's mixing weights) through ``Method.report_sections``
     (:func:`~fedpeft.report.method_hooks.method_hook_calls`), after the result tables.
 
@@ -240,11 +246,13 @@ def write_summary(
     test_per_client = per_client_test_examples(run_dirs)
     tables = judged_tables(results, test_per_client)
     evidence = evidence_note(tables, test_per_client)
-    # The headline first: the comparison, how much it rests on, and the gain over base; the long tables after.
-    headline = [text for text in (_headline_sentence(tables), evidence) if text]
+    # The headline first: the comparison, its intervals, how much it rests on, then the gain over base and the
+    # differences; the long tables after.
+    headline = [text for text in (_headline_sentence(tables), headline_intervals(tables), evidence) if text]
     if headline:
         parts += ["## Headline", *headline]
     parts += _gain_sections(results)
+    parts += difference_sections(tables)
     if info is None:
         parts += data_sections(run_dirs)
     elif info:

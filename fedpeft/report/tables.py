@@ -1,5 +1,6 @@
-"""The paper tables of results: statistics over seeds, per-group tables with best cells and Wins, gain over base,
-and their markdown."""
+"""The paper tables of results: statistics over seeds, per-group tables with best cells and Wins (a best cell counts
+where its 95 % interval against the next best method lies above 0, :mod:`.intervals`), gain over base, and their
+markdown."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedpeft.report.intervals import Interval, PairKey, paired_interval
 from fedpeft.report.records import (
     BASE_METHOD,
     Budget,
@@ -70,7 +72,13 @@ class GroupTable:
         groups: group columns in first-seen order (``Mean`` is not among them).
         cells: ``(method, column) -> Cell`` where column is a group or ``Mean``; missing when no data.
         best: ``column -> methods`` with the best printed mean among the non-base rows (all of them on a tie).
-        wins: ``method -> number of groups it is best in``, for the non-base rows.
+        values: ``method -> (client, seed) -> value``, what the intervals pair.
+        client_groups: ``client -> group``.
+        against: ``(method, column) -> (reference, interval)`` for the non-base rows: the method minus the best
+            other method of the column (:func:`best_other`; ``base`` when no other method competes), paired over
+            the column's clients (:func:`~fedpeft.report.intervals.paired_interval`); missing without a pair.
+        bold: ``column -> methods`` of ``best`` whose interval in ``against`` lies above 0 (a tie never does).
+        wins: ``method -> number of groups it is bold in``, for the non-base rows.
     """
 
     pool: str
@@ -81,7 +89,17 @@ class GroupTable:
     groups: list[str]
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     best: dict[str, set[str]] = field(default_factory=dict)
+    values: dict[str, dict[PairKey, float]] = field(default_factory=dict)
+    client_groups: dict[str, str] = field(default_factory=dict)
+    against: dict[tuple[str, str], tuple[str, Interval]] = field(default_factory=dict)
+    bold: dict[str, set[str]] = field(default_factory=dict)
     wins: dict[str, int] = field(default_factory=dict)
+
+    def clients_of(self, column: str) -> set[str] | None:
+        """The clients of a group column; ``None`` (every client of the pool) for ``Mean``."""
+        if column == MEAN_COLUMN:
+            return None
+        return {client for client, group in self.client_groups.items() if group == column}
 
 
 def _rows_for_budget(records: Sequence[Record], budget: Budget) -> tuple[dict[str, list[Record]], dict[str, Budget]]:
@@ -117,12 +135,40 @@ def _best_methods(cells: Mapping[tuple[str, str], Cell], methods: Sequence[str],
     return {method for method, score in scored.items() if score == top}
 
 
+def best_other(table: GroupTable, method: str, column: str) -> str | None:
+    """The non-base method other than ``method`` with the best printed value in ``column`` (the first in row order
+    on a tie); ``None`` when no other method has a value there."""
+    others = [m for m in table.methods if m not in (BASE_METHOD, method) and (m, column) in table.cells]
+    if not others:
+        return None
+    top = max(display_key(table.cells[m, column]) for m in others)
+    return next(m for m in others if display_key(table.cells[m, column]) == top)
+
+
+def _compare(table: GroupTable, column: str) -> None:
+    """Fill ``against`` and ``bold`` of one column."""
+    for method in (m for m in table.methods if m != BASE_METHOD and (m, column) in table.cells):
+        reference = best_other(table, method, column)
+        if reference is None and BASE_METHOD in table.values:
+            reference = BASE_METHOD  # no other method competes: is it above the reference at least?
+        if reference is None:
+            continue
+        interval = paired_interval(table.values[method], table.values[reference], table.clients_of(column))
+        if interval is not None:
+            table.against[method, column] = (reference, interval)
+    best = table.best.get(column, set())
+    supported = {m for (m, c), (_, interval) in table.against.items() if c == column and interval.above_zero}
+    table.bold[column] = best & supported if len(best) == 1 else set()  # a tie on the printed value: no winner
+
+
 def group_table(records: Sequence[Record], *, pool: str, metric: str, budget: Budget) -> GroupTable:
     """The per-group table of one pool, metric and budget.
 
     Rows are the methods evaluated at ``budget`` plus the budget-independent ones (``budget`` null, e.g.
     ``"base"``). Cell = mean over seeds of (mean over the group's clients) +- sample SD over seeds; ``Mean`` =
-    the same over all clients of the pool. ``"base"`` is the reference and competes for neither best nor Wins.
+    the same over all clients of the pool. ``"base"`` is the reference and competes for neither best nor Wins. A
+    best cell is bold, and a Win, only where the 95 % interval of its method minus the next best method (paired
+    differences over the column's clients, :mod:`.intervals`) lies above 0.
 
     Args:
         records: result records (e.g. from :func:`read_records`); only the ``test`` split is used.
@@ -140,10 +186,13 @@ def group_table(records: Sequence[Record], *, pool: str, metric: str, budget: Bu
     for method, method_records in rows.items():
         for column, per_seed in _per_seed_means(method_records).items():
             table.cells[method, column] = over_seeds(list(per_seed.values()))
+        table.values[method] = {(r["client"], r["seed"]): float(r["value"]) for r in method_records}
+        table.client_groups.update((r["client"], r["group"]) for r in method_records)
     for column in [*groups, MEAN_COLUMN]:
         table.best[column] = _best_methods(table.cells, table.methods, column)
+        _compare(table, column)
     table.wins = {
-        method: sum(method in table.best[group] for group in groups)
+        method: sum(method in table.bold[group] for group in groups)
         for method in table.methods
         if method != BASE_METHOD
     }
@@ -155,7 +204,7 @@ class ResultTable:
     """One per-group table of a report as printed: its table, the Wins it prints (``wins``: the combined Wins
     of a generation benchmark's METEOR, ROUGE-1 and ROUGE-L tables, else ``None`` for the table's own) and why it
     rests on too little to call a winner (``thin``, set by :func:`fedpeft.report.evidence.judged_tables`; empty:
-    enough, and its best cells print bold)."""
+    enough, and its bold cells, :attr:`GroupTable.bold`, print bold)."""
 
     table: GroupTable
     wins: Mapping[str, int] | None = None
@@ -168,7 +217,7 @@ class ResultTable:
 
     @property
     def emphasis(self) -> bool:
-        """Whether its best cells print bold and its Wins as findings (not on thin evidence)."""
+        """Whether its :attr:`GroupTable.bold` cells print bold and its Wins as findings (not on thin evidence)."""
         return not self.thin
 
 
@@ -191,14 +240,15 @@ def result_tables(results: Sequence[Record]) -> list[ResultTable]:
 
 
 def combined_wins(tables: Sequence[GroupTable], min_best: int = GENERATION_MIN_BEST) -> dict[str, int]:
-    """Wins over several metrics of the same pool and budget: groups where a method is best in ``min_best``.
+    """Wins over several metrics of the same pool and budget: groups where a method is bold (best, its interval
+    against the next best above 0) in ``min_best``.
 
     Generation benchmarks use the three tables of METEOR, ROUGE-1 and ROUGE-L with ``min_best = 2``.
     """
     methods = first_seen(m for table in tables for m in table.methods if m != BASE_METHOD)
     groups = first_seen(g for table in tables for g in table.groups)
     return {
-        method: sum(sum(method in table.best.get(group, set()) for table in tables) >= min_best for group in groups)
+        method: sum(sum(method in table.bold.get(group, set()) for table in tables) >= min_best for group in groups)
         for method in methods
     }
 
@@ -226,7 +276,7 @@ def wins_header(emphasis: bool = True) -> str:
 
 
 def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None, *, emphasis: bool = True) -> str:
-    """Markdown of a :class:`GroupTable`: values x100, best cells in bold, a Wins column.
+    """Markdown of a :class:`GroupTable`: values x100, bold cells (:attr:`GroupTable.bold`), a Wins column.
 
     Args:
         table: the table.
@@ -241,7 +291,7 @@ def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None,
         row = [method]
         for column in columns:
             text = format_cell(table.cells.get((method, column)))
-            row.append(f"**{text}**" if emphasis and method in table.best.get(column, set()) else text)
+            row.append(f"**{text}**" if emphasis and method in table.bold.get(column, set()) else text)
         row.append(str(wins[method]) if method in wins else "—")
         rows.append(row)
     return markdown_table(["Method", *columns, wins_header(emphasis)], rows)
