@@ -189,7 +189,8 @@ class Experiment:
         self._check_secure_aggregation(worker, methods, flower=flower)
         self._check_batch_model(worker, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
-        warn_unknown_text(worker.runtime.text, data.clients, self.cfg.model.name)
+        if self.cfg.data.sites is None:  # site-local examples stay on their nodes
+            warn_unknown_text(worker.runtime.text, data.clients, self.cfg.model.name)
         check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in data.clients})
         return worker
 
