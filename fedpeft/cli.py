@@ -293,7 +293,8 @@ def launch(
     reply_timeout: Annotated[float, typer.Option(help="Seconds to wait for a node's reply (0: no limit).")] = 0.0,
     app_dir: Annotated[Path, typer.Option("--app", help="The fedpeft checkout `flwr run` packs.")] = Path("."),
 ) -> None:
-    """Run an experiment on a Flower deployment (`flwr run`), exiting non-zero when the run fails."""
+    """Run an experiment on a Flower deployment (`flwr run`): its progress lines stream to stderr; exits non-zero
+    with one sentence when the run fails, and Ctrl-C stops the run on the SuperLink (docs/flower.md)."""
     from fedpeft.apps.launch import launch as launch_run
     from fedpeft.apps.launch import run_config
 

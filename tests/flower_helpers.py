@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -177,3 +178,27 @@ def lose_and_restart(grid: InProcessGrid, node: int = 1001, new_id: int = 1005) 
         return original(messages)
 
     grid.push_messages = push  # type: ignore[method-assign]
+
+
+def node_workers(worker_dir: Path) -> list[str]:
+    """The worker processes started in ``worker_dir`` that still run (their command lines)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "fedpeft.engine.flower.node_worker" in command and str(worker_dir) in command:
+            found.append(command)
+    return found
+
+
+def assert_nothing_left(worker_dir: Path, seconds: float = 30.0) -> None:
+    """No worker process of ``worker_dir`` runs and no file but the workers' logs is left there."""
+    deadline = time.monotonic() + seconds
+    while (node_workers(worker_dir) or [p for p in worker_dir.iterdir() if p.suffix != ".log"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert not node_workers(worker_dir)
+    assert sorted({p.suffix for p in worker_dir.iterdir()}) in ([], [".log"]), sorted(worker_dir.iterdir())

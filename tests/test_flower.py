@@ -1,10 +1,10 @@
 """The Flower engine's codec and the config a node builds from the server's.
 
 The engine's other tests: tests/test_flower_simulation.py (the simulation engine), tests/test_flower_nodes.py (the
-in-process grid: concurrent methods, failing clients and nodes; a SuperNode killed on loopback) and
-tests/test_flower_deployment.py (a secure deployment on loopback), split so that ``--dist loadfile`` can run the slow
-ones on different workers. Their shared helpers are in tests/flower_helpers.py; other test files import them from
-here."""
+in-process grid: concurrent methods, failing clients and nodes), tests/test_flower_deployment.py (a secure deployment
+on loopback) and tests/test_flower_operations.py (a SuperNode killed and restarted on loopback, a site's bad data,
+the node workers' lease), split so that ``--dist loadfile`` can run the slow ones on different workers. Their shared
+helpers are in tests/flower_helpers.py; other test files import them from here."""
 
 from __future__ import annotations
 

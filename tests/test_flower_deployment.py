@@ -6,12 +6,11 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from flower_helpers import REPO, one_torch_thread, read_records, tiny_raw
+from flower_helpers import REPO, assert_nothing_left, one_torch_thread, read_records, tiny_raw
 
 from fedpeft.apps.loopback import LoopbackDeployment
 
@@ -25,7 +24,7 @@ def test_deployment_on_loopback(tmp_path):
     SuperNodes, each with its own run directory; the federated round runs as SecAgg+ (its plain form is the same
     task handling the base evaluation and personalization messages use here, and the simulation tests run it), so
     one deployment covers both. A node without a registered key cannot join; a node that claims a served
-    partition stops the next run with one sentence and a non-zero status."""
+    partition stops the next run with one sentence and a non-zero status. Neither run leaves a worker behind."""
     # Every message starts a ClientApp process on its node (Flower's deployment runtime) that relays to the node's
     # worker process, so the run is short: one client per node, the pretrained base, one round of FedIT. The
     # base-model transfer to nodes that lack it is tested in-process (test_nodes_without_the_base_model_receive_it).
@@ -63,11 +62,10 @@ def test_deployment_on_loopback(tmp_path):
         (tmp_path / "flwr-run.log").write_text(logs)
         assert finished.returncode == 0, logs[-4000:]
         assert (out / "summary.md").exists(), logs[-4000:]
-        # The server closed the run: each node's worker process has ended and removed its socket.
-        deadline = time.monotonic() + 30
-        while list(worker_dir.glob("*.sock")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not list(worker_dir.glob("*.sock"))
+        # The server closed the run: each node's worker process has ended and removed its files but its log.
+        assert_nothing_left(worker_dir)
+        # The launch streamed the ServerApp's progress lines, as a redirected local run prints them.
+        assert "fedit: federated training, seed 0: round 1/1" in finished.stderr, logs[-4000:]
 
         # A registered node that claims partition 0, which a node serves already: the next run stops at once.
         deployment.register(certs / "node-4")
@@ -80,10 +78,13 @@ def test_deployment_on_loopback(tmp_path):
             text=True,
             timeout=600,
         )
-        assert refused.returncode == 2, refused.stdout[-3000:]
-        last = refused.stdout.strip().splitlines()[-1]
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        last = refused.stderr.strip().splitlines()[-1]
         assert last.startswith("error: SuperNodes") and "both claim partition-id=0" in last, last
+        assert refused.stderr.count("both claim") == 1 and "Exit Code" not in refused.stderr
         assert "Traceback" not in refused.stdout + refused.stderr
+        # Refused at start, while the nodes' workers were starting (the server's first query starts them): ended.
+        assert_nothing_left(worker_dir)
 
     records = {key: value for key, value in read_records(out).items() if key[7] == "test"}  # evaluations
     train = {key[0] for key in read_records(out) if key[7] == "train"}

@@ -12,7 +12,12 @@ The ServerApp reads the run config (``[tool.flwr.app.config]`` in pyproject.toml
 - ``reply-timeout``: seconds to wait for a client's reply before leaving it out (0: no limit).
 
 Then it runs the same :class:`~fedpeft.runner.Experiment` as ``fedpeft run`` does, with its clients' work sent to
-the SuperNodes through :class:`~fedpeft.engine.flower.grid.GridEngine`.
+the SuperNodes through :class:`~fedpeft.engine.flower.grid.GridEngine`, printing the plain progress lines of a
+redirected local run (one per stage and round) to its log, which ``flwr run --stream`` (``fedpeft launch``) shows.
+However the run ends while Flower still lets it send (completed, refused at start, a user error, any failure), the
+ServerApp tells every node that the run is over, so that each ends the worker process it kept for the run; while
+it runs, its keepalives renew those workers' leases (:mod:`fedpeft.engine.flower.keepalive`), so that the workers
+of a run stopped with ``flwr stop`` or cut off from a lost SuperLink end on their own.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from fedpeft.core.io import path_component
 from fedpeft.core.processes import end_descendants
 from fedpeft.core.progress import Progress
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
+from fedpeft.engine.flower.grid import end_run_on_nodes
+from fedpeft.engine.flower.keepalive import Keepalive
 from fedpeft.engine.flower.membership import register_sites
 from fedpeft.runner import Experiment
 
@@ -50,8 +57,11 @@ def _overrides(text: str) -> list[str]:
     return [part.strip() for part in text.split(";") if part.strip()]
 
 
-def run_from_run_config(grid: Grid, run_config: UserConfig) -> Path:
-    """Run the experiment the run config names over ``grid``; returns the output directory."""
+def run_from_run_config(
+    grid: Grid, run_config: UserConfig, *, progress: Progress | None = None, closes_run: bool = True
+) -> Path:
+    """Run the experiment the run config names over ``grid``; returns the output directory. ``progress`` and
+    ``closes_run`` as in :func:`run_over_grid`."""
     source = str(run_config.get("config", "") or "")
     if not source:
         raise UserError("The run config names no experiment; pass --run-config \"config='<preset or YAML path>'\".")
@@ -68,6 +78,8 @@ def run_from_run_config(grid: Grid, run_config: UserConfig) -> Path:
         resume=bool(run_config.get("resume", False)),
         reply_timeout=reply_timeout,
         node_timeout=node_timeout,
+        progress=progress,
+        closes_run=closes_run,
     )
     log.info("outputs written to %s", out.resolve())
     return out
@@ -81,24 +93,31 @@ def run_over_grid(
     resume: bool = False,
     reply_timeout: float | None = None,
     node_timeout: float = 120.0,
+    progress: Progress | None = None,
+    closes_run: bool = True,
 ) -> Path:
     """Run the experiment ``cfg`` (a :func:`flower_config`) with its clients' work sent over ``grid``; with
-    site-local data (``data.sites``) the nodes first say which clients they hold."""
+    site-local data (``data.sites``) the nodes first say which clients they hold. ``progress`` shows the stages,
+    rounds and clients; ``closes_run``: the engine tells the serving nodes when the run is over (the ServerApp
+    tells every node itself instead, however the run ends)."""
     data, sites = None, None
     if cfg.data.sites is not None:
         check_site_models(cfg)
         data, sites, cfg = register_sites(grid, cfg, node_timeout=node_timeout)
     # The base model's evaluation runs alongside the methods: one unit more than the methods at once.
     concurrent = 1 if cfg.engine.secagg is not None else (cfg.engine.concurrent_methods or len(cfg.methods)) + 1
-    return Experiment(cfg, out, data=data).run(
+    progress = progress or Progress()
+    return Experiment(cfg, out, progress, data=data).run(
         resume=resume,
         engine_factory=lambda worker: GridEngine(
             grid,
             worker,
+            on_client=progress.advance_client,
             reply_timeout=reply_timeout,
             node_timeout=node_timeout,
             sites=sites,
             concurrent_units=concurrent,
+            closes_run=closes_run,
         ),
     )
 
@@ -118,20 +137,39 @@ def check_site_models(cfg: ExperimentConfig) -> None:
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    """ServerApp entry point: run the experiment of the run config; a user error ends in one clear line."""
+    """ServerApp entry point: run the experiment of the run config, with the progress lines of a redirected local
+    run; a user error ends in one clear line. However the run ends while Flower lets it send, every node is told
+    that it is over; a run that Flower stopped (``flwr stop``) can send nothing, and the workers' leases end them."""
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s fedpeft: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    try:
-        run_from_run_config(grid, context.run_config)
-    except (UserError, AllClientsFailedError, MissingResultsError) as err:  # one sentence, no traceback: failed
+    failure: Exception | None = None
+    with Keepalive(grid):
+        try:
+            run_from_run_config(grid, context.run_config, progress=Progress(plain=True), closes_run=False)
+        except (UserError, AllClientsFailedError, MissingResultsError) as err:
+            failure = err
+        except Exception:
+            _end_run(grid)
+            raise
+    _end_run(grid)
+    if failure is not None:  # one sentence, no traceback: the run failed
         from flwr.supercore.exit import ExitCode, flwr_exit
 
-        stopped = isinstance(err, AllClientsFailedError)
+        stopped = isinstance(failure, AllClientsFailedError)
         hint = "; continue it with resume=true (fedpeft launch --resume) once the nodes are back" if stopped else ""
-        flwr_exit(ExitCode.SERVERAPP_EXCEPTION, f"error: {'the run stopped: ' if stopped else ''}{err}{hint}")
+        flwr_exit(ExitCode.SERVERAPP_EXCEPTION, f"error: {'the run stopped: ' if stopped else ''}{failure}{hint}")
+
+
+def _end_run(grid: Grid) -> None:
+    """Tell every node the run is over (:func:`end_run_on_nodes`); a failure to do so is logged, never raised over
+    the run's own outcome (the workers' leases end them then)."""
+    try:
+        end_run_on_nodes(grid, timeout=30.0)
+    except Exception as err:
+        log.warning("could not tell the nodes that the run is over (%r); their workers end on their own", err)
 
 
 def run_flower_simulation(

@@ -10,7 +10,9 @@ without, it is insecure, for experiments on one machine only.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,14 +42,22 @@ class LoopbackDeployment:
         env: extra environment variables for every process.
         certs: a directory written by ``fedpeft certs`` (``ca.crt``, ``server.pem``, ``server.key`` and a key pair
             ``node-<i>`` per SuperNode, i from 1): TLS and SuperNode authentication; None: insecure.
+        database: the SuperLink's database file (``--database``), where it keeps the node registrations across a
+            restart (:meth:`restart_superlink`); None: in memory.
     """
 
     def __init__(
-        self, workdir: Path, node_configs: list[str], env: dict[str, str] | None = None, certs: Path | None = None
+        self,
+        workdir: Path,
+        node_configs: list[str],
+        env: dict[str, str] | None = None,
+        certs: Path | None = None,
+        database: Path | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.node_configs = node_configs
         self.certs = Path(certs) if certs is not None else None
+        self.database = Path(database) if database is not None else None
         self.bin_dir = Path(sys.executable).parent
         self.link_port = free_port()
         self.home = self.workdir / "flwr-home"
@@ -70,18 +80,7 @@ class LoopbackDeployment:
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.link_port}"\n{security}\n'
         )
         try:
-            link = ["flower-superlink", "--port", str(self.link_port), "--disable-runtime-dependency-installation"]
-            if self.certs is None:
-                link.append("--insecure")
-            else:
-                link += [
-                    "--ssl-ca-certfile",
-                    str(self.certs / "ca.crt"),
-                    "--ssl-certfile",
-                    str(self.certs / "server.pem"),
-                ]
-                link += ["--ssl-keyfile", str(self.certs / "server.key"), "--enable-supernode-auth"]
-            self.start("superlink", link, self.link_port)
+            self.start_superlink()
             for i, node_config in enumerate(self.node_configs):
                 if self.certs is not None:
                     self.register(self.node_key(i))
@@ -95,6 +94,24 @@ class LoopbackDeployment:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.stop()
+
+    def start_superlink(self) -> subprocess.Popen:
+        """Start the SuperLink (again, after :meth:`kill`) and wait until it listens."""
+        link = ["flower-superlink", "--port", str(self.link_port), "--disable-runtime-dependency-installation"]
+        if self.database is not None:
+            link += ["--database", str(self.database)]
+        if self.certs is None:
+            link.append("--insecure")
+        else:
+            link += ["--ssl-ca-certfile", str(self.certs / "ca.crt"), "--ssl-certfile", str(self.certs / "server.pem")]
+            link += ["--ssl-keyfile", str(self.certs / "server.key"), "--enable-supernode-auth"]
+        return self.start("superlink", link, self.link_port)
+
+    def restart_superlink(self) -> None:
+        """Stop the SuperLink (SIGTERM) and start it again on the same port; with a ``database`` it keeps the node
+        registrations, and the SuperNodes, which retry meanwhile, connect again with their node ids."""
+        self.stop_one("superlink")
+        self.start_superlink()
 
     def log(self, name: str) -> Path:
         """The log file of component ``name`` (``superlink``, ``supernode<i>``)."""
@@ -141,6 +158,57 @@ class LoopbackDeployment:
             args += ["--root-certificates", str(self.certs / "ca.crt")]
             args += ["--auth-supernode-private-key", str(key)]
         return self.start(f"supernode{index}", [*args, "--node-config", node_config], port if wait else None)
+
+    def restart_node(
+        self, index: int, node_config: str, *, timeout: float = 180.0, poll: float = 2.0
+    ) -> subprocess.Popen:
+        """Start SuperNode ``index`` again after it died, as docs/flower.md says: a node whose key is registered
+        keeps its node id, which the SuperLink lets activate again only once it lists it as offline (60 s after
+        its last heartbeat, Flower 1.42); so wait for that, then start it. A node of an insecure deployment gets a
+        new id and starts at once."""
+        if self.certs is not None:
+            node = self.node_id(index)
+            deadline = time.monotonic() + timeout
+            while self.node_status().get(node) == "online":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the SuperLink still lists node {node} as online after {timeout:g} s")
+                time.sleep(poll)
+        return self.start_node(index, node_config)
+
+    def node_id(self, index: int, timeout: float = 120.0) -> int:
+        """The node id SuperNode ``index`` got at its latest start (from its log), once it has connected (at most
+        ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.findall(r"SuperNode ID: (\d+)", self.log(f"supernode{index}").read_text(errors="replace"))
+            if found:
+                return int(found[-1])
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SuperNode {index} did not connect within {timeout:g} s")
+            time.sleep(0.5)
+
+    def node_status(self) -> dict[int, str]:
+        """The SuperLink's status of every SuperNode it knows (``flwr supernode list``): online, offline, ..."""
+        command = [str(self.bin_dir / "flwr"), "supernode", "list", CONNECTION, "--format", "json"]
+        listed = subprocess.run(command, cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=120)
+        try:
+            nodes = json.loads(listed.stdout)["nodes"]
+        except (json.JSONDecodeError, KeyError):
+            return {}
+        return {int(node["node-id"]): str(node["status"]) for node in nodes}
+
+    def stop_one(self, name: str) -> None:
+        """Stop component ``name`` as an operator does (SIGTERM, then SIGKILL after 15 s): a SuperNode stopped so
+        signs off, and may start again at once."""
+        process = self.processes.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=15)
 
     def kill(self, name: str) -> None:
         """Kill component ``name`` and what it started, at once (a machine that fails)."""

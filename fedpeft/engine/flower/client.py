@@ -18,6 +18,7 @@ from flwr.clientapp import ClientApp
 from fedpeft.core.checkpoints import load_checkpoint, save_checkpoint
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.costs import release_memory
+from fedpeft.core.errors import UserError
 from fedpeft.core.faults import ClientDroppedError, InjectedFaultError
 from fedpeft.data.sites import site_config, site_report
 from fedpeft.data.types import FederatedData
@@ -32,6 +33,7 @@ from fedpeft.engine.flower.codec import (
     tensors_digest,
 )
 from fedpeft.engine.flower.messages import (
+    ALIVE_QUERY,
     BASE_QUERY,
     BUNDLE,
     CLOSE_QUERY,
@@ -138,13 +140,12 @@ def handle_content(
             return _base_query(decode(content), node_config, workers)
         if message_type == SITE_QUERY:  # site-local data: the clients this node holds, ids and sizes only
             cfg = validate(yaml.safe_load(decode(content)["config"]))
-            data = workers.site_data(cfg, node_config)
-            if data is None:
-                raise ValueError("the run's data does not live on sites (data.sites is not set)")
-            return encode(site_report(data))
+            return encode(site_answer(cfg, node_config, workers))
         if message_type == CLOSE_QUERY:
             workers.close()
             return encode({"closed": True})
+        if message_type == ALIVE_QUERY:  # a deployment's relay answers it; nothing to renew in this process
+            return encode({"renewed": False})
         if message_type == TRAIN and is_secure_request(content):  # a SecAgg+ round: all of this node's clients
             return handle_secure_train(
                 content, lambda run_dir, text: workers.worker(_node_run_dir(run_dir, node_config), text, node_config)
@@ -155,6 +156,30 @@ def handle_content(
         return _node_task(message_type, NodeTask.from_content(content), node_config, workers).to_content()
     finally:
         release_memory()
+
+
+def site_answer(cfg: ExperimentConfig, node_config: Mapping[str, Any], workers: NodeWorkers) -> dict[str, Any]:
+    """A node's answer to the server's site query: its ``data_path`` (None for a node that is no site), and either
+    the report of its clients (:func:`~fedpeft.data.sites.site_report`: ids and sizes, never an example) or, under
+    ``error``, the one sentence that says why it cannot build them (a bad data file, say)."""
+    if not node_config.get(DATA_PATH):
+        return {"data_path": None}
+    path = str(node_config[DATA_PATH])
+    if cfg.data.sites is None:
+        raise ValueError("the run's data does not live on sites (data.sites is not set)")
+    try:
+        data = workers.site_data(cfg, node_config)
+    except Exception as err:  # the site's own sentence goes to the server, which stops the run with it
+        log.warning("this site cannot build its clients from %s: %r\n%s", path, err, traceback.format_exc())
+        return {"data_path": path, "error": failure_sentence(err)}
+    assert data is not None
+    return {"data_path": path, **site_report(data)}
+
+
+def failure_sentence(err: BaseException) -> str:
+    """``err`` as one line: a :class:`UserError`'s own sentence, any other error with its class name."""
+    text = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+    return " ".join(text.split())
 
 
 def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any], workers: NodeWorkers) -> NodeResult:

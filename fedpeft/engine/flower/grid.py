@@ -68,6 +68,8 @@ class GridEngine(Engine):
         concurrent_units: how many methods of a seed run at once (``engine.concurrent_methods``): their steps
             wait in the outbox, so that a node gets the steps due together as one message and goes from one to
             the next without Flower's idle poll in between.
+        closes_run: whether :meth:`close` tells the serving nodes that the run is over (a deployment's ServerApp
+            tells every node itself, however the run ends: :func:`end_run_on_nodes`).
     """
 
     name = "flower"
@@ -87,8 +89,10 @@ class GridEngine(Engine):
         stop: threading.Event | None = None,
         sites: dict[str, int] | None = None,
         concurrent_units: int = 1,
+        closes_run: bool = True,
     ) -> None:
         self.grid = grid
+        self.closes_run = closes_run
         self.worker = worker
         self.cfg = cfg or worker.cfg
         self.run_dir = str(Path(run_dir or worker.run_dir).resolve())
@@ -182,14 +186,9 @@ class GridEngine(Engine):
                 position += 1
 
     def close(self) -> None:
-        """Tell every node the run is over, so that it ends the worker process it kept for the run."""
-        if not self.membership.mapped:
-            return
-        timeout = self.reply_timeout or 60.0
-        queries = [Request(n, CLOSE_QUERY, encode({}), "close", timeout) for n in self.membership.serving_nodes()]
-        for query in self.exchange.run(queries):
-            if query.failure is not None:
-                log.info("node %s did not confirm the end of the run", query.node)
+        """Tell every serving node the run is over, so that it ends the worker process it kept for the run."""
+        if self.closes_run and self.membership.mapped:
+            end_run_on_nodes(self.grid, self.membership.serving_nodes(), exchange=self.exchange)
 
     def cost_rows(self) -> list[dict[str, Any]]:
         """Per node: messages, model loads and where the seconds of its messages went (:meth:`NodeStats.rows`)."""
@@ -239,8 +238,10 @@ class GridEngine(Engine):
             by_node.setdefault(node, []).append((client_id, dict(kwargs)))
         tasks = {node: NodeTask(op, self.run_dir, self.config_text, items) for node, items in by_node.items()}
         timeout = self.reply_timeout
-        if timeout is not None and any(node not in self.stats for node in tasks):
+        first = [node for node in tasks if node not in self.stats or node in self.membership.returned]
+        if timeout is not None and first:
             timeout = max(timeout, self.node_timeout)  # a node's first task starts its worker and loads the model
+        self.membership.returned.difference_update(first)
         requests = [Request(node, OPERATIONS[op], task, group, timeout) for node, task in tasks.items()]
         answered: Iterable[Request] = requests
         if self.turns is not None:
@@ -279,6 +280,21 @@ class GridEngine(Engine):
                 yield entry["client"], entry["value"], float(entry["seconds"])
             else:
                 yield entry["client"], client_error(entry["error"], entry, dropped=bool(entry.get("dropped"))), 0.0
+
+
+def end_run_on_nodes(
+    grid: Grid, nodes: Iterable[int] | None = None, *, timeout: float = 60.0, exchange: Exchange | None = None
+) -> list[int]:
+    """Tell ``nodes`` (default: every node Flower lists as online) that the run is over (``query.close``), so that
+    each ends the worker process it keeps for the run, or the one still starting; returns the nodes that did not
+    confirm within ``timeout`` seconds."""
+    exchange = exchange or Exchange(grid)
+    listed = sorted(int(n) for n in (grid.get_node_ids() if nodes is None else nodes))
+    queries = [Request(node, CLOSE_QUERY, encode({}), "close", timeout) for node in listed]
+    silent = [query.node for query in exchange.run(queries) if query.failure is not None]
+    for node in silent:
+        log.info("node %s did not confirm the end of the run; its worker ends on its own", node)
+    return silent
 
 
 def flower_config(cfg: ExperimentConfig) -> ExperimentConfig:

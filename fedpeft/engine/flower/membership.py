@@ -4,6 +4,14 @@ Clients map to nodes by partition (client ``i`` in sorted client-id order belong
 ``i % num-partitions``; each node says which partition it serves), or, with site-local data (``data.sites``), to
 the node that holds their data (:func:`register_sites`). A node that does not answer is lost: its clients are left
 out until it, or a node in its place, answers again at the start of a later step (:meth:`Membership.refresh`).
+
+Flower's SuperLink decides when a node is gone: a SuperNode sends a heartbeat every 17 to 23 s, and the SuperLink
+marks it offline 60 s after the last one (Flower 1.42: ``HEARTBEAT_PATIENCE`` times a 30 s interval, fixed in the
+SuperNode). From then on every message to it is answered with Flower's ``NODE_UNAVAILABLE`` error, which is when
+the server takes it as lost (or sooner, after ``reply-timeout``); and only from then on may a SuperNode that keeps
+its node id (a registered key, with node authentication) activate again. A lost node is asked again once Flower
+has heard from it since the loss (a heartbeat or its activation moved its ``online_until``), so a node that died
+is never waited for, and one that is back takes its clients back at the start of the next step.
 """
 
 from __future__ import annotations
@@ -65,7 +73,10 @@ class Membership:
         self._partition_nodes: list[int | None] | None = None
         self._answers: Answers = {}
         self._lost: set[int] = set()  # nodes that did not answer a message
+        self._lost_until: dict[int, float | None] = {}  # Flower's online_until of each lost node when it was lost
+        self.returned: set[int] = set()  # nodes back from a loss whose next task may start a worker again
         self._owners: dict[str, int | None] | None = dict(sites) if sites is not None else None
+        self._not_sites: set[int] = set()  # nodes without a data-path (site-local data)
         self._discovery = SharedStep(exchange.pause)
         self._refreshing = SharedStep(exchange.pause)
 
@@ -97,12 +108,28 @@ class Membership:
         if node not in self._lost:
             log.warning("node %s is lost (%s); its clients are left out until a node serves them again", node, reason)
             self._lost.add(node)
+            self._lost_until[node] = online_until(self.grid).get(node)
+            self.returned.discard(node)
 
     def refresh(self) -> None:
-        """After a node was lost, at the start of a step: ask the lost nodes still connected and the nodes that
-        joined since which partition they serve, and map every partition to a node that answers (a restarted
-        SuperNode comes back with a new node id; it takes over its partition's clients from this step on)."""
+        """After a node was lost, at the start of a step: ask the lost nodes Flower has heard from since and the
+        nodes that joined since which partition they serve (or which clients they hold), and map every partition
+        to a node that answers. A restarted SuperNode keeps its node id when it has a registered key (node
+        authentication), else it gets a new one; either way it takes its clients back from this step on."""
         self._refreshing.run(lambda: not self._lost, self._refresh_now)
+
+    def _online(self) -> set[int]:
+        """The nodes to count on now: those Flower lists as online, but a lost node only once Flower has heard from
+        it since it was lost (until then it may be a dead node that Flower's heartbeat has not yet timed out)."""
+        heard = online_until(self.grid)
+        return {n for n, until in heard.items() if n not in self._lost or until is None or until != self._lost_until[n]}
+
+    def _found_again(self, node: int) -> None:
+        if node in self._lost:
+            log.info("node %s answers again; it serves its clients from this step on", node)
+            self._lost.discard(node)
+            self._lost_until.pop(node, None)
+            self.returned.add(node)
 
     # ------------------------------------------------------------------ partitions
     def _nodes(self) -> list[int | None]:
@@ -147,12 +174,14 @@ class Membership:
             return
         if self._partition_nodes is None:
             return
-        listed = {int(n) for n in self.grid.get_node_ids()}
+        listed = self._online()
         ask = sorted(n for n in listed if n not in self._answers or n in self._lost)
         for node in ask:
             self._answers.pop(node, None)
         self._query_partitions(ask, timeout=min(self.reply_timeout or 30.0, 30.0))
-        self._lost = {n for n in self._lost if n not in self._answers or self._answers[n][0] == -1}
+        for node in ask:
+            if node in self._answers and self._answers[node][0] != -1:
+                self._found_again(node)
         live = {n: a for n, a in self._answers.items() if n in listed and n not in self._lost}
         before = list(self._partition_nodes)
         self._partition_nodes = _assign_partitions(live, partial=len(before)) or before
@@ -166,17 +195,28 @@ class Membership:
         lost one still connected, takes back the clients it holds whose node is lost; a client that a node in
         service holds already is refused, never moved."""
         assert self._owners is not None
-        listed = {int(n) for n in self.grid.get_node_ids()}
+        listed = self._online()
         serving = set(self.serving_nodes())
-        ask = sorted(n for n in listed if n not in serving or n in self._lost)
+        ask = sorted(n for n in listed if (n not in serving and n not in self._not_sites) or n in self._lost)
         request = encode({"config": self.config_text})
         timeout = max(min(self.reply_timeout or 30.0, 30.0), self.node_timeout)  # may start the node's worker
         claims: dict[int, list[str]] = {}
         for query in self.exchange.run([Request(n, SITE_QUERY, request, "site", timeout) for n in ask]):
             answer = query.answer
-            if answer is not None:
+            if answer is None:
+                continue
+            if answer.get("data_path") is None:
+                self._not_sites.add(query.node)  # no data-path: never a site, not asked again
+            elif "error" in answer:
+                log.warning(
+                    "SuperNode %s (data-path %r) cannot serve its clients: %s",
+                    query.node,
+                    answer["data_path"],
+                    answer["error"],
+                )
+            else:
                 claims[query.node] = [entry["id"] for entry in answer["clients"]]
-                self._lost.discard(query.node)
+                self._found_again(query.node)
         before = dict(self._owners)
         for client_id, owner in before.items():
             if owner in self._lost or (owner is not None and owner not in listed):
@@ -209,43 +249,52 @@ def register_sites(
     unseen pool drawn over every site's clients).
 
     Raises:
-        UserError: fewer sites than ``data.sites`` within ``node_timeout`` seconds, more nodes with data than
-            that, or reports that do not fit together (a client on two sites, different class names).
+        UserError: at once, a site that cannot build its clients (its own sentence, with its node id and
+            data-path), a client on two sites, more nodes with data than ``data.sites``, or reports that do not fit
+            together (different class names); fewer sites than ``data.sites`` within ``node_timeout`` seconds.
     """
     expected = cfg.data.sites
     assert expected is not None
     exchange = Exchange(grid)
     request = encode({"config": dump_given(cfg)})
     reports: dict[int, dict[str, Any]] = {}
-    refusals: dict[int, str] = {}
+    not_sites: set[int] = set()  # nodes without a data-path
+    silent: dict[int, str] = {}  # nodes that gave no answer, and why
 
     def ask(nodes: list[int]) -> None:
         for query in exchange.run([Request(node, SITE_QUERY, request, "site", node_timeout) for node in nodes]):
-            if query.failure is not None:
-                refusals[query.node] = query.failure
-                log.warning("node %s reports no site data (%s); it gets no clients", query.node, query.failure)
+            answer = query.answer
+            if answer is None:
+                silent[query.node] = str(query.failure)
+                log.warning("node %s did not say which clients it holds (%s); it gets none", query.node, query.failure)
+            elif answer.get("data_path") is None:
+                not_sites.add(query.node)
+            elif "error" in answer:  # the site's own sentence: nothing to wait for
+                raise UserError(f"SuperNode {query.node} (data-path {answer['data_path']!r}): {answer['error']}")
             else:
-                reports[query.node] = query.answer
+                reports[query.node] = answer
+                check_distinct_clients(reports)
 
     def every_site() -> bool:
         if len(reports) > expected:
             raise UserError(
-                f"{len(reports)} SuperNodes hold data (a data-path in their node config), but data.sites is "
-                f"{expected}; stop the nodes that should not take part, or raise data.sites."
+                f"{len(reports)} SuperNodes hold data ({_sites_text(reports)}), but data.sites is {expected}; stop "
+                "the nodes that should not take part, or raise data.sites."
             )
         return len(reports) == expected
 
     def failure() -> str:
-        reasons = "".join(f"; node {n}: {reason}" for n, reason in sorted(refusals.items()))
-        return (
-            f"{len(reports)} of the {expected} sites (data.sites) reported their clients within "
-            f"{node_timeout:.0f} s{reasons}; start each site's SuperNode with --node-config \"data-path='DIR'\"."
-        )
+        text = f"{len(reports)} of the {expected} sites (data.sites) reported their clients within {node_timeout:.0f} s"
+        text += "".join(f"; node {n}: it has no data-path in its node config" for n in sorted(not_sites))
+        text += "".join(f"; node {n} did not answer: {reason}" for n, reason in sorted(silent.items()))
+        if not_sites or not (reports or silent):
+            return text + "; start each site's SuperNode with --node-config \"data-path='DIR'\"."
+        return text + "; start the missing sites' SuperNodes."
 
     poll_nodes(
         grid,
         ask=ask,
-        asked=lambda node: node in reports or node in refusals,
+        asked=lambda node: node in reports or node in not_sites or node in silent,
         ready=every_site,
         timeout=node_timeout,
         failure=failure,
@@ -256,6 +305,35 @@ def register_sites(
     run_cfg = cfg.model_copy(update={"data": node_data_config(cfg.data, data)})
     log.info("clients map to nodes by site: %s", _by_node(owners))
     return data, owners, run_cfg
+
+
+def check_distinct_clients(reports: dict[int, dict[str, Any]]) -> None:
+    """Refuse a client reported by two sites, naming both nodes and their data-paths (never prefer one: either
+    site may be wrong)."""
+    owners: dict[str, int] = {}
+    for node, report in sorted(reports.items()):
+        for entry in report["clients"]:
+            first = owners.setdefault(entry["id"], node)
+            if first != node:
+                raise UserError(
+                    f"Client {entry['id']!r} is on two sites (SuperNodes {first} and {node}): data-paths "
+                    f"{reports[first].get('data_path')!r} and {report.get('data_path')!r}; each client's data must "
+                    "live on one site: give the clients distinct ids."
+                )
+
+
+def _sites_text(reports: dict[int, dict[str, Any]]) -> str:
+    return ", ".join(f"node {n} with data-path {r.get('data_path')!r}" for n, r in sorted(reports.items()))
+
+
+def online_until(grid: Grid) -> dict[int, float | None]:
+    """Every node Flower lists as online now, with the time until which its last heartbeat keeps it so (None where
+    the grid does not say: a simulation's nodes never time out, a test's grid has no heartbeat)."""
+    until: dict[int, float | None] = {}
+    for node in grid.get_nodes():
+        value = float(node.online_until)
+        until[int(node.node_id)] = value if 0.0 < value < 1e100 else None
+    return until
 
 
 def poll_nodes(

@@ -13,10 +13,11 @@ PARTITION_QUERY = "query.partition"  # which partition of the clients a node ser
 SITE_QUERY = "query.site"  # site-local data: which clients a node's data-path holds, with their sizes
 BASE_QUERY = "query.base"  # does the node hold the base model of a seed (and receive it if not)
 CLOSE_QUERY = "query.close"  # the run is over: the node ends its worker process
+ALIVE_QUERY = "query.alive"  # the run lives: the node renews its worker's lease (fedpeft.engine.flower.relay)
 
 # Every message type a node handles.
 MESSAGE_TYPES = [TRAIN, EVALUATE_BASE, PERSONALIZE, EVALUATE_ROUND, CLIENT_BASE, PARTITION_QUERY, BASE_QUERY]
-MESSAGE_TYPES += [CLOSE_QUERY, SITE_QUERY, BUNDLE]
+MESSAGE_TYPES += [CLOSE_QUERY, SITE_QUERY, BUNDLE, ALIVE_QUERY]
 
 # Worker operation -> message type. Only these operations can be called through a message.
 OPERATIONS = {"train": TRAIN, "evaluate_base": EVALUATE_BASE, "personalize": PERSONALIZE}

@@ -7,10 +7,15 @@ process that lives on the node for the whole run, started by the first message o
 socket, and returns that process's answer. The worker process (:mod:`fedpeft.engine.flower.node_worker`) keeps
 the model, the data and the clients' state between messages.
 
-One worker process serves one (run, node): its socket, key and log live in the node's worker directory (node
-config ``worker-dir``, default ``$TMPDIR/fedpeft-<uid>``, readable by the node's user only). The process ends when
-the server closes the run (a ``query.close`` message), when the SuperNode that started it is gone, or after
-``worker-idle-timeout`` seconds without a message (node config, default 3600).
+One worker process serves one (run, node): its socket, key, pid, lock and log files live in the node's worker
+directory (node config ``worker-dir``, default ``$TMPDIR/fedpeft-<uid>``, readable by the node's user only). The
+process ends when the server closes the run (a ``query.close`` message), when the SuperNode that started it is
+gone, on SIGTERM, SIGINT or SIGHUP, or when nothing of its run reached it for ``worker-idle-timeout`` seconds (node
+config, default :data:`DEFAULT_IDLE_TIMEOUT`): no message and no keepalive (``query.alive``, which the server of a
+deployment sends every node each :data:`KEEPALIVE_SECONDS` while the run lives, and which renews the lease
+without reaching the worker). A run stopped with ``flwr stop`` or a SuperLink that is lost can no longer send
+anything, so that lease is what ends their workers. Whichever way it ends, the worker removes its files but the
+log.
 
 This module imports nothing heavy (no torch, no fedpeft worker): its cost is paid by every message.
 """
@@ -44,8 +49,9 @@ from fedpeft.core.processes import process_alive
 from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD, MESSAGE_TYPES, NUM_PARTITIONS, PARTITION_ID
 
 WORKER_DIR = "worker-dir"  # node config: where the node keeps its worker processes' sockets, keys and logs
-IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker process waits for a message before it ends
-DEFAULT_IDLE_TIMEOUT = 3600.0
+IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker lives once nothing of its run reaches it
+DEFAULT_IDLE_TIMEOUT = 300.0
+KEEPALIVE_SECONDS = 60.0  # the server's keepalives renew a worker's lease at least this often while the run lives
 START_TIMEOUT = 300.0  # seconds a new worker process may take to import, before its first message
 LISTEN_SECONDS = 10.0  # seconds a new worker process may take from binding its socket to listening on it
 
@@ -73,6 +79,15 @@ def serve_every_message(app: ClientApp, handler: Callable[[Message, Context], Me
 def error_reply(message: Message, reason: str) -> Message:
     """The error reply to ``message``: the server leaves out the clients it was for."""
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+
+
+def failure_reason(err: BaseException) -> str:
+    """Why a message failed on this node, in one line: the worker's own reason for a :class:`RelayError` (the
+    first line and, for a worker that exited, the last line of its log), ``repr`` of anything else."""
+    if not isinstance(err, RelayError):
+        return repr(err)
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return " ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines)
 
 
 def json_content(value: Any) -> RecordDict:
@@ -131,8 +146,20 @@ class WorkerAddress:
 
     @property
     def pid(self) -> Path:
-        """The file holding the process id of the worker process last started."""
+        """The file holding the process id of the worker process last started; its modification time is the
+        worker's lease, which the server's keepalives renew (:func:`renew`)."""
         return self.directory / f"{self.name}.pid"
+
+    @property
+    def leftovers(self) -> list[Path]:
+        """The files a worker that has ended leaves nothing of: all but its log."""
+        return [self.socket, self.key, self.pid, self.lock]
+
+    def remove_leftovers(self) -> None:
+        """Remove :attr:`leftovers` (the log stays, for the node's operator)."""
+        for path in self.leftovers:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _connect(address: WorkerAddress) -> Connection | None:
@@ -163,7 +190,13 @@ def _starting(address: WorkerAddress) -> int | None:
         pid = int(address.pid.read_text())
     except (OSError, ValueError):
         return None
-    return pid if process_alive(pid) else None
+    if not process_alive(pid):
+        return None
+    try:  # the id may have been reused since: it must be this address's worker
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # no /proc here: trust the pid file
+        return pid
+    return pid if str(address.socket).encode() in command else None
 
 
 def _wait_for_socket(address: WorkerAddress, pid: int) -> None:
@@ -258,12 +291,42 @@ def forward(
 
 
 def close(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> bool:
-    """End the worker process of (run, node) if one runs; whether one did."""
-    connection = _connect(WorkerAddress.of(run_id, node_id, node_config))
-    if connection is None:
+    """End the worker process of (run, node) if one runs or starts; whether one did. A worker still importing
+    (started by the run's first message, no socket yet) is ended with SIGTERM; the files of one that was killed
+    are removed."""
+    address = WorkerAddress.of(run_id, node_id, node_config)
+    connection = _connect(address)
+    if connection is not None:
+        with connection:
+            connection.send(("close", b"", {}))
+            with contextlib.suppress(EOFError, ConnectionError):
+                connection.recv()
+        return True
+    pid = _starting(address)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + LISTEN_SECONDS
+        while process_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    address.remove_leftovers()  # a worker that ended before its handler was set, or was killed, left them
+    return pid is not None
+
+
+def renew(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> bool:
+    """Renew the lease of the worker process of (run, node), without reaching it (it may be busy with a long
+    message): the server's keepalive. Whether a worker of that run is on this node."""
+    address = WorkerAddress.of(run_id, node_id, node_config)
+    try:
+        os.utime(address.pid)
+    except OSError:
         return False
-    with connection:
-        connection.send(("close", b"", {}))
-        with contextlib.suppress(EOFError, ConnectionError):
-            connection.recv()
     return True
+
+
+def lease_of(pid_file: Path) -> float:
+    """When the lease of the worker whose pid file is ``pid_file`` was last renewed (``time.time``); 0 if unknown."""
+    try:
+        return pid_file.stat().st_mtime
+    except OSError:
+        return 0.0
