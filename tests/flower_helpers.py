@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -25,6 +27,19 @@ from fedpeft.engine.flower import client_app
 REPO = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
 RECORD_KEY = ("method", "budget", "pool", "client", "group", "seed", "round", "split", "metric")
+
+
+FEDPEFT = str(Path(sys.executable).parent / "fedpeft")
+"""The ``fedpeft`` command of this environment, for tests that start it as a user would."""
+
+
+def make_certs(directory: Path, nodes: int) -> Path:
+    """``fedpeft certs``: a CA, the SuperLink's certificate for localhost and 127.0.0.1, and ``nodes`` node keys, in
+    ``directory`` (returned)."""
+    command = [FEDPEFT, "certs", str(directory), "--host", "localhost", "--host", "127.0.0.1", "--nodes", str(nodes)]
+    made = subprocess.run(command, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    return directory
 
 
 def tiny_raw(**changes: object) -> dict:

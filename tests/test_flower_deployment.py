@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
-from flower_helpers import REPO, assert_nothing_left, one_torch_thread, read_records, tiny_raw
+from flower_helpers import FEDPEFT, REPO, assert_nothing_left, make_certs, one_torch_thread, read_records, tiny_raw
 
 from fedpeft.apps.loopback import LoopbackDeployment
 
@@ -39,14 +38,8 @@ def test_deployment_on_loopback(tmp_path):
     node_configs = [
         f"partition-id={i} num-partitions=2 run-dir='{node_dirs[i]}' worker-dir='{worker_dir}'" for i in range(2)
     ]
-    fedpeft = str(Path(sys.executable).parent / "fedpeft")
-    certs = tmp_path / "certs"
-    made = subprocess.run(
-        [fedpeft, "certs", str(certs), "--host", "localhost", "--host", "127.0.0.1", "--nodes", "4"],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr
+    fedpeft = FEDPEFT
+    certs = make_certs(tmp_path / "certs", nodes=4)
     env = {"OMP_NUM_THREADS": "1"}  # the "machines" share this machine's cores
     with LoopbackDeployment(tmp_path, node_configs, env, certs=certs) as deployment:
         # A node whose key was never registered is turned away by the SuperLink.

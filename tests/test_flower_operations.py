@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 import yaml
 from flower_helpers import (
+    FEDPEFT,
     REPO,
     InProcessGrid,
     assert_nothing_left,
+    make_certs,
     one_torch_thread,
     read_records,
     task_identity,
@@ -259,14 +261,8 @@ def test_a_killed_supernode_rejoins_and_a_bad_site_stops_the_run_at_once(tmp_pat
         f"worker-dir='{worker_dir}'"
         for i, path in enumerate(sites.values())
     ]
-    fedpeft = str(Path(sys.executable).parent / "fedpeft")
-    certs = tmp_path / "certs"
-    made = subprocess.run(
-        [fedpeft, "certs", str(certs), "--host", "localhost", "--host", "127.0.0.1", "--nodes", "2"],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr
+    fedpeft = FEDPEFT
+    certs = make_certs(tmp_path / "certs", nodes=2)
     checkpoint = out / "checkpoints" / "fedit" / "seed0.safetensors"
 
     def wait_for_round(done: int, run: subprocess.Popen) -> None:

@@ -10,7 +10,7 @@ import json
 import math
 import re
 import textwrap
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -108,9 +108,8 @@ def plot_language_distances(
     return save_figure(figure, path)
 
 
-def run_groups(run_dirs: Sequence[Path]) -> list[str]:
-    """The groups of the runs' ``results.jsonl`` records in first-seen order: the result tables' column order."""
-    groups: dict[str, None] = {}
+def _result_records(run_dirs: Sequence[Path]) -> Iterator[dict]:
+    """The records of the runs' ``results.jsonl`` files, in order (lines that are not JSON objects skipped)."""
     for run_dir in run_dirs:
         results = Path(run_dir) / "results.jsonl"
         if results.is_file():
@@ -119,28 +118,24 @@ def run_groups(run_dirs: Sequence[Path]) -> list[str]:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if isinstance(record, dict) and isinstance(record.get("group"), str):
-                    groups.setdefault(record["group"])
-    return list(groups)
+                if isinstance(record, dict):
+                    yield record
+
+
+def run_groups(run_dirs: Sequence[Path]) -> list[str]:
+    """The groups of the runs' ``results.jsonl`` records in first-seen order: the result tables' column order."""
+    groups = (record.get("group") for record in _result_records(run_dirs))
+    return list(dict.fromkeys(group for group in groups if isinstance(group, str)))
 
 
 def run_budgets(run_dirs: Sequence[Path], method: str) -> list[int]:
     """The rank budgets of ``method`` in the runs: its ``results.jsonl`` records' budgets, else the runs'
     ``config.yaml`` ``budgets`` (ascending, integers only)."""
     budgets: set[int] = set()
-    for run_dir in run_dirs:
-        results = Path(run_dir) / "results.jsonl"
-        if results.is_file():
-            for line in results.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if not isinstance(record, dict) or record.get("method") != method:
-                    continue
-                budget = record.get("budget")
-                if isinstance(budget, int) and not isinstance(budget, bool):
-                    budgets.add(budget)
+    for record in _result_records(run_dirs):
+        budget = record.get("budget")
+        if record.get("method") == method and isinstance(budget, int) and not isinstance(budget, bool):
+            budgets.add(budget)
     if budgets:
         return sorted(budgets)
     import yaml
