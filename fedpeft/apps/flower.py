@@ -172,6 +172,11 @@ def _end_run(grid: Grid) -> None:
         log.warning("could not tell the nodes that the run is over (%r); their workers end on their own", err)
 
 
+SIMULATION_NODE_TIMEOUT = 600.0
+"""Seconds the simulation waits for its virtual SuperNodes (Ray's start on a loaded machine can take minutes; the
+nodes are this process's own, so a longer wait never hides a missing machine)."""
+
+
 def run_flower_simulation(
     cfg: ExperimentConfig,
     out: Path,
@@ -205,7 +210,12 @@ def run_flower_simulation(
                 resume=resume,
                 force=force,
                 engine_factory=lambda worker: GridEngine(
-                    grid, worker, on_client=progress.advance_client, stop=stop, concurrent_units=concurrent
+                    grid,
+                    worker,
+                    on_client=progress.advance_client,
+                    stop=stop,
+                    concurrent_units=concurrent,
+                    node_timeout=SIMULATION_NODE_TIMEOUT,
                 ),
             )
         except BaseException as err:  # re-raised below, in the caller's thread, as it is
