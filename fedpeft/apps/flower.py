@@ -38,6 +38,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedpeft.core.config import ExperimentConfig, load_config
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.io import path_component
+from fedpeft.core.logs import quiet_library_output
 from fedpeft.core.processes import end_descendants
 from fedpeft.core.progress import Progress
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
@@ -145,6 +146,7 @@ def main(grid: Grid, context: Context) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s fedpeft: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+    quiet_library_output(keep=("flwr",))  # the launcher streams this output: fedpeft's and Flower's lines only
     failure: Exception | None = None
     with Keepalive(grid):
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 LIBRARIES = ("transformers", "datasets", "flwr", "peft", "ray", "bitsandbytes")
 """The libraries whose warnings (deprecations, missing optional kernels) are theirs to fix, not the user's."""
@@ -30,3 +31,20 @@ def apply_inherited_levels() -> None:
         name, _, level = item.partition("=")
         if name in LIBRARIES and level.isdigit():
             logging.getLogger(name).setLevel(int(level))
+
+
+def quiet_library_output(keep: tuple[str, ...] = ()) -> None:
+    """For a process without ``-v`` that runs models (the ServerApp of a deployment): only the libraries' errors
+    (but those of ``keep``, e.g. Flower's own run log), no deprecation notices (theirs to fix), no transformers or
+    datasets progress bars. Imports both libraries."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    for name in LIBRARIES:
+        if name not in keep:
+            logging.getLogger(name).setLevel(logging.ERROR)
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
