@@ -9,7 +9,6 @@ import shutil
 import signal
 import sys
 import threading
-import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,7 +17,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
-from fedpeft.core.logs import quiet_libraries
+from fedpeft.core.logs import hide_library_progress, ignore_deprecations, quiet_libraries
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters.")
 console = Console()
@@ -49,25 +48,16 @@ def _setup_logging(verbose: bool) -> None:
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not verbose:
-        # Libraries' deprecation notices are for their users' code, not for fedpeft's: shown with -v only.
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if not verbose:  # the libraries' warnings and deprecation notices: shown with -v only
+        ignore_deprecations()
         quiet_libraries()
 
 
 def _quiet_libraries(verbose: bool) -> None:
     """Switch off transformers' and datasets' progress bars and advice (unless ``verbose``); imports both, so a
     command calls it once its input is known to be good."""
-    if verbose:
-        return
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    import datasets
-
-    datasets.disable_progress_bars()
+    if not verbose:
+        hide_library_progress()
 
 
 @app.command()

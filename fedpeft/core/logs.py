@@ -14,10 +14,27 @@ LEVELS_VARIABLE = "FEDPEFT_LIBRARY_LEVELS"
 """The environment variable that carries the levels to a started process: ``name=level,...``."""
 
 
-def quiet_libraries() -> None:
-    """Show only the libraries' errors in this process."""
+def quiet_libraries(keep: tuple[str, ...] = ()) -> None:
+    """Show only the libraries' errors in this process (all but those of ``keep``, e.g. Flower's own run log)."""
     for name in LIBRARIES:
-        logging.getLogger(name).setLevel(logging.ERROR)
+        if name not in keep:
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def ignore_deprecations() -> None:
+    """Hide the libraries' deprecation notices: they are for their users' code, not for fedpeft's."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def hide_library_progress() -> None:
+    """Switch off transformers' and datasets' progress bars and advice; imports both libraries."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 def levels_for_children() -> str:
@@ -35,16 +52,7 @@ def apply_inherited_levels() -> None:
 
 def quiet_library_output(keep: tuple[str, ...] = ()) -> None:
     """For a process without ``-v`` that runs models (the ServerApp of a deployment): only the libraries' errors
-    (but those of ``keep``, e.g. Flower's own run log), no deprecation notices (theirs to fix), no transformers or
-    datasets progress bars. Imports both libraries."""
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    for name in LIBRARIES:
-        if name not in keep:
-            logging.getLogger(name).setLevel(logging.ERROR)
-    import datasets
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
+    (but those of ``keep``), no deprecation notices, no transformers or datasets progress bars."""
+    ignore_deprecations()
+    quiet_libraries(keep)
+    hide_library_progress()
