@@ -234,6 +234,10 @@ def personalize(
     encoding: Annotated[
         str, typer.Option(help="The encoding of the --data file (e.g. latin-1, cp1252, utf-16); default UTF-8.")
     ] = "utf-8",
+    architecture: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="With --data in a run of several architectures: the one to personalize (a `models` key)."),
+    ] = None,
 ) -> None:
     """Write one client's personalized LoRA (FedP2EFT rank structure for budget r) in PEFT format."""
     _setup_logging(False)
@@ -250,6 +254,7 @@ def personalize(
         seed=seed,
         force=force,
         encoding=encoding,
+        architecture=architecture,
     )
     kept = ", ".join(f"{name} {rank}" for name, rank in result.ranks.items())
     console.print(f"Client {result.client}, r = {result.budget}: {len(result.ranks)} LoRA modules ({kept}).")

@@ -20,14 +20,16 @@ from safetensors.torch import save_file
 
 from fedpeft.adapters.bayestune import check_budget
 from fedpeft.adapters.psg import load_generator
-from fedpeft.core.config import load_run_config
+from fedpeft.core.config import ExperimentConfig, load_run_config
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import ADAPTER_MARKER, check_output_dir, make_output_dir, relative_path, staged_files
 from fedpeft.core.seeds import client_seed
 from fedpeft.data.files import Table, check_scalar
 from fedpeft.data.real.readers import read_rows
 from fedpeft.data.types import ClientData, Example, FederatedData
-from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFTState
+from fedpeft.federation import assign_architectures
+from fedpeft.methods.families.per_architecture import ArchitectureGroups
+from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFT, FedP2EFTState, psg_path
 from fedpeft.models.text import warn_unknown_text
 
 log = logging.getLogger("fedpeft")
@@ -51,24 +53,53 @@ class PersonalizedAdapter:
     accuracy: float | None = None
 
 
-def find_psg(run_dir: Path, method: str | None, seed: int | None) -> tuple[Path, str, int]:
-    """The PSG file of ``method`` and ``seed`` in ``run_dir`` (defaults: the only method, its first seed)."""
-    found = sorted((run_dir / PSG_DIR).glob("*/seed*.safetensors"))
+def find_psg(run_dir: Path, method: str | None, seed: int | None) -> tuple[str, int]:
+    """The method label and seed of a PSG in ``run_dir`` (defaults: the only method, its first seed); a
+    heterogeneous federation keeps one PSG per architecture (``psg/<label>/<architecture>/``)."""
+    found = sorted((run_dir / PSG_DIR).glob("*/seed*.safetensors")) + sorted(
+        (run_dir / PSG_DIR).glob("*/*/seed*.safetensors")
+    )
     if not found:
         raise UserError(f"Run {run_dir} has no trained PSG; run it with a `fedp2eft` method to completion first.")
-    labels = sorted({p.parent.name for p in found})
+    label_of = {p: p.relative_to(run_dir / PSG_DIR).parts[0] for p in found}
+    labels = sorted(set(label_of.values()))
     if method is None:
         if len(labels) > 1:
             raise UserError(f"Run {run_dir} has several PSGs ({', '.join(labels)}); choose one with --method.")
         method = labels[0]
     elif method not in labels:
         raise UserError(f"Run {run_dir} has no PSG of method {method!r}; choose one of: {', '.join(labels)}.")
-    seeds = sorted(int(p.stem[4:]) for p in found if p.parent.name == method and p.stem[4:].isdigit())
+    seeds = sorted({int(p.stem[4:]) for p in found if label_of[p] == method and p.stem[4:].isdigit()})
     if seed is None:
         seed = seeds[0]
     elif seed not in seeds:
         raise UserError(f"Method {method!r} has no PSG of seed {seed}; choose one of: {seeds}.")
-    return run_dir / PSG_DIR / method / f"seed{seed}.safetensors", method, seed
+    return method, seed
+
+
+def client_architecture(
+    cfg: ExperimentConfig, clients: list[ClientData], client_id: str | None, architecture: str | None
+) -> str | None:
+    """The architecture whose PSG and base model personalize the client: ``None`` in a homogeneous federation; a
+    client of the run's own has its assigned one; a file of examples needs ``architecture`` named."""
+    if not cfg.models:
+        if architecture is not None:
+            raise UserError("The run has one architecture; leave out --architecture.")
+        return None
+    names = list(cfg.models)
+    if architecture is not None and architecture not in names:
+        raise UserError(f"The run has no architecture {architecture!r}; choose one of: {', '.join(names)}.")
+    if client_id is None:
+        if architecture is None:
+            raise UserError(
+                f"The run federates several architectures ({', '.join(names)}); name the one to personalize with "
+                "--architecture."
+            )
+        return architecture
+    assigned = assign_architectures(cfg, clients)[client_id]
+    if architecture is not None and architecture != assigned:
+        raise UserError(f"Client {client_id!r} runs architecture {assigned!r}, not {architecture!r}.")
+    return assigned
 
 
 def read_examples(path: Path, encoding: str = "utf-8") -> Table:
@@ -142,13 +173,16 @@ def personalize_client(
     seed: int | None = None,
     force: bool = False,
     encoding: str = "utf-8",
+    architecture: str | None = None,
 ) -> PersonalizedAdapter:
     """Personalize one client from a run's trained PSG and write its adapter in PEFT format to ``out``.
 
     ``out`` must be a new or empty directory or one written by an earlier call (its marker file); ``force``
     writes into any other directory beside its files, and refuses one that holds a file of :data:`ADAPTER_FILES`.
+    In a heterogeneous federation the client's ``architecture`` (its own for a client of the run) chooses the PSG
+    and the base model.
     """
-    from fedpeft.worker import Worker, build_data
+    from fedpeft.worker import Worker, base_model_dir, build_data
 
     run_dir = Path(run_dir)
     out = Path(out)
@@ -159,40 +193,46 @@ def personalize_client(
         raise UserError("Give exactly one of --data (a file of examples) and --client (a client of the run).")
     # A file of examples is read before the run's model and data are built, so that its problems show at once.
     examples = read_examples(Path(data_file), encoding) if data_file is not None else None
-    path, label, seed = find_psg(run_dir, method, seed)
-    tensors, meta = load_generator(path)
-    check_budget(budget, int(meta["config"]["r_max"]))
+    label, seed = find_psg(run_dir, method, seed)
     cfg = load_run_config(run_dir)
     data = build_data(cfg)
-    if client_id is not None:
-        if client_id not in {c.client_id for c in data.clients}:
-            raise UserError(f"Run {run_dir} has no client {client_id!r}; see its results.jsonl for client ids.")
-        client = data.client(client_id)
-    else:
-        client = client_from_examples(examples, data)  # type: ignore[arg-type]
+    if client_id is not None and client_id not in {c.client_id for c in data.clients}:
+        raise UserError(f"Run {run_dir} has no client {client_id!r}; see its results.jsonl for client ids.")
+    architecture = client_architecture(cfg, data.clients, client_id, architecture)
+    path = psg_path(run_dir, label, seed, architecture)
+    if not path.is_file():
+        raise UserError(f"Run {run_dir} has no PSG of method {label!r}, seed {seed} for architecture {architecture!r}.")
+    tensors, meta = load_generator(path)
+    check_budget(budget, int(meta["config"]["r_max"]))
+    client = data.client(client_id) if client_id is not None else client_from_examples(examples, data)  # type: ignore[arg-type]
     worker = Worker(cfg, run_dir, data=data)
     if label not in worker.methods:
         raise UserError(f"Method {label!r} is not in the config of run {run_dir}.")
-    warn_unknown_text(worker.runtime.text, [client], cfg.model.name)
+    fedp2eft = worker.methods[label]
+    if isinstance(fedp2eft, ArchitectureGroups):  # its per-architecture wrapper: the PSG is one architecture's
+        fedp2eft = fedp2eft.inner
+    if not isinstance(fedp2eft, FedP2EFT):
+        raise UserError(f"Method {label!r} of run {run_dir} is not fedp2eft.")
     worker.use_base(seed)
-    runtime = worker.runtime
+    runtime = worker.runtime if architecture is None else worker.federation.runtime(architecture)
+    model_name = (cfg.models[architecture] if architecture is not None else cfg.model).name
+    warn_unknown_text(runtime.text, [client], model_name)
     if meta["modules"] != [name for name, _ in runtime.target_modules]:
         raise UserError(f"The PSG of {path} was trained for other LoRA modules than the run's model has.")
-    fedp2eft = worker.methods[label]
     state = FedP2EFTState(tensors=tensors, round=int(meta["rounds"]), modules=list(meta["modules"]))
     # The seed the run used for this client and budget: a client of the run gets the adapter the run saved.
     pseed = client_seed(seed, fedp2eft.name, "personalize", budget, client.client_id)
-    scales = fedp2eft.client_scales(runtime, client, state, None, pseed)  # type: ignore[attr-defined]
+    scales = fedp2eft.client_scales(runtime, client, state, None, pseed)
     model = fedp2eft.personalize(runtime, client, state, scales, budget, pseed)
     runtime.install(model, seed=pseed)
     accuracy = None
     if client.test and runtime.task == "classification":
         accuracy = runtime.evaluate(client.test)["accuracy"]
     assert model.lora is not None
-    base = run_dir / "base_model"
+    base = base_model_dir(run_dir, architecture)
     make_output_dir(out, ADAPTER_MARKER, "personalize")
     # Like a run's adapters, it names the run's base model relative to its own directory.
-    write_adapter(runtime, out, relative_path(base, out) if base.is_dir() else cfg.model.name)
+    write_adapter(runtime, out, relative_path(base, out) if base.is_dir() else model_name)
     return PersonalizedAdapter(out, client.client_id, budget, dict(model.lora.rank_pattern), accuracy)
 
 

@@ -43,11 +43,11 @@ from fedpeft.engine.pool import visible_gpus
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import DropoutConfig, MeanServerConfigMixin, Method, method_class
-from fedpeft.models.runtime import check_device
+from fedpeft.models.runtime import ModelRuntime, check_device
 from fedpeft.models.text import warn_unknown_text
 from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.rundir import DATA_FILE, RunDirectory
-from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker
+from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, base_model_dir
 
 log = logging.getLogger("fedpeft")
 
@@ -481,7 +481,7 @@ class Stages:
         if base.kind == "pretrained":
             # Saved adapters name base_model/ as their base: it holds the loaded weights (a pretrained model's
             # fresh task head included), written once per run.
-            if self.cfg.output.save_adapters and not (self.out / "base_model" / "model.safetensors").is_file():
+            if self.cfg.output.save_adapters and not self._base_model_saved():
                 self._save_base_model(self.worker.pretrained)
             return
         shared = base.kind == "centralized"
@@ -490,7 +490,7 @@ class Stages:
         if name not in self._parts:
             self._parts.append(name)
         if has_checkpoint(path, self.out):
-            if (shared or seed == self.cfg.seeds[0]) and not (self.out / "base_model" / "model.safetensors").is_file():
+            if (shared or seed == self.cfg.seeds[0]) and not self._base_model_saved():
                 self._save_base_model(load_checkpoint(path)["tensors"])  # deleted since: rebuilt
             return
         self.progress.stage(f"base model ({base.kind}), seed {seed}")
@@ -535,11 +535,35 @@ class Stages:
         meter.wall_seconds = time.perf_counter() - started
         return [], meter.rows(BASE_LABEL, seed, "client-base")
 
+    def _base_model_dirs(self) -> list[Path]:
+        """Where the base models saved adapters load onto go: one per architecture of a heterogeneous federation."""
+        federation = self.worker.federation
+        if not federation.heterogeneous:
+            return [base_model_dir(self.out)]
+        return [base_model_dir(self.out, name) for name in federation.names]
+
+    def _base_model_saved(self) -> bool:
+        return all((directory / "model.safetensors").is_file() for directory in self._base_model_dirs())
+
     def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
-        """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT."""
-        runtime = self.worker.runtime
+        """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT; in a heterogeneous
+        federation, every architecture's (``tensors`` are the first one's; the others' are their loaded, or
+        centrally trained, weights)."""
+        federation = self.worker.federation
+        if not federation.heterogeneous:
+            self._write_base_model(self.worker.runtime, tensors, base_model_dir(self.out))
+            return
+        for name in federation.names:
+            runtime, own = federation.runtime(name), tensors
+            if runtime is not self.worker.runtime:
+                runtime.load_base(None)  # the weights its base stage left (checkpoints/base-centralized-<name>)
+                own = runtime.base_state()
+            self._write_base_model(runtime, own, base_model_dir(self.out, name))
+
+    def _write_base_model(self, runtime: ModelRuntime, tensors: dict[str, torch.Tensor], directory: Path) -> None:
         config = labelled_config(runtime.base_model.config, self.data.label_names)
-        with staged_dir(self.out / "base_model") as target:  # written whole, then renamed into place
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with staged_dir(directory) as target:  # written whole, then renamed into place
             config.save_pretrained(target)
             save_file(
                 {k: v.detach().contiguous() for k, v in tensors.items()},

@@ -241,6 +241,12 @@ class Worker:
         """The runtime of the client's architecture (the worker's one runtime in a homogeneous federation)."""
         return self.federation.runtime_of(client_id)
 
+    def base_model_of(self, client_id: str) -> Path:
+        """The directory of the base model the client's adapters load onto (its architecture's, in a heterogeneous
+        federation)."""
+        federation = self.federation
+        return base_model_dir(self.run_dir, federation.architecture_of(client_id) if federation.heterogeneous else None)
+
     def client_in_round(self, client_id: str, round_: int, rounds: int) -> ClientData:
         """The client as it trains in round ``round_``: a stream dataset gives its episodic memory so far."""
         return memory_view(self.clients[client_id], round_, rounds)
@@ -401,7 +407,7 @@ class Worker:
             return target
         # Relative to the adapter directory (``../../../base_model`` for adapters/<label>/global/), so it still
         # holds after the run is moved.
-        config = runtime.saved_adapter_config(relative_path(self.run_dir / "base_model", target))
+        config = runtime.saved_adapter_config(relative_path(self.base_model_of(client_id), target))
         tensors = {k: v.contiguous() for k, v in runtime.adapter_state().items()}
         with staged_files(target) as staging:  # each file written whole, then renamed into place
             config.save_pretrained(str(staging))
@@ -413,6 +419,16 @@ class Worker:
 
 SHARED_ADAPTER_DIR = "global"  # the one adapter every client of a method keeps
 OWN_ADAPTERS_DIR = "clients"  # budget-less methods' per-client adapters: adapters/<label>/clients/<client>/
+
+
+BASE_MODEL_DIR = "base_model"
+
+
+def base_model_dir(run_dir: Path, architecture: str | None = None) -> Path:
+    """Where a run keeps a base model in Hugging Face format, the base its saved adapters name: ``base_model/``,
+    or ``base_model/<architecture>/`` for each architecture of a heterogeneous federation."""
+    root = Path(run_dir) / BASE_MODEL_DIR
+    return root / architecture if architecture is not None else root
 
 
 def adapter_dir(run_dir: Path, label: str, budget: Budget, client_id: str | None) -> Path:

@@ -338,6 +338,83 @@ def test_personalize_cli_from_a_file_of_examples(run_dir, tmp_path, monkeypatch,
     assert accuracy > 0.5  # fitted to the file's (label-skewed) examples
 
 
+MIXED = {
+    "name": "mixed-fedp2eft",
+    "seeds": [0],
+    "threads": 1,
+    "base": {"kind": "pretrained"},
+    "budgets": [2],
+    "methods": [{"name": "fedp2eft", "rounds": 2, "fraction": 1.0, "lr": 1e-2, "batch_size": 8}],
+    "output": {"plots": False},
+    "data": {
+        "name": "synthetic-xnli",
+        "groups": ["lat1", "lat2"],
+        "clients_per_group": 2,
+        "train_per_group": 16,
+        "test_per_group": 8,
+        "base_samples": 32,
+    },
+    "models": {
+        "llama": {"name": "tiny-llama", "max_length": 24, "vocab_size": 300, "overrides": {"hidden_size": 32}},
+        "qwen": {"name": "tiny-qwen2", "max_length": 24, "vocab_size": 300},
+    },
+    "assign": {"groups": {"lat1": "llama", "lat2": "qwen"}},
+}
+
+
+def test_a_federation_of_two_architectures_keeps_a_psg_and_a_base_model_per_architecture(tmp_path, monkeypatch, capsys):
+    """Each architecture's PSG and base model are saved; a client's adapter names its own architecture's base and
+    loads onto it with PEFT's auto class (the accuracy the run logged), and `personalize` rebuilds it exactly."""
+    from peft import AutoPeftModelForSequenceClassification
+
+    from fedpeft.core.config import validate
+
+    run_dir = tmp_path / "run"
+    Experiment(validate(MIXED), run_dir).run()
+    for architecture in ("llama", "qwen"):
+        assert (run_dir / "psg" / "fedp2eft" / architecture / "seed0.safetensors").is_file()
+        assert (run_dir / "base_model" / architecture / "model.safetensors").is_file()
+    worker = Worker(load_config(str(run_dir / "config.yaml")), run_dir)
+    for client, architecture in (("lat1-seen-01", "llama"), ("lat2-unseen-00", "qwen")):
+        saved = run_dir / "adapters" / "fedp2eft" / "r2" / client
+        base = json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"]
+        assert (saved / base).resolve() == (run_dir / "base_model" / architecture).resolve()
+        monkeypatch.chdir(saved)
+        model = AutoPeftModelForSequenceClassification.from_pretrained(".").eval()
+        batch = worker.runtime_for(client).encode(worker.clients[client].test)
+        labels = batch.pop("labels")
+        with torch.no_grad():
+            accuracy = float((model(**batch).logits.argmax(-1) == labels).float().mean())
+        assert accuracy == pytest.approx(_logged(run_dir, client), abs=1e-6)  # float32 mean
+        out = tmp_path / f"personalized-{client}"
+        code, _, stderr = cli(
+            monkeypatch, capsys, "personalize", str(run_dir), "-r", "2", "--client", client, "--out", str(out)
+        )
+        assert code == 0, stderr
+        written, expected = load_file(out / "adapter_model.safetensors"), load_file(saved / "adapter_model.safetensors")
+        assert set(written) == set(expected) and all(torch.equal(written[k], expected[k]) for k in expected)
+    # A file of examples needs the architecture named; a client of the run has its own.
+    examples = tmp_path / "mine.jsonl"
+    examples.write_text(
+        "".join(
+            json.dumps({"text": e["text"], "text_pair": e["text_pair"], "label": e["label"]}) + "\n"
+            for e in worker.clients["lat2-seen-00"].train
+        )
+    )
+    for extra, message in (
+        ([], "name the one to personalize with --architecture"),
+        (["--architecture", "gpt"], "no architecture 'gpt'"),
+    ):
+        args = ["personalize", str(run_dir), "-r", "2", "--data", str(examples), "--out", str(tmp_path / "x"), *extra]
+        code, _, stderr = cli(monkeypatch, capsys, *args)
+        assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1
+    args = ["personalize", str(run_dir), "-r", "2", "--client", "lat2-seen-00", "--architecture", "llama"]
+    code, _, stderr = cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "x"))
+    assert code == 2 and "runs architecture 'qwen', not 'llama'" in stderr
+    code, _, stderr = cli(monkeypatch, capsys, *args[:-1], "qwen", "--out", str(tmp_path / "y"))
+    assert code == 0, stderr
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [

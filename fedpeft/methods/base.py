@@ -368,8 +368,9 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         return ClientBase(tensors=dict(model.base or {}), lora=model.lora, adapter=dict(model.adapter))
 
     # ------------------------------------------------------------------ outputs
-    def save_server_artifacts(self, state: ServerT, run_dir: Path, seed: int) -> None:
-        """Write what the final server state of ``seed`` leaves besides records (e.g. FedP2EFT's PSG)."""
+    def save_server_artifacts(self, state: ServerT, run_dir: Path, seed: int, architecture: str | None = None) -> None:
+        """Write what the final server state of ``seed`` leaves besides records (e.g. FedP2EFT's PSG); in a
+        heterogeneous federation, once per ``architecture`` with that architecture's state."""
 
     def save_client_artifacts(self, prepared: Any, client: ClientData, run_dir: Path, label: str, seed: int) -> None:
         """Write what one client's :meth:`prepare_personalization` leaves for the reports (e.g. rank scales)."""

@@ -47,9 +47,11 @@ class FedP2EFTConfig(BayesTuneSettings, MeanServerConfigMixin):  # the PSG's ser
     stats_batch_size: int = 64
 
 
-def psg_path(run_dir: Path, label: str, seed: int) -> Path:
-    """Where the trained PSG of a method label and seed lives (weights; metadata beside it as ``.json``)."""
-    return Path(run_dir) / PSG_DIR / label / f"seed{seed}.safetensors"
+def psg_path(run_dir: Path, label: str, seed: int, architecture: str | None = None) -> Path:
+    """Where the trained PSG of a method label and seed lives (weights; metadata beside it as ``.json``): one per
+    architecture of a heterogeneous federation (``psg/<label>/<architecture>/``)."""
+    directory = Path(run_dir) / PSG_DIR / label
+    return (directory / architecture if architecture is not None else directory) / f"seed{seed}.safetensors"
 
 
 @dataclass
@@ -114,9 +116,11 @@ class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
         scales = generator(statistics).detach()
         return ClientScales(scales, [name for name, _ in runtime.target_modules], {})
 
-    def save_server_artifacts(self, state: FedP2EFTState, run_dir: Path, seed: int) -> None:
+    def save_server_artifacts(
+        self, state: FedP2EFTState, run_dir: Path, seed: int, architecture: str | None = None
+    ) -> None:
         """Write the trained PSG and what ``fedpeft personalize`` needs to use it."""
-        path = psg_path(run_dir, self.label, seed)
+        path = psg_path(run_dir, self.label, seed, architecture)
         meta = {
             "method": self.name,
             "label": self.label,

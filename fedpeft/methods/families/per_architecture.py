@@ -58,7 +58,7 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         "personal_training": "the state of the runtime's architecture",
         "export_base": "the state of the runtime's architecture",
         "client_base": "the state of the runtime's architecture",
-        "save_server_artifacts": "the first architecture's state, whose base model the run saves (base_model/)",
+        "save_server_artifacts": "each architecture's own state, once per architecture (its name passed on)",
     }
     """The members of the contract the wrapper answers for itself, with the reason of each."""
 
@@ -156,10 +156,14 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         return self.inner.client_base(runtime, client, self._own(runtime, state), client_state, seed)
 
     # ------------------------------------------------------------------ outputs
-    def save_server_artifacts(self, state: ServerState, run_dir: Path, seed: int) -> None:
-        if isinstance(state, ArchitectureGroupsState):
-            state = next(iter(state.groups.values()))
-        self.inner.save_server_artifacts(state, run_dir, seed)
+    def save_server_artifacts(
+        self, state: ServerState, run_dir: Path, seed: int, architecture: str | None = None
+    ) -> None:
+        if not isinstance(state, ArchitectureGroupsState):
+            self.inner.save_server_artifacts(state, run_dir, seed, architecture)
+            return
+        for name, group in state.groups.items():
+            self.inner.save_server_artifacts(group, run_dir, seed, name)
 
 
 def _delegation(name: str, member: Any) -> Any:
