@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedpeft"
 # of its first package below fedpeft (fedpeft.methods.families.tiered -> "methods").
 LAYERS: list[set[str]] = [
     {"core"},
+    {"settings"},
     {"catalog", "data"},
     {"training", "evaluation"},
     {"models"},

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -24,8 +24,7 @@ from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, clamp_st
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import write_bytes_atomic, write_text_atomic
 from fedpeft.core.types import StateDict
-
-PsgLoss = Literal["sum", "mean"]
+from fedpeft.settings.methods import PsgLoss
 
 
 class StrategyGenerator(nn.Module):

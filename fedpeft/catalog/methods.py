@@ -3,6 +3,11 @@
 Every module of ``fedpeft/methods/`` (one per method) registers its class with ``@METHODS.register(name,
 aliases=..., description=...)``. This catalogue reads those decorators from the modules' source (their syntax
 tree, not their import), so a new method module is listed and found by name with nothing else to edit.
+
+It reads the class's config too: a ``Config = XConfig`` line in the registered class whose ``XConfig`` the module
+imports with ``from M import XConfig`` declares the config class ``M:XConfig`` (a shipped method's lives in
+:mod:`fedpeft.settings`), so a config is validated without importing the method (nor torch). A config class the
+module defines itself, or one it inherits, is left undeclared: the registry then reads it off the imported class.
 """
 
 from __future__ import annotations
@@ -27,15 +32,44 @@ def _register_call(decorator: ast.expr) -> ast.Call | None:
     return decorator
 
 
-def declarations(directory: Path = METHODS_DIR) -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
-    """(name, module, one-line description, aliases) of every method registered by a module of ``directory``.
+def imported_names(tree: ast.Module) -> dict[str, str]:
+    """Each name the module's top-level ``from M import X`` (or ``... import X as Y``) statements bind -> ``M:X``."""
+    names: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}:{alias.name}"
+    return names
 
-    The description is the decorator's ``description``, else the first line of the class docstring.
+
+def config_reference(node: ast.ClassDef, imported: dict[str, str]) -> str | None:
+    """``M:X`` of the class's ``Config = X`` (or ``Config: ClassVar[...] = X``) line, where ``X`` is imported from
+    ``M``; None when the class sets no ``Config`` of its own or sets one the module defines."""
+    for statement in node.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            target, value = statement.target, statement.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "Config":
+            return imported.get(value.id) if isinstance(value, ast.Name) else None
+    return None
+
+
+def declarations(directory: Path = METHODS_DIR) -> Iterator[tuple[str, str, str, tuple[str, ...], str | None]]:
+    """(name, module, one-line description, aliases, config class) of every method registered by a module of
+    ``directory``.
+
+    The description is the decorator's ``description``, else the first line of the class docstring; the config
+    class is :func:`config_reference` (``module:Name``, or None).
     """
     for path in sorted(directory.glob("*.py")):
         if path.stem in NOT_METHODS:
             continue
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = imported_names(tree)
+        for node in tree.body:
             if not isinstance(node, ast.ClassDef):
                 continue
             for decorator in node.decorator_list:
@@ -49,8 +83,9 @@ def declarations(directory: Path = METHODS_DIR) -> Iterator[tuple[str, str, str,
                     f"fedpeft.methods.{path.stem}",
                     str(keywords.get("description") or docstring),
                     tuple(keywords.get("aliases", ())),
+                    config_reference(node, imported),
                 )
 
 
-for _name, _module, _description, _aliases in declarations():
-    METHODS.declare(_name, _module, _description, aliases=_aliases)
+for _name, _module, _description, _aliases, _config in declarations():
+    METHODS.declare(_name, _module, _description, aliases=_aliases, config=_config)

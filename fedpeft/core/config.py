@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import FaultConfig, check_fault_methods
-from fedpeft.core.method_class import MethodClass, MethodConfig
+from fedpeft.core.method_class import MethodConfig, ServerStepSettings
 from fedpeft.core.textfiles import codec_of, read_text
 
 if TYPE_CHECKING:
@@ -60,10 +60,10 @@ def _problems_error(problems: list[str]) -> PydanticCustomError:
 def method_config(entry: Any, where: str | None = None) -> MethodConfig:
     """Validate one entry of ``methods`` (or ``base.method``) into its method's typed config.
 
-    The method's class is looked up in the registry (which imports its module), and the entry validated by the
-    class's ``Config``: misspelt or invalid settings are an :class:`InvalidConfigError` (a :class:`UserError`) naming
-    every one of them, before anything runs. An alias as ``name`` becomes the canonical name, with the alias as
-    ``label`` (unless one is given).
+    The method's config class is looked up in the registry (a shipped method's lives in :mod:`fedpeft.settings`, so
+    neither the method's module nor torch is imported), and the entry validated by it: misspelt or invalid settings
+    are an :class:`InvalidConfigError` (a :class:`UserError`) naming every one of them, before anything runs. An
+    alias as ``name`` becomes the canonical name, with the alias as ``label`` (unless one is given).
 
     Args:
         entry: the entry as given (a mapping with a ``name``), or a config already validated.
@@ -79,20 +79,23 @@ def method_config(entry: Any, where: str | None = None) -> MethodConfig:
         raise UserError(f"Every entry of `methods` needs a `name`{at}; e.g. `- name: lora`.")
     from fedpeft.core.registry import METHODS
 
-    cls = METHODS.get(str(entry["name"]))
+    name = METHODS.canonical(str(entry["name"]))
+    config_class = METHODS.config_class(name)
+    if not issubclass(config_class, MethodConfig):
+        raise TypeError(f"the config class of method {name!r}, {config_class!r}, is not a MethodConfig")
     try:
-        cfg: MethodConfig = cls.Config.model_validate({**entry, "name": cls.name})
+        cfg = config_class.model_validate({**entry, "name": name})
     except ValidationError as err:
         method = f"method {entry['name']!r}"
 
         def sentence(path: str, what: str) -> str:
             return _method_problem(path, what, method, where)
 
-        problems = _problems_of(err, cls.Config, where or "", method, sentence)
+        problems = _problems_of(err, config_class, where or "", method, sentence)
         raise InvalidConfigError(problems, f"Method {entry['name']!r}{at}") from None
-    if "label" not in entry and entry["name"] != cls.name:
+    if "label" not in entry and entry["name"] != name:
         cfg.label = str(entry["name"])
-    _check_server_rule(cls, cfg)
+    _check_server_rule(cfg)
     return cfg
 
 
@@ -247,13 +250,13 @@ def _locate(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[list[st
     return keys, holder
 
 
-def _check_server_rule(cls: MethodClass, cfg: MethodConfig) -> None:
+def _check_server_rule(cfg: MethodConfig) -> None:
     """Refuse ``aggregation`` (a robust rule), ``dp`` and ``server_optimizer`` for a method whose server step is not
-    a weighted mean (the method ``cfg`` configures names those it sets)."""
-    refused = cls(cfg).refused_server_settings()
+    a weighted mean (``cfg`` names those it sets)."""
+    refused = cfg.refused_server_settings() if isinstance(cfg, ServerStepSettings) else []
     if refused:
         raise UserError(
-            f"Method {cls.name!r} cannot use {' or '.join(refused)}: its server step is not a weighted mean of the "
+            f"Method {cfg.name!r} cannot use {' or '.join(refused)}: its server step is not a weighted mean of the "
             "clients' uploads."
         )
 

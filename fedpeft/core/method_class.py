@@ -1,14 +1,15 @@
 """What core knows of a method: the config fields every method accepts, and what it reads off a method's class.
 
 The method contract itself (``fedpeft.methods.base.Method``) sits above core; :class:`MethodClass` is the part of
-it that core's config check and the runner use, so that :data:`fedpeft.core.registry.METHODS` is typed without
-core importing a method.
+it that the runner reads, so that :data:`fedpeft.core.registry.METHODS` is typed without core importing a method.
+The config check reads a method's config alone (:class:`ServerStepSettings`); the configs live in
+:mod:`fedpeft.settings`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -62,37 +63,32 @@ class MethodConfig(BaseModel):
         return value
 
 
-class ConfiguredMethod(Protocol):
-    """What core asks of a method built from its config."""
+@runtime_checkable
+class ServerStepSettings(Protocol):
+    """A method config with settings of a server step (``fedpeft.settings.methods.MeanServerConfigMixin``): it
+    names those of its settings its method's server step cannot apply."""
 
     def refused_server_settings(self) -> list[str]:
-        """The server-step settings of its config that its server step cannot apply, as a config names them."""
+        """The server-step settings this config sets that its method's server step cannot apply, as a config names
+        them (empty: none)."""
         ...
 
 
 class MethodClass(Protocol):
-    """What core, the runner and the worker read off a registered method's class (``Method`` subclasses have it).
+    """What core and the runner read off a registered method's class (``Method`` subclasses have it).
 
     The registry's lookups return this type, so a caller reads these attributes and never ``getattr``\\ s a class.
     """
 
     @property
-    def name(self) -> str:
-        """The registered name."""
-        ...
-
-    @property
     def Config(self) -> type[MethodConfig]:  # noqa: N802  (the class attribute every method declares)
-        """The pydantic class its config entries are validated into."""
+        """The pydantic class its config entries are validated into (where the catalogue names none, the registry's
+        ``config_class`` reads it here)."""
         ...
 
     @property
     def trains_base_weights(self) -> bool:
         """Whether it fine-tunes the base model's own weights (refused on a float16 base)."""
-        ...
-
-    def __call__(self, cfg: Any) -> ConfiguredMethod:
-        """The method configured by ``cfg``, an instance of its own ``Config`` (hence ``Any`` here)."""
         ...
 
     def serves_as_base_stage(self) -> bool:

@@ -1,10 +1,12 @@
 """Named registries of methods, datasets and models, with loud failures and lazy imports.
 
 An entry of a registry is either *registered*, its object attached at once (``@REGISTRY.register(name)`` or
-``REGISTRY.add(name, obj)``), or *declared*: its name, the module that registers it, a one-line description and
-its aliases (``REGISTRY.declare``), which costs nothing. ``get`` imports a declared entry's module on first use;
-the module's own ``register`` call then fills the declaration. Names, aliases, descriptions and membership come
-from the declarations alone, so listing what exists imports no method, dataset or model code (nor torch).
+``REGISTRY.add(name, obj)``), or *declared*: its name, the module that registers it, a one-line description, its
+aliases and, where known, its config class (``REGISTRY.declare``), which costs nothing. ``get`` imports a
+declared entry's module on first use; the module's own ``register`` call then fills the declaration. Names,
+aliases, descriptions and membership come from the declarations alone, so listing what exists imports no method,
+dataset or model code (nor torch); ``config_class`` imports only the module of a declared config class (a
+method's: in :mod:`fedpeft.settings`), so a config is checked without torch too.
 
 :data:`METHODS`, :data:`DATASETS` and :data:`MODELS` read their catalogue (``fedpeft.catalog.methods``,
 ``.datasets``, ``.models``: declarations only) on first use, so every shipped entry is known wherever the registry
@@ -38,6 +40,8 @@ class Entry:
     aliases: tuple[str, ...] = ()
     plugin: str | None = None
     """The distribution whose entry point declared it (its registration may add aliases); None for fedpeft's own."""
+    config: str | None = None
+    """Its config class as ``module:Name``, importable without importing ``module``; None: read off the object."""
 
 
 class Registry(Generic[T]):
@@ -48,10 +52,20 @@ class Registry(Generic[T]):
         catalog: a module of ``declare`` calls read on first use of the registry, or None.
         entry_points: the entry-point group through which installed packages declare entries of their own
             (plugins): each entry point ``name = module`` declares ``name`` as registered by importing ``module``.
+        config_of: the config class of a registered object (for :meth:`config_class` where no config is declared);
+            None: the entries have no config class.
     """
 
-    def __init__(self, kind: str, *, catalog: str | None = None, entry_points: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        catalog: str | None = None,
+        entry_points: str | None = None,
+        config_of: Callable[[T], type] | None = None,
+    ) -> None:
         self.kind = kind
+        self._config_of = config_of
         self._group = entry_points
         self._catalog = catalog
         self._catalog_done = catalog is None
@@ -63,12 +77,17 @@ class Registry(Generic[T]):
 
     # -------------------------------------------------------------------------------------------- filling
 
-    def declare(self, name: str, module: str, description: str, *, aliases: tuple[str, ...] = ()) -> None:
-        """Promise that importing ``module`` registers ``name`` (with exactly these aliases), without importing it."""
+    def declare(
+        self, name: str, module: str, description: str, *, aliases: tuple[str, ...] = (), config: str | None = None
+    ) -> None:
+        """Promise that importing ``module`` registers ``name`` (with exactly these aliases), without importing it;
+        ``config`` (``module:Name``) names its config class where it is known without importing ``module``."""
+        if config is not None and not _is_reference(config):
+            raise ValueError(f"the config of {self.kind} {name!r} must be given as 'module:Name', not {config!r}")
         self._load_catalog()
         with self._lock:
             self._claim(name, aliases)
-            self._entries[name] = Entry(name, module, description, tuple(aliases))
+            self._entries[name] = Entry(name, module, description, tuple(aliases), config=config)
             for alias in aliases:
                 self._aliases[alias] = name
 
@@ -93,7 +112,7 @@ class Registry(Generic[T]):
             entry = self._entries.get(name)
             if entry is not None and entry.plugin is not None and name not in self._objects:
                 self._objects[name] = obj  # a plugin's entry point names the module, its register call the rest
-                self._entries[name] = Entry(name, entry.module, description, tuple(aliases), entry.plugin)
+                self._entries[name] = Entry(name, entry.module, description, tuple(aliases), entry.plugin, entry.config)
                 for alias in aliases:
                     self._claim(alias, ())
                     self._aliases[alias] = name
@@ -173,6 +192,28 @@ class Registry(Generic[T]):
                 )
         return self._objects[name]
 
+    def config_class(self, name: str) -> type:
+        """The config class of ``name`` (or an alias): imported from the module its declaration names, without
+        importing the module that registers ``name``; else (no config declared) read off the registered object,
+        which imports that module.
+
+        Raises:
+            UserError: nothing is registered or declared as ``name``.
+            LookupError: the registry has no config classes, or the declared one does not exist.
+        """
+        entry = self.entry(name)
+        if entry.config is not None:
+            module, _, attribute = entry.config.partition(":")
+            found = getattr(importlib.import_module(module), attribute, None)
+            if not isinstance(found, type):
+                raise LookupError(
+                    f"the {self.kind} {entry.name!r} declares the config {entry.config}, which is no class"
+                )
+            return found
+        if self._config_of is None:
+            raise LookupError(f"a {self.kind} has no config class")
+        return self._config_of(self.get(entry.name))
+
     def describe(self, name: str) -> str:
         """The one-line description of ``name`` (or an alias); empty if it was registered without one."""
         return self._entries[self.canonical(name)].description
@@ -199,7 +240,19 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
-METHODS: Registry[MethodClass] = Registry("method", catalog="fedpeft.catalog.methods", entry_points="fedpeft.methods")
+def _is_reference(text: str) -> bool:
+    """Whether ``text`` has the form ``module:Name``."""
+    module, colon, attribute = text.partition(":")
+    return bool(colon) and all(part.isidentifier() for part in module.split(".")) and attribute.isidentifier()
+
+
+def _method_config(cls: MethodClass) -> type:
+    return cls.Config
+
+
+METHODS: Registry[MethodClass] = Registry(
+    "method", catalog="fedpeft.catalog.methods", entry_points="fedpeft.methods", config_of=_method_config
+)
 # Dataset builders (DataConfig -> FederatedData) and model specs are types of the layers above core.
 DATASETS: Registry[Any] = Registry("dataset", catalog="fedpeft.catalog.datasets", entry_points="fedpeft.datasets")
 MODELS: Registry[Any] = Registry("model", catalog="fedpeft.catalog.models", entry_points="fedpeft.models")

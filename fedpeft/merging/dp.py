@@ -27,40 +27,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, ServerState, StateDict
 from fedpeft.merging.robust import apply_deltas, clip_update, deltas, union_keys
 from fedpeft.merging.server_step import ServerStep, StepResult, float_uploads
+from fedpeft.settings.server import DPConfig
 
 _EXACT = torch.float64
-
-
-class DPConfig(BaseModel):
-    """Client-level DP of the server's mean (the ``dp`` key of methods whose server step is a weighted mean).
-
-    Attributes:
-        clip_norm: C > 0, the largest L2 norm of one client's update.
-        noise_multiplier: z >= 0; the Gaussian noise on the sum of clipped updates has standard deviation z * C
-            (0: no noise and no privacy guarantee, epsilon = inf).
-        delta: the delta at which epsilon is reported, in (0, 1).
-        seed: the seed of the noise; ``None`` (the default, what a deployment must use) draws it from the
-            operating system's entropy. A fixed seed makes the noise reproducible, for simulations only.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    clip_norm: float = Field(gt=0.0)
-    noise_multiplier: float = Field(default=1.0, ge=0.0)
-    delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
-    seed: int | None = None
-
-    @property
-    def noise_std(self) -> float:
-        """The standard deviation z * C of the noise on the sum of clipped updates."""
-        return self.noise_multiplier * self.clip_norm
 
 
 def noise_generator(seed: int | None, round_: int) -> torch.Generator:

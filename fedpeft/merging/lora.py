@@ -19,46 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import StateDict
-from fedpeft.merging.operators import OPERATOR_NAMES, SUMMING_OPERATORS, apply_operator, operator_weights
+from fedpeft.merging.operators import SUMMING_OPERATORS, apply_operator, operator_weights
+from fedpeft.settings.server import MergeConfig, Split
 
-Split = Literal["sqrt", "a", "b"]
 _EXACT = torch.float64
 _ISO_RANK_TOL = 1e-6  # as fedpeft.merging.operators.isotropic
-
-
-class MergeConfig(BaseModel):
-    """How a server merges LoRA adapters (the ``merge`` key of ``guided`` and ``fedit``).
-
-    Attributes:
-        operator: one of mean, task_arithmetic, ties, dare_linear, dare_ties, iso_c.
-        space: ``ab`` (A and B merged separately) or ``knots`` (shared SVD basis, then truncated SVD).
-        alpha: global merge coefficient: Delta_G = alpha * M(...).
-        weighting: ``data`` (client weights proportional to training samples) or ``uniform``.
-        density: fraction of entries kept by ties / dare.
-        majority_sign: TIES's sign election: ``total`` (by sum) or ``frequency``.
-        split: where the truncated SVD puts the singular values: ``sqrt`` (sqrt(S) on each of B and A), ``b`` or
-            ``a`` (all on that factor).
-        tol: singular values of the stacked updates at or below this are dropped (knots); in the truncation,
-            directions at or below it are re-initialized like a fresh LoRA (A random, B zero).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    operator: Literal["mean", "task_arithmetic", "ties", "dare_linear", "dare_ties", "iso_c"] = "mean"
-    space: Literal["ab", "knots"] = "ab"
-    alpha: float = Field(default=1.0, ge=0.0)
-    weighting: Literal["data", "uniform"] = "data"
-    density: float = Field(default=0.2, gt=0.0, le=1.0)
-    majority_sign: Literal["total", "frequency"] = "total"
-    split: Split = "sqrt"
-    tol: float = Field(default=1e-5, ge=0.0)
-
-
-assert set(OPERATOR_NAMES) == set(MergeConfig.model_fields["operator"].annotation.__args__)  # type: ignore[union-attr]
 
 
 def _working_dtype(dtype: torch.dtype) -> torch.dtype:

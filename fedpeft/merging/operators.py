@@ -26,9 +26,10 @@ from typing import Literal
 import torch
 from peft.utils import merge_utils
 
+from fedpeft.settings.server import OPERATOR_NAMES
+
 Weights = Sequence[float] | torch.Tensor | None
 Operator = Callable[..., torch.Tensor]
-OPERATOR_NAMES = ("mean", "task_arithmetic", "ties", "dare_linear", "dare_ties", "iso_c")
 
 
 def _weights(weights: Weights, count: int, like: torch.Tensor, default: float) -> torch.Tensor:

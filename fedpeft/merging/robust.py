@@ -24,46 +24,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.core.types import ClientUpdate, ServerState, StateDict
 from fedpeft.merging.server_step import ServerStep, StepResult, float_uploads
+from fedpeft.settings.server import AggregationConfig
 
 _EXACT = torch.float64
 Delta = dict[str, torch.Tensor]
-
-
-class AggregationConfig(BaseModel):
-    """The server's aggregation rule for methods whose server step is a weighted mean (the ``aggregation`` key).
-
-    Attributes:
-        robust: ``none`` (the weighted mean), ``clip`` (clip each update's norm to ``clip_norm``, then the weighted
-            mean), ``median`` (coordinate-wise median) or ``trimmed_mean`` (coordinate-wise trimmed mean).
-        clip_norm: C, the largest L2 norm of one client's update (``clip`` only; required there).
-        trim_fraction: beta in [0, 0.5): the fraction of clients dropped at each end by ``trimmed_mean``.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    robust: Literal["none", "clip", "median", "trimmed_mean"] = "none"
-    clip_norm: float | None = Field(default=None, gt=0.0)
-    trim_fraction: float = Field(default=0.1, ge=0.0, lt=0.5)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> AggregationConfig:
-        if self.robust == "clip" and self.clip_norm is None:
-            raise ValueError("`aggregation.robust: clip` needs `aggregation.clip_norm`, the largest update norm")
-        if self.robust != "clip" and self.clip_norm is not None:
-            raise ValueError("`aggregation.clip_norm` applies only to `aggregation.robust: clip`")
-        return self
-
-    @property
-    def active(self) -> bool:
-        """Whether the rule differs from the plain weighted mean."""
-        return self.robust != "none"
 
 
 def union_keys(states: Sequence[Mapping[str, torch.Tensor]]) -> list[str]:

@@ -31,17 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.core.types import ClientUpdate, ServerState, StateDict
 from fedpeft.merging.server_step import OptimizerState, ServerStep, StepResult
+from fedpeft.settings.server import DEFAULT_BETAS, DEFAULT_LR, DEFAULT_TAU, ServerOptimizerConfig
 
 _EXACT = torch.float64
-OptimizerName = Literal["sgd", "avgm", "adam", "yogi", "adagrad"]
-ADAPTIVE = ("adam", "yogi", "adagrad")
 # The moments each optimizer keeps between rounds.
 MOMENTS: dict[str, tuple[str, ...]] = {
     "sgd": (),
@@ -50,59 +47,6 @@ MOMENTS: dict[str, tuple[str, ...]] = {
     "yogi": ("m", "v"),
     "adagrad": ("v",),
 }
-# The server learning rate when the config gives none (Flower's FedAvgM, FedAdam, FedYogi, FedAdagrad defaults).
-DEFAULT_LR: dict[str, float] = {"sgd": 1.0, "avgm": 1.0, "adam": 0.1, "yogi": 0.01, "adagrad": 0.1}
-DEFAULT_BETAS = (0.9, 0.99)
-DEFAULT_TAU = 1e-3
-DEFAULT_MOMENTUM = 0.9
-
-
-class ServerOptimizerConfig(BaseModel):
-    """The server optimizer of a method whose server step is a weighted mean (the ``server_optimizer`` key).
-
-    Attributes:
-        name: ``sgd``, ``avgm`` (FedAvgM), ``adam`` (FedAdam), ``yogi`` (FedYogi) or ``adagrad`` (FedAdagrad).
-        lr: the server learning rate (eta); default 1 for ``sgd`` and ``avgm``, 0.1 for ``adam`` and ``adagrad``,
-            0.01 for ``yogi``.
-        betas: (b1, b2), each in [0, 1), the moment decays of ``adam`` and ``yogi`` (default (0.9, 0.99)).
-        tau: > 0, the adaptivity of ``adam``, ``yogi`` and ``adagrad`` (default 1e-3).
-        momentum: mu in [0, 1), the server momentum of ``avgm`` (default 0.9).
-
-    A key that does not apply to ``name`` is refused, and the defaults are filled in when the config is read.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: OptimizerName
-    lr: float | None = Field(default=None, gt=0.0)
-    betas: tuple[float, float] | None = None
-    tau: float | None = Field(default=None, gt=0.0)
-    momentum: float | None = Field(default=None, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _keys_of_the_optimizer(self) -> ServerOptimizerConfig:
-        if self.momentum is not None and self.name != "avgm":
-            raise ValueError("`server_optimizer.momentum` applies only to `name: avgm`")
-        if self.betas is not None and self.name not in ("adam", "yogi"):
-            raise ValueError("`server_optimizer.betas` applies only to `name: adam` and `name: yogi`")
-        if self.tau is not None and self.name not in ADAPTIVE:
-            raise ValueError("`server_optimizer.tau` applies only to `name: adam`, `yogi` and `adagrad`")
-        if self.betas is not None and not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError("`server_optimizer.betas` must both be in [0, 1)")
-        if self.lr is None:
-            self.lr = DEFAULT_LR[self.name]
-        if self.name in ("adam", "yogi") and self.betas is None:
-            self.betas = DEFAULT_BETAS
-        if self.name in ADAPTIVE and self.tau is None:
-            self.tau = DEFAULT_TAU
-        if self.name == "avgm" and self.momentum is None:
-            self.momentum = DEFAULT_MOMENTUM
-        return self
-
-    @property
-    def identity(self) -> bool:
-        """Whether the step gives the aggregate itself: ``sgd``, or ``avgm`` without momentum, at ``lr`` 1."""
-        return self.lr == 1.0 and (self.name == "sgd" or (self.name == "avgm" and self.momentum == 0.0))
 
 
 def _moment_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -24,26 +24,12 @@ from peft.tuners.adalora import AdaLoraLayer, AdaLoraModel
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, MethodConfig
+from fedpeft.methods.base import Budget, Method
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime, unload_adapters
+from fedpeft.settings.methods import AdaLoraBaselineConfig
 
 ADAPTER = "adalora"
 _PREFIX = "base_model.model."
-
-
-class AdaLoraBaselineConfig(MethodConfig):
-    epochs: float = 2.0
-    lr: float = 1e-3
-    batch_size: int = 16
-    init_rank_multiplier: float = 1.5
-    alpha_multiplier: float = 2.0
-    dropout: float = 0.0
-    delta_t: int = 1
-    orth_reg_weight: float = 0.1
-    warmup_fraction: float = 0.1
-    final_fraction: float = 0.3
-    beta1: float = 0.85
-    beta2: float = 0.85
 
 
 def schedule(total_steps: int, warmup_fraction: float, final_fraction: float) -> tuple[int, int]:

@@ -25,10 +25,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
-from pydantic import BaseModel, Field, model_validator
 
 from fedpeft.base_models import ClientBase
 from fedpeft.core.config import MethodConfig
@@ -38,73 +37,21 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.merging.dp import DifferentialPrivacy, DPConfig
-from fedpeft.merging.robust import AggregationConfig, RobustRule
-from fedpeft.merging.server_opt import ServerOptimizer, ServerOptimizerConfig
+from fedpeft.merging.dp import DifferentialPrivacy
+from fedpeft.merging.robust import RobustRule
+from fedpeft.merging.server_opt import ServerOptimizer
 from fedpeft.merging.server_step import ServerStep, WeightedMean
 from fedpeft.models.multi_lora import LoraTraining, train_alone
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-
-class MeanServerConfigMixin(BaseModel):
-    """The server step's knobs of a method whose server step is the weighted mean of the uploads
-    (docs/privacy.md): a robust rule (``aggregation``) or client-level differential privacy (``dp``), not both,
-    and a server optimizer applied to the result (``server_optimizer``, docs/server-optimizers.md)."""
-
-    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
-    dp: DPConfig | None = None
-    server_optimizer: ServerOptimizerConfig | None = None
-
-    @model_validator(mode="after")
-    def _one_server_rule(self) -> MeanServerConfigMixin:
-        if self.dp is not None and self.aggregation.active:
-            raise ValueError(
-                "`dp` and `aggregation.robust` cannot be combined, since DP-FedAvg's server step is its own "
-                "clipped mean"
-            )
-        return self
-
-
-class FederatedConfig(MethodConfig, MeanServerConfigMixin):
-    """The usual knobs of a federated phase: rounds, client sampling, local training, the server step's rule."""
-
-    rounds: int = 10
-    fraction: float = 0.1
-    min_clients: int = 1
-    local_steps: int | None = 10
-    local_epochs: float | None = None
-    batch_size: int = 16
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-
-
-class LoraConfigMixin(BaseModel):
-    """LoRA shape knobs (rank, scaling, dropout; ``targets``: module-name suffixes, all linear layers if unset)."""
-
-    rank: int = 8
-    alpha: float | None = None
-    dropout: float = 0.0
-    targets: list[str] | None = None
-
-
-class FederatedLoraConfig(FederatedConfig, LoraConfigMixin):
-    """A federated phase that trains a LoRA: the knobs of both."""
-
-
-@runtime_checkable
-class SamplingConfig(Protocol):
-    """The config fields client sampling reads (every federated method's config has them)."""
-
-    fraction: float
-    min_clients: int
-
-
-@runtime_checkable
-class DropoutConfig(Protocol):
-    """The config field of a method whose LoRA may drop its inputs (``dropout``, a probability)."""
-
-    dropout: float
-
+from fedpeft.settings.methods import (  # noqa: F401  (the config bases, importable from the contract's module too)
+    DropoutConfig,
+    FederatedConfig,
+    FederatedLoraConfig,
+    FineTuneSettings,
+    LoraConfigMixin,
+    MeanServerConfigMixin,
+    SamplingConfig,
+)
 
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 ServerT = TypeVar("ServerT", bound=ServerState)
@@ -236,20 +183,23 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
     def server_step(self) -> ServerStep | None:
         """The server step this method's config gives it, or ``None`` when its :meth:`aggregate` is not a weighted
-        mean of the uploads (then ``core.config.method_config`` refuses ``aggregation``, ``dp`` and
-        ``server_optimizer``, and secure aggregation cannot run it).
+        mean of the uploads: its config says so (``MeanServerConfigMixin.mean_server_step``, in
+        :mod:`fedpeft.settings.methods`), and then ``core.config.method_config`` refuses ``aggregation``, ``dp`` and
+        ``server_optimizer``, and secure aggregation cannot run it.
 
         By default the weighted mean (:class:`~fedpeft.merging.server_step.WeightedMean`), wrapped, in this order,
         by the config's ``dp`` (:class:`~fedpeft.merging.dp.DifferentialPrivacy`) or robust ``aggregation`` rule
         (:class:`~fedpeft.merging.robust.RobustRule`), then its ``server_optimizer``
         (:class:`~fedpeft.merging.server_opt.ServerOptimizer`). A method whose :meth:`aggregate` does something
-        else overrides this to return ``None``; one that overrides :meth:`aggregate` around the mean calls the
-        step this returns.
+        else sets ``server_is_mean = False`` on its config class; one that overrides :meth:`aggregate` around the
+        mean calls the step this returns.
         """
         step: ServerStep = WeightedMean()
         cfg = self.cfg
         if not isinstance(cfg, MeanServerConfigMixin):
             return step
+        if not cfg.mean_server_step():
+            return None
         if cfg.dp is not None:
             step = DifferentialPrivacy(step, cfg.dp, self.clients_per_round)
         elif cfg.aggregation.active:
@@ -262,19 +212,9 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
     def refused_server_settings(self) -> list[str]:
         """The server-step settings of this method's config that its server step cannot apply, as a config names
-        them: all that are set (a robust ``aggregation``, ``dp``, ``server_optimizer``) when :meth:`server_step` is
-        ``None``. ``core.config.method_config`` refuses a config for which this is not empty."""
+        them (its config's ``refused_server_settings``, which ``core.config.method_config`` reads)."""
         cfg = self.cfg
-        if not isinstance(cfg, MeanServerConfigMixin):
-            return []
-        used = []
-        if cfg.aggregation.active:
-            used.append("`aggregation.robust`")
-        if cfg.dp is not None:
-            used.append("`dp`")
-        if cfg.server_optimizer is not None:
-            used.append("`server_optimizer`")
-        return used if used and self.server_step() is None else []
+        return cfg.refused_server_settings() if isinstance(cfg, MeanServerConfigMixin) else []
 
     def aggregate(self, state: ServerT, updates: Iterable[ClientUpdate]) -> tuple[ServerT, Metrics]:
         """The next server state from the round's updates (an iterator: aggregate as it streams): by default the
@@ -470,15 +410,6 @@ def local_training(cfg: FederatedConfig, *, steps: int | None = None, lr: float 
         "weight_decay": cfg.weight_decay,
         **local_schedule(cfg, steps),
     }
-
-
-class FineTuneSettings(Protocol):
-    """The config fields of optional local fine-tuning at personalization (FedIT and the methods like it)."""
-
-    finetune_epochs: float
-    finetune_lr: float | None
-    lr: float
-    batch_size: int
 
 
 def fine_tune_if_asked(

@@ -19,12 +19,9 @@ from fedpeft.adapters.bayestune import ClientScales, train_scales
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.bayestune import BayesTuneMethod, BayesTuneSettings
+from fedpeft.methods.families.bayestune import BayesTuneMethod
 from fedpeft.models.runtime import ModelRuntime
-
-
-class BayesTuneLoraConfig(BayesTuneSettings):
-    """BayesTune-LoRA's settings; stage 1 has the same budget as FedP2EFT's (``stage1_epochs``, ``stage1_steps``)."""
+from fedpeft.settings.methods import BayesTuneLoraConfig
 
 
 @METHODS.register(

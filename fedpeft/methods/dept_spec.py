@@ -19,13 +19,9 @@ from fedpeft.base_models import ClientBase, embedding_keys
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class DeptSpecConfig(FederatedConfig):
-    rounds: int = 100
-    lr: float = 5e-5
+from fedpeft.settings.methods import DeptSpecConfig
 
 
 def starting_embeddings(runtime: ModelRuntime) -> StateDict:

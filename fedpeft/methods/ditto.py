@@ -11,18 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
+from fedpeft.methods.families.branched import BranchedLoraMethod
 from fedpeft.models.runtime import ModelRuntime
-
-
-class DittoConfig(HeteroConfig):
-    lam: float = 0.1
-    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["ditto"], gt=0)
+from fedpeft.settings.methods import DittoConfig
 
 
 @METHODS.register(

@@ -20,15 +20,15 @@ from typing import Any
 
 import torch
 from peft.tuners.lora import LoraLayer
-from pydantic import Field
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.lora_keys import is_lora, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.settings.methods import FedALTConfig
 
 
 def rest_of_world(individuals: dict[str, tuple[float, StateDict]], client_id: str) -> StateDict:
@@ -104,12 +104,6 @@ def mixture(row: StateDict, mixer: Mixer) -> Mixture:
     return Mixture(row, mixer)
 
 
-class FedALTConfig(FederatedLoraConfig):
-    lr: float = 1e-4
-    mixer_lr: float | None = None
-    unseen_steps: int = Field(0, ge=0)
-
-
 @dataclass
 class FedALTState(ServerState):
     """The seed of the shared LoRA initialization, and every client's latest individual LoRA with its weight
@@ -129,9 +123,6 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
     Config = FedALTConfig
     private_keys = ("classifier", "score", "pooler", "gates")
     mergeable = False  # a mixer gates the individual and rest-of-world LoRA per input
-
-    def server_step(self) -> None:
-        return None  # the server builds each client's rest-of-world LoRA
 
     def spec(self, runtime: ModelRuntime) -> LoraSpec:
         return target_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)

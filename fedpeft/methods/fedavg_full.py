@@ -13,13 +13,9 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class FedAvgFullConfig(FederatedConfig):
-    rounds: int = 100
-    lr: float = 5e-5
+from fedpeft.settings.methods import FedAvgFullConfig
 
 
 @METHODS.register(

@@ -14,24 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import Field
 
 from fedpeft.adapters.hooked import HookedAdapter
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE, BranchedLoraMethod, HeteroConfig
+from fedpeft.methods.families.branched import BranchedLoraMethod
 from fedpeft.models.runtime import ModelRuntime
+from fedpeft.settings.methods import FedDATConfig
 
 TEACHER = ("frozen", "local")
 STUDENT = ("global",)
-
-
-class FedDATConfig(HeteroConfig):
-    kd_weight: float = 1.0
-    kd_temperature: float = 1.0
-    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["feddat"], gt=0)
 
 
 def distillation(adapter: HookedAdapter, teacher: tuple[str, ...], weight: float, temperature: float) -> Any:

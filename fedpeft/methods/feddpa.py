@@ -28,21 +28,9 @@ from fedpeft.base_models import ClientBase, merged_base, resolve_targets
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import Budget, FederatedConfig, Method, local_schedule
+from fedpeft.methods.base import Budget, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-
-class FedDPAConfig(FederatedConfig):
-    rounds: int = 100
-    lr: float = 5e-5
-    rank: int = 8
-    alpha: float = 8.0
-    dropout: float = 0.05
-    targets: str | list[str] = "qv"
-    local_weight: float = 0.5
-    max_weight: float = 0.5
-    reference_instances: int = 5
-    unseen_local_epochs: float = 1.0
+from fedpeft.settings.methods import FedDPAConfig
 
 
 @dataclass

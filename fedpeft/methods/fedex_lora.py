@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
@@ -27,7 +27,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean, weighted_mean
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training, lora_spec
+from fedpeft.methods.base import Budget, Method, local_training, lora_spec
 from fedpeft.methods.families.folding import (
     A_SUFFIX,
     B_SUFFIX,
@@ -41,15 +41,7 @@ from fedpeft.methods.families.folding import (
     zero_deltas,
 )
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-
-class FedExLoraConfig(FederatedLoraConfig):
-    """FedEX-LoRA's knobs: the LoRA shape, the clients' weights in the means, optional local fine-tuning."""
-
-    # uniform: 1/K per client, as the authors' aggregate_models_ours; examples: by training examples (FedAvg).
-    weighting: Literal["uniform", "examples"] = "uniform"
-    finetune_epochs: float = 0.0
-    finetune_lr: float | None = None
+from fedpeft.settings.methods import FedExLoraConfig
 
 
 @dataclasses.dataclass
@@ -75,9 +67,6 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
     name = "fedex_lora"
     Config: ClassVar[type[FedExLoraConfig]] = FedExLoraConfig
     base_stage = True  # the shared base is the global model merged into the weights
-
-    def server_step(self) -> None:
-        return None  # the residual needs the plain mean of the factors and of their products
 
     @property
     def scaling(self) -> float:

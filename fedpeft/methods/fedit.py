@@ -20,14 +20,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import model_validator
-
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging import MergeConfig, merge_lora_states
-from fedpeft.merging.server_step import ServerStep, metric_mean
+from fedpeft.merging.server_step import metric_mean
 from fedpeft.methods.base import (
     Budget,
     FederatedLoraConfig,
@@ -39,24 +37,8 @@ from fedpeft.methods.base import (
 )
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.settings.methods import FedITConfig
 from fedpeft.training import LossHook
-
-
-class FedITConfig(FederatedLoraConfig):
-    finetune_epochs: float = 0.0
-    finetune_lr: float | None = None
-    merge: MergeConfig | None = None
-
-    @model_validator(mode="after")
-    def _merge_replaces_the_mean(self) -> FedITConfig:
-        if self.merge is not None and (
-            self.dp is not None or self.aggregation.active or self.server_optimizer is not None
-        ):
-            raise ValueError(
-                "`merge` replaces the weighted mean, so it cannot be combined with `aggregation.robust`, `dp` or "
-                "`server_optimizer`"
-            )
-        return self
 
 
 @dataclass
@@ -82,10 +64,6 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
     def merge_config(self) -> MergeConfig | None:
         """The server's merge of the uploaded adapters (``None``: the streaming weighted mean)."""
         return None
-
-    def server_step(self) -> ServerStep | None:
-        """The weighted mean and the config's rules around it; none when ``merge`` replaces the mean."""
-        return None if self.merge_config is not None else super().server_step()
 
     def initial_adapter(self, runtime: ModelRuntime, seed: int) -> StateDict:
         """The global adapter before the first round (fresh LoRA weights from the run's ``seed``)."""

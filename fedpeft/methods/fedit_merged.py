@@ -15,27 +15,16 @@ starts from.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from fedpeft.base_models import merged_base, resolve_targets
 from fedpeft.core.records import Budget
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.fedit import FedIT, FedITConfig, FedITState
+from fedpeft.methods.fedit import FedIT, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-
-class FedITMergedConfig(FedITConfig):
-    rounds: int = 200
-    rank: int = 16
-    alpha: float | None = 32.0
-    dropout: float = 0.05
-    lr: float = 2e-5
-    min_lr: float = 1e-6
-    schedule: Literal["cosine", "constant"] = "cosine"
-    # Wider than LoraConfigMixin's list: FedITMerged.spec resolves it (``qv``, ``all`` or a list) for FedIT.
-    targets: str | list[str] = "qv"  # type: ignore[assignment]
+from fedpeft.settings.methods import FedITMergedConfig
 
 
 def cosine_lr(round_: int, rounds: int, lr: float, min_lr: float) -> float:

@@ -13,15 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from fedpeft.core.registry import METHODS
-from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE
-from fedpeft.methods.families.distillation import DistillationConfig, PublicDistillation, lowest_loss
-
-
-class FedMKTConfig(DistillationConfig):
-    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedmkt"], gt=0)
+from fedpeft.methods.families.distillation import PublicDistillation, lowest_loss
+from fedpeft.settings.methods import FedMKTConfig
 
 
 @METHODS.register(

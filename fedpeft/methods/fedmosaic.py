@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import torch
-from pydantic import Field
 
 from fedpeft.adapters.alignment import AlignmentSettings, align_federation
 from fedpeft.adapters.hooked import HookedAdapter, frame_tensors
@@ -35,8 +34,6 @@ from fedpeft.merging import rela
 from fedpeft.merging.server_step import weighted_mean
 from fedpeft.methods.base import Budget, Method
 from fedpeft.methods.families.branched import (
-    PAPER_COMPUTE_SCALE,
-    HeteroConfig,
     architecture_keys,
     example_batches,
     frozen_gradient,
@@ -46,28 +43,7 @@ from fedpeft.methods.families.branched import (
     matched_steps,
 )
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class FedMosaicConfig(HeteroConfig):
-    pq_lr: float | None = None  # learning rate of P and Q (default: lr)
-    blocks: int = 4  # N_B
-    pq: bool = True  # False: ordinary LoRA everywhere (the "vanilla" ablation)
-    rela: bool = True  # False: uniform weights over all clients
-    tau: float = 0.5
-    ema: float = 0.5
-    noise: float = 1e-4
-    keep: float = Field(default=0.4, gt=0, le=1)
-    grad_every: int = 10  # m
-    grad_module: str = "down_proj"
-    pivot: str | None = None  # architecture of W_s and of the alignment pivot (default: the smallest)
-    align: bool = True
-    align_samples: int = 5000
-    align_lr: float = 5e-5
-    align_epochs: float = 1.0
-    align_batch_size: int = 4
-    align_lambda: float = 0.5
-    cca_reg: float = 1e-3
-    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedmosaic"], gt=0)
+from fedpeft.settings.methods import FedMosaicConfig
 
 
 class Upload(TypedDict):
@@ -118,9 +94,6 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
     mergeable = False  # PQ-LoRA branches with a gate, attached as an extension
     architecture_aware = True
     private_keys = ("gate/", "head/")
-
-    def server_step(self) -> None:
-        return None  # relevance-weighted aggregation of PQ-LoRA
 
     # ------------------------------------------------------------------ adapters
     def adapter(self, runtime: ModelRuntime, seed: int) -> HookedAdapter:

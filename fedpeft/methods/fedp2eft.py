@@ -19,32 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
 
 from fedpeft.adapters.bayestune import ClientScales, initial_spec, train_scales
-from fedpeft.adapters.psg import PsgLoss, StrategyGenerator, make_generator, regress_toward, save_generator
+from fedpeft.adapters.psg import StrategyGenerator, make_generator, regress_toward, save_generator
 from fedpeft.adapters.statistics import feature_statistics
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import MeanServerConfigMixin
-from fedpeft.methods.families.bayestune import BayesTuneMethod, BayesTuneSettings
+from fedpeft.methods.families.bayestune import BayesTuneMethod
 from fedpeft.models.runtime import ModelRuntime
+from fedpeft.settings.methods import FedP2EFTConfig
 
 PSG_DIR = "psg"
-
-
-class FedP2EFTConfig(BayesTuneSettings, MeanServerConfigMixin):  # the PSG's server step is a weighted mean
-    rounds: int = 150
-    fraction: float = 0.1
-    min_clients: int = 1
-    psg_lr: float = 1e-4
-    psg_steps: int = Field(default=10, ge=0)
-    psg_loss: PsgLoss = "sum"
-    psg_gain: float = 1e-6
-    psg_bias: float = 1e-4
-    stats_batch_size: int = 64
 
 
 def psg_path(run_dir: Path, label: str, seed: int, architecture: str | None = None) -> Path:

@@ -13,13 +13,10 @@ import torch
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload
-from fedpeft.methods.fedit import FedIT, FedITConfig, _state_key
+from fedpeft.methods.fedit import FedIT, _state_key
 from fedpeft.models.runtime import ModelRuntime
+from fedpeft.settings.methods import FedProxConfig
 from fedpeft.training import LossHook
-
-
-class FedProxConfig(FedITConfig):
-    mu: float = 0.01
 
 
 @METHODS.register(

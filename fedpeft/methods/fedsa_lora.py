@@ -11,20 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-
-class FedSALoraConfig(FederatedLoraConfig):
-    lr: float = 1e-4
-    finetune_steps: int = Field(0, ge=0)
+from fedpeft.settings.methods import FedSALoraConfig
 
 
 @METHODS.register("fedsa_lora", description="FedSA-LoRA: the A matrices are averaged, every client keeps its own B")

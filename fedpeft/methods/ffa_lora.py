@@ -15,13 +15,10 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-
-class FFALoraConfig(FederatedLoraConfig):
-    lr: float = 1e-4
+from fedpeft.settings.methods import FFALoraConfig
 
 
 @dataclass

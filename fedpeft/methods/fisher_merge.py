@@ -15,8 +15,9 @@ from fedpeft.adapters.gradients import per_sample_gradients
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
-from fedpeft.methods.potara import FederatedLocalConfig, Potara
+from fedpeft.methods.potara import Potara
 from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.settings.methods import FederatedLocalConfig
 
 
 def fisher_weighted_merge(

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from fedpeft.adapters.expert_lora import (
     LogWeightedMean,
@@ -39,21 +38,13 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.tier_aggregation import PlainMean, mean_metrics
-from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod, TieredState
+from fedpeft.methods.families.tiered import TierConfig, TieredMethod, TieredState
 from fedpeft.models.moe import MoeControl
 from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.settings.methods import FlameConfig
 
 COUNTS = "expert_counts"
 TOKENS = "expert_tokens"
-
-
-class FlameConfig(TieredConfig):
-    rank: int = Field(default=20, ge=1)
-    temperature: float = Field(default=2.0, ge=0.0)
-    rescaler: Literal["learned", "static", "none"] = "learned"
-    rescaler_init: Literal["one", "ratio"] = "one"
-    # The paper trains s_i in the client's one Adam at lr 1.5e-4; None keeps that, a value gives s_i its own rate.
-    rescaler_lr: float | None = Field(default=None, gt=0.0)
 
 
 @METHODS.register(
@@ -66,9 +57,6 @@ class Flame(TieredMethod[FlameConfig]):
     name = "flame"
     Config = FlameConfig
     private_keys = ("rescaler",)
-
-    def server_step(self) -> None:
-        return None  # per-tier rescaled aggregation of the experts' LoRAs
 
     def max_rank(self) -> int:
         return self.cfg.rank

@@ -20,22 +20,20 @@ from collections.abc import Iterable
 from fedpeft.adapters.expert_lora import svd_factors
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics
-from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.methods.families.tiered import TieredState
+from fedpeft.settings.methods import FlexLoraConfig
 
 
 @METHODS.register(
     "flexlora", description="FlexLoRA: heterogeneous ranks by SVD truncation of the averaged full-size update"
 )
-class FlexLora(RankTieredMethod[RankTieredConfig]):
+class FlexLora(RankTieredMethod[FlexLoraConfig]):
     """Data-size-weighted average of the clients' B_i A_i, redistributed by SVD truncation to each rank."""
 
     name = "flexlora"
-    Config = RankTieredConfig
-
-    def server_step(self) -> None:
-        return None  # SVD of the mean of the full-size updates
+    Config = FlexLoraConfig
 
     def aggregate(self, state: TieredState, updates: Iterable[ClientUpdate]) -> tuple[TieredState, Metrics]:
         layout = self.modules(state.lora_layout)

@@ -27,13 +27,12 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
 
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean, weighted_mean
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training, lora_spec
+from fedpeft.methods.base import Budget, Method, local_training, lora_spec
 from fedpeft.methods.families.folding import (
     A_SUFFIX,
     B_SUFFIX,
@@ -49,20 +48,9 @@ from fedpeft.methods.families.folding import (
     zero_deltas,
 )
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.settings.methods import FloraConfig
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
-
-
-class FloraConfig(FederatedLoraConfig):
-    """FLoRA's knobs: the LoRA shape (``rank`` for clients not given another), heterogeneous ranks, fine-tuning."""
-
-    ranks: list[int] | None = Field(default=None, min_length=1)
-    client_ranks: dict[str, int] = Field(default_factory=dict)
-    # None: each client's own alpha_k / r_k (the mean of the updates the clients trained); a number: every product
-    # folded at that scaling (the authors' code: lora_alpha / lora_r, whatever the clients trained with).
-    merge_scaling: float | None = Field(default=None, gt=0)
-    finetune_epochs: float = 0.0
-    finetune_lr: float | None = None
 
 
 @dataclasses.dataclass
@@ -83,9 +71,6 @@ class Flora(Method[FloraConfig, FloraState, None]):
     name = "flora"
     Config: ClassVar[type[FloraConfig]] = FloraConfig
     base_stage = True  # the shared base is the global model: W0 + the folded update, the global head
-
-    def server_step(self) -> None:
-        return None  # the server folds the weighted sum of the clients' products, not a mean of their factors
 
     def rank_of(self, client_id: str) -> int:
         """A client's LoRA rank: ``client_ranks``, else ``ranks[i mod len(ranks)]`` with i the number at the end of

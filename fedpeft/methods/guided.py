@@ -19,58 +19,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
 
 from fedpeft import guidance
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.merging import MergeConfig, lora_pairs, merge_lora_states
+from fedpeft.merging import lora_pairs, merge_lora_states
 from fedpeft.merging.server_step import MetricMean, metric_mean, weighted_mean
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, local_training
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.folding import base_weight_key, in_out_weights
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.models.targets import to_weight_layout
+from fedpeft.settings.methods import GuidedConfig
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
-
-
-class GuidedConfig(FederatedLoraConfig):
-    """The paper's protocol by default (Section 3): 20 rounds of every client, one local epoch per round,
-    batch 32, AdamW at lr 5e-5, LoRA rank 8. ``local_steps`` given without ``local_epochs`` replaces the epoch."""
-
-    rounds: int = 20
-    fraction: float = 1.0
-    local_steps: int | None = None
-    local_epochs: float | None = 1.0
-    batch_size: int = 32
-    lr: float = 5e-5
-    merge: MergeConfig = Field(default_factory=MergeConfig)
-    relora: bool = False
-    guidance: Literal["hard_init", "l2", "kd"] = "hard_init"
-    beta: float = Field(0.5, ge=0.0, le=1.0)
-    similarity: Literal["none", "cosine", "cosine_products", "sar"] = "none"
-    sar_energy: float = Field(0.95, gt=0.0, le=1.0)
-    start: Literal["local", "global"] = "local"
-    temperature: float = Field(2.0, gt=0.0)
-    kd_direction: Literal["student_teacher", "teacher_student"] = "student_teacher"
-    targets: list[str] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _steps_replace_the_epoch(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("local_steps") is not None and "local_epochs" not in data:
-            return {**data, "local_epochs": None}
-        return data
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GuidedConfig:
-        if self.relora and self.guidance != "hard_init":
-            raise ValueError("relora re-initializes the LoRA every round, so it combines only with guidance hard_init")
-        if self.similarity != "none" and self.guidance == "hard_init":
-            raise ValueError("similarity scales beta, which only l2 and kd guidance use")
-        return self
 
 
 @dataclass
@@ -91,9 +54,6 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
 
     name = "guided"
     Config = GuidedConfig
-
-    def server_step(self) -> None:
-        return None  # a merge operator (`merge`), with ReLoRA folds
 
     def spec(self, runtime: ModelRuntime, slot: str = "") -> LoraSpec:
         rank = self.cfg.rank

@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from pydantic import Field
 
 from fedpeft.adapters.expert_lora import (
     LogWeightedMean,
@@ -37,18 +36,11 @@ from fedpeft.core.records import Budget
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.methods.families.tiered import TieredState
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class HetLoraConfig(RankTieredConfig):
-    self_pruning: bool = False
-    prune_gamma: float = Field(default=0.9, gt=0.0, lt=1.0)
-    prune_lambda: float = Field(default=1e-3, ge=0.0)
-    min_rank: int = Field(default=1, ge=1)
-
+from fedpeft.settings.methods import HetLoraConfig
 
 Factors = tuple[torch.Tensor, torch.Tensor]
 
@@ -76,9 +68,6 @@ class HetLora(RankTieredMethod[HetLoraConfig]):
 
     name = "hetlora"
     Config = HetLoraConfig
-
-    def server_step(self) -> None:
-        return None  # zero-padded, sparsity-weighted aggregation across ranks
 
     def _rank(self, tier_rank: int, client_state: Any) -> int:
         return min(tier_rank, int((client_state or {}).get("rank", tier_rank)))

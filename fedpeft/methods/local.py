@@ -11,16 +11,10 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, LoraConfigMixin, Method, MethodConfig, lora_spec
+from fedpeft.methods.base import Budget, Method, lora_spec
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class LocalConfig(MethodConfig, LoraConfigMixin):
-    rounds: int = 10
-    local_steps: int = 10
-    lr: float = 1e-4
-    batch_size: int = 16
+from fedpeft.settings.methods import LocalConfig
 
 
 @METHODS.register(

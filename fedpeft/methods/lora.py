@@ -12,17 +12,10 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, MethodConfig, lora_spec
+from fedpeft.methods.base import Budget, Method, lora_spec
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class LoraBaselineConfig(MethodConfig):
-    epochs: float = 2.0
-    lr: float = 1e-4
-    batch_size: int = 16
-    alpha_multiplier: float = 2.0
-    dropout: float = 0.0
+from fedpeft.settings.methods import LoraBaselineConfig
 
 
 @METHODS.register(

@@ -13,19 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE
-from fedpeft.methods.families.distillation import DistillationConfig, PublicDistillation, vote
+from fedpeft.methods.families.distillation import PublicDistillation, vote
 from fedpeft.models.runtime import ModelRuntime
-
-
-class PerAdaConfig(DistillationConfig):
-    lam: float = 0.1
-    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["perada"], gt=0)
+from fedpeft.settings.methods import PerAdaConfig
 
 
 @METHODS.register(

@@ -19,22 +19,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
-from pydantic import Field
 
 from fedpeft.adapters.gradients import per_sample_gradients
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import Budget, FederatedLoraConfig, local_schedule
+from fedpeft.methods.base import Budget, local_schedule
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedITBase, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-GRID = [round(0.1 * i, 1) for i in range(11)]
+from fedpeft.settings.methods import FederatedLocalConfig, PotaraConfig
 
 
 def variance_terms(
@@ -77,29 +75,6 @@ def mixing_weight(grads_fed: torch.Tensor, grads_local: torch.Tensor, eps: float
 def merge_states(fed: StateDict, local: StateDict, alphas: dict[str, float]) -> StateDict:
     """``alpha * fed + (1 - alpha) * local`` per tensor, ``alphas[key]`` (or ``alphas["*"]``) its weight."""
     return {k: alphas.get(k, alphas["*"]) * v + (1 - alphas.get(k, alphas["*"])) * local[k] for k, v in fed.items()}
-
-
-class FederatedLocalConfig(FederatedLoraConfig):
-    """FedIT (T_F = ``rounds``) then local (T_L = ``local_rounds``) then a merge from ``merge_samples`` samples."""
-
-    rounds: int = 50
-    fraction: float = 1.0
-    local_steps: int | None = 4
-    batch_size: int = 4
-    lr: float = 1e-4
-    dropout: float = 0.05
-    local_rounds: int = Field(300, ge=0)
-    merge_samples: int = Field(30, ge=2)
-    eps: float = Field(1e-8, gt=0)
-    parts: bool = True
-    uniform_weights: bool = False
-
-
-class PotaraConfig(FederatedLocalConfig):
-    granularity: Literal["global", "ab", "module"] = "global"
-    grid_search: bool = False
-    grid: list[float] = Field(default_factory=lambda: list(GRID))
-    grid_holdout: float = Field(0.2, ge=0.0, lt=0.9)
 
 
 @dataclass

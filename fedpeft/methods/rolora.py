@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
@@ -26,18 +26,9 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.base import Budget, Method, fine_tune_if_asked, local_training, lora_spec
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-
-Factor = Literal["A", "B"]
-
-
-class RoLoraConfig(FederatedLoraConfig):
-    """RoLoRA's knobs: the LoRA shape, the factor of the first round, optional local fine-tuning."""
-
-    first: Factor = "B"
-    finetune_epochs: float = 0.0
-    finetune_lr: float | None = None
+from fedpeft.settings.methods import Factor, RoLoraConfig
 
 
 @dataclasses.dataclass

@@ -16,12 +16,9 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean
-from fedpeft.methods.families.branched import BranchedLoraMethod, BranchedState, HeteroConfig
+from fedpeft.methods.families.branched import BranchedLoraMethod, BranchedState
 from fedpeft.models.runtime import ModelRuntime
-
-
-class SftRoundsConfig(HeteroConfig):
-    pass
+from fedpeft.settings.methods import SftRoundsConfig
 
 
 @METHODS.register(
@@ -36,9 +33,6 @@ class SftRounds(BranchedLoraMethod[SftRoundsConfig]):
     branches = ("local",)
     shared = None
     communicates = False
-
-    def server_step(self) -> None:
-        return None  # nothing is aggregated
 
     def aggregate(self, state: BranchedState, updates: Iterable[ClientUpdate]) -> tuple[BranchedState, Metrics]:
         return state, metric_mean(updates)  # the uploads carry no tensors: only the clients' metrics

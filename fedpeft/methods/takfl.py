@@ -13,15 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from fedpeft.core.registry import METHODS
-from fedpeft.methods.families.branched import PAPER_COMPUTE_SCALE
-from fedpeft.methods.families.distillation import DistillationConfig, PublicDistillation, vote
-
-
-class TAKFLConfig(DistillationConfig):
-    compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["takfl"], gt=0)
+from fedpeft.methods.families.distillation import PublicDistillation, vote
+from fedpeft.settings.methods import TAKFLConfig
 
 
 @METHODS.register(

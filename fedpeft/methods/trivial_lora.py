@@ -10,12 +10,9 @@ and each client is evaluated at its tier's compute: its tier's top-k.
 from __future__ import annotations
 
 from fedpeft.core.registry import METHODS
-from fedpeft.methods.families.rank_tiered import RankTieredConfig, RankTieredMethod
+from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tiered import TierConfig
-
-
-class TrivialLoraConfig(RankTieredConfig):
-    rank: int | None = None
+from fedpeft.settings.methods import TrivialLoraConfig
 
 
 @METHODS.register(

@@ -8,49 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import Field, model_validator
-
 from fedpeft.adapters.bayestune import ClientScales, PrunedAdapters, check_budget, finetune_pruned
 from fedpeft.adapters.scale_analysis import ScaleRecord, save_client_scales, scales_path
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, MethodConfig
+from fedpeft.methods.base import Budget, Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class BayesTuneSettings(MethodConfig):
-    """BayesTune-LoRA's knobs, shared by ``bayestune_lora`` and ``fedp2eft``.
-
-    Defaults: the paper (arXiv:2502.04387, Appendix A.4) and the authors' reference code. ``r_init`` is the rank of
-    every module before pruning (the paper: alpha_r_mul 2 x r_max 16 = 32; the reference XNLI config: 16).
-    Stage 1, the training of the scales, runs ``stage1_epochs`` epochs, at most ``stage1_steps`` optimizer steps
-    when that is set.
-    """
-
-    r_max: int = Field(default=16, ge=1)
-    r_init: int = Field(default=32, ge=1)
-    alpha_multiplier: float = 2.0
-    dropout: float = 0.0
-    lr: float = 1e-4
-    lambda_lr: float = 1e-2
-    lambda_init: float = 1e-4
-    alpha_s: float = 100.0
-    alpha_p: float = 0.01
-    batch_size: int = 16
-    stage1_epochs: float = Field(default=2.0, gt=0)
-    stage1_steps: int | None = Field(default=None, ge=1)
-    finetune_epochs: float = 2.0
-    finetune_lr: float | None = None
-
-    @model_validator(mode="after")
-    def _check_initial_rank(self) -> BayesTuneSettings:
-        if self.r_init < self.r_max:
-            raise ValueError(
-                f"`r_init` ({self.r_init}) must be at least `r_max` ({self.r_max}): the largest budget keeps "
-                f"r_max ranks per module on average out of r_init; raise r_init or lower r_max"
-            )
-        return self
-
+from fedpeft.settings.methods import BayesTuneSettings
 
 BayesTuneConfigT = TypeVar("BayesTuneConfigT", bound=BayesTuneSettings)
 BayesTuneStateT = TypeVar("BayesTuneStateT", bound=ServerState)

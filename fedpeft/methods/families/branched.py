@@ -17,44 +17,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
-from pydantic import Field
 
 from fedpeft.adapters.hooked import GATED, SUM, HookedAdapter
 from fedpeft.adapters.pq_lora import NUM_BLOCKS, layer_of, plan_sites
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import Example
-from fedpeft.methods.base import Budget, FederatedLoraConfig, Method
+from fedpeft.methods.base import Budget, Method
 from fedpeft.models.runtime import ClientModel
+from fedpeft.settings.methods import PAPER_COMPUTE_SCALE, HeteroConfig  # noqa: F401  (PAPER_COMPUTE_SCALE: importable here too)
 
 if TYPE_CHECKING:
     from fedpeft.federation import Federation
-
-# Compute per local step relative to SFT, FedMosaic paper Table 15.
-PAPER_COMPUTE_SCALE = {
-    "sft": 1.0,
-    "fedit": 1.0,
-    "ditto": 2.0,
-    "fedsim": 1.487,
-    "takfl": 1.294,
-    "perada": 2.294,
-    "feddat": 2.564,
-    "feddpa": 2.051,
-    "fedmkt": 1.574,
-    "fedmosaic": 1.098,
-}
-
-
-class HeteroConfig(FederatedLoraConfig):
-    """Knobs shared by FedMosaic and its baselines (paper defaults for text-only runs)."""
-
-    rounds: int = 20
-    fraction: float = 1.0
-    local_steps: int | None = 100
-    batch_size: int = 4
-    lr: float = 3e-4
-    rank: int = 16
-    compute_scale: float = Field(default=1.0, gt=0)
 
 
 def matched_steps(cfg: HeteroConfig) -> int:

@@ -27,11 +27,11 @@ from fedpeft.merging.server_step import metric_mean, weighted_mean
 from fedpeft.methods.families.branched import (
     BranchedLoraBase,
     BranchedState,
-    HeteroConfig,
     architecture_keys,
     install_adapter,
     is_shared_key,
 )
+from fedpeft.settings.methods import DistillationConfig
 
 
 def public_indices(size: int, count: int, seed: int, round_: int) -> list[int]:
@@ -125,15 +125,6 @@ def distill(
         runtime.detach_extension()
 
 
-class DistillationConfig(HeteroConfig):
-    """Knobs of distillation on public data (per round, per architecture)."""
-
-    kd_samples: int = 32
-    kd_steps: int = 10
-    kd_lr: float | None = None
-    kd_batch_size: int = 4
-
-
 @dataclass
 class DistillationState(BranchedState):
     """:class:`BranchedState` plus the run's seed (the rounds' public examples, the distillations) and the
@@ -155,9 +146,6 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
 
     shared: ClassVar[str] = "global"  # the branch the server averages and distils (never None here)
     federation: Any = None
-
-    def server_step(self) -> None:
-        return None  # the mean is then distilled on the server
 
     def bind_federation(self, federation: Any) -> None:
         """The server's federation (runtimes and public data), for distilling in :meth:`aggregate`."""

@@ -9,23 +9,16 @@ unless ``train_top_k: tier``.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from fedpeft.adapters.expert_lora import module_key, truncate
 from fedpeft.core.records import Budget
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.tiered import TierConfig, TieredConfig, TieredMethod, TieredState
+from fedpeft.methods.families.tiered import TierConfig, TieredMethod, TieredState
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-
-
-class RankTieredConfig(TieredConfig):
-    """Tiered LoRA whose clients differ in rank; ``train_top_k``: experts per token in local training (``model``:
-    the model's own, as the paper runs the baselines; ``tier``: the tier's)."""
-
-    train_top_k: Literal["model", "tier"] = "model"
-
+from fedpeft.settings.methods import RankTieredConfig
 
 RankTieredConfigT = TypeVar("RankTieredConfigT", bound=RankTieredConfig)
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from peft import LoraConfig
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.adapters.expert_lora import LoraModule, lora_layout
 from fedpeft.adapters.weights import layer_weight
@@ -34,58 +33,14 @@ from fedpeft.core.sampling import sample_clients
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, FederatedConfig, Method, local_training
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.tier_costs import tier_costs
 from fedpeft.models.moe import Routing
 from fedpeft.models.runtime import LoraSpec, ModelRuntime
 from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS
+from fedpeft.settings.methods import TierConfig, TieredConfig
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
-
-
-class TierConfig(BaseModel):
-    """One compute budget: experts per token, LoRA rank of the rank-compressing methods, participation."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    top_k: int | None = Field(default=None, ge=1)
-    rank: int = Field(default=8, ge=1)
-    participation: float | None = Field(default=None, gt=0.0, le=1.0)
-
-
-def default_tiers() -> list[TierConfig]:
-    """FLAME's budgets beta_1 (richest) .. beta_4: top-k 8 / 4 / 2 / 1, baseline ranks 20 / 12 / 8 / 6."""
-    budgets = ((8, 20), (4, 12), (2, 8), (1, 6))
-    return [TierConfig(name=f"tier{i + 1}", top_k=k, rank=r) for i, (k, r) in enumerate(budgets)]
-
-
-class TieredConfig(FederatedConfig):
-    """A federated LoRA phase with compute tiers; defaults follow paper 004 (Adam, lr 1.5e-4, batch 16, one
-    local epoch per round, 2 rounds, every client every round, alpha 16)."""
-
-    rounds: int = 2
-    fraction: float = Field(default=1.0, gt=0.0, le=1.0)
-    local_steps: int | None = None
-    local_epochs: float | None = 1.0
-    lr: float = 1.5e-4
-    alpha: float = 16.0
-    tiers: list[TierConfig] = Field(default_factory=default_tiers)
-    client_tiers: dict[str, str] = Field(default_factory=dict)
-    eval_tiers: list[str] | None = None
-    lora_router: bool = False
-    compute_tokens: int = Field(default=128, ge=1)
-    compute_repeats: int = Field(default=5, ge=1)
-
-    @model_validator(mode="after")
-    def _check_tiers(self) -> TieredConfig:
-        names = [t.name for t in self.tiers]
-        if not names or len(set(names)) != len(names):
-            raise ValueError("tiers must be a non-empty list with distinct names")
-        unknown = sorted({*self.client_tiers.values(), *(self.eval_tiers or [])} - set(names))
-        if unknown:
-            raise ValueError(f"unknown tier(s) {unknown}; the tiers are {names}")
-        return self
 
 
 @dataclass

@@ -1,0 +1,117 @@
+"""The typed settings (fedpeft/settings/): importable without torch, named by the method catalogue, and the one place
+that says whether a method's server step is a weighted mean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fedpeft.core.registry import METHODS
+from fedpeft.settings.methods import FedITConfig, MeanServerConfigMixin
+from fedpeft.worker import build_method
+
+SHIPPED = [name for name in METHODS.names() if (METHODS.entry(name).module or "").startswith("fedpeft.methods.")]
+HEAVY = ("torch", "transformers", "peft")
+
+
+def run_fresh(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints one JSON object, returned here with ``heavy``: the heavy
+    libraries it had imported by then."""
+    probe = f"{code}\nimport sys\nout['heavy'] = sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})\n"
+    probe += "print(json.dumps(out))"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_settings_import_no_torch():
+    out = run_fresh("import json\nimport fedpeft.settings.methods, fedpeft.settings.server\nout = {}")
+    assert out["heavy"] == []
+
+
+def test_the_catalogue_names_the_config_class_of_every_shipped_method():
+    assert len(SHIPPED) > 30
+    for name in SHIPPED:
+        declared = METHODS.entry(name).config
+        assert declared is not None and declared.startswith("fedpeft.settings."), (
+            f"{name}: set `Config = XConfig` in its class, XConfig imported from fedpeft.settings.methods"
+        )
+        assert METHODS.config_class(name) is METHODS.get(name).Config, name
+
+
+def test_config_class_resolves_aliases_and_refuses_unknown_names_like_get():
+    assert METHODS.config_class("fedavg") is FedITConfig
+    from fedpeft.core.errors import UserError
+
+    with pytest.raises(UserError) as by_get:
+        METHODS.get("fedlt")
+    with pytest.raises(UserError) as by_config:
+        METHODS.config_class("fedlt")
+    assert str(by_config.value) == str(by_get.value)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_server_step_is_none_exactly_when_the_config_says_it_is_not_a_mean(name):
+    method = build_method({"name": name})
+    cfg = method.cfg
+    not_mean = isinstance(cfg, MeanServerConfigMixin) and not cfg.mean_server_step()
+    assert (method.server_step() is None) == not_mean
+
+
+def test_fedit_with_merge_is_not_a_mean():
+    merged = build_method({"name": "fedit", "merge": {"operator": "ties"}})
+    assert not merged.cfg.mean_server_step() and merged.server_step() is None
+    assert build_method({"name": "fedprox"}).server_step() is not None
+
+
+VALIDATE = """
+import json
+from fedpeft.core.config import InvalidConfigError, load_config, load_raw, validate
+from fedpeft.core.registry import METHODS
+"""
+
+
+def test_a_misspelt_method_key_of_the_quickstart_is_refused_before_torch_is_imported():
+    out = run_fresh(
+        VALIDATE
+        + """
+try:
+    load_config("quickstart", ["methods.0.epoch=3"])
+    out = {"problems": []}
+except InvalidConfigError as err:
+    out = {"problems": err.problems}
+"""
+    )
+    assert out["heavy"] == []
+    assert len(out["problems"]) == 1 and "did you mean `epochs`?" in out["problems"][0]
+
+
+def test_every_shipped_method_is_validated_before_torch_is_imported():
+    """A config listing every shipped method by name validates, and one misspelt key in each is refused, method by
+    method, without importing torch."""
+    out = run_fresh(
+        VALIDATE
+        + """
+names = [n for n in METHODS.names() if (METHODS.entry(n).module or "").startswith("fedpeft.methods.")]
+raw = load_raw("smoke")
+raw["methods"] = [{"name": n} for n in names]
+valid = [m.name for m in validate(raw).methods]
+raw["methods"] = [{"name": n, "lerning_rate": 0.1} for n in names]
+try:
+    validate(raw)
+    problems = []
+except InvalidConfigError as err:
+    problems = err.problems
+out = {"names": names, "valid": valid, "problems": problems}
+"""
+    )
+    assert out["heavy"] == []
+    assert out["names"] == SHIPPED and out["valid"] == SHIPPED
+    assert len(out["problems"]) == len(SHIPPED)
+    for name, problem in zip(SHIPPED, out["problems"], strict=True):
+        assert f"method {name!r}" in problem and "lerning_rate" in problem
