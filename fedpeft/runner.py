@@ -9,6 +9,7 @@ finished units and continues a federated phase from its last completed round. Ev
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import itertools
 import json
@@ -38,11 +39,12 @@ from fedpeft.core.progress import Progress
 from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
-from fedpeft.data.types import FederatedData
+from fedpeft.data.types import ClientData, FederatedData
+from fedpeft.engine.asynchronous import client_work, run_asynchronous, virtual_durations
 from fedpeft.engine.pool import visible_gpus
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
-from fedpeft.methods.base import DropoutConfig, MeanServerConfigMixin, Method, method_class
+from fedpeft.methods.base import DropoutConfig, FederatedConfig, MeanServerConfigMixin, Method, method_class
 from fedpeft.models.runtime import ModelRuntime, check_device
 from fedpeft.models.text import warn_unknown_text
 from fedpeft.report.loggers import MetricLog, check_loggers
@@ -187,6 +189,7 @@ class Experiment:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self._check_secure_aggregation(worker, methods, flower=flower)
+        self._check_schedules(data, flower=flower)
         self._check_batch_model(worker, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
         if self.cfg.data.sites is None:  # site-local examples stay on their nodes
@@ -287,6 +290,26 @@ class Experiment:
                     f"Method {method.label!r} sets `dp` or `aggregation.robust`, which need the individual updates; "
                     "secure aggregation (engine.secagg) shows the server only their sum."
                 )
+
+    def _check_schedules(self, data: FederatedData, *, flower: bool) -> None:
+        """Refuse asynchronous schedules on the Flower engine (not implemented there yet), and speed factors of
+        client groups the data does not have."""
+        entries = list(self.cfg.methods) + ([self.cfg.base.method] if self.cfg.base.kind == "federated" else [])
+        asynchronous = [
+            e.label or e.name for e in entries if isinstance(e, MeanServerConfigMixin) and e.schedule.asynchronous
+        ]
+        if asynchronous and flower:
+            raise UserError(
+                f"Asynchronous schedules run on the local engine so far, and {', '.join(asynchronous)} set(s) one; "
+                "run without `--engine flower`, or set schedule.kind: sync."
+            )
+        groups = {c.group for c in data.clients}
+        unknown = sorted(set(self.cfg.clients.speed.groups) - groups)
+        if unknown:
+            raise UserError(
+                f"clients.speed.groups names groups the data does not have ({', '.join(unknown)}); its groups: "
+                f"{', '.join(sorted(g for g in groups if g is not None))}."
+            )
 
     def _check_batch_clients(self) -> None:
         """Refuse, from the config alone, ``engine.batch_clients`` above 1 where a batch cannot train each client
@@ -631,6 +654,21 @@ class Stages:
             records = self._round_records.setdefault((label, seed), [])
             callbacks.insert(1, EpsilonRecorder(label, budget, seed, dp, rate, records))
         checks = UpdateChecks({c.client_id: len(c.train) for c in self.data.clients}, self.cfg.validation.max_norm)
+        schedule = method.cfg.schedule if isinstance(method.cfg, MeanServerConfigMixin) else None
+        if schedule is not None and schedule.asynchronous:
+            return run_asynchronous(
+                self.engine,
+                label,
+                method,
+                dataclasses.replace(state, round=start),
+                seen,
+                schedule=schedule,
+                durations=self._durations(method, seen, seed),
+                seed=seed,
+                meter=meter,
+                callbacks=callbacks,
+                checks=checks,
+            )
         return self.engine.run_rounds(
             label,
             method,
@@ -643,6 +681,18 @@ class Stages:
             checks=checks,
             min_updates=self.cfg.validation.min_updates,
         )
+
+    def _durations(self, method: Method, client_ids: list[str], seed: int) -> dict[str, float]:
+        """Each client's virtual duration under an asynchronous schedule of the method (docs/async.md)."""
+        cfg = method.cfg
+        clients = [self.data.client(c) for c in client_ids]
+        if isinstance(cfg, FederatedConfig):
+            steps, epochs, batch = cfg.local_steps, cfg.local_epochs, cfg.batch_size
+        else:
+            steps, epochs, batch = 1, None, 1  # a method without local steps: every client's work counts as one
+        # local_epochs, when set, decides (as the local training does)
+        work = partial(_client_work, None if epochs is not None else steps, epochs, batch)
+        return virtual_durations(work, clients, self.cfg.clients.speed, seed)
 
     def _evaluate_round(
         self, method: Method, label: str, seed: int, state: ServerState, completed: int, meter: CostMeter
@@ -790,10 +840,15 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
+def _client_work(steps: int | None, epochs: float | None, batch: int, client: ClientData) -> float:
+    return client_work(steps, epochs, batch, len(client.train))
+
+
 def train_rows(label: str, budget: int | None, seed: int, round_: int, metrics: Metrics) -> list[ResultRecord]:
     """``results.jsonl`` records (split ``train``) of one federated round (0-based ``round_``): the clients' mean
     training loss where the method reports one, the clients and examples aggregated, and the round's seconds."""
     names = {"train_loss": "loss", "clients": "clients", "examples": "examples", "seconds": "seconds"}
+    names |= {"virtual_time": "virtual_time", "staleness": "staleness"}  # asynchronous schedules' server steps
     return [
         result_record(
             label,

@@ -535,6 +535,35 @@ class ModelAssignmentConfig(_Strict):
     default: str | None = None
 
 
+class SpeedConfig(_Strict):
+    """How fast each client trains, relative to 1 (``clients.speed``): a client's work takes its duration times
+    its factor on the virtual clock of an asynchronous schedule.
+
+    Attributes:
+        distribution: ``none`` (every client 1), or ``lognormal`` (factor exp(sigma z), z standard normal, drawn
+            once per client from the seed).
+        sigma: the lognormal's sigma.
+        groups: a fixed factor per client group (e.g. FLAME's tiers), multiplying the distribution's.
+    """
+
+    distribution: Literal["none", "lognormal"] = "none"
+    sigma: float = Field(default=1.0, ge=0)
+    groups: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _positive(self) -> SpeedConfig:
+        bad = [f"{group}={factor}" for group, factor in self.groups.items() if not factor > 0]
+        if bad:
+            raise ValueError(f"speed factors must be above 0 ({', '.join(bad)})")
+        return self
+
+
+class ClientsConfig(_Strict):
+    """The clients as devices (``clients``): their speed."""
+
+    speed: SpeedConfig = Field(default_factory=SpeedConfig)
+
+
 class ExperimentConfig(_Strict):
     """A whole experiment: data, model, base stage, the methods to compare and their budgets.
 
@@ -547,7 +576,8 @@ class ExperimentConfig(_Strict):
     GPUs) or ``auto`` (cuda if available, else mps, else cpu). ``train`` holds local training settings that apply
     to every method (gradient accumulation). ``validation`` sets the server's checks of client updates;
     ``faults`` injects faults into clients' work (:mod:`fedpeft.core.faults`), on either engine, to test a
-    method's robustness.
+    method's robustness. ``clients`` describes the clients as devices (their speed on an asynchronous schedule's
+    virtual clock, docs/async.md).
     """
 
     name: str = "experiment"
@@ -569,6 +599,7 @@ class ExperimentConfig(_Strict):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     faults: list[FaultConfig] = Field(default_factory=list)
     log: LogConfig = Field(default_factory=LogConfig)
+    clients: ClientsConfig = Field(default_factory=ClientsConfig)
 
     @field_validator("methods", mode="before")
     @classmethod

@@ -47,6 +47,8 @@ class ClientUpdate:
         weight: the client's aggregation weight (its number of training samples by default).
         metrics: training metrics (loss, steps, ...).
         extras: uploads besides tensors to average (activation counts, gradient sketches, ...).
+        staleness: the server steps since the client got the state it trained from, set by the server under an
+            asynchronous schedule (0 in synchronous rounds).
     """
 
     client_id: ClientId
@@ -54,6 +56,7 @@ class ClientUpdate:
     weight: float
     metrics: Metrics = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    staleness: int = 0
 
 
 @dataclass
@@ -65,13 +68,14 @@ class ServerState:
     checkpoints and travels in Flower messages; ``dataclasses.replace`` keeps the subclass.
 
     ``server_optimizer`` holds the moments of the config's server optimizer (moment name -> tensor name ->
-    tensor; ``None`` without one; docs/server-optimizers.md). It is keyword-only, so subclasses' fields keep
-    their positions.
+    tensor; ``None`` without one; docs/server-optimizers.md), ``clock`` the virtual time at which an asynchronous
+    schedule made the state (docs/async.md). Both are keyword-only, so subclasses' fields keep their positions.
     """
 
     tensors: StateDict = field(default_factory=dict)
     round: int = 0
     server_optimizer: dict[str, StateDict] | None = field(default=None, kw_only=True)
+    clock: float = field(default=0.0, kw_only=True)
 
 
 @dataclass

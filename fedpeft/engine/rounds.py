@@ -228,7 +228,8 @@ class Engine:
         docstring for the order of what happens in a round); returns the final server state.
 
         ``checks``: the server's checks of every update (default: shapes, finite values and positive example
-        counts, no norm bound); ``min_updates``: the fewest valid updates a round needs to change the state."""
+        counts, no norm bound); ``min_updates``: the fewest valid updates a round needs to change the state.
+        (An asynchronous schedule runs :func:`fedpeft.engine.asynchronous.run_asynchronous` instead.)"""
         checks = checks or UpdateChecks()
         needed = method.cfg.min_clients if isinstance(method.cfg, SamplingConfig) else 1
         self.start_phase(label, seed)
@@ -275,26 +276,44 @@ class Engine:
             return sent[client_id]
 
         for outcome in self.train_clients(label, seed, tally.round_, tally.sampled, payload_of):
-            client_id, update = outcome.client_id, outcome.result
-            payload = sent.pop(client_id, Payload())
-            if isinstance(update, UpdateRejectedError):  # checked on its node (secure aggregation)
-                tally.reject([client_id], str(update))
-                continue
-            if isinstance(update, BaseException):
-                tally.fail(client_id, update)
-                continue
-            seconds_of = outcome.sum_of or {client_id: outcome.seconds}
-            for contributor, seconds in seconds_of.items():
-                down = num_bytes((sent.pop(contributor, None) or payload).tensors)
-                tally.meter.record_round(seconds, down, upload_bytes(update))
-            tally.record_faults(outcome.faults)
-            sum_of = list(outcome.sum_of) if outcome.sum_of is not None else None
-            reason = checks.reject_reason(update, payload, method.update_spec(payload), sum_of)
-            if reason is not None:
-                tally.reject(list(seconds_of), reason)
-                continue
-            tally.accept(update)
-            yield update
+            update = self.receive(method, outcome, sent, checks, tally)
+            if update is not None:
+                yield update
+
+    def receive(
+        self,
+        method: Method,
+        outcome: ClientOutcome,
+        sent: dict[str, Payload],
+        checks: UpdateChecks,
+        tally: RoundTally,
+        also: Callable[[ClientUpdate], str | None] | None = None,
+    ) -> ClientUpdate | None:
+        """The update of ``outcome`` if it is valid, else ``None``: a failure, or an update that fails the server's
+        checks (or ``also``, a further check giving the reason to reject), is recorded in ``tally``; the client's
+        costs are recorded either way. ``sent``: the payloads sent to the outcome's clients (popped)."""
+        client_id, update = outcome.client_id, outcome.result
+        payload = sent.pop(client_id, Payload())
+        if isinstance(update, UpdateRejectedError):  # checked on its node (secure aggregation)
+            tally.reject([client_id], str(update))
+            return None
+        if isinstance(update, BaseException):
+            tally.fail(client_id, update)
+            return None
+        seconds_of = outcome.sum_of or {client_id: outcome.seconds}
+        for contributor, seconds in seconds_of.items():
+            down = num_bytes((sent.pop(contributor, None) or payload).tensors)
+            tally.meter.record_round(seconds, down, upload_bytes(update))
+        tally.record_faults(outcome.faults)
+        sum_of = list(outcome.sum_of) if outcome.sum_of is not None else None
+        reason = checks.reject_reason(update, payload, method.update_spec(payload), sum_of)
+        if reason is None and also is not None:
+            reason = also(update)
+        if reason is not None:
+            tally.reject(list(seconds_of), reason)
+            return None
+        tally.accept(update)
+        return update
 
 
 def check_round(round_: int, sampled: int, failures: list[str], min_clients: int = 1) -> None:

@@ -41,6 +41,7 @@ from fedpeft.merging.dp import DifferentialPrivacy
 from fedpeft.merging.robust import RobustRule
 from fedpeft.merging.server_opt import ServerOptimizer
 from fedpeft.merging.server_step import ServerStep, WeightedMean
+from fedpeft.merging.staleness import StalenessMixing
 from fedpeft.models.multi_lora import LoraTraining, train_alone
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.settings.methods import (  # noqa: F401  (the config bases, importable from the contract's module too)
@@ -189,7 +190,8 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
         By default the weighted mean (:class:`~fedpeft.merging.server_step.WeightedMean`), wrapped, in this order,
         by the config's ``dp`` (:class:`~fedpeft.merging.dp.DifferentialPrivacy`) or robust ``aggregation`` rule
-        (:class:`~fedpeft.merging.robust.RobustRule`), then its ``server_optimizer``
+        (:class:`~fedpeft.merging.robust.RobustRule`), then an asynchronous ``schedule``'s staleness weighting
+        and mixing (:class:`~fedpeft.merging.staleness.StalenessMixing`), then its ``server_optimizer``
         (:class:`~fedpeft.merging.server_opt.ServerOptimizer`). A method whose :meth:`aggregate` does something
         else sets ``server_is_mean = False`` on its config class; one that overrides :meth:`aggregate` around the
         mean calls the step this returns.
@@ -204,8 +206,8 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
             step = DifferentialPrivacy(step, cfg.dp, self.clients_per_round)
         elif cfg.aggregation.active:
             step = RobustRule(step, cfg.aggregation)
-        # A part that changes the updates themselves (e.g. a staleness weighting of asynchronous rounds) wraps
-        # `step` here: the rule and the mean inside it then receive the changed updates.
+        if cfg.schedule.asynchronous:  # reweights the updates: the rule and the mean inside receive them so
+            step = StalenessMixing(step, cfg.schedule)
         if cfg.server_optimizer is not None:
             step = ServerOptimizer(step, cfg.server_optimizer)
         return step

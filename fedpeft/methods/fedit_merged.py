@@ -53,7 +53,7 @@ class FedITMerged(FedIT[FedITMergedConfig]):
 
     def payload(self, state: FedITState, client_id: str) -> Payload:
         cfg = self.cfg
-        lr = cosine_lr(state.round, cfg.rounds, cfg.lr, cfg.min_lr) if cfg.schedule == "cosine" else cfg.lr
+        lr = cosine_lr(state.round, cfg.rounds, cfg.lr, cfg.min_lr) if cfg.lr_schedule == "cosine" else cfg.lr
         return Payload(tensors=state.tensors, config={"lr": lr})
 
     def export_base(self, runtime: ModelRuntime, state: FedITState) -> StateDict:

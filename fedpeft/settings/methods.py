@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.core.method_class import MethodConfig
+from fedpeft.settings.schedule import ScheduleConfig
 from fedpeft.settings.server import AggregationConfig, DPConfig, MergeConfig, ServerOptimizerConfig
 
 # ================================================================================================== bases
@@ -26,7 +27,8 @@ from fedpeft.settings.server import AggregationConfig, DPConfig, MergeConfig, Se
 class MeanServerConfigMixin(BaseModel):
     """The server step's knobs of a method whose server step is the weighted mean of the uploads
     (docs/privacy.md): a robust rule (``aggregation``) or client-level differential privacy (``dp``), not both,
-    and a server optimizer applied to the result (``server_optimizer``, docs/server-optimizers.md)."""
+    a server optimizer applied to the result (``server_optimizer``, docs/server-optimizers.md), and when the server
+    steps (``schedule``: synchronous rounds, or asynchronously, docs/async.md)."""
 
     server_is_mean: ClassVar[bool] = True
     """Whether the method's server step is the weighted mean of the uploads; a config class whose method's
@@ -36,6 +38,7 @@ class MeanServerConfigMixin(BaseModel):
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     dp: DPConfig | None = None
     server_optimizer: ServerOptimizerConfig | None = None
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
 
     @model_validator(mode="after")
     def _one_server_rule(self) -> MeanServerConfigMixin:
@@ -43,6 +46,11 @@ class MeanServerConfigMixin(BaseModel):
             raise ValueError(
                 "`dp` and `aggregation.robust` cannot be combined, since DP-FedAvg's server step is its own "
                 "clipped mean"
+            )
+        if self.dp is not None and self.schedule.asynchronous:
+            raise ValueError(
+                f"`dp` cannot be combined with the asynchronous schedule {self.schedule.kind}: the privacy accountant "
+                "assumes synchronous rounds of sampled clients"
             )
         return self
 
@@ -53,10 +61,12 @@ class MeanServerConfigMixin(BaseModel):
 
     def refused_server_settings(self) -> list[str]:
         """The server-step settings of this config that its method's server step cannot apply, as a config names
-        them: all that are set (a robust ``aggregation``, ``dp``, ``server_optimizer``) when
-        :meth:`mean_server_step` is False. ``core.config.method_config`` refuses a config for which this is not
-        empty."""
+        them: all that are set (a robust ``aggregation``, ``dp``, ``server_optimizer``, an asynchronous
+        ``schedule``) when :meth:`mean_server_step` is False. ``core.config.method_config`` refuses a config for
+        which this is not empty."""
         used = []
+        if self.schedule.asynchronous:
+            used.append(f"`schedule.kind: {self.schedule.kind}`")
         if self.aggregation.active:
             used.append("`aggregation.robust`")
         if self.dp is not None:
@@ -346,7 +356,18 @@ class FedITMergedConfig(FedITConfig):
     dropout: float = 0.05
     lr: float = 2e-5
     min_lr: float = 1e-6
-    schedule: Literal["cosine", "constant"] = "cosine"
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lr_schedule_by_its_old_name(cls, data: Any) -> Any:
+        """``schedule: cosine | constant``, the learning-rate schedule's name before ``schedule`` named when the
+        server steps, is read as ``lr_schedule``."""
+        if isinstance(data, dict) and isinstance(data.get("schedule"), str) and "lr_schedule" not in data:
+            data = {**data, "lr_schedule": data["schedule"]}
+            del data["schedule"]
+        return data
+
     # Wider than LoraConfigMixin's list: FedITMerged.spec resolves it (``qv``, ``all`` or a list) for FedIT.
     targets: str | list[str] = "qv"  # type: ignore[assignment]
 

@@ -1,0 +1,188 @@
+"""Asynchronous schedules (FedBuff, FedAsync) on a virtual clock: C clients in flight, the server stepping as their
+updates arrive.
+
+A client's work takes ``duration`` units of virtual time: its work (local steps, or epochs x batches of its
+training set) times its speed factor (``clients.speed``), both fixed for a seed, so the order in which updates
+arrive, and the records, are the same on every machine and for any number of workers, and a long asynchronous run
+costs the CPU of the clients it trains. The loop (:func:`run_asynchronous`):
+
+1. every free slot gets a client, each with the current global state (``method.payload``) and the number of the
+   server step that made it; when no client is in flight and C is the clients a round samples, the slots are
+   filled with ``method.sample`` of that step (as a synchronous round would be), else with a uniform draw from
+   the clients not in flight;
+2. the clock moves to the next finishing time; every client finishing then arrives, in client-id order (their
+   work, and that of every other client in flight not trained yet, runs through the engine at that moment, in one
+   batch per state version);
+3. each arrival is checked like a synchronous round's update (failures and rejections recorded the same way), and
+   so is its staleness u (server steps since its state): u > ``max_staleness`` is rejected; a valid one is
+   buffered with its staleness;
+4. with K updates buffered (K = 1 for FedAsync) the server steps (``method.aggregate``, whose server step weights
+   and mixes them, :mod:`fedpeft.merging.staleness`); the step is a round of the records, its metrics with
+   ``virtual_time`` and ``staleness``, and the callbacks run as after a synchronous round.
+
+With every client equally fast and K = C = the clients of a round, all C arrive together, the server steps once
+on all of them, and the next C get the new state: the synchronous rounds, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from fedpeft.core.config import SpeedConfig
+from fedpeft.core.costs import CostMeter
+from fedpeft.core.errors import AllClientsFailedError
+from fedpeft.core.seeds import derive_seed
+from fedpeft.core.types import ClientUpdate, Payload, ServerState
+from fedpeft.data.types import ClientData
+from fedpeft.engine.rounds import ClientOutcome, Engine, RoundCallback, RoundTally
+from fedpeft.engine.validation import UpdateChecks
+from fedpeft.methods.base import Method
+from fedpeft.settings.schedule import ScheduleConfig
+
+
+def speed_factor(speed: SpeedConfig, client: ClientData, seed: int) -> float:
+    """The client's speed factor: its group's, times a lognormal draw fixed by the seed and the client."""
+    factor = speed.groups.get(client.group, 1.0) if client.group is not None else 1.0
+    if speed.distribution == "lognormal":
+        draw = random.Random(derive_seed(seed, "client-speed", client.client_id)).gauss(0.0, 1.0)
+        factor *= math.exp(speed.sigma * draw)
+    return factor
+
+
+def client_work(local_steps: int | None, local_epochs: float | None, batch_size: int, examples: int) -> float:
+    """A client's work in local optimizer steps: ``local_steps``, or the steps of ``local_epochs`` over its
+    ``examples`` in batches of ``batch_size``."""
+    if local_steps is not None:
+        return float(local_steps)
+    return float(math.ceil((local_epochs or 1.0) * math.ceil(max(examples, 1) / batch_size)))
+
+
+def virtual_durations(
+    work: Callable[[ClientData], float], clients: Iterable[ClientData], speed: SpeedConfig, seed: int
+) -> dict[str, float]:
+    """Each client's virtual duration of one round of work: its ``work`` times its :func:`speed_factor`."""
+    return {c.client_id: work(c) * speed_factor(speed, c, seed) for c in clients}
+
+
+@dataclass
+class Flight:
+    """A client in flight: the state version it trains from, its payload, when it finishes, and its outcome once
+    the engine has run its work."""
+
+    client_id: str
+    version: int
+    payload: Payload
+    finish: float
+    outcome: ClientOutcome | None = None
+
+
+def run_asynchronous(
+    engine: Engine,
+    label: str,
+    method: Method,
+    state: ServerState,
+    client_ids: list[str],
+    *,
+    schedule: ScheduleConfig,
+    durations: dict[str, float],
+    seed: int,
+    meter: CostMeter,
+    callbacks: Sequence[RoundCallback],
+    checks: UpdateChecks,
+) -> ServerState:
+    """Run ``method``'s server steps ``state.round .. method.rounds - 1`` under ``schedule`` (module docstring);
+    returns the final state. A resumed phase starts with fresh clients from the restored state and clock."""
+    per_round = len(method.sample(client_ids, state.round, seed))
+    concurrency = min(schedule.concurrency or per_round, len(client_ids))
+    buffer_size = 1 if schedule.kind == "fedasync" else (schedule.buffer_size or concurrency)
+    flights: list[Flight] = []
+    buffer: list[ClientUpdate] = []
+    clock, dispatches, streak = state.clock, 0, 0
+    tally = RoundTally(state.round, [], meter)
+    started = time.perf_counter()
+    engine.start_phase(label, seed)
+
+    def too_stale(staleness: int, _update: ClientUpdate) -> str | None:
+        limit = schedule.max_staleness
+        return None if limit is None or staleness <= limit else f"staleness {staleness} exceeds max_staleness={limit}"
+
+    def fill() -> None:
+        nonlocal dispatches
+        free = concurrency - len(flights)
+        if free <= 0:
+            return
+        busy = {f.client_id for f in flights}
+        if not flights and free == per_round:
+            chosen = sorted(method.sample(client_ids, state.round, seed))
+        else:
+            idle = sorted(set(client_ids) - busy)
+            rng = random.Random(derive_seed(seed, label, "async-dispatch", dispatches))
+            chosen = sorted(rng.sample(idle, min(free, len(idle))))
+        dispatches += 1
+        for client_id in chosen:
+            payload = method.payload(state, client_id)
+            flights.append(Flight(client_id, state.round, payload, clock + durations.get(client_id, 1.0)))
+
+    while state.round < method.rounds and not method.should_stop(state):
+        fill()
+        if not flights:
+            break
+        clock = min(f.finish for f in flights)
+        arriving = sorted((f for f in flights if f.finish == clock), key=lambda f: f.client_id)
+        _train(engine, label, seed, [f for f in flights if f.outcome is None])
+        for flight in arriving:
+            flights.remove(flight)
+            tally.sampled.append(flight.client_id)
+            assert flight.outcome is not None
+            staleness = state.round - flight.version
+            sent = {flight.client_id: flight.payload}
+            update = engine.receive(method, flight.outcome, sent, checks, tally, partial(too_stale, staleness))
+            if update is None:
+                streak += 1
+                if streak >= max(concurrency, buffer_size) * 2:
+                    first = tally.failures[0] if tally.failures else f"client {flight.client_id} was rejected"
+                    raise AllClientsFailedError(
+                        f"server step {state.round + 1}: the last {streak} clients to arrive under the asynchronous "
+                        f"schedule all failed or were rejected; the first: {first}"
+                    )
+                continue
+            streak = 0
+            buffer.append(dataclasses.replace(update, staleness=staleness))
+            if len(buffer) < buffer_size:
+                continue
+            new_state, metrics = method.aggregate(state, iter(buffer))
+            seconds = time.perf_counter() - started
+            metrics = {
+                **metrics,
+                "clients": float(len(buffer)),
+                "examples": sum(float(u.weight) for u in buffer),
+                "seconds": seconds,
+                "virtual_time": clock,
+                "staleness": sum(u.staleness for u in buffer) / len(buffer),
+            }
+            step = state.round
+            state = dataclasses.replace(new_state, round=step + 1, clock=clock)
+            meter.wall_seconds += seconds
+            for callback in callbacks:
+                callback.after_round(state, step, metrics)
+            buffer, tally, started = [], RoundTally(state.round, [], meter), time.perf_counter()
+            if state.round >= method.rounds or method.should_stop(state):
+                break
+    for callback in callbacks:
+        callback.after_phase(state)
+    return state
+
+
+def _train(engine: Engine, label: str, seed: int, flights: list[Flight]) -> None:
+    """Run the work of ``flights`` through the engine, one batch per state version they train from."""
+    for version in sorted({f.version for f in flights}):
+        group = {f.client_id: f for f in flights if f.version == version}
+        payloads = {client_id: flight.payload for client_id, flight in group.items()}
+        for outcome in engine.train_clients(label, seed, version, sorted(group), payloads.__getitem__):
+            group[outcome.client_id].outcome = outcome
