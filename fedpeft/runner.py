@@ -680,7 +680,17 @@ class Stages:
             callbacks=callbacks,
             checks=checks,
             min_updates=self.cfg.validation.min_updates,
+            durations=self._durations(method, seen, seed) if self._virtual_clock() else None,
         )
+
+    def _virtual_clock(self) -> bool:
+        """Whether synchronous rounds also keep the virtual clock: when clients have speeds, or a method of the
+        config runs an asynchronous schedule (its records are then comparable in virtual time)."""
+        cfg = self.cfg
+        speed = cfg.clients.speed
+        entries = list(cfg.methods) + ([cfg.base.method] if cfg.base.kind == "federated" else [])
+        asynchronous = any(isinstance(e, MeanServerConfigMixin) and e.schedule.asynchronous for e in entries)
+        return asynchronous or speed.distribution != "none" or bool(speed.groups)
 
     def _durations(self, method: Method, client_ids: list[str], seed: int) -> dict[str, float]:
         """Each client's virtual duration under an asynchronous schedule of the method (docs/async.md)."""

@@ -146,12 +146,13 @@ def _of(records: list[dict], label: str) -> list[tuple]:
 def test_fedbuff_with_equally_fast_clients_and_k_c_a_round_gives_the_synchronous_records_bit_for_bit(tmp_path):
     methods = [{**FEDIT, "label": "sync"}, {**FEDIT, "label": "buff", "schedule": {"kind": "fedbuff"}}]
     records, _ = _run(tmp_path, methods)
-    buffered = _of(records, "buff")
-    virtual = [r for r in buffered if r[7] in ("virtual_time", "staleness")]
-    assert [r[8] for r in virtual if r[7] == "staleness"] == [0.0, 0.0, 0.0]
-    assert [r[8] for r in virtual if r[7] == "virtual_time"] == [2.0, 4.0, 6.0]  # 2 local steps a server step
-    assert _of(records, "sync") == [r for r in buffered if r not in virtual]
-    assert len(_of(records, "sync")) == 17  # 8 test accuracies; loss, clients, examples of 3 rounds
+    clock = ("virtual_time", "staleness")
+    synchronous, buffered = _of(records, "sync"), _of(records, "buff")
+    for rows in (synchronous, buffered):  # 2 local steps a server step; a synchronous round keeps the clock too
+        assert sorted(r[8] for r in rows if r[7] == "virtual_time") == [2.0, 4.0, 6.0]
+    assert [r[8] for r in buffered if r[7] == "staleness"] == [0.0, 0.0, 0.0]
+    assert [r for r in synchronous if r[7] not in clock] == [r for r in buffered if r[7] not in clock]
+    assert len([r for r in synchronous if r[7] not in clock]) == 17  # 8 test accuracies; loss, clients, examples
 
 
 def test_fedasync_with_lognormal_speeds_steps_on_each_arrival_deterministically(tmp_path):
@@ -214,3 +215,22 @@ def test_fedit_merged_reads_its_learning_rate_schedule_by_the_old_name_beside_th
     assert old.lr_schedule == "constant" and old.schedule.kind == "sync"
     both = method_config({"name": "fedit_merged", "lr_schedule": "constant", "schedule": {"kind": "fedbuff"}})
     assert both.lr_schedule == "constant" and both.schedule.kind == "fedbuff"
+
+
+def test_the_report_compares_methods_on_the_virtual_clock(tmp_path):
+    """With speeds and evaluations during training, summary.md has each method's final metric, its virtual time at
+    the end and its time to the lowest final value, and the plot of the metric against virtual time is drawn."""
+    schedule = {"kind": "fedasync", "concurrency": 2, "server_lr": 0.6}
+    methods = [{**FEDIT, "label": "sync"}, {**FEDIT, "rounds": 6, "label": "async", "schedule": schedule}]
+    speed = "clients.speed={distribution: lognormal, sigma: 1.0}"
+    records, _ = _run(tmp_path, methods, speed, "eval.every=1")
+    out = tmp_path / "run"
+    summary = (out / "summary.md").read_text()
+    section = summary[summary.index("## Virtual time") :].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| sync") or line.startswith("| async")]
+    assert len(rows) == 2
+    train = {(r["method"], r["round"]): r["value"] for r in records if r["metric"] == "virtual_time"}
+    assert f"| {train['sync', 3]:.2f} |" in rows[0] and f"| {train['async', 6]:.2f} |" in rows[1]
+    assert (out / "plots" / "virtual_time_accuracy.png").is_file()
+    # A synchronous round lasts as long as its slowest sampled client: the clock only moves forward.
+    assert train["sync", 1] < train["sync", 2] < train["sync", 3]

@@ -223,13 +223,17 @@ class Engine:
         callbacks: Sequence[RoundCallback] = (),
         checks: UpdateChecks | None = None,
         min_updates: int = 1,
+        durations: dict[str, float] | None = None,
     ) -> ServerState:
         """Run rounds ``start_round .. method.rounds - 1`` of ``method`` over ``client_ids`` (see the module
         docstring for the order of what happens in a round); returns the final server state.
 
         ``checks``: the server's checks of every update (default: shapes, finite values and positive example
         counts, no norm bound); ``min_updates``: the fewest valid updates a round needs to change the state.
-        (An asynchronous schedule runs :func:`fedpeft.engine.asynchronous.run_asynchronous` instead.)"""
+        ``durations``: each client's virtual duration (docs/async.md); given, a round lasts as long as its slowest
+        sampled client on the virtual clock, whose time after each round is the metric ``virtual_time`` (for a
+        comparison with asynchronous schedules, which run
+        :func:`fedpeft.engine.asynchronous.run_asynchronous` instead)."""
         checks = checks or UpdateChecks()
         needed = method.cfg.min_clients if isinstance(method.cfg, SamplingConfig) else 1
         self.start_phase(label, seed)
@@ -255,8 +259,12 @@ class Engine:
                 new_state = state
             seconds = time.perf_counter() - started
             metrics = {**metrics, "clients": float(tally.valid), "examples": sum(tally.weights), "seconds": seconds}
+            clock = state.clock
+            if durations is not None and sampled:
+                clock += max(durations.get(c, 1.0) for c in sampled)
+                metrics["virtual_time"] = clock
             # The loop counts the rounds, aggregated or kept: the one place the state's round is set.
-            state = dataclasses.replace(new_state, round=round_ + 1)
+            state = dataclasses.replace(new_state, round=round_ + 1, clock=clock)
             meter.wall_seconds += time.perf_counter() - started
             for callback in callbacks:
                 callback.after_round(state, round_, metrics)

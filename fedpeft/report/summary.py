@@ -26,6 +26,7 @@ from fedpeft.report.records import (
     Record,
     budget_label,
     first_seen,
+    is_test,
     method_order,
     metric_label,
     metric_order,
@@ -33,6 +34,7 @@ from fedpeft.report.records import (
     pool_order,
     read_records,
 )
+from fedpeft.report.schedules import schedule_sections
 from fedpeft.report.tables import (
     GENERATION_METRICS,
     GENERATION_MIN_BEST,
@@ -260,7 +262,11 @@ def write_summary(
     parts += ["## Results", *_result_sections(results, tables, evidence)]
     for hook, records in method_hook_calls(results, run_dirs, "report_sections"):
         parts += hook(records, run_dirs)
-    parts += continual_sections(read_round_records(run_dirs))
+    round_records = read_round_records(run_dirs)
+    parts += continual_sections(round_records)
+    tested = [r for r in results if is_test(r)]
+    if tested:  # methods on the virtual clock
+        parts += schedule_sections(round_records, metric_order(tested)[0])
     parts += privacy_sections(results)  # methods with `dp`: the final epsilon per method and seed
     failures = render_failures(costs)
     if failures:
