@@ -687,10 +687,9 @@ class Stages:
         """Whether synchronous rounds also keep the virtual clock: when clients have speeds, or a method of the
         config runs an asynchronous schedule (its records are then comparable in virtual time)."""
         cfg = self.cfg
-        speed = cfg.clients.speed
         entries = list(cfg.methods) + ([cfg.base.method] if cfg.base.kind == "federated" else [])
         asynchronous = any(isinstance(e, MeanServerConfigMixin) and e.schedule.asynchronous for e in entries)
-        return asynchronous or speed.distribution != "none" or bool(speed.groups)
+        return asynchronous or cfg.clients.speed.varies
 
     def _durations(self, method: Method, client_ids: list[str], seed: int) -> dict[str, float]:
         """Each client's virtual duration under an asynchronous schedule of the method (docs/async.md)."""

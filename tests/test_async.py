@@ -234,3 +234,20 @@ def test_the_report_compares_methods_on_the_virtual_clock(tmp_path):
     assert (out / "plots" / "virtual_time_accuracy.png").is_file()
     # A synchronous round lasts as long as its slowest sampled client: the clock only moves forward.
     assert train["sync", 1] < train["sync", 2] < train["sync", 3]
+
+
+def test_speed_factors_come_from_groups_round_robin_and_a_seeded_lognormal():
+    from fedpeft.core.config import SpeedConfig
+    from fedpeft.data.types import ClientData
+    from fedpeft.engine.asynchronous import speed_factor
+
+    clients = [ClientData(f"g{i % 2}-seen-{i:02d}", f"g{i % 2}", "seen", [], []) for i in range(6)]
+    tiers = SpeedConfig(round_robin=[1.0, 2.0, 4.0, 8.0], groups={"g1": 3.0})
+    assert [speed_factor(tiers, c, 0) for c in clients] == [1.0, 6.0, 4.0, 24.0, 1.0, 6.0]
+    drawn = SpeedConfig(distribution="lognormal", sigma=1.0)
+    once = [speed_factor(drawn, c, 0) for c in clients]
+    assert once == [speed_factor(drawn, c, 0) for c in clients]  # fixed by the seed and the client
+    assert once != [speed_factor(drawn, c, 1) for c in clients] and len(set(once)) == 6
+    assert SpeedConfig(sigma=0.0, distribution="lognormal").varies and not SpeedConfig().varies
+    with pytest.raises(ValidationError, match="round_robin"):
+        SpeedConfig(round_robin=[1.0, 0.0])

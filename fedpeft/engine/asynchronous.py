@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from functools import partial
 
 from fedpeft.core.config import SpeedConfig
 from fedpeft.core.costs import CostMeter
-from fedpeft.core.errors import AllClientsFailedError
+from fedpeft.core.errors import AllClientsFailedError, UserError
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.data.types import ClientData
@@ -45,10 +46,21 @@ from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import Method
 from fedpeft.settings.schedule import ScheduleConfig
 
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
 
 def speed_factor(speed: SpeedConfig, client: ClientData, seed: int) -> float:
-    """The client's speed factor: its group's, times a lognormal draw fixed by the seed and the client."""
+    """The client's speed factor: its group's, times its round-robin factor (by the number ending its id), times
+    a lognormal draw fixed by the seed and the client."""
     factor = speed.groups.get(client.group, 1.0) if client.group is not None else 1.0
+    if speed.round_robin:
+        match = _TRAILING_NUMBER.search(client.client_id)
+        if match is None:
+            raise UserError(
+                f"clients.speed.round_robin takes clients by the number at the end of their id, and client "
+                f"{client.client_id!r} has none; give speeds by `groups` instead."
+            )
+        factor *= speed.round_robin[int(match.group(1)) % len(speed.round_robin)]
     if speed.distribution == "lognormal":
         draw = random.Random(derive_seed(seed, "client-speed", client.client_id)).gauss(0.0, 1.0)
         factor *= math.exp(speed.sigma * draw)
