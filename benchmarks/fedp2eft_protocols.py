@@ -40,7 +40,7 @@ import torch
 
 from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, prune_to_budget
 from fedpeft.adapters.psg import make_generator, regression_loss
-from fedpeft.adapters.scale_analysis import module_layout, read_scales
+from fedpeft.analysis.scales import module_layout, read_scales
 from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.methods.fedp2eft import psg_path
 from fedpeft.report.records import read_records
@@ -148,7 +148,8 @@ def scales(runs: list[Path]) -> None:
         for method, records in sorted(by_method.items()):
             for seed in sorted({r.seed for r in records}):
                 mine = [r for r in records if r.seed == seed]
-                values = torch.stack([r.scales.clamp(SCALE_MIN, SCALE_MAX) for r in mine])  # (clients, L, r_init)
+                scales = [torch.from_numpy(r.scales).clamp(SCALE_MIN, SCALE_MAX) for r in mine]
+                values = torch.stack(scales)  # (clients, L, r_init)
                 relative_sd = (values.std(0) / values.mean(0)).mean()
                 print(
                     f"{run.name} {method} seed {seed}: {len(mine)} clients, clamped scales in "
@@ -158,7 +159,7 @@ def scales(runs: list[Path]) -> None:
                 for budget in (2, 16):
                     structures, kinds = set(), defaultdict(float)
                     for r in mine:
-                        kept = prune_to_budget(dict(zip(r.modules, r.scales, strict=True)), budget)
+                        kept = prune_to_budget(dict(zip(r.modules, torch.from_numpy(r.scales), strict=True)), budget)
                         structures.add(tuple(sorted((name, tuple(idx.tolist())) for name, idx in kept.items())))
                         for name, idx in kept.items():
                             kinds[module_layout(name)[1]] += idx.numel() / len(mine)

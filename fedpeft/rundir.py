@@ -43,7 +43,7 @@ RUN_WRITES = (
     "base_model",
     "client_state",
     "psg",  # FedP2EFT's generators (fedpeft.methods.fedp2eft.PSG_DIR)
-    "lambdas",  # clients' rank scales (fedpeft.adapters.scale_analysis.SCALES_DIR)
+    "lambdas",  # clients' rank scales (fedpeft.analysis.scales.SCALES_DIR)
     "adapters",
     "results.jsonl",
     "costs.jsonl",

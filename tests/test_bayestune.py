@@ -92,6 +92,36 @@ def test_one_set_of_scales_gives_nested_structures_of_exact_size():
         previous = current
 
 
+def test_pruning_orders_as_torch_sorts_descending_and_stable():
+    # The one definition of pruning is numpy (fedpeft.analysis.scales.kept_ranks, which the report uses too); on
+    # torch tensors it keeps what a stable descending torch.sort of the float32 scores keeps, ties, NaN and
+    # infinities included.
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        modules, ranks = (
+            int(torch.randint(1, 6, (1,), generator=generator)),
+            int(torch.randint(1, 9, (1,), generator=generator)),
+        )
+        if trial % 3:
+            scores = {f"m{i}": torch.rand(ranks, generator=generator, dtype=torch.float64) for i in range(modules)}
+        else:  # many ties
+            scores = {f"m{i}": torch.randint(0, 4, (ranks,), generator=generator) / 4.0 for i in range(modules)}
+        scores["m0"][0] = math.nan if trial % 5 == 0 else scores["m0"][0]
+        scores[f"m{modules - 1}"][-1] = math.inf if trial % 7 == 0 else scores[f"m{modules - 1}"][-1]
+        flat = torch.cat([s.float() for s in scores.values()])
+        for budget in range(ranks + 2):
+            keep = torch.zeros(flat.numel(), dtype=torch.bool)
+            keep[torch.sort(flat, descending=True, stable=True).indices[: budget * modules]] = True
+            expected = {
+                name: kept.tolist()
+                for name, part in zip(scores, keep.split(ranks), strict=True)
+                if (kept := part.nonzero().flatten()).numel()
+            }
+            structure = prune_to_budget(scores, budget)
+            assert {name: kept.tolist() for name, kept in structure.items()} == expected, (trial, budget)
+            assert all(kept.dtype == torch.int64 for kept in structure.values())
+
+
 def test_budget_outside_r_max_is_a_user_error():
     assert check_budget(16, 16) == 16
     for bad in (0, 17, None):

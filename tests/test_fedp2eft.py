@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from entry_point import cli
 from safetensors.torch import load_file
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from fedpeft.adapters.scale_analysis import ScaleRecord, language_distances, rank_structure, read_scales
+from fedpeft.analysis.scales import ScaleRecord, language_distances, rank_structure, read_scales
 from fedpeft.core.config import ExperimentConfig, load_config
 from fedpeft.data.types import FederatedData
 from fedpeft.runner import Experiment
@@ -162,7 +166,7 @@ def test_budget_above_r_max_is_refused_before_training(tmp_path):
 
 def test_language_distance_matrix_by_hand():
     def record(client: str, group: str, values: list[float]) -> ScaleRecord:
-        return ScaleRecord("m", 0, client, group, "seen", ["x"], 1, torch.tensor([values]))
+        return ScaleRecord("m", 0, client, group, "seen", ["x"], 1, np.array([values], dtype=np.float32))
 
     records = [
         record("a1", "A", [1.0, 1.0]),
@@ -182,8 +186,8 @@ def test_language_distance_matrix_by_hand():
 
 def test_rank_structure_counts_kept_ranks_per_layer_and_type():
     modules = ["enc.layer.0.q", "enc.layer.0.v", "enc.layer.1.q", "enc.layer.1.v"]
-    first = torch.tensor([[0.9, 0.8], [0.1, 0.1], [0.7, 0.2], [0.6, 0.3]])
-    second = torch.tensor([[0.9, 0.1], [0.8, 0.1], [0.7, 0.1], [0.6, 0.1]])
+    first = np.array([[0.9, 0.8], [0.1, 0.1], [0.7, 0.2], [0.6, 0.3]], dtype=np.float32)
+    second = np.array([[0.9, 0.1], [0.8, 0.1], [0.7, 0.1], [0.6, 0.1]], dtype=np.float32)
     records = [ScaleRecord("m", 0, c, "g", "seen", modules, 2, s) for c, s in (("x", first), ("y", second))]
     layers, kinds, matrix = rank_structure(records, 1)
     assert layers == [0, 1] and kinds == ["q", "v"]
@@ -230,6 +234,29 @@ def test_run_writes_results_psg_lambdas_and_plots(run_dir):
     federated = {c["metric"]: c["value"] for c in costs if c["method"] == "fedp2eft" and c["phase"] == "federated"}
     psg_bytes = sum(t.numel() * 4 for t in load_file(run_dir / "psg" / "fedp2eft" / "seed0.safetensors").values())
     assert federated["bytes_up_per_client_round"] == psg_bytes  # only the PSG travels
+
+
+def test_report_of_the_rank_scales_imports_no_torch(run_dir, tmp_path):
+    # The BayesTune methods' report_plots hook is read from their source and called without importing them.
+    out = tmp_path / "report"
+    program = (
+        "import sys\n"
+        "from fedpeft.cli import main\n"
+        f"sys.argv = ['fedpeft', 'report', {str(run_dir)!r}, '--out', {str(out)!r}]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as stop:\n"
+        "    assert not stop.code, stop.code\n"
+        "print('imported:', sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "imported: []" in done.stdout
+    for method in ("fedp2eft", "bayestune_lora"):
+        for plot in ("rank_structure", "lambda_distance"):
+            drawn = out / "plots" / f"{plot}_{method}.png"
+            assert drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_saved_fedp2eft_adapter_loads_with_plain_peft_and_reproduces_accuracy(run_dir):

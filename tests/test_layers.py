@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedpeft"
 LAYERS: list[set[str]] = [
     {"core"},
     {"settings"},
+    {"analysis"},
     {"catalog", "data"},
     {"training", "evaluation"},
     {"models"},

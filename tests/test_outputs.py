@@ -217,19 +217,19 @@ def test_plot_formats_parse_and_refuse_unknown_ones(tmp_path):
 
 
 def _scale_records(identical: bool):
-    from fedpeft.adapters.scale_analysis import ScaleRecord
+    from fedpeft.analysis.scales import ScaleRecord
 
     modules = [f"enc.layer.{layer}.{kind}" for layer in range(2) for kind in ("query", "value")]
     generator = torch.Generator().manual_seed(0)
     records = []
     for index, group in enumerate(["lat1", "lat1", "lat4", "lat4", "cyr1", "cyr1"]):
         scales = torch.full((4, 4), 0.5) if identical else torch.rand(4, 4, generator=generator)
-        records.append(ScaleRecord("fedp2eft", 0, f"{group}-{index}", group, "seen", modules, 4, scales))
+        records.append(ScaleRecord("fedp2eft", 0, f"{group}-{index}", group, "seen", modules, 4, scales.numpy()))
     return records
 
 
 def _capture_figures(monkeypatch) -> list:
-    import fedpeft.adapters.scale_plots as scale_plots
+    import fedpeft.analysis.scale_plots as scale_plots
 
     figures = []
 
@@ -261,7 +261,7 @@ def _inside(figure) -> bool:
 def test_lambda_distance_plot_is_drawn_whole(identical, tmp_path, monkeypatch):
     import matplotlib.image
 
-    from fedpeft.adapters.scale_plots import plot_language_distances
+    from fedpeft.analysis.scale_plots import plot_language_distances
 
     figures = _capture_figures(monkeypatch)
     path = tmp_path / "lambda_distance_fedp2eft.png"
@@ -276,8 +276,8 @@ def test_lambda_distance_plot_is_drawn_whole(identical, tmp_path, monkeypatch):
 
 
 def test_rank_structure_draws_the_runs_budgets(tmp_path, monkeypatch):
-    from fedpeft.adapters.scale_analysis import save_client_scales, scales_path
-    from fedpeft.adapters.scale_plots import write_scale_plots
+    from fedpeft.analysis.scale_plots import write_scale_plots
+    from fedpeft.analysis.scales import save_client_scales, scales_path
 
     run = tmp_path / "run"
     for record in _scale_records(False):
@@ -380,8 +380,8 @@ def test_report_cli_writes_csv_latex_and_plot_formats(tmp_path):
 
 
 def test_lambda_distance_plot_says_what_it_measures_in_the_tables_group_order(tmp_path, monkeypatch):
-    from fedpeft.adapters.scale_analysis import save_client_scales, scales_path
-    from fedpeft.adapters.scale_plots import DISTANCE_LABEL, write_scale_plots
+    from fedpeft.analysis.scale_plots import DISTANCE_LABEL, write_scale_plots
+    from fedpeft.analysis.scales import save_client_scales, scales_path
 
     run = tmp_path / "run"
     for record in _scale_records(False):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -342,9 +345,103 @@ def test_methods_report_through_their_class_hooks(tmp_path):
 
     records, _ = read_records([run])
     calls = method_hook_calls(records, [run], "report_sections")
-    rows_of = {hook.__self__.name: sorted({r["method"] for r in rows}) for hook, rows in calls}
-    assert rows_of == {"potara": ["fisher_merge", "pot"]}  # lora has Method's empty default: no call
+    rows_of = {f"{hook.__module__}:{hook.__name__}": sorted({r["method"] for r in rows}) for hook, rows in calls}
+    # Potara's hook is the torch-free function it is set to; lora has Method's empty default: no call.
+    assert rows_of == {"fedpeft.analysis.mixing:mixing_report_sections": ["fisher_merge", "pot"]}
     text = write_summary([run], tmp_path / "out")
     assert text.count("## Mixing weights") == 1
     assert "| pot | en-0 | 0.250 | — |" in text and "| fisher_merge | en-0 | — | 0.500 |" in text
     assert "removed_method | en-0" not in text
+
+
+def test_shipped_methods_hooks_are_read_from_their_source_as_their_classes_have_them():
+    # Every shipped method's reporting hook is told from the source without importing the class: the function
+    # its class (or a base) sets with reporting_hook, or Method's empty default; never "import to look".
+    import fedpeft.methods  # noqa: F401  (registers them)
+    from fedpeft.core.registry import METHODS
+    from fedpeft.methods.base import Method, method_class
+    from fedpeft.report.method_hooks import UNKNOWN, source_hook
+
+    found = {}
+    for name in METHODS.names():
+        for hook in ("report_sections", "report_plots"):
+            function = getattr(method_class(name), hook).__func__
+            target = getattr(function, "reporting_function", None)
+            if function is getattr(Method, hook).__func__:
+                expected = None
+            else:
+                assert target is not None, f"{name}.{hook}: set shipped hooks with reporting_hook (no torch)"
+                expected = f"{target.__module__}:{target.__name__}"
+            found[name, hook] = source_hook(name, hook)
+            assert found[name, hook] == expected, (name, hook)
+    assert UNKNOWN not in found.values()
+    assert found["fisher_merge", "report_plots"] == "fedpeft.analysis.mixing:mixing_report_plots"
+    assert found["fedp2eft", "report_plots"] == "fedpeft.analysis.scale_plots:rank_scale_plots"
+
+
+def test_a_plugins_hook_is_called_on_its_class(tmp_path, monkeypatch):
+    # A class registered in memory (a plugin's) is imported and its hook called as today; one that inherits
+    # Potara's hooks shares Potara's call.
+    from fedpeft.core.registry import METHODS, Entry
+    from fedpeft.methods.base import Method
+    from fedpeft.methods.potara import Potara
+    from fedpeft.report.method_hooks import method_hook_calls
+
+    class Own(Method):
+        @classmethod
+        def report_sections(cls, records, run_dirs):
+            return ["## Own", f"{len(records)} records of {sorted({r['method'] for r in records})}"]
+
+    class Merging(Potara):
+        pass
+
+    for name, cls in (("own_plugin", Own), ("merging_plugin", Merging)):
+        METHODS.names()  # the catalogue first, so that the plugins come on top of it
+        monkeypatch.setitem(METHODS._entries, name, Entry(name, None, ""))
+        monkeypatch.setitem(METHODS._objects, name, cls)
+    run = write_run(tmp_path / "run", classification_records())
+    (run / "config.yaml").write_text(
+        "methods:\n  - {name: own_plugin, label: own}\n  - {name: merging_plugin}\n  - {name: potara}\n"
+    )
+    facts = [("own", "alpha", 0.1), ("merging_plugin", "alpha", 0.2), ("potara", "alpha", 0.3)]
+    with (run / "results.jsonl").open("a") as handle:
+        for method, metric, value in facts:
+            record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
+            handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
+    records, _ = read_records([run])
+    calls = method_hook_calls(records, [run], "report_sections")
+    assert [sorted({r["method"] for r in rows}) for _, rows in calls] == [["own"], ["merging_plugin", "potara"]]
+    text = write_summary([run], tmp_path / "out")
+    assert "## Own\n\n1 records of ['own']" in text
+    assert text.count("## Mixing weights") == 1 and "| merging_plugin | en-0 | 0.200 |" in text
+
+
+def test_report_of_merging_methods_imports_no_torch(tmp_path):
+    # Potara's and Fisher merging's hooks (the Mixing weights section and the mixing-weight plot) are called
+    # without importing the methods, nor torch.
+    run = write_run(tmp_path / "run", classification_records())
+    (run / "config.yaml").write_text("methods:\n  - {name: potara, label: pot}\n  - {name: fisher_merge}\n")
+    facts = [("pot", "alpha", 0.25), ("pot", "alpha_grid", 0.5), ("fisher_merge", "fisher_weight_mean", 0.5)]
+    facts += [("pot", f"test_accuracy@{alpha:g}", 0.5 + alpha / 10) for alpha in (0.0, 0.5, 1.0)]
+    with (run / "results.jsonl").open("a") as handle:
+        for method, metric, value in facts:
+            record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
+            handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
+    out = tmp_path / "report"
+    program = (
+        "import sys\n"
+        "from fedpeft.cli import main\n"
+        f"sys.argv = ['fedpeft', 'report', {str(run)!r}, '--out', {str(out)!r}]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as stop:\n"
+        "    assert not stop.code, stop.code\n"
+        "print('imported:', sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "imported: []" in done.stdout
+    text = (out / "summary.md").read_text()
+    assert text.count("## Mixing weights") == 1 and "| pot | en-0 | 0.250 | 0.500 | — |" in text
+    assert (out / "plots" / "mixing_weight_pot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

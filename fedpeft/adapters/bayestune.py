@@ -26,14 +26,13 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 from fedpeft.adapters.weights import layer_weight
+from fedpeft.analysis.scales import SCALE_MAX, SCALE_MIN, kept_ranks
 from fedpeft.core.errors import UserError
 from fedpeft.core.records import Budget
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
-SCALE_MIN = 1e-4
-SCALE_MAX = 1000.0
 PRUNED_SLOT = "bayestune-pruned"
 
 
@@ -81,7 +80,8 @@ def bayestune_penalties(
 
 
 def prune_to_budget(scores_by_module: dict[str, torch.Tensor], budget: int) -> dict[str, torch.Tensor]:
-    """The rank structure of budget r: the top-(r * L) scores over the concatenation of every module's scores.
+    """The rank structure of budget r: the top-(r * L) scores over the concatenation of every module's scores
+    (:func:`fedpeft.analysis.scales.kept_ranks`, the one definition, which the report's rank structures use too).
 
     Ties go to the earlier module and rank, so the structures of growing budgets are nested.
 
@@ -90,23 +90,11 @@ def prune_to_budget(scores_by_module: dict[str, torch.Tensor], budget: int) -> d
         budget: r, the average rank per module.
 
     Returns:
-        module name -> sorted indices of its kept ranks, only for modules that keep at least one rank.
+        module name -> sorted indices (int64, on the CPU) of its kept ranks, only for modules that keep at least
+        one rank.
     """
-    names = list(scores_by_module)
-    flat = torch.cat([scores_by_module[n].detach().reshape(-1).float().cpu() for n in names])
-    total = min(budget * len(names), flat.numel())
-    order = torch.sort(flat, descending=True, stable=True).indices[:total]
-    keep = torch.zeros(flat.numel(), dtype=torch.bool)
-    keep[order] = True
-    structure: dict[str, torch.Tensor] = {}
-    start = 0
-    for name in names:
-        size = scores_by_module[name].numel()
-        kept = keep[start : start + size].nonzero().flatten()
-        if kept.numel():
-            structure[name] = kept
-        start += size
-    return structure
+    scores = {name: s.detach().reshape(-1).float().cpu().numpy() for name, s in scores_by_module.items()}
+    return {name: torch.from_numpy(kept).long() for name, kept in kept_ranks(scores, budget).items()}
 
 
 def check_budget(budget: Budget, r_max: int) -> int:

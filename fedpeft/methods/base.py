@@ -23,9 +23,9 @@ Methods never choose how clients are executed (sequentially, in Flower, in paral
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
 
 import torch
 
@@ -323,8 +323,9 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
 
     # ---- reporting hooks
     # Called by fedpeft.report on the class (never on an instance) found from the runs' config.yaml. Classes that
-    # inherit a hook unchanged share one call, with the records of all their methods. Import report code lazily,
-    # inside the hook: fedpeft.report sits above the methods.
+    # inherit a hook unchanged share one call, with the records of all their methods. A shipped method sets its
+    # hooks with `reporting_hook` to a function of fedpeft.analysis (no torch), which the report calls without
+    # importing the method; a hook defined otherwise works too, but the report then imports the method (torch).
     @classmethod
     def report_sections(cls, records: Sequence[dict], run_dirs: Sequence[Path]) -> list[str]:
         """Extra markdown sections of ``summary.md``, placed after the gain over base (e.g. Potara's mixing weights).
@@ -351,6 +352,32 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
             The paths of the files written.
         """
         return []
+
+
+HookParams = ParamSpec("HookParams")
+HookResult = TypeVar("HookResult")
+
+
+def reporting_hook(function: Callable[HookParams, HookResult]) -> classmethod[Any, HookParams, HookResult]:
+    """A reporting hook (:meth:`Method.report_sections`, :meth:`Method.report_plots`) that is ``function``, a
+    module-level function with the hook's parameters after ``cls``, in a module that imports no torch
+    (:mod:`fedpeft.analysis`)::
+
+        from fedpeft.analysis.scale_plots import rank_scale_plots
+
+        class BayesTuneMethod(Method[...]):
+            report_plots = reporting_hook(rank_scale_plots)
+
+    The report reads that line from the class's source (with ``function`` imported at the module's top, ``from M
+    import function``) and calls ``function`` without importing the method, nor torch
+    (:mod:`fedpeft.report.method_hooks`); mypy checks ``function`` against the hook's signature."""
+
+    def hook(cls: Any, /, *args: HookParams.args, **kwargs: HookParams.kwargs) -> HookResult:
+        return function(*args, **kwargs)
+
+    hook.reporting_function = function  # type: ignore[attr-defined]  # what the report calls (method_hooks)
+    hook.__doc__ = function.__doc__
+    return classmethod(hook)
 
 
 def contract() -> dict[str, Any]:

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from fedpeft.adapters.gradients import per_sample_gradients
+from fedpeft.analysis.mixing import mixing_report_plots, mixing_report_sections
 from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import Budget, local_schedule
+from fedpeft.methods.base import Budget, local_schedule, reporting_hook
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedITBase, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -244,17 +244,7 @@ class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
                 best, best_score = alpha, score
         return best, scores
 
-    # ---- reporting hooks
-    @classmethod
-    def report_sections(cls, records: Sequence[dict], run_dirs: Sequence[Path]) -> list[str]:
-        """The ``Mixing weights`` section: the weights chosen per client (also Fisher merging's)."""
-        from fedpeft.methods.families.merge_report import mixing_weight_sections
-
-        return mixing_weight_sections(records)
-
-    @classmethod
-    def report_plots(cls, records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
-        """``mixing_weight_<label>.png`` of every row run with ``grid_search: true`` (paper Fig. 3c)."""
-        from fedpeft.methods.families.merge_report import write_mixing_weight_plots
-
-        return write_mixing_weight_plots(records, out_dir)
+    # ---- reporting hooks: the ``Mixing weights`` section (the weights chosen per client, also Fisher merging's)
+    # and ``mixing_weight_<label>.png`` of every row run with ``grid_search: true`` (paper Fig. 3c)
+    report_sections = reporting_hook(mixing_report_sections)
+    report_plots = reporting_hook(mixing_report_plots)

@@ -4,7 +4,8 @@ Everything here reads the run directory contract (``results.jsonl``, ``costs.jso
 ``data.json``; docs/outputs.md) and nothing else, so a report can be rebuilt from finished runs, and several runs
 (e.g. one per seed or per method) can be merged into one report. Methods add their own sections and plots through
 the reporting hooks of their class (``Method.report_sections``, ``Method.report_plots``; :mod:`.method_hooks`).
-Importing the package imports no torch, and a report of methods without hooks of their own never does.
+Importing the package imports no torch, and a report of the methods fedpeft ships never does: their hooks are
+functions of :mod:`fedpeft.analysis`, found from the methods' source (:mod:`.method_hooks`).
 
 Modules: :mod:`.records` (reading and merging runs, orders, labels), :mod:`.tables` (statistics over seeds,
 per-group tables, Wins, gain over base), :mod:`.intervals` (paired differences over clients and their 95 % t
@@ -14,7 +15,7 @@ seed, fewer than ``MIN_TEST_EXAMPLES`` test examples per client; the summary's E
 :mod:`.continual`, :mod:`.plots`, :mod:`.sweeps`, :mod:`.summary` (``summary.md``), :mod:`.export` (the result
 tables as CSV and LaTeX). Every plot is saved in each
 format of :func:`plot_formats` (:mod:`fedpeft.core.figures`). The reports of Potara and of the BayesTune methods
-(:mod:`fedpeft.methods.families.merge_report`, :mod:`fedpeft.adapters.scale_plots`) are called by their hooks.
+(:mod:`fedpeft.analysis.mixing`, :mod:`fedpeft.analysis.scale_plots`) are called by their hooks.
 """
 
 from fedpeft.core.figures import PLOT_FORMATS, plot_formats, save_figure

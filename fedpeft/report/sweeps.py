@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.core.figures import save_figure
-from fedpeft.report.method_hooks import config_method_entries, method_class
+from fedpeft.report.method_hooks import config_method_entries
 from fedpeft.report.records import (
     budget_label,
     budget_order,
@@ -34,23 +34,25 @@ def method_sweeps(run_dirs: Sequence[Path]) -> dict[tuple[str, str], dict[str, f
     """
     from pydantic import ValidationError
 
+    from fedpeft.core.config import MethodConfig
     from fedpeft.core.registry import METHODS
 
     listed = [e for e in config_method_entries(run_dirs) if str(e.get("name")) in METHODS]
-    # Told from the names alone, so that runs without a sweep import no method class (nor torch).
+    # Told from the names alone, and the configs read from fedpeft.settings: no method class (nor torch) imported.
     counts = Counter(METHODS.canonical(str(e["name"])) for e in listed)
     entries: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for entry in (e for e in listed if counts[METHODS.canonical(str(e["name"]))] >= SWEEP_MIN_ENTRIES):
-        cls = method_class(entry.get("name"))
-        if cls is None:
+        name = METHODS.canonical(str(entry["name"]))
+        config_class = METHODS.config_class(name)  # from fedpeft.settings, without the method (nor torch)
+        if not issubclass(config_class, MethodConfig):
             continue
         try:
             # Validated as build_method does (under the canonical name), never instantiated.
-            cfg = cls.Config.model_validate({**entry, "name": cls.name})
+            cfg = config_class.model_validate({**entry, "name": name})
         except ValidationError:
             continue
         settings = cfg.model_dump(exclude={"label", "name"})
-        entries.setdefault(cls.name, []).append((str(entry.get("label") or entry["name"]), settings))
+        entries.setdefault(name, []).append((str(entry.get("label") or entry["name"]), settings))
     sweeps: dict[tuple[str, str], dict[str, float]] = {}
     for name, rows in entries.items():
         if len(rows) < SWEEP_MIN_ENTRIES:

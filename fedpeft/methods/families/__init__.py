@@ -8,6 +8,8 @@ in :mod:`fedpeft.methods`):
 - ``distillation``: federated distillation on public data (PerAda, TAKFL, FedMKT);
 - ``per_architecture``: any homogeneous method run once per architecture group of a heterogeneous federation;
 - ``bayestune``: BayesTune-LoRA's settings and per-client rank scales (``bayestune_lora``, ``fedp2eft``);
-- ``lora_keys``: which adapter tensors are A, B or head, and where LoRA goes;
-- ``merge_report``: the mixing-weight table and plot of the merging methods (Potara, Fisher merging).
+- ``lora_keys``: which adapter tensors are A, B or head, and where LoRA goes.
+
+The report code of the methods (the BayesTune methods' rank-scale plots, the merging methods' mixing weights) lives
+in :mod:`fedpeft.analysis`, which imports no torch.
 """

@@ -4,15 +4,15 @@ plots."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fedpeft.adapters.bayestune import ClientScales, PrunedAdapters, check_budget, finetune_pruned
-from fedpeft.adapters.scale_analysis import ScaleRecord, save_client_scales, scales_path
+from fedpeft.analysis.scale_plots import rank_scale_plots
+from fedpeft.analysis.scales import ScaleRecord, save_client_scales, scales_path
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method
+from fedpeft.methods.base import Budget, Method, reporting_hook
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import BayesTuneSettings
 
@@ -65,15 +65,12 @@ class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
         self, prepared: ClientScales, client: ClientData, run_dir: Path, label: str, seed: int
     ) -> None:
         """Keep the client's scales for the rank-structure and language-distance plots."""
+        scales = prepared.scales.detach().float().cpu().numpy()
         record = ScaleRecord(
-            label, seed, client.client_id, client.group, client.pool, prepared.modules, self.cfg.r_max, prepared.scales
+            label, seed, client.client_id, client.group, client.pool, prepared.modules, self.cfg.r_max, scales
         )
         save_client_scales(scales_path(run_dir, label, seed, client.client_id), record)
 
-    # ---- reporting hooks
-    @classmethod
-    def report_plots(cls, records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
-        """``rank_structure_<label>.png`` and ``lambda_distance_<label>.png`` from the clients' saved scales."""
-        from fedpeft.adapters.scale_plots import write_scale_plots
-
-        return write_scale_plots(run_dirs, out_dir, methods={r["method"] for r in records})
+    # ---- reporting hooks: ``rank_structure_<label>.png`` and ``lambda_distance_<label>.png`` from the clients'
+    # saved scales
+    report_plots = reporting_hook(rank_scale_plots)

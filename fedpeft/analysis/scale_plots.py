@@ -1,7 +1,8 @@
 """The plots of the clients' BayesTune rank scales (FedP2EFT paper, Section 4.5), for ``fedp2eft`` and
 ``bayestune_lora``: the rank structure per budget and the language-distance matrix.
 
-Called by ``BayesTuneMethod.report_plots``; the data come from :mod:`fedpeft.adapters.scale_analysis`.
+The reporting hook of both methods (``BayesTuneMethod.report_plots`` is :func:`rank_scale_plots`); the data
+come from :mod:`fedpeft.analysis.scales`. numpy and matplotlib only, no torch.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import textwrap
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from fedpeft.adapters.scale_analysis import ScaleRecord, language_distances, rank_structure, read_scales
+from fedpeft.analysis.scales import ScaleRecord, language_distances, rank_structure, read_scales
 from fedpeft.core.figures import save_figure
 
 MAX_COLUMNS = 4  # rank-structure panels per row
@@ -29,7 +30,6 @@ def _title(text: str, width_inches: float) -> str:
 
 def _heatmap(axes, matrix, rows, columns, *, fmt: str, cmap: str, vmin=None, vmax=None):  # noqa: ANN001, ANN202
     """A heatmap with the values written in its cells; undefined (NaN or infinite) cells gray, marked ``n/a``."""
-    import numpy as np
     from matplotlib import colormaps
 
     values = np.ma.masked_invalid(np.asarray(matrix, dtype=float))
@@ -97,7 +97,7 @@ def plot_language_distances(
         figure.colorbar(image, ax=axes, label=textwrap.fill(DISTANCE_LABEL, 45))
     axes.set_title(_title(title, width * 0.75), fontsize="medium")
     if any(not math.isfinite(value) for row in matrix for value in row):
-        if all(torch.equal(r.scales, records[0].scales) for r in records):
+        if all(np.array_equal(r.scales, records[0].scales) for r in records):
             note = f"{UNDEFINED}: every client has the same scales, so every distance is 0 and no ratio is defined"
         else:
             note = f"{UNDEFINED}: undefined (a group with one client, or a group whose clients' scales are equal)"
@@ -168,3 +168,9 @@ def write_scale_plots(
         title = f"{method}: distance of the clients' lambda (rank scales) between groups"
         written += plot_language_distances(mine, out_dir / f"lambda_distance_{name}.png", title, run_groups(dirs))
     return written
+
+
+def rank_scale_plots(records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+    """The ``report_plots`` hook of the BayesTune methods: :func:`write_scale_plots` of the methods (labels) of
+    ``records``."""
+    return write_scale_plots(run_dirs, out_dir, methods={r["method"] for r in records})

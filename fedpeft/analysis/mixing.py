@@ -1,6 +1,7 @@
 """The report of merging methods (Potara, Fisher merging): the mixing weights per client and the mixing-weight plot.
 
-Called by ``Potara.report_sections`` and ``Potara.report_plots``. A merging method reports per client the weight
+Their reporting hooks: ``Potara.report_sections`` is :func:`mixing_report_sections`, ``Potara.report_plots``
+:func:`mixing_report_plots` (Fisher merging inherits both). A merging method reports per client the weight
 it chose (``alpha``, or per factor / module; Fisher merging ``fisher_weight_mean``) as ``personalize`` records of
 ``results.jsonl``; run with ``grid_search: true`` it also reports the test metric of the merged model at every grid
 weight (``test_<metric>@<alpha>``) and the weight the grid search picked on held-out data (``alpha_grid``). The plot
@@ -101,3 +102,14 @@ def mixing_weight_sections(records: Sequence[dict[str, Any]]) -> list[str]:
         return []
     intro = "Weight of the federated model per client (alpha; fisher_weight_mean: mean per-coordinate weight)."
     return ["## Mixing weights", intro, facts]
+
+
+def mixing_report_sections(records: Sequence[dict[str, Any]], run_dirs: Sequence[Path]) -> list[str]:
+    """The ``report_sections`` hook of the merging methods: :func:`mixing_weight_sections`."""
+    return mixing_weight_sections(records)
+
+
+def mixing_report_plots(records: Sequence[dict[str, Any]], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+    """The ``report_plots`` hook of the merging methods: ``mixing_weight_<label>.png`` of every row run with
+    ``grid_search: true`` (paper Fig. 3c; :func:`write_mixing_weight_plots`)."""
+    return write_mixing_weight_plots(records, out_dir)

@@ -1,0 +1,13 @@
+"""What methods leave in a run directory, read back and drawn without torch: numpy, ``safetensors.numpy`` and
+matplotlib only, so that ``fedpeft report`` never imports torch, peft or transformers.
+
+- :mod:`.scales`: the clients' BayesTune rank scales (``bayestune_lora``, ``fedp2eft``): their files, the pruning
+  of scales to a rank budget (the one definition, which :mod:`fedpeft.adapters.bayestune` calls at run time),
+  rank structures and language distances; :mod:`.scale_plots` draws them;
+- :mod:`.mixing`: the mixing weights of the merging methods (Potara, Fisher merging): their table and plot.
+
+A method's reporting hooks that live here are set in its class with :func:`fedpeft.methods.base.reporting_hook`
+(``report_plots = reporting_hook(rank_scale_plots)``), which the report reads from the method's source and calls
+without importing the method (:mod:`fedpeft.report.method_hooks`). Nothing here imports a fedpeft module outside
+:mod:`fedpeft.core`.
+"""
