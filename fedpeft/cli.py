@@ -174,6 +174,9 @@ def report(
         Optional[Path],  # noqa: UP045
         typer.Option("--latex", help="Also write the result tables as LaTeX (booktabs): a .tex file or a directory."),
     ] = None,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Draw the plots (most of a report's time) or only summary.md.")
+    ] = True,
 ) -> None:
     """Merge the results of several runs into one summary (and plots; with --csv, --latex, the tables as files)."""
     _setup_logging(False)
@@ -198,7 +201,8 @@ def report(
     created = out.resolve() not in given and make_output_dir(out, REPORT_MARKER, "report")
     try:
         text = reporting.write_summary(runs, out / "summary.md")
-        reporting.write_plots(runs, out / "plots", formats=formats)
+        if plots:
+            reporting.write_plots(runs, out / "plots", formats=formats)
     except BaseException:
         if created:  # a report that could not be made leaves no directory it created behind
             shutil.rmtree(out, ignore_errors=True)

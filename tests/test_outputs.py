@@ -148,6 +148,12 @@ def test_data_section_is_tables_and_report_keeps_it(run_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     merged = (tmp_path / "report" / "summary.md").read_text()
     assert merged.split("## Data\n\n")[1].split("\n## Results")[0] == data.split("\n## Results")[0]
+    assert (tmp_path / "report" / "plots").is_dir()
+    # --no-plots writes the same summary and no plots.
+    result = cli("report", str(run_dir), str(run_dir), "--out", str(tmp_path / "summary-only"), "--no-plots")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "summary-only" / "summary.md").read_text() == merged
+    assert not (tmp_path / "summary-only" / "plots").exists()
 
 
 def test_render_info_flattens_nested_mappings():
