@@ -8,7 +8,8 @@ setting). In each round a method trains on the memory only (:func:`memory_view`)
 Evaluation during federated training (``eval.every``): the client's current model on its own test examples of
 the stages seen so far ("Self", ``split: test``) and on a fixed sample of every other client's test examples
 ("Others", ``split: others``). Accuracy is the share of the reference answer's words generated at their
-position (case and spacing ignored; 1 for an exact match) for generation, and label accuracy for classification.
+position (case and spacing ignored; 1 for an exact match) for generation, and label accuracy for classification;
+on its own test examples a generation model also gets METEOR, ROUGE-1 and ROUGE-L of the same responses.
 """
 
 from __future__ import annotations
@@ -91,8 +92,25 @@ def accuracy(runtime: Any, examples: list[Example]) -> float:
     installed model."""
     if not examples:
         return float("nan")
+    return _accuracy(runtime.task, runtime.predict(examples), examples)
+
+
+def scores(runtime: Any, examples: list[Example]) -> dict[str, float]:
+    """:func:`accuracy` of the installed model, and for generation also METEOR, ROUGE-1 and ROUGE-L of the same
+    responses (one generation pass), so that a curve over rounds has the metrics of the final evaluation."""
+    if not examples:
+        return {"accuracy": float("nan")}
     predictions = runtime.predict(examples)
-    if runtime.task == "classification":
+    found = {"accuracy": _accuracy(runtime.task, predictions, examples)}
+    if runtime.task != "classification":
+        from fedpeft.evaluation import generation_metrics
+
+        found.update(generation_metrics(predictions, [ex["response"] for ex in examples]))
+    return found
+
+
+def _accuracy(task: str, predictions: list[Any], examples: list[Example]) -> float:
+    if task == "classification":
         hits = [float(int(p) == int(ex["label"])) for p, ex in zip(predictions, examples, strict=True)]
     else:
         hits = [answer_accuracy(p, ex["response"]) for p, ex in zip(predictions, examples, strict=True)]

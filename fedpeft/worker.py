@@ -371,7 +371,8 @@ class Worker:
         self, label: str, seed: int, round_: int, client_id: str, state: ServerState
     ) -> list[ResultRecord]:
         """A client's current model after ``round_`` completed rounds of a federated phase: accuracy on its own
-        test examples seen so far (``split: test``) and on the other clients' (``split: others``)."""
+        test examples seen so far (``split: test``; for generation also METEOR, ROUGE-1 and ROUGE-L) and on the
+        other clients' (``split: others``)."""
         from fedpeft import continual
 
         method = self.methods[label]
@@ -387,7 +388,7 @@ class Worker:
         own = continual.seen_test(self.clients[client_id], round_, rounds)
         per_client = self.cfg.eval.others_per_client
         others = continual.others_test(self.data.clients, client_id, per_client, self.cfg.data.seed)
-        records = records_of(label, budget, client, seed, round_, {"accuracy": continual.accuracy(runtime, own)})
+        records = records_of(label, budget, client, seed, round_, continual.scores(runtime, own))
         if others:
             value = {"accuracy": continual.accuracy(runtime, others)}
             records += records_of(label, budget, client, seed, round_, value, split=continual.OTHERS_SPLIT)

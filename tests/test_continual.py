@@ -122,6 +122,9 @@ def test_per_round_evaluation_end_to_end(tmp_path):
     evaluated = {(r["round"], r["split"]) for r in rows if r["metric"] == "accuracy"}
     assert evaluated == {(2, "test"), (2, "others"), (3, "test"), (3, "others")}
     assert len([r for r in rows if r["metric"] == "accuracy" and r["split"] == "others"]) == 6
+    # A generation model's own test examples also get the final evaluation's metrics, from the same responses.
+    at_round_two = {(r["split"], r["metric"]) for r in rows if r["round"] == 2 and r["split"] != "train"}
+    assert at_round_two == {("others", "accuracy")} | {("test", m) for m in ("accuracy", "meteor", "rouge1", "rougeL")}
     assert "## Continual personalization" in (out / "summary.md").read_text()
     from fedpeft.adapters.hooked import HookedAdapter
 

@@ -27,7 +27,7 @@ from fedpeft.report.records import (
     pool_order,
     read_records,
 )
-from fedpeft.report.schedules import write_schedule_plot
+from fedpeft.report.schedules import clock_metrics, write_schedule_plot
 from fedpeft.report.sweeps import write_sweep_plots
 from fedpeft.report.tables import MEAN_COLUMN, Cell, group_table
 
@@ -164,10 +164,10 @@ def write_plots(
                 path = plots_dir / f"groups_{file_part(pool)}_{file_part(metric)}.png"
                 written += _plot_group_heatmap(pool_records, pool, metric, path)
         written += write_sweep_plots(run_dirs, plots_dir)
-        if results:  # each method's metric against virtual time (docs/async.md)
-            metric = metric_order(results)[0]
+        round_records = read_round_records(run_dirs)
+        for metric in clock_metrics(round_records):  # each method's metric against virtual time (docs/async.md)
             path = plots_dir / f"virtual_time_{file_part(metric)}.png"
-            written += write_schedule_plot(read_round_records(run_dirs), metric, path)
+            written += write_schedule_plot(round_records, metric, path)
         for hook, method_records in method_hook_calls(records, run_dirs, "report_plots"):
             written += hook(method_records, run_dirs, plots_dir)
         written = [target / Path(p).relative_to(plots_dir) if Path(p).is_relative_to(plots_dir) else p for p in written]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedpeft.report.records import Record, first_seen, metric_label
+from fedpeft.report.records import Record, first_seen, metric_label, metric_order
 from fedpeft.report.tables import markdown_table
 
 VIRTUAL_TIME = "virtual_time"
@@ -82,22 +82,37 @@ def schedule_table(round_records: Sequence[Record], metric: str, pool: str = "se
     return markdown_table(header, rows), target
 
 
-def schedule_sections(round_records: Sequence[Record], metric: str, pool: str = "seen") -> list[str]:
-    """summary.md's section on the virtual clock, or nothing when no method kept it and was evaluated during
-    training (module docstring)."""
-    found = schedule_table(round_records, metric, pool)
-    if found is None:
-        return []
-    table, target = found
-    intro = (
-        f"Methods on the virtual clock (docs/async.md), {pool} pool: the final {metric_label(metric)} (x100, the mean "
-        "over clients at the last evaluated round, mean ± SD over seeds), the virtual time of the last server step, "
-        f"and the virtual time at which the mean over clients first reached {100 * target:.2f}, the lowest final "
-        "value among these methods (evaluated every `eval.every` rounds, so a time is that of the first evaluation "
-        "at or above it). Virtual time counts each client's local steps times its speed factor; a synchronous round "
-        "lasts as long as its slowest client."
+def clock_metrics(round_records: Sequence[Record], pool: str = "seen") -> list[str]:
+    """The metrics evaluated during training in ``pool`` of methods that kept the virtual clock, in report order."""
+    clocked = {(r["method"], r["seed"]) for r in round_records if r["metric"] == VIRTUAL_TIME}
+    return metric_order(
+        r
+        for r in round_records
+        if r.get("split") == "test" and r.get("pool") == pool and (r["method"], r["seed"]) in clocked
     )
-    return ["## Virtual time", intro, table]
+
+
+def schedule_sections(round_records: Sequence[Record], pool: str = "seen") -> list[str]:
+    """summary.md's section on the virtual clock, one table per metric evaluated during training, or nothing when
+    no method kept the clock and was evaluated during training (module docstring)."""
+    parts: list[str] = []
+    for metric in clock_metrics(round_records, pool):
+        found = schedule_table(round_records, metric, pool)
+        if found is None:
+            continue
+        table, target = found
+        parts += [f"### {metric_label(metric)}: target {100 * target:.2f}", table]
+    if not parts:
+        return []
+    intro = (
+        f"Methods on the virtual clock (docs/async.md), {pool} pool, per metric: the final value (x100, the mean over "
+        "clients at the last evaluated round, mean ± SD over seeds), the virtual time of the last server step, and "
+        "the virtual time at which the mean over clients first reached the target, the lowest final value among "
+        "these methods (evaluated every `eval.every` rounds, so a time is that of the first evaluation at or above "
+        "it). Virtual time counts each client's local steps times its speed factor; a synchronous round lasts as "
+        "long as its slowest client."
+    )
+    return ["## Virtual time", intro, *parts]
 
 
 def write_schedule_plot(round_records: Sequence[Record], metric: str, path: Path, pool: str = "seen") -> list[Path]:

@@ -26,7 +26,6 @@ from fedpeft.report.records import (
     Record,
     budget_label,
     first_seen,
-    is_test,
     method_order,
     metric_label,
     metric_order,
@@ -264,9 +263,7 @@ def write_summary(
         parts += hook(records, run_dirs)
     round_records = read_round_records(run_dirs)
     parts += continual_sections(round_records)
-    tested = [r for r in results if is_test(r)]
-    if tested:  # methods on the virtual clock
-        parts += schedule_sections(round_records, metric_order(tested)[0])
+    parts += schedule_sections(round_records)  # methods on the virtual clock
     parts += privacy_sections(results)  # methods with `dp`: the final epsilon per method and seed
     failures = render_failures(costs)
     if failures:
