@@ -1,9 +1,10 @@
 """The tables of docs/results/lora-aggregation.md, from the runs' results.jsonl and costs.jsonl.
 
     python docs/results/lora-aggregation/tables.py [RUNS]
+    python docs/results/lora-aggregation/tables.py docs/results/lora-aggregation/records   # the page's own runs
 
 reads RUNS/lora-aggregation-hetero-*, RUNS/lora-aggregation-potara-s* and
-RUNS/lora-aggregation-server-optimizers-s* (runs of one seed, or of some of the methods; RUNS defaults to runs).
+RUNS/lora-aggregation-server-optimizers-s* (runs of any seeds, or of some of the methods; RUNS defaults to runs).
 A run that has not finished, or was stopped, is read from its finished units (parts/).
 
 A cell is computed as in summary.md (docs/outputs.md): per seed the mean of the metric over the clients (or
@@ -14,6 +15,8 @@ others no budget; a row here is a method (label) whatever its budget.
 
 from __future__ import annotations
 
+import gzip
+import json
 import statistics
 import sys
 from collections import defaultdict
@@ -28,6 +31,11 @@ METRIC_NAMES = {"meteor": "METEOR", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L"}
 KEY = ("method", "budget", "pool", "client", "seed", "split", "metric", "round")
 
 
+def _gzipped(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
 def read_records(runs: list[Path]) -> tuple[list[dict], list[dict]]:
     """Results and costs of ``runs`` (merged as `fedpeft report` does); a run without results.jsonl yet gives the
     records of its finished units."""
@@ -35,6 +43,10 @@ def read_records(runs: list[Path]) -> tuple[list[dict], list[dict]]:
     results, costs = run_records.read_records(finished) if finished else ([], [])
     for run in runs:
         if run in finished:
+            continue
+        if (run / "results.jsonl.gz").is_file():  # the page's own records (records/ beside this script)
+            results += _gzipped(run / "results.jsonl.gz")
+            costs += _gzipped(run / "costs.jsonl.gz") if (run / "costs.jsonl.gz").is_file() else []
             continue
         for part in sorted((run / "parts").glob("*.jsonl")):
             for record in run_records.read_jsonl(part):
@@ -199,17 +211,19 @@ def group_table(runs: list[Path], only: set[str] | None = None) -> str:
 
 
 def round_records(runs: list[Path]) -> list[dict]:
-    """Every round's training records of ``runs`` (results.jsonl, else parts/), which read_records reduces to the
-    last round."""
+    """Every round's training records of ``runs`` (results.jsonl, else parts/, else results.jsonl.gz), which
+    read_records reduces to the last round."""
     records: dict[tuple, dict] = {}
     for run in runs:
         files = (
             [run / "results.jsonl"] if (run / "results.jsonl").is_file() else sorted((run / "parts").glob("*.jsonl"))
         )
-        for path in files:
-            for r in run_records.read_jsonl(path):
-                if "_cost" not in r and r.get("split") == "train":
-                    records[tuple(str(r.get(k)) for k in KEY)] = r
+        rows = [r for path in files for r in run_records.read_jsonl(path)]
+        if not files and (run / "results.jsonl.gz").is_file():  # the page's own records
+            rows = _gzipped(run / "results.jsonl.gz")
+        for r in rows:
+            if "_cost" not in r and r.get("split") == "train":
+                records[tuple(str(r.get(k)) for k in KEY)] = r
     return list(records.values())
 
 
@@ -230,18 +244,62 @@ def loss_curve(runs: list[Path], only: set[str] | None = None, every: int = 5) -
     return markdown(["Method", *(f"round {n}" for n in shown)], rows)
 
 
+def interval_table(runs: list[Path], pairs: list[tuple[str, str]], metric: str = "rougeL") -> str:
+    """Each pair's paired difference A - B over clients (each client's mean over seeds), x100, with its 95 % t
+    interval over the clients, as summary.md computes them (fedpeft.report.intervals)."""
+    from fedpeft.report.intervals import format_interval, paired_interval
+
+    results, _ = read_records(runs)
+    test = [r for r in results if r["split"] == "test" and r["metric"] == metric]
+
+    def values(method: str) -> dict[tuple[str, object], float]:
+        return {(r["client"], r["seed"]): float(r["value"]) for r in test if r["method"] == method}
+
+    rows = [[a, b, format_interval(paired_interval(values(a), values(b)))] for a, b in pairs]
+    return markdown(["A", "B", f"{METRIC_NAMES[metric]}: A - B [95 % CI]"], rows)
+
+
+HETERO_PAIRS = [
+    ("fedit", "base"),
+    *((m, "fedit") for m in ("fedex_lora", "rolora", "fedsvd", "flora", "hetlora", "flexlora")),
+    ("flora", "fedex_lora"),
+    ("flora", "hetlora"),
+]
+POTARA_PAIRS = [
+    ("fedit", "base"),
+    ("flexlora", "fedit"),
+    ("flexlora", "fedex_lora"),
+    ("fedex_lora", "fedit"),
+    ("flora", "fedit"),
+    ("hetlora", "fedit"),
+    ("fedsvd", "fedit"),
+    ("fedsvd-alpha16", "fedsvd"),
+    ("fedsvd-alpha16", "fedit"),
+    ("rolora", "base"),
+    ("fedsvd", "base"),
+]
+OPTIMIZER_PAIRS = [(m, "fedit") for m in ("fedit-avgm", "fedit-adam", "fedit-yogi", "fedit-adagrad")] + [
+    ("fedit-adam", "base"),
+    ("fedit-adagrad", "base"),
+]
+
+
 def main(root: Path) -> None:
     hetero = sorted(root.glob("lora-aggregation-hetero-*"))
     potara = sorted(root.glob("lora-aggregation-potara-s*"))
     optimizers = sorted(root.glob("lora-aggregation-server-optimizers-s*"))
     print("## Heterogeneous ranks (ROUGE-L x 100 per client)\n")
     print(client_table(hetero))
+    print()
+    print(interval_table(hetero, HETERO_PAIRS))
     print("\n## potara-tasks-cpu: aggregation methods\n")
     print(pool_table(potara))
     print()
     print(group_table(potara))
     print()
     print(loss_curve(potara))
+    print()
+    print(interval_table(potara, POTARA_PAIRS))
     # FedAvg (fedit without a server optimizer, the same as `sgd` at lr 1) comes from the aggregation runs.
     print("\n## potara-tasks-cpu: server optimizers\n")
     reference = {"base", "fedit"}
@@ -250,6 +308,8 @@ def main(root: Path) -> None:
     print(group_table(potara + optimizers, reference))
     print()
     print(loss_curve(potara + optimizers, reference))
+    print()
+    print(interval_table(potara + optimizers, OPTIMIZER_PAIRS))
 
 
 if __name__ == "__main__":
