@@ -207,3 +207,14 @@ def test_csv_has_the_difference_its_bounds_and_the_reference_per_row():
     overlapping = list(csv.DictReader(io.StringIO(render_csv(OVERLAPPING))))
     assert {r["best"] for r in overlapping if r["table"] == "results"} == {"0"}
     assert all(float(r["low"]) < 0 for r in overlapping if r["table"] == "results" and r["reference"] == "B")
+
+
+def test_the_interval_is_scipys_one_sample_t_interval():
+    import random
+
+    rng = random.Random(7)
+    for n in (2, 3, 5, 12, 40):
+        values = [rng.gauss(0.05, 0.1) for _ in range(n)]
+        found = stats.ttest_1samp(values, 0.0).confidence_interval(confidence_level=0.95)
+        low, high = t_interval(values)
+        assert (low, high) == (pytest.approx(float(found.low), rel=1e-12), pytest.approx(float(found.high), rel=1e-12))
