@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from entry_point import cli
+from entry_point import cli, report_in_a_fresh_process
 from safetensors.torch import load_file
+from test_per_architecture import two_architectures
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from fedpeft.analysis.scales import ScaleRecord, language_distances, rank_structure, read_scales
@@ -239,20 +237,7 @@ def test_run_writes_results_psg_lambdas_and_plots(run_dir):
 def test_report_of_the_rank_scales_imports_no_torch(run_dir, tmp_path):
     # The BayesTune methods' report_plots hook is read from their source and called without importing them.
     out = tmp_path / "report"
-    program = (
-        "import sys\n"
-        "from fedpeft.cli import main\n"
-        f"sys.argv = ['fedpeft', 'report', {str(run_dir)!r}, '--out', {str(out)!r}]\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit as stop:\n"
-        "    assert not stop.code, stop.code\n"
-        "print('imported:', sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))\n"
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "imported: []" in done.stdout
+    assert report_in_a_fresh_process(run_dir, out) == []
     for method in ("fedp2eft", "bayestune_lora"):
         for plot in ("rank_structure", "lambda_distance"):
             drawn = out / "plots" / f"{plot}_{method}.png"
@@ -365,28 +350,7 @@ def test_personalize_cli_from_a_file_of_examples(run_dir, tmp_path, monkeypatch,
     assert accuracy > 0.5  # fitted to the file's (label-skewed) examples
 
 
-MIXED = {
-    "name": "mixed-fedp2eft",
-    "seeds": [0],
-    "threads": 1,
-    "base": {"kind": "pretrained"},
-    "budgets": [2],
-    "methods": [{"name": "fedp2eft", "rounds": 2, "fraction": 1.0, "lr": 1e-2, "batch_size": 8}],
-    "output": {"plots": False},
-    "data": {
-        "name": "synthetic-xnli",
-        "groups": ["lat1", "lat2"],
-        "clients_per_group": 2,
-        "train_per_group": 16,
-        "test_per_group": 8,
-        "base_samples": 32,
-    },
-    "models": {
-        "llama": {"name": "tiny-llama", "max_length": 24, "vocab_size": 300, "overrides": {"hidden_size": 32}},
-        "qwen": {"name": "tiny-qwen2", "max_length": 24, "vocab_size": 300},
-    },
-    "assign": {"groups": {"lat1": "llama", "lat2": "qwen"}},
-}
+MIXED = two_architectures([{"name": "fedp2eft", "rounds": 2, "fraction": 1.0, "lr": 1e-2, "batch_size": 8}])
 
 
 def test_a_federation_of_two_architectures_keeps_a_psg_and_a_base_model_per_architecture(tmp_path, monkeypatch, capsys):

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from entry_point import report_in_a_fresh_process
 
 from fedpeft.core.errors import UserError
 from fedpeft.report import (
@@ -428,20 +426,7 @@ def test_report_of_merging_methods_imports_no_torch(tmp_path):
             record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
             handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
     out = tmp_path / "report"
-    program = (
-        "import sys\n"
-        "from fedpeft.cli import main\n"
-        f"sys.argv = ['fedpeft', 'report', {str(run)!r}, '--out', {str(out)!r}]\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit as stop:\n"
-        "    assert not stop.code, stop.code\n"
-        "print('imported:', sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))\n"
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "imported: []" in done.stdout
+    assert report_in_a_fresh_process(run, out) == []
     text = (out / "summary.md").read_text()
     assert text.count("## Mixing weights") == 1 and "| pot | en-0 | 0.250 | 0.500 | — |" in text
     assert (out / "plots" / "mixing_weight_pot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
