@@ -72,6 +72,14 @@ def classification_records(pool: str = "seen") -> list[dict]:
     ]
 
 
+def add_personalize_facts(run: Path, facts: list[tuple[str, str, float]]) -> None:
+    """Append ``(method, metric, value)`` facts of client en-0, seed 0 (split ``personalize``) to a run's results."""
+    with (run / "results.jsonl").open("a") as handle:
+        for method, metric, value in facts:
+            record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
+            handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
+
+
 def write_run(run_dir: Path, results: list[dict], costs: list[dict] | None = None) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
@@ -335,10 +343,7 @@ def test_methods_report_through_their_class_hooks(tmp_path):
         "  - {name: lora}\n"
     )
     facts = [("pot", "alpha", 0.25), ("fisher_merge", "fisher_weight_mean", 0.5), ("removed_method", "alpha", 0.9)]
-    with (run / "results.jsonl").open("a") as handle:
-        for method, metric, value in facts:
-            record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
-            handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
+    add_personalize_facts(run, facts)
     from fedpeft.report.method_hooks import method_hook_calls
 
     records, _ = read_records([run])
@@ -402,10 +407,7 @@ def test_a_plugins_hook_is_called_on_its_class(tmp_path, monkeypatch):
         "methods:\n  - {name: own_plugin, label: own}\n  - {name: merging_plugin}\n  - {name: potara}\n"
     )
     facts = [("own", "alpha", 0.1), ("merging_plugin", "alpha", 0.2), ("potara", "alpha", 0.3)]
-    with (run / "results.jsonl").open("a") as handle:
-        for method, metric, value in facts:
-            record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
-            handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
+    add_personalize_facts(run, facts)
     records, _ = read_records([run])
     calls = method_hook_calls(records, [run], "report_sections")
     assert [sorted({r["method"] for r in rows}) for _, rows in calls] == [["own"], ["merging_plugin", "potara"]]
@@ -421,10 +423,7 @@ def test_report_of_merging_methods_imports_no_torch(tmp_path):
     (run / "config.yaml").write_text("methods:\n  - {name: potara, label: pot}\n  - {name: fisher_merge}\n")
     facts = [("pot", "alpha", 0.25), ("pot", "alpha_grid", 0.5), ("fisher_merge", "fisher_weight_mean", 0.5)]
     facts += [("pot", f"test_accuracy@{alpha:g}", 0.5 + alpha / 10) for alpha in (0.0, 0.5, 1.0)]
-    with (run / "results.jsonl").open("a") as handle:
-        for method, metric, value in facts:
-            record = {"method": method, "client": "en-0", "seed": 0, "split": "personalize", "metric": metric}
-            handle.write(json.dumps({**record, "budget": None, "pool": "seen", "group": "en", "value": value}) + "\n")
+    add_personalize_facts(run, facts)
     out = tmp_path / "report"
     assert report_in_a_fresh_process(run, out) == []
     text = (out / "summary.md").read_text()
