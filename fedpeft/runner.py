@@ -19,7 +19,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -152,11 +152,18 @@ class Experiment:
                 self.directory.discard()
             raise
         records = stages.write_outputs()
+        tested = [c for c in stages.data.clients if c.test]
+        budgets = list(self.cfg.budgets)
+        # A method evaluates the clients it has a budget for: a tiered method with `eval_tiers` only those tiers'.
+        evaluates = {
+            label: [c.client_id for c in tested if m.budgets_of(c, budgets)] for label, m in worker.methods.items()
+        }
         check_result_coverage(
             records,
-            [c.client_id for c in stages.data.clients if c.test],
+            [c.client_id for c in tested],
             self.cfg.validation.min_result_fraction,
             self.out / "summary.md",
+            evaluates=evaluates,
         )
         return self.out
 
@@ -876,10 +883,22 @@ def train_rows(label: str, budget: int | None, seed: int, round_: int, metrics: 
     ]
 
 
-def check_result_coverage(records: list[ResultRecord], clients: list[str], min_fraction: float, summary: Path) -> None:
+def check_result_coverage(
+    records: list[ResultRecord],
+    clients: list[str],
+    min_fraction: float,
+    summary: Path,
+    *,
+    evaluates: Mapping[str, Collection[str]] | None = None,
+) -> None:
     """Raise :class:`MissingResultsError` when, for some method, seed and rank budget with results (the tiers of a
-    tiered method together), fewer than ``min_fraction`` of ``clients`` (those with test data) have a final test
-    record; names how many and where the failures are listed (``summary``)."""
+    tiered method together), fewer than ``min_fraction`` of the clients it evaluates have a final test record;
+    names how many and where the failures are listed (``summary``).
+
+    Args:
+        clients: the clients with test data, which a method evaluates unless ``evaluates`` says otherwise.
+        evaluates: method label -> the clients it evaluates (e.g. a tiered method's ``eval_tiers``' clients).
+    """
     if not clients:
         return
     have: dict[tuple[str, int, Any], set[str]] = {}
@@ -888,9 +907,9 @@ def check_result_coverage(records: list[ResultRecord], clients: list[str], min_f
             # A rank budget evaluates every client; a tier (a named budget) only its own clients: pooled.
             budget = record["budget"] if isinstance(record["budget"], int) else None
             have.setdefault((record["method"], record["seed"], budget), set()).add(record["client"])
-    expected = set(clients)
     short = []
     for (method, seed, budget), present in have.items():
+        expected = set(clients if evaluates is None else evaluates.get(method, clients))
         if len(present & expected) < min_fraction * len(expected):
             at = f", budget {budget}" if budget is not None else ""
             short.append(f"{len(expected - present)} of {len(expected)} clients for {method} (seed {seed}{at})")

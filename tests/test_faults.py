@@ -340,3 +340,8 @@ def test_result_coverage_pools_the_tiers_of_a_tiered_method_and_not_rank_budgets
     with pytest.raises(MissingResultsError, match=r"of 1 of 4 clients for lora \(seed 0, budget 8\)"):
         check_result_coverage(ranks, clients, 1.0, tmp_path / "summary.md")
     check_result_coverage(ranks, clients, 0.75, tmp_path / "summary.md")
+    # A method that evaluates some clients only (a tiered method's `eval_tiers`) is judged on those.
+    dense = [test_record("trivial_lora-dense", "t1", "a")]
+    with pytest.raises(MissingResultsError, match=r"of 3 of 4 clients for trivial_lora-dense"):
+        check_result_coverage(dense, clients, 1.0, tmp_path / "summary.md")
+    check_result_coverage(dense, clients, 1.0, tmp_path / "summary.md", evaluates={"trivial_lora-dense": ["a"]})
