@@ -326,6 +326,23 @@ def test_a_run_with_clients_missing_from_its_results_ends_with_exit_1_unless_the
     assert code == 0, err
 
 
+def test_a_run_whose_tiered_method_evaluates_one_tier_completes(tmp_path):
+    """Like the dense FLAME presets: the clients of the other tiers have no results, by the config."""
+    from fedpeft.core.config import load_config
+
+    tiers = [{"name": "tier1", "rank": 4}, {"name": "tier2", "rank": 2}]
+    entry = {"name": "trivial_lora", "rounds": 1, "lr": 0.005, "eval_tiers": ["tier1"], "tiers": tiers}
+    sets = ["data.groups=[lat1, lat3]", "data.train_per_group=40", "data.test_per_group=20", "data.base_samples=200"]
+    cfg = load_config("smoke", [*sets, "budgets=[2]", f"methods={json.dumps([entry])}"])
+    out = Experiment(cfg, tmp_path / "run").run()
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    tested = {r["client"] for r in rows if r["method"] == "trivial_lora" and r["split"] == "test"}
+    assert tested and all(
+        r["budget"] == "tier1" for r in rows if r["method"] == "trivial_lora" and r["split"] == "test"
+    )
+    assert len(tested) < len({r["client"] for r in rows if r["method"] == "base"})
+
+
 def test_result_coverage_pools_the_tiers_of_a_tiered_method_and_not_rank_budgets(tmp_path):
     from fedpeft.core.errors import MissingResultsError
     from fedpeft.runner import check_result_coverage
