@@ -299,16 +299,17 @@ class Experiment:
                 )
 
     def _check_schedules(self, data: FederatedData, *, flower: bool) -> None:
-        """Refuse asynchronous schedules on the Flower engine (not implemented there yet), and speed factors of
-        client groups the data does not have."""
+        """Refuse asynchronous schedules with secure aggregation (which sums a cohort of updates), and speed factors
+        of client groups the data does not have."""
         entries = list(self.cfg.methods) + ([self.cfg.base.method] if self.cfg.base.kind == "federated" else [])
         asynchronous = [
             e.label or e.name for e in entries if isinstance(e, MeanServerConfigMixin) and e.schedule.asynchronous
         ]
-        if asynchronous and flower:
+        if asynchronous and self.cfg.engine.secagg is not None:
             raise UserError(
-                f"Asynchronous schedules run on the local engine so far, and {', '.join(asynchronous)} set(s) one; "
-                "run without `--engine flower`, or set schedule.kind: sync."
+                f"Secure aggregation needs a cohort of updates to sum, and {', '.join(asynchronous)} set(s) an "
+                "asynchronous schedule, whose server steps take updates one by one as they arrive; drop engine.secagg "
+                "or set schedule.kind: sync."
             )
         groups = {c.group for c in data.clients}
         unknown = sorted(set(self.cfg.clients.speed.groups) - groups)
@@ -625,9 +626,11 @@ class Stages:
         ckpt = self.out / "checkpoints" / label / f"{name}{SUFFIX}"
         store = self.worker.store(label, seed)
         start = 0
+        in_flight: list[str] = []  # an asynchronous schedule's clients in flight, listed in the checkpoint
         if has_checkpoint(ckpt, self.out):
             saved = load_checkpoint(ckpt)
             state, start = saved["state"], saved["round"]
+            in_flight = list(saved.get("in_flight", []))
             store.restore(saved["store"])
             store.rollback(start - 1)
             meter.__dict__.update(saved["meter"])
@@ -648,7 +651,7 @@ class Stages:
                 lambda _state, round_, metrics: train_records.extend(train_rows(label, budget, seed, round_, metrics))
             ),
             AfterRound(lambda _state, round_, metrics: self.metric_log.round(label, budget, seed, round_ + 1, metrics)),
-            Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), [])),
+            Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), []), in_flight),
             AfterRound(lambda _state, _round, metrics: self.progress.advance_round(metrics)),
         ]
         seen = [c.client_id for c in self.data.pool("seen")]
@@ -675,6 +678,7 @@ class Stages:
                 meter=meter,
                 callbacks=callbacks,
                 checks=checks,
+                in_flight=in_flight,
             )
         return self.engine.run_rounds(
             label,
@@ -798,15 +802,22 @@ class Stages:
 class Checkpoint:
     """After every round, the phase's state, client-state store, cost meter and round records, written atomically
     to the checkpoint file ``path`` (:mod:`fedpeft.core.checkpoints`: safetensors and JSON, no pickle): what
-    ``--resume`` continues from."""
+    ``--resume`` continues from. ``in_flight``: under an asynchronous schedule, the list of the clients in flight
+    (kept up to date by its loop), saved too: a resume sends them again."""
 
     def __init__(
-        self, path: Path, store: Any, meter: CostMeter, round_records: Callable[[], list[ResultRecord]]
+        self,
+        path: Path,
+        store: Any,
+        meter: CostMeter,
+        round_records: Callable[[], list[ResultRecord]],
+        in_flight: list[str] | None = None,
     ) -> None:
         self.path = path
         self.store = store
         self.meter = meter
         self.round_records = round_records
+        self.in_flight = in_flight
 
     def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> None:
         snapshot = {
@@ -816,6 +827,8 @@ class Checkpoint:
             "meter": dict(self.meter.__dict__),
             "round_records": self.round_records(),
         }
+        if self.in_flight:
+            snapshot["in_flight"] = list(self.in_flight)
         save_checkpoint(snapshot, self.path)
 
     def after_phase(self, state: ServerState) -> None:

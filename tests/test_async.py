@@ -195,7 +195,10 @@ def test_an_asynchronous_run_gives_the_same_records_on_two_workers(tmp_path):
             "privacy accountant assumes synchronous rounds",
         ),
         (["methods=[{name: fedit, schedule: {kind: fedbuff, concurrency: 2, buffer_size: 3}}]"], "exceeds concurrency"),
-        (["methods=[{name: fedit, schedule: {kind: fedasync}}]", "--engine", "flower"], "run on the local engine"),
+        (
+            ["methods=[{name: fedit, schedule: {kind: fedasync}}]", "engine.secagg={}", "--engine", "flower"],
+            "Secure aggregation needs a cohort of updates",
+        ),
         (["methods=[{name: fedit, schedule: {kind: fedasync}}]", "clients.speed.groups={tier9: 2.0}"], "tier9"),
     ],
 )

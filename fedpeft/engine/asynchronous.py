@@ -22,6 +22,11 @@ costs the CPU of the clients it trains. The loop (:func:`run_asynchronous`):
 
 With every client equally fast and K = C = the clients of a round, all C arrive together, the server steps once
 on all of them, and the next C get the new state: the synchronous rounds, bit for bit.
+
+The virtual clock (:class:`VirtualClock`) is the local engine's; the engine chooses (:attr:`Engine.arrival_order`).
+The Flower engine's :class:`ArrivalClock` sends each client's work as it is dispatched and takes the replies in
+the order they come (step 2): a node's reply, not a virtual duration, decides the order, and the records depend on
+the machines. Everything else (dispatch, staleness, buffering, the server steps, failures) is this one loop.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol, cast
 
 from fedpeft.core.config import SpeedConfig
 from fedpeft.core.costs import CostMeter
@@ -84,14 +90,99 @@ def virtual_durations(
 
 @dataclass
 class Flight:
-    """A client in flight: the state version it trains from, its payload, when it finishes, and its outcome once
-    the engine has run its work."""
+    """A client in flight: the state version it trains from, its payload, when it finishes (on the virtual
+    clock), and its outcome once the engine has run its work."""
 
     client_id: str
     version: int
     payload: Payload
-    finish: float
+    finish: float = 0.0
     outcome: ClientOutcome | None = None
+
+
+class AsyncClock:
+    """What decides when the clients in flight arrive: :class:`VirtualClock` (the local engine: their virtual
+    durations) or :class:`ArrivalClock` (an engine that reports replies as they come: the Flower engine). The
+    engine chooses (:attr:`Engine.arrival_order`).
+
+    Attributes:
+        now: the virtual time, recorded as each server step's ``virtual_time`` and the state's ``clock``; None
+            for a clock that measures none.
+    """
+
+    now: float | None = None
+
+    def start(self, flight: Flight) -> None:
+        """``flight`` was dispatched."""
+        raise NotImplementedError
+
+    def arrivals(self, flights: list[Flight]) -> list[Flight]:
+        """Wait for the next of ``flights`` to arrive; returns them, each with its outcome, in the order the loop
+        takes them in."""
+        raise NotImplementedError
+
+    def end(self, flights: list[Flight]) -> None:
+        """The phase ends with ``flights`` still in flight (their updates are not used)."""
+
+
+class VirtualClock(AsyncClock):
+    """Arrivals by virtual duration (module docstring): a client's work runs through the engine when its result is
+    needed, together with every other client in flight not trained yet."""
+
+    def __init__(self, engine: Engine, label: str, seed: int, durations: dict[str, float], now: float) -> None:
+        self.engine, self.label, self.seed, self.durations = engine, label, seed, durations
+        self.now: float = now
+
+    def start(self, flight: Flight) -> None:
+        flight.finish = self.now + self.durations.get(flight.client_id, 1.0)
+
+    def arrivals(self, flights: list[Flight]) -> list[Flight]:
+        self.now = min(f.finish for f in flights)
+        arriving = sorted((f for f in flights if f.finish == self.now), key=lambda f: f.client_id)
+        _train(self.engine, self.label, self.seed, [f for f in flights if f.outcome is None])
+        return arriving
+
+
+class ArrivalEngine(Protocol):
+    """An engine that runs one client's work at a time and reports the replies as they come (the Flower
+    engine's :class:`~fedpeft.engine.flower.grid.GridEngine`)."""
+
+    def submit(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> None:
+        """Send ``client_id``'s training from ``payload`` (of server step ``round_``)."""
+
+    def next_outcomes(self) -> list[ClientOutcome]:
+        """Wait until at least one submitted client's outcome is in; return every one in (client-id order)."""
+        ...
+
+    def drain(self) -> None:
+        """Wait for (and discard) the outcomes of every client still submitted."""
+
+
+class ArrivalClock(AsyncClock):
+    """Arrivals in the order the engine's replies come: a client's work is sent as it is dispatched, and the
+    loop takes each reply as it arrives (replies that come together in client-id order). It measures no virtual
+    time, and the order, hence the records, depends on the machines."""
+
+    def __init__(self, engine: ArrivalEngine, label: str, seed: int) -> None:
+        self.engine, self.label, self.seed = engine, label, seed
+
+    def start(self, flight: Flight) -> None:
+        self.engine.submit(self.label, self.seed, flight.version, flight.client_id, flight.payload)
+
+    def arrivals(self, flights: list[Flight]) -> list[Flight]:
+        by_id = {f.client_id: f for f in flights}
+        arriving = []
+        for outcome in self.engine.next_outcomes():
+            flight = by_id.get(outcome.client_id)
+            if flight is None:  # not this phase's (cannot happen: a phase drains its clients)
+                continue
+            flight.outcome = outcome
+            arriving.append(flight)
+        return arriving
+
+    def end(self, flights: list[Flight]) -> None:
+        if flights:
+            self.engine.drain()
 
 
 def run_asynchronous(
@@ -107,25 +198,45 @@ def run_asynchronous(
     meter: CostMeter,
     callbacks: Sequence[RoundCallback],
     checks: UpdateChecks,
+    in_flight: list[str] | None = None,
 ) -> ServerState:
     """Run ``method``'s server steps ``state.round .. method.rounds - 1`` under ``schedule`` (module docstring);
-    returns the final state. A resumed phase starts with fresh clients from the restored state and clock."""
+    returns the final state. The engine's clock (:attr:`Engine.arrival_order`) decides the order of arrivals.
+
+    ``in_flight``: kept up to date, before the callbacks of each server step, with the clients then in flight
+    (the checkpoint lists them); given non-empty, as on a resume, those clients are dispatched first, with the
+    restored state (the updates they were training were lost with the interrupted run)."""
     per_round = len(method.sample(client_ids, state.round, seed))
     concurrency = min(schedule.concurrency or per_round, len(client_ids))
     buffer_size = 1 if schedule.kind == "fedasync" else (schedule.buffer_size or concurrency)
     flights: list[Flight] = []
     buffer: list[ClientUpdate] = []
-    clock, dispatches, streak = state.clock, 0, 0
+    dispatches, streak = 0, 0
+    resent = [c for c in dict.fromkeys(in_flight or []) if c in set(client_ids)][:concurrency]
     tally = RoundTally(state.round, [], meter)
     started = time.perf_counter()
     engine.start_phase(label, seed)
+    clock: AsyncClock = (
+        ArrivalClock(cast(ArrivalEngine, engine), label, seed)
+        if engine.arrival_order
+        else VirtualClock(engine, label, seed, durations, state.clock)
+    )
 
     def too_stale(staleness: int, _update: ClientUpdate) -> str | None:
         limit = schedule.max_staleness
         return None if limit is None or staleness <= limit else f"staleness {staleness} exceeds max_staleness={limit}"
 
+    def dispatch(chosen: list[str]) -> None:
+        for client_id in chosen:
+            flight = Flight(client_id, state.round, method.payload(state, client_id))
+            clock.start(flight)
+            flights.append(flight)
+
     def fill() -> None:
-        nonlocal dispatches
+        nonlocal dispatches, resent
+        if resent:  # a resume: the clients in flight at the checkpoint go first
+            dispatch(resent)
+            resent = []
         free = concurrency - len(flights)
         if free <= 0:
             return
@@ -137,18 +248,13 @@ def run_asynchronous(
             rng = random.Random(derive_seed(seed, label, "async-dispatch", dispatches))
             chosen = sorted(rng.sample(idle, min(free, len(idle))))
         dispatches += 1
-        for client_id in chosen:
-            payload = method.payload(state, client_id)
-            flights.append(Flight(client_id, state.round, payload, clock + durations.get(client_id, 1.0)))
+        dispatch(chosen)
 
     while state.round < method.rounds and not method.should_stop(state):
         fill()
         if not flights:
             break
-        clock = min(f.finish for f in flights)
-        arriving = sorted((f for f in flights if f.finish == clock), key=lambda f: f.client_id)
-        _train(engine, label, seed, [f for f in flights if f.outcome is None])
-        for flight in arriving:
+        for flight in clock.arrivals(flights):
             flights.remove(flight)
             tally.sampled.append(flight.client_id)
             assert flight.outcome is not None
@@ -175,17 +281,23 @@ def run_asynchronous(
                 "clients": float(len(buffer)),
                 "examples": sum(float(u.weight) for u in buffer),
                 "seconds": seconds,
-                "virtual_time": clock,
-                "staleness": sum(u.staleness for u in buffer) / len(buffer),
             }
+            if clock.now is not None:
+                metrics["virtual_time"] = clock.now
+            metrics["staleness"] = sum(u.staleness for u in buffer) / len(buffer)
             step = state.round
-            state = dataclasses.replace(new_state, round=step + 1, clock=clock)
+            state = dataclasses.replace(
+                new_state, round=step + 1, clock=state.clock if clock.now is None else clock.now
+            )
             meter.wall_seconds += seconds
+            if in_flight is not None:
+                in_flight[:] = [f.client_id for f in flights]
             for callback in callbacks:
                 callback.after_round(state, step, metrics)
             buffer, tally, started = [], RoundTally(state.round, [], meter), time.perf_counter()
             if state.round >= method.rounds or method.should_stop(state):
                 break
+    clock.end(flights)
     for callback in callbacks:
         callback.after_phase(state)
     return state

@@ -172,6 +172,10 @@ class Engine:
     (:class:`~fedpeft.core.turns.Turns`) for their server code; an engine that runs more than one waits with
     :meth:`wait` while replies are due."""
     turns: Turns | None = None
+    arrival_order = False
+    """Whether an asynchronous schedule takes the clients' replies in the order they come (the engine then
+    implements :class:`~fedpeft.engine.asynchronous.ArrivalEngine`: ``submit``, ``next_outcomes``, ``drain``)
+    instead of the virtual clock (:mod:`fedpeft.engine.asynchronous`)."""
 
     def units_started(self, count: int) -> None:
         """``count`` units begin, each in a thread (engines that run several at once count them)."""

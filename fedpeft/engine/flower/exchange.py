@@ -104,6 +104,24 @@ class Exchange:
         """Wait one poll interval (another unit's thread may run meanwhile)."""
         self.sleep(self.poll_interval)
 
+    def send(self, requests: list[Request]) -> None:
+        """Send each of ``requests`` as a message of its own, at once (no ``max_in_flight`` limit); their replies
+        come in through :meth:`poll` (or any thread's pull)."""
+        self.check_stop()
+        self._send([[request] for request in requests])
+
+    def poll(self) -> None:
+        """Take in the replies that came for any message in flight (and the bundled requests that are due), and
+        give up on those overdue; a set stop event raises ``KeyboardInterrupt``."""
+        self.check_stop()
+        self._send(self.outbox.due())
+        if self._in_flight:
+            self._poll()
+
+    def check_stop(self) -> None:
+        """Raise ``KeyboardInterrupt`` once the stop event is set (the run was interrupted)."""
+        self._check_stop()
+
     def _send_next(self, pending: Iterator[Request], waiting: list[Request]) -> bool:
         """Send the next of ``pending`` (into ``waiting``) while fewer than ``max_in_flight`` of ``waiting`` are
         unanswered; returns whether ``pending`` is exhausted."""

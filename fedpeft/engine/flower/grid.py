@@ -73,6 +73,7 @@ class GridEngine(Engine):
     """
 
     name = "flower"
+    arrival_order = True  # asynchronous schedules: :meth:`submit`, :meth:`next_outcomes`, :meth:`drain`
 
     def __init__(
         self,
@@ -130,6 +131,8 @@ class GridEngine(Engine):
             node_timeout=node_timeout,
         )
         self.membership.on_change = self.base_sync.forget  # a node that takes over clients may lack the base model
+        self._submitted: list[tuple[str, Request]] = []  # an asynchronous schedule's clients in flight
+        self._ready: list[ClientOutcome] = []  # their outcomes not yet taken
 
     # ------------------------------------------------------------------ engine interface
     def start_phase(self, label: str, seed: int) -> None:
@@ -164,6 +167,55 @@ class GridEngine(Engine):
         for client_id in client_ids:
             update, seconds = outcomes[client_id]
             yield ClientOutcome.of_training(client_id, update, seconds)
+
+    # ------------------------------------------------------------------ asynchronous schedules
+    def submit(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> None:
+        """Send ``client_id``'s training from ``payload`` (of server step ``round_``) to its node as a message of
+        its own; its outcome comes from :meth:`next_outcomes` (at once a failure when no node serves it now)."""
+        self.membership.refresh()
+        self._sync_base(seed)  # a node that took over a partition mid-phase needs the base model
+        node = self.membership.node_of(client_id)
+        if node is None:
+            error = ClientTaskError("no SuperNode serves its partition now (its node was lost)")
+            self._ready.append(ClientOutcome.of_training(client_id, error, 0.0))
+            return
+        step = {"label": label, "seed": seed, "round_": round_, "payload": payload}
+        task = NodeTask("train", self.run_dir, self.config_text, [(client_id, step)])
+        timeout = self.reply_timeout
+        if timeout is not None and (node not in self.stats or node in self.membership.returned):
+            timeout = max(timeout, self.node_timeout)  # a node's first task starts its worker and loads the model
+        self.membership.returned.discard(node)
+        request = Request(node, OPERATIONS["train"], task, f"{label}-seed{seed}-{client_id}-step{round_ + 1}", timeout)
+        self._submitted.append((client_id, request))
+        self.exchange.send([request])
+
+    def next_outcomes(self) -> list[ClientOutcome]:
+        """Wait until at least one submitted client's outcome is in; return every one in, in client-id order (a
+        node that did not answer in time is lost and its client failed, as in a synchronous round)."""
+        while True:
+            answered = [(c, r) for c, r in self._submitted if r.reply is not None]
+            self._submitted = [(c, r) for c, r in self._submitted if r.reply is None]
+            for client_id, request in answered:
+                assert request.reply is not None
+                for done, outcome, seconds in self._outcomes(request.node, [client_id], request.reply):
+                    if self.on_client is not None:
+                        self.on_client()
+                    self._ready.append(ClientOutcome.of_training(done, outcome, seconds))
+            if self._ready:
+                ready, self._ready = sorted(self._ready, key=lambda o: o.client_id), []
+                return ready
+            if not self._submitted:
+                raise RuntimeError("no client is in flight to wait for")
+            self.exchange.poll()
+            if all(r.reply is None for _, r in self._submitted):
+                self.exchange.pause()
+
+    def drain(self) -> None:
+        """Wait for the clients still in flight (their work may change their state on disk) and drop their
+        outcomes; nodes that do not answer in time are lost as usual."""
+        while self._submitted:
+            self.next_outcomes()
+        self._ready = []
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Run the worker operation ``op`` for each client on its node; results come in the order of ``client_ids``.
