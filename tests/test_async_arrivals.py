@@ -80,6 +80,24 @@ class Recording:
         return ServerState({"w": state.tensors["w"] + 1}, state.round), {"train_loss": 0.0}
 
 
+def run_phase(engine: Engine, method: Any, schedule: ScheduleConfig, **options: Any) -> ServerState:
+    """``run_asynchronous`` of ``method`` over clients c0..c5 from a zero state (``options``: meter, callbacks,
+    in_flight)."""
+    defaults: dict[str, Any] = {"meter": CostMeter(), "callbacks": [], "in_flight": None}
+    return run_asynchronous(
+        engine,
+        "buff",
+        method,
+        ServerState({"w": torch.zeros(2)}),
+        [f"c{i}" for i in range(6)],
+        schedule=schedule,
+        durations={},
+        seed=0,
+        checks=UpdateChecks(),
+        **(defaults | options),
+    )
+
+
 def test_the_arrival_order_loop_counts_staleness_steps_every_k_and_records_failures():
     engine = ReplyOrderEngine(slow="c0", lag=5, failing="c3")
     method = Recording()
@@ -89,20 +107,7 @@ def test_the_arrival_order_loop_counts_staleness_steps_every_k_and_records_failu
     seen: list[list[str]] = []
     schedule = ScheduleConfig(kind="fedbuff", concurrency=3, buffer_size=2)
     callbacks = [AfterRound(lambda _s, _r, m: (metrics.append(m), seen.append(list(flying))))]
-    state = run_asynchronous(
-        engine,
-        "buff",
-        method,  # type: ignore[arg-type]
-        ServerState({"w": torch.zeros(2)}),
-        [f"c{i}" for i in range(6)],
-        schedule=schedule,
-        durations={},
-        seed=0,
-        meter=meter,
-        callbacks=callbacks,
-        checks=UpdateChecks(),
-        in_flight=flying,
-    )
+    state = run_phase(engine, method, schedule, meter=meter, callbacks=callbacks, in_flight=flying)
     assert state.round == 6 and len(method.steps) == 6 and all(len(step) == 2 for step in method.steps)
     assert [m["clients"] for m in metrics] == [2.0] * 6
     assert all("virtual_time" not in m for m in metrics)  # arrival order measures no virtual time
@@ -128,20 +133,7 @@ def test_a_resume_sends_the_listed_clients_in_flight_first():
     method = Recording()
     method.rounds = 1
     schedule = ScheduleConfig(kind="fedbuff", concurrency=2, buffer_size=2)
-    run_asynchronous(
-        engine,
-        "buff",
-        method,  # type: ignore[arg-type]
-        ServerState({"w": torch.zeros(2)}),
-        [f"c{i}" for i in range(6)],
-        schedule=schedule,
-        durations={},
-        seed=0,
-        meter=CostMeter(),
-        callbacks=[],
-        checks=UpdateChecks(),
-        in_flight=["c4", "c5", "gone"],
-    )
+    run_phase(engine, method, schedule, in_flight=["c4", "c5", "gone"])
     assert sorted(c for c, _ in method.steps[0]) == ["c4", "c5"]
     assert list(engine.dispatched)[:2] == ["c4", "c5"]  # C = 2: the listed clients fill the slots
 
@@ -151,17 +143,7 @@ def test_a_resume_fills_the_slots_left_beside_the_listed_clients():
     method = Recording()
     method.rounds = 1
     schedule = ScheduleConfig(kind="fedbuff", concurrency=3, buffer_size=3)
-    args = (engine, "buff", method, ServerState({"w": torch.zeros(2)}), [f"c{i}" for i in range(6)])
-    run_asynchronous(
-        *args,  # type: ignore[arg-type]
-        schedule=schedule,
-        durations={},
-        seed=0,
-        meter=CostMeter(),
-        callbacks=[],
-        checks=UpdateChecks(),
-        in_flight=["c5"],
-    )
+    run_phase(engine, method, schedule, in_flight=["c5"])
     first = list(engine.dispatched)[:3]
     assert first[0] == "c5" and len(set(first)) == 3 and len(method.steps[0]) == 3
 
