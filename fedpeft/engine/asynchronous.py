@@ -134,9 +134,12 @@ class VirtualClock(AsyncClock):
         self.now: float = now
 
     def start(self, flight: Flight) -> None:
+        """Set ``flight``'s finishing time: now plus its client's virtual duration."""
         flight.finish = self.now + self.durations.get(flight.client_id, 1.0)
 
     def arrivals(self, flights: list[Flight]) -> list[Flight]:
+        """Move the clock to the next finishing time; the flights finishing then, in client-id order, after the
+        engine has run the work of every flight not trained yet."""
         self.now = min(f.finish for f in flights)
         arriving = sorted((f for f in flights if f.finish == self.now), key=lambda f: f.client_id)
         _train(self.engine, self.label, self.seed, [f for f in flights if f.outcome is None])
@@ -167,9 +170,11 @@ class ArrivalClock(AsyncClock):
         self.engine, self.label, self.seed = engine, label, seed
 
     def start(self, flight: Flight) -> None:
+        """Send ``flight``'s work to its node now."""
         self.engine.submit(self.label, self.seed, flight.version, flight.client_id, flight.payload)
 
     def arrivals(self, flights: list[Flight]) -> list[Flight]:
+        """Wait for the next replies; the flights they answer, with their outcomes, in client-id order."""
         by_id = {f.client_id: f for f in flights}
         arriving = []
         for outcome in self.engine.next_outcomes():
@@ -181,6 +186,7 @@ class ArrivalClock(AsyncClock):
         return arriving
 
     def end(self, flights: list[Flight]) -> None:
+        """Wait for the clients still in flight and drop their updates."""
         if flights:
             self.engine.drain()
 
