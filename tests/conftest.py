@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import threading
+import warnings
 from dataclasses import dataclass, field
 
 import pytest
@@ -27,6 +30,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if gpu_only:
         config.hook.pytest_deselected(items=gpu_only)
         items[:] = [item for item in items if item.get_closest_marker("cuda") is None]
+
+
+def _sigint_ignored() -> bool:
+    """Whether this process ignores SIGINT, as the kernel has it (a library may change it behind Python's back)."""
+    try:
+        with open("/proc/self/status") as status:
+            ignored = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    return bool(ignored & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.fixture(autouse=True)
+def _sigint_restored(request: pytest.FixtureRequest):
+    """An ignored signal is inherited across exec: a test that left SIGINT ignored in this worker process would make
+    every later subprocess of the worker ignore Ctrl-C (the interrupt tests start `fedpeft run` as a terminal
+    would). Restore Python's handler after each test that changed it, and say which test did."""
+    yield
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if _sigint_ignored() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        left = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.warn(f"{request.node.nodeid} left SIGINT as {left!r}; Python's handler restored", stacklevel=1)
 
 
 @dataclass
