@@ -35,6 +35,7 @@ from fedpeft.core.costs import FAILED_CLIENT, CostMeter
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.faults import check_fault_clients
 from fedpeft.core.io import staged_dir, write_text_atomic
+from fedpeft.core.method_class import MethodConfig
 from fedpeft.core.progress import Progress
 from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import METHODS
@@ -196,7 +197,7 @@ class Experiment:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self._check_secure_aggregation(worker, methods, flower=flower)
-        self._check_schedules(data, flower=flower)
+        self._check_schedules(data)
         self._check_batch_model(worker, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
         if self.cfg.data.sites is None:  # site-local examples stay on their nodes
@@ -298,13 +299,10 @@ class Experiment:
                     "secure aggregation (engine.secagg) shows the server only their sum."
                 )
 
-    def _check_schedules(self, data: FederatedData, *, flower: bool) -> None:
+    def _check_schedules(self, data: FederatedData) -> None:
         """Refuse asynchronous schedules with secure aggregation (which sums a cohort of updates), and speed factors
         of client groups the data does not have."""
-        entries = list(self.cfg.methods) + ([self.cfg.base.method] if self.cfg.base.kind == "federated" else [])
-        asynchronous = [
-            e.label or e.name for e in entries if isinstance(e, MeanServerConfigMixin) and e.schedule.asynchronous
-        ]
+        asynchronous = asynchronous_labels(self.cfg)
         if asynchronous and self.cfg.engine.secagg is not None:
             raise UserError(
                 f"Secure aggregation needs a cohort of updates to sum, and {', '.join(asynchronous)} set(s) an "
@@ -333,7 +331,7 @@ class Experiment:
             raise UserError(
                 "engine.batch_clients does not combine with engine.workers of 2 or more yet; set one of them to 1."
             )
-        entries = list(cfg.methods) + ([cfg.base.method] if cfg.base.kind == "federated" else [])
+        entries = method_entries(cfg)
         refused = [entry.label or entry.name for entry in entries if not method_class(entry.name).batchable_clients]
         if refused:
             batchable = ", ".join(n for n in METHODS.names() if method_class(n).batchable_clients)
@@ -697,10 +695,7 @@ class Stages:
     def _virtual_clock(self) -> bool:
         """Whether synchronous rounds also keep the virtual clock: when clients have speeds, or a method of the
         config runs an asynchronous schedule (its records are then comparable in virtual time)."""
-        cfg = self.cfg
-        entries = list(cfg.methods) + ([cfg.base.method] if cfg.base.kind == "federated" else [])
-        asynchronous = any(isinstance(e, MeanServerConfigMixin) and e.schedule.asynchronous for e in entries)
-        return asynchronous or cfg.clients.speed.varies
+        return bool(asynchronous_labels(self.cfg)) or self.cfg.clients.speed.varies
 
     def _durations(self, method: Method, client_ids: list[str], seed: int) -> dict[str, float]:
         """Each client's virtual duration under an asynchronous schedule of the method (docs/async.md)."""
@@ -867,6 +862,20 @@ def environment(device: str) -> dict[str, Any]:
         "command": sys.argv,
         "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def method_entries(cfg: ExperimentConfig) -> list[MethodConfig]:
+    """The config's method entries, and the base stage's method when the base stage is federated."""
+    return list(cfg.methods) + ([cfg.base.method] if cfg.base.kind == "federated" else [])
+
+
+def asynchronous_labels(cfg: ExperimentConfig) -> list[str]:
+    """The row labels of the config's methods (base stage included) that run an asynchronous schedule."""
+    return [
+        e.label or e.name
+        for e in method_entries(cfg)
+        if isinstance(e, MeanServerConfigMixin) and e.schedule.asynchronous
+    ]
 
 
 def _client_work(steps: int | None, epochs: float | None, batch: int, client: ClientData) -> float:
