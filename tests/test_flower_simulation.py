@@ -69,9 +69,12 @@ def test_user_error_inside_the_simulation_reaches_the_cli(tmp_path, monkeypatch,
 @pytest.mark.slow
 def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group) ends `fedpeft run --engine flower` within seconds with exit
-    code 130, leaves no Ray or ClientApp process behind and a checkpoint from which --resume finishes the run
-    with the numbers of an uninterrupted one."""
-    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0] | {"rounds": 12}])
+    code 130, leaves no Ray or ClientApp process behind and a checkpoint from which --resume finishes the run:
+    synchronous FedIT with the numbers of an uninterrupted one, and FedBuff (running at the same time,
+    ``engine.concurrent_methods``) from its last server step, its clients then in flight sent again."""
+    fedit = tiny_raw()["methods"][0] | {"rounds": 12}
+    buffered = fedit | {"label": "buffered", "schedule": {"kind": "fedbuff", "concurrency": 3, "buffer_size": 2}}
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[fedit, buffered], engine={"concurrent_methods": 2})
     raw["data"] = {**raw["data"], "unseen_pool": False}
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(raw))
@@ -79,9 +82,9 @@ def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
     fedpeft = str(Path(sys.executable).parent / "fedpeft")
     command = [fedpeft, "run", str(config), "--engine", "flower", "--out", str(out)]
     run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    checkpoint = out / "checkpoints" / "fedit" / "seed0.safetensors"
+    checkpoints = [out / "checkpoints" / label / "seed0.safetensors" for label in ("fedit", "buffered")]
     deadline = time.monotonic() + 300
-    while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
+    while not all(c.exists() for c in checkpoints) and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert run.poll() is None, "the run ended before it could be interrupted"
     os.killpg(run.pid, signal.SIGINT)
@@ -99,13 +102,22 @@ def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
             break
         time.sleep(0.5)
     assert not left.strip(), left
-    state = load_checkpoint(checkpoint)
+    state = load_checkpoint(checkpoints[0])
     assert 1 <= state["state"].round < 12 and not state["meter"]["failures"]  # no round of the ended backend
+    saved = load_checkpoint(checkpoints[1])
+    assert 1 <= saved["state"].round < 12 and not saved["meter"]["failures"]
+    # After a server step, the clients still training (none when the step took the last reply in) are listed, to
+    # be sent again on --resume.
+    assert len(saved.get("in_flight", [])) <= 2
 
     resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    Experiment(validate(raw), tmp_path / "local").run()
+    Experiment(validate(raw | {"methods": [fedit]}), tmp_path / "local").run()
     local, flower = read_records(tmp_path / "local"), read_records(out)
-    assert local.keys() == flower.keys()
+    synchronous = {k: v for k, v in flower.items() if k[0] != "buffered" and k[8] != "virtual_time"}
+    assert local.keys() == synchronous.keys()
     for key, value in local.items():
         assert flower[key] == pytest.approx(value, abs=ATOL), key
+    steps = [k[6] for k in flower if k[0] == "buffered" and k[7] == "train" and k[8] == "clients"]
+    assert sorted(steps) == list(range(1, 13)), steps  # every server step once, before and after the resume
+    assert all(v == 2.0 for k, v in flower.items() if k[0] == "buffered" and k[7] == "train" and k[8] == "clients")

@@ -124,6 +124,13 @@ class AsyncClock:
     def end(self, flights: list[Flight]) -> None:
         """The phase ends with ``flights`` still in flight (their updates are not used)."""
 
+    def abort(self) -> None:
+        """The phase ended early (an error, an interrupt): whatever is in flight is left as it is."""
+
+    def reachable(self, client_ids: list[str]) -> list[str]:
+        """Those of ``client_ids`` that can be drawn now (all of them, unless the engine has lost some)."""
+        return client_ids
+
 
 class VirtualClock(AsyncClock):
     """Arrivals by virtual duration (module docstring): a client's work runs through the engine when its result is
@@ -146,12 +153,16 @@ class VirtualClock(AsyncClock):
         return arriving
 
 
-class ArrivalEngine(Protocol):
-    """An engine that runs one client's work at a time and reports the replies as they come (the Flower
-    engine's :class:`~fedpeft.engine.flower.grid.GridEngine`)."""
+class Arrivals(Protocol):
+    """One phase's clients in flight on an engine that reports replies as they come (the Flower engine's
+    :class:`~fedpeft.engine.flower.arrivals.PhaseArrivals`)."""
 
-    def submit(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> None:
+    def submit(self, round_: int, client_id: str, payload: Payload) -> None:
         """Send ``client_id``'s training from ``payload`` (of server step ``round_``)."""
+
+    def reachable(self, client_ids: list[str]) -> list[str]:
+        """Those of ``client_ids`` whose work can be sent now."""
+        ...
 
     def next_outcomes(self) -> list[ClientOutcome]:
         """Wait until at least one submitted client's outcome is in; return every one in (client-id order)."""
@@ -160,35 +171,52 @@ class ArrivalEngine(Protocol):
     def drain(self) -> None:
         """Wait for (and discard) the outcomes of every client still submitted."""
 
+    def close(self) -> None:
+        """The phase ended early (an error or an interrupt): it waits for nothing more."""
+
+
+class ArrivalEngine(Protocol):
+    """An engine whose asynchronous phases take replies in the order they come (:attr:`Engine.arrival_order`)."""
+
+    def arrivals(self, label: str, seed: int) -> Arrivals:
+        """The clients in flight of phase (``label``, ``seed``), kept apart from other phases running at once."""
+        ...
+
 
 class ArrivalClock(AsyncClock):
     """Arrivals in the order the engine's replies come: a client's work is sent as it is dispatched, and the
     loop takes each reply as it arrives (replies that come together in client-id order). It measures no virtual
-    time, and the order, hence the records, depends on the machines."""
+    time, and the order, hence the records, depends on the machines. Clients the engine cannot reach now (a
+    lost node's) are not drawn."""
 
     def __init__(self, engine: ArrivalEngine, label: str, seed: int) -> None:
-        self.engine, self.label, self.seed = engine, label, seed
+        self.phase = engine.arrivals(label, seed)
 
     def start(self, flight: Flight) -> None:
         """Send ``flight``'s work to its node now."""
-        self.engine.submit(self.label, self.seed, flight.version, flight.client_id, flight.payload)
+        self.phase.submit(flight.version, flight.client_id, flight.payload)
+
+    def reachable(self, client_ids: list[str]) -> list[str]:
+        """Those of ``client_ids`` the engine can send work to now."""
+        return self.phase.reachable(client_ids)
 
     def arrivals(self, flights: list[Flight]) -> list[Flight]:
         """Wait for the next replies; the flights they answer, with their outcomes, in client-id order."""
         by_id = {f.client_id: f for f in flights}
         arriving = []
-        for outcome in self.engine.next_outcomes():
-            flight = by_id.get(outcome.client_id)
-            if flight is None:  # not this phase's (cannot happen: a phase drains its clients)
-                continue
+        for outcome in self.phase.next_outcomes():
+            flight = by_id[outcome.client_id]  # the phase's own clients only
             flight.outcome = outcome
             arriving.append(flight)
         return arriving
 
     def end(self, flights: list[Flight]) -> None:
         """Wait for the clients still in flight and drop their updates."""
-        if flights:
-            self.engine.drain()
+        self.phase.drain()
+
+    def abort(self) -> None:
+        """The phase ended early: it waits for nothing more."""
+        self.phase.close()
 
 
 def run_asynchronous(
@@ -250,59 +278,66 @@ def run_asynchronous(
         if not flights and free == per_round:
             chosen = sorted(method.sample(client_ids, state.round, seed))
         else:
-            idle = sorted(set(client_ids) - busy)
+            idle = clock.reachable(sorted(set(client_ids) - busy))
             rng = random.Random(derive_seed(seed, label, "async-dispatch", dispatches))
             chosen = sorted(rng.sample(idle, min(free, len(idle))))
         dispatches += 1
         dispatch(chosen)
 
-    while state.round < method.rounds and not method.should_stop(state):
-        fill()
-        if not flights:
-            break
-        for flight in clock.arrivals(flights):
-            flights.remove(flight)
-            tally.sampled.append(flight.client_id)
-            assert flight.outcome is not None
-            staleness = state.round - flight.version
-            sent = {flight.client_id: flight.payload}
-            update = engine.receive(method, flight.outcome, sent, checks, tally, partial(too_stale, staleness))
-            if update is None:
-                streak += 1
-                if streak >= max(concurrency, buffer_size) * 2:
-                    first = tally.failures[0] if tally.failures else f"client {flight.client_id} was rejected"
-                    raise AllClientsFailedError(
-                        f"server step {state.round + 1}: the last {streak} clients to arrive under the asynchronous "
-                        f"schedule all failed or were rejected; the first: {first}"
-                    )
-                continue
-            streak = 0
-            buffer.append(dataclasses.replace(update, staleness=staleness))
-            if len(buffer) < buffer_size:
-                continue
-            new_state, metrics = method.aggregate(state, iter(buffer))
-            seconds = time.perf_counter() - started
-            metrics = {
-                **metrics,
-                "clients": float(len(buffer)),
-                "examples": sum(float(u.weight) for u in buffer),
-                "seconds": seconds,
-            }
-            if clock.now is not None:
-                metrics["virtual_time"] = clock.now
-            metrics["staleness"] = sum(u.staleness for u in buffer) / len(buffer)
-            step = state.round
-            state = dataclasses.replace(
-                new_state, round=step + 1, clock=state.clock if clock.now is None else clock.now
-            )
-            meter.wall_seconds += seconds
-            if in_flight is not None:
-                in_flight[:] = [f.client_id for f in flights]
-            for callback in callbacks:
-                callback.after_round(state, step, metrics)
-            buffer, tally, started = [], RoundTally(state.round, [], meter), time.perf_counter()
-            if state.round >= method.rounds or method.should_stop(state):
-                break
+    try:
+        while state.round < method.rounds and not method.should_stop(state):
+            fill()
+            if not flights:
+                raise AllClientsFailedError(
+                    f"server step {state.round + 1}: no client of the seen pool can be reached now (the nodes serving "
+                    "them were lost), so the asynchronous schedule has none to send."
+                )
+            for flight in clock.arrivals(flights):
+                flights.remove(flight)
+                tally.sampled.append(flight.client_id)
+                assert flight.outcome is not None
+                staleness = state.round - flight.version
+                sent = {flight.client_id: flight.payload}
+                update = engine.receive(method, flight.outcome, sent, checks, tally, partial(too_stale, staleness))
+                if update is None:
+                    streak += 1
+                    if streak >= max(concurrency, buffer_size) * 2:
+                        first = tally.failures[0] if tally.failures else f"client {flight.client_id} was rejected"
+                        raise AllClientsFailedError(
+                            f"server step {state.round + 1}: the last {streak} clients to arrive under the "
+                            f"asynchronous schedule all failed or were rejected; the first: {first}"
+                        )
+                    continue
+                streak = 0
+                buffer.append(dataclasses.replace(update, staleness=staleness))
+                if len(buffer) < buffer_size:
+                    continue
+                new_state, metrics = method.aggregate(state, iter(buffer))
+                seconds = time.perf_counter() - started
+                metrics = {
+                    **metrics,
+                    "clients": float(len(buffer)),
+                    "examples": sum(float(u.weight) for u in buffer),
+                    "seconds": seconds,
+                }
+                if clock.now is not None:
+                    metrics["virtual_time"] = clock.now
+                metrics["staleness"] = sum(u.staleness for u in buffer) / len(buffer)
+                step = state.round
+                state = dataclasses.replace(
+                    new_state, round=step + 1, clock=state.clock if clock.now is None else clock.now
+                )
+                meter.wall_seconds += seconds
+                if in_flight is not None:
+                    in_flight[:] = [f.client_id for f in flights]
+                for callback in callbacks:
+                    callback.after_round(state, step, metrics)
+                buffer, tally, started = [], RoundTally(state.round, [], meter), time.perf_counter()
+                if state.round >= method.rounds or method.should_stop(state):
+                    break
+    except BaseException:
+        clock.abort()
+        raise
     clock.end(flights)
     for callback in callbacks:
         callback.after_phase(state)

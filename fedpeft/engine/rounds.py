@@ -174,7 +174,7 @@ class Engine:
     turns: Turns | None = None
     arrival_order = False
     """Whether an asynchronous schedule takes the clients' replies in the order they come (the engine then
-    implements :class:`~fedpeft.engine.asynchronous.ArrivalEngine`: ``submit``, ``next_outcomes``, ``drain``)
+    implements :class:`~fedpeft.engine.asynchronous.ArrivalEngine`: ``arrivals``, one per phase)
     instead of the virtual clock (:mod:`fedpeft.engine.asynchronous`)."""
 
     def units_started(self, count: int) -> None:

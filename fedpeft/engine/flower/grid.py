@@ -29,6 +29,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.turns import Turns
 from fedpeft.core.types import Payload, TrainResult
+from fedpeft.engine.flower.arrivals import UNSERVED, PhaseArrivals
 from fedpeft.engine.flower.base_sync import BaseSync
 from fedpeft.engine.flower.codec import ClientTaskError, NodeResult, NodeTask, client_error, encode
 from fedpeft.engine.flower.exchange import Exchange
@@ -73,7 +74,7 @@ class GridEngine(Engine):
     """
 
     name = "flower"
-    arrival_order = True  # asynchronous schedules: :meth:`submit`, :meth:`next_outcomes`, :meth:`drain`
+    arrival_order = True  # asynchronous schedules: :meth:`arrivals`
 
     def __init__(
         self,
@@ -131,8 +132,6 @@ class GridEngine(Engine):
             node_timeout=node_timeout,
         )
         self.membership.on_change = self.base_sync.forget  # a node that takes over clients may lack the base model
-        self._submitted: list[tuple[str, Request]] = []  # an asynchronous schedule's clients in flight
-        self._ready: list[ClientOutcome] = []  # their outcomes not yet taken
 
     # ------------------------------------------------------------------ engine interface
     def start_phase(self, label: str, seed: int) -> None:
@@ -140,7 +139,7 @@ class GridEngine(Engine):
         from fedpeft.worker import BASE_STAGE_LABEL
 
         if label != BASE_STAGE_LABEL:
-            self._sync_base(seed)
+            self.sync_base(seed)
 
     def train_clients(
         self, label: str, seed: int, round_: int, client_ids: list[str], payload_of: Callable[[str], Payload]
@@ -152,7 +151,7 @@ class GridEngine(Engine):
 
         self.membership.refresh()
         if label != BASE_STAGE_LABEL:
-            self._sync_base(seed)  # a node that took over a partition mid-phase needs the base model
+            self.sync_base(seed)  # a node that took over a partition mid-phase needs the base model
         if self.cfg.engine.secagg is not None:
             from fedpeft.engine.flower.secagg import secure_round
 
@@ -169,53 +168,9 @@ class GridEngine(Engine):
             yield ClientOutcome.of_training(client_id, update, seconds)
 
     # ------------------------------------------------------------------ asynchronous schedules
-    def submit(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> None:
-        """Send ``client_id``'s training from ``payload`` (of server step ``round_``) to its node as a message of
-        its own; its outcome comes from :meth:`next_outcomes` (at once a failure when no node serves it now)."""
-        self.membership.refresh()
-        self._sync_base(seed)  # a node that took over a partition mid-phase needs the base model
-        node = self.membership.node_of(client_id)
-        if node is None:
-            error = ClientTaskError("no SuperNode serves its partition now (its node was lost)")
-            self._ready.append(ClientOutcome.of_training(client_id, error, 0.0))
-            return
-        step = {"label": label, "seed": seed, "round_": round_, "payload": payload}
-        task = NodeTask("train", self.run_dir, self.config_text, [(client_id, step)])
-        timeout = self.reply_timeout
-        if timeout is not None and (node not in self.stats or node in self.membership.returned):
-            timeout = max(timeout, self.node_timeout)  # a node's first task starts its worker and loads the model
-        self.membership.returned.discard(node)
-        request = Request(node, OPERATIONS["train"], task, f"{label}-seed{seed}-{client_id}-step{round_ + 1}", timeout)
-        self._submitted.append((client_id, request))
-        self.exchange.send([request])
-
-    def next_outcomes(self) -> list[ClientOutcome]:
-        """Wait until at least one submitted client's outcome is in; return every one in, in client-id order (a
-        node that did not answer in time is lost and its client failed, as in a synchronous round)."""
-        while True:
-            answered = [(c, r) for c, r in self._submitted if r.reply is not None]
-            self._submitted = [(c, r) for c, r in self._submitted if r.reply is None]
-            for client_id, request in answered:
-                assert request.reply is not None
-                for done, outcome, seconds in self._outcomes(request.node, [client_id], request.reply):
-                    if self.on_client is not None:
-                        self.on_client()
-                    self._ready.append(ClientOutcome.of_training(done, outcome, seconds))
-            if self._ready:
-                ready, self._ready = sorted(self._ready, key=lambda o: o.client_id), []
-                return ready
-            if not self._submitted:
-                raise RuntimeError("no client is in flight to wait for")
-            self.exchange.poll()
-            if all(r.reply is None for _, r in self._submitted):
-                self.exchange.pause()
-
-    def drain(self) -> None:
-        """Wait for the clients still in flight (their work may change their state on disk) and drop their
-        outcomes; nodes that do not answer in time are lost as usual."""
-        while self._submitted:
-            self.next_outcomes()
-        self._ready = []
+    def arrivals(self, label: str, seed: int) -> PhaseArrivals:
+        """The clients in flight of one asynchronous phase, sent one by one and answered as the replies come."""
+        return PhaseArrivals(self, label, seed)
 
     def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Run the worker operation ``op`` for each client on its node; results come in the order of ``client_ids``.
@@ -226,7 +181,7 @@ class GridEngine(Engine):
             raise ValueError(f"unknown worker operation {op!r}")
         self.membership.refresh()
         if "seed" in kwargs:
-            self._sync_base(int(kwargs["seed"]))
+            self.sync_base(int(kwargs["seed"]))
         done: dict[str, Any] = {}
         position = 0
         for client_id, outcome, _ in self._run_tasks(op, [(c, kwargs) for c in client_ids], group=op):
@@ -271,10 +226,19 @@ class GridEngine(Engine):
         return spec
 
     # ------------------------------------------------------------------ client tasks
-    def _sync_base(self, seed: int) -> None:
+    def sync_base(self, seed: int) -> None:
         """A base model the server trained reaches every node (a pretrained one is on every node already)."""
         if self.cfg.base.kind != "pretrained":
             self.base_sync.sync(seed)
+
+    def first_task_timeout(self, nodes: list[int]) -> float | None:
+        """The reply timeout of a message to ``nodes``: at least ``node_timeout`` where one of them gets its first
+        task (which starts its worker and loads the model), now or since it came back from a loss."""
+        first = [node for node in nodes if node not in self.stats or node in self.membership.returned]
+        self.membership.returned.difference_update(first)
+        if self.reply_timeout is not None and first:
+            return max(self.reply_timeout, self.node_timeout)
+        return self.reply_timeout
 
     def _run_tasks(
         self, op: str, clients: list[tuple[str, dict[str, Any]]], *, group: str
@@ -285,15 +249,11 @@ class GridEngine(Engine):
         for client_id, kwargs in clients:
             node = self.membership.node_of(client_id)
             if node is None:  # its partition's node is lost, and none took its place yet
-                yield client_id, ClientTaskError("no SuperNode serves its partition now (its node was lost)"), 0.0
+                yield client_id, ClientTaskError(UNSERVED), 0.0
                 continue
             by_node.setdefault(node, []).append((client_id, dict(kwargs)))
         tasks = {node: NodeTask(op, self.run_dir, self.config_text, items) for node, items in by_node.items()}
-        timeout = self.reply_timeout
-        first = [node for node in tasks if node not in self.stats or node in self.membership.returned]
-        if timeout is not None and first:
-            timeout = max(timeout, self.node_timeout)  # a node's first task starts its worker and loads the model
-        self.membership.returned.difference_update(first)
+        timeout = self.first_task_timeout(list(tasks))
         requests = [Request(node, OPERATIONS[op], task, group, timeout) for node, task in tasks.items()]
         answered: Iterable[Request] = requests
         if self.turns is not None:
@@ -305,12 +265,12 @@ class GridEngine(Engine):
         for request in answered:
             assert request.reply is not None
             ids = [client_id for client_id, _ in tasks[request.node].clients]
-            for client_id, outcome, seconds in self._outcomes(request.node, ids, request.reply):
+            for client_id, outcome, seconds in self.outcomes(request.node, ids, request.reply):
                 if self.on_client is not None:
                     self.on_client()
                 yield client_id, outcome, seconds
 
-    def _outcomes(
+    def outcomes(
         self, node: int, client_ids: list[str], reply: NodeResult | Message | str
     ) -> Iterator[tuple[str, Any, float]]:
         """Each client's result or error in a node's reply (all clients fail alike when the message did: an

@@ -111,10 +111,19 @@ class Outbox:
         """A unit's thread ends."""
         self._units_running -= 1
 
-    def put(self, requests: list[Request]) -> None:
-        """Queue one unit's ``requests``; its thread waits for their replies until :meth:`leave`."""
+    def put(self, requests: list[Request], *, unit: list[Request] | None = None) -> None:
+        """Queue one unit's ``requests``; its thread waits for their replies until :meth:`leave`.
+
+        ``unit``: the requests the unit already waits for, which the new ones join (an asynchronous phase sends
+        its clients one at a time, and counts as one unit however many it has in flight); the list is the one
+        to :meth:`leave` with."""
         self._queued += requests
-        self._waiting.append(requests)
+        if unit is None:
+            self._waiting.append(requests)
+            return
+        if all(mine is not unit for mine in self._waiting):
+            self._waiting.append(unit)
+        unit += requests
 
     def leave(self, requests: list[Request]) -> None:
         """The unit that put ``requests`` waits no more (answered, or interrupted: those still queued stay here)."""
