@@ -42,6 +42,14 @@ def _sigint_ignored() -> bool:
     return bool(ignored & (1 << (signal.SIGINT - 1)))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A test process started as a background job of a non-interactive shell (``pytest ... &``, as a CI runner may
+    start it) inherits SIGINT ignored, and so would every `fedpeft run` the interrupt tests start: they install
+    Python's handler first, as an interactive start has it."""
+    if threading.current_thread() is threading.main_thread() and _sigint_ignored():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def _sigint_restored(request: pytest.FixtureRequest):
     """An ignored signal is inherited across exec: a test that left SIGINT ignored in this worker process would make
