@@ -10,25 +10,53 @@ message per node with the other units' requests due for that node.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
+from flwr.app import Message
+
+from fedpeft.core.turns import Turns
 from fedpeft.core.types import Payload
-from fedpeft.engine.flower.codec import ClientTaskError, NodeTask
+from fedpeft.engine.flower.codec import ClientTaskError, NodeResult, NodeTask
+from fedpeft.engine.flower.exchange import Exchange
+from fedpeft.engine.flower.membership import Membership
 from fedpeft.engine.flower.messages import OPERATIONS
-from fedpeft.engine.flower.outbox import Request
+from fedpeft.engine.flower.outbox import Outbox, Request
 from fedpeft.engine.rounds import ClientOutcome
 
-if TYPE_CHECKING:
-    from fedpeft.engine.flower.grid import GridEngine
-
 UNSERVED = "no SuperNode serves its partition now (its node was lost)"
+
+
+class ArrivalHost(Protocol):
+    """What a phase's arrivals use of the engine that holds them (the Flower engine's ``GridEngine``)."""
+
+    membership: Membership
+    exchange: Exchange
+    outbox: Outbox
+    turns: Turns | None
+    run_dir: str
+    config_text: str
+    on_client: Callable[[], None] | None
+
+    def sync_base(self, seed: int) -> None:
+        """Make sure every node has the base model of ``seed``."""
+
+    def first_task_timeout(self, nodes: list[int]) -> float | None:
+        """The reply timeout of a message to ``nodes``."""
+        ...
+
+    def outcomes(
+        self, node: int, client_ids: list[str], reply: NodeResult | Message | str
+    ) -> Iterator[tuple[str, Any, float]]:
+        """Each client's result or error in a node's reply."""
+        ...
 
 
 class PhaseArrivals:
     """The clients one asynchronous phase (``label``, ``seed``) has in flight on ``engine``; implements
     :class:`~fedpeft.engine.asynchronous.Arrivals`."""
 
-    def __init__(self, engine: GridEngine, label: str, seed: int) -> None:
+    def __init__(self, engine: ArrivalHost, label: str, seed: int) -> None:
         self.engine, self.label, self.seed = engine, label, seed
         self._submitted: list[tuple[str, Request]] = []
         self._ready: list[ClientOutcome] = []
