@@ -6,6 +6,7 @@ Runs a config whose methods spend the same client updates synchronously and asyn
 ``faults: slow``: the clients of node j (clients whose id ends in a number i with i mod nodes = j, which is also
 how the partitions map to nodes) wait ``(tier_j - 1) x --unit`` seconds before each local update, ``--tiers``
 giving tier_j (FLAME's 1, 2, 4, 8 by default). Nothing here is a virtual clock: a node's reply decides the order.
+The methods run one after the other (``engine.concurrent_methods=1``), each phase with the nodes to itself.
 
 Writes, per seed and method, the wall seconds of the federated phase (the sum of its server steps' ``seconds``),
 the server steps, the mean staleness and the final test metric over the clients, and keeps the run directory
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -96,6 +98,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "async-deployment")
     args = parser.parse_args()
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the deployment's processes end with the script
+    # One method at a time, so that each phase has the nodes to itself (a deployment runs them all at once).
+    args.overrides = ["engine.concurrent_methods=1", *args.overrides]
     cfg = load_config(args.config, args.overrides)
     from fedpeft.worker import build_data
 
