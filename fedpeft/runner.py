@@ -56,6 +56,7 @@ log = logging.getLogger("fedpeft")
 
 CUDA_CONTEXT_BYTES = 512 * 2**20  # what a process's CUDA context takes on its GPU before any tensor
 ENGINE_PART = "engine"  # parts/engine.jsonl: the engine's own cost rows
+UnitWork = Callable[[], tuple[list[ResultRecord], list[dict]]]  # a unit's work: its records and cost rows
 EngineFactory = Callable[[Worker], Engine]
 
 
@@ -437,16 +438,18 @@ class Stages:
             else:
                 yield client_id, result
 
-    def _method_unit(self, method: Method, seed: int) -> Callable[[], tuple[list[ResultRecord], list[dict]]]:
+    def _method_unit(self, method: Method, seed: int) -> UnitWork:
         return lambda: self._run_method(method, seed)
 
-    def _base_evaluation_unit(self, seed: int) -> Callable[[], tuple[list[ResultRecord], list[dict]]]:
+    def _base_evaluation_unit(self, seed: int) -> UnitWork:
         return lambda: self._evaluate_base(seed)
 
-    def _units(self, units: list[tuple[str, Callable[[], tuple[list[ResultRecord], list[dict]]]]]) -> None:
-        """Run ``units`` one after the other, or, where the engine runs several at once
-        (``engine.concurrent_methods``), each in a thread of its own that takes turns with the others for its
-        server code (:class:`~fedpeft.core.turns.Turns`); the first failure is raised once every unit has ended."""
+    def _units(self, units: list[tuple[str, UnitWork]]) -> None:
+        """Run ``units`` (the base model's evaluation, then the methods) one after the other, or, where the engine
+        runs several at once (``engine.concurrent_methods``), the base model's evaluation in a thread of its own
+        beside at most ``concurrent_units - 1`` methods, each in a thread of its own; the threads take turns for
+        their server code (:class:`~fedpeft.core.turns.Turns`). The first failure is raised once every unit has
+        ended."""
         turns = self.engine.turns
         if turns is None or self.engine.concurrent_units < 2 or len(units) < 2:
             for name, work in units:
@@ -454,23 +457,33 @@ class Stages:
             return
         self._parts += [name for name, _ in units]  # in the order a one-at-a-time run lists them
 
-        slots = min(self.engine.concurrent_units, len(units))
-        # A unit that waits for a free thread takes over the count of the unit whose thread it gets: between the one
-        # ending and the other starting, the engine still counts a running unit, so no step leaves without it.
-        handoffs = itertools.count(len(units) - slots, -1)
+        # The base model's evaluation does not take a method's place: once it ends, no further method starts.
+        groups = [(units[:1], 1), (units[1:], min(self.engine.concurrent_units - 1, len(units) - 1))]
 
-        def run(name: str, work: Callable[[], tuple[list[ResultRecord], list[dict]]]) -> None:
-            try:
-                with turns.hold():
-                    self._unit(name, work, listed=True)
-            finally:
-                with turns.hold():
-                    if next(handoffs) <= 0:
-                        self.engine.unit_ended()
+        def runner(count: int, slots: int) -> Callable[[str, UnitWork], None]:
+            # A unit that waits for a free thread takes over the count of the unit whose thread it gets: between the
+            # one ending and the other starting, the engine still counts a running unit, so no step leaves without it.
+            handoffs = itertools.count(count - slots, -1)
 
-        self.engine.units_started(slots)  # before any thread starts: the engine waits for all of them to ask
-        with ThreadPoolExecutor(slots, thread_name_prefix="unit") as pool:
-            futures = [pool.submit(run, name, work) for name, work in units]
+            def run(name: str, work: UnitWork) -> None:
+                try:
+                    with turns.hold():
+                        self._unit(name, work, listed=True)
+                finally:
+                    with turns.hold():
+                        if next(handoffs) <= 0:
+                            self.engine.unit_ended()
+
+            return run
+
+        # Before any thread starts: the engine waits for all of them to ask.
+        self.engine.units_started(sum(slots for _, slots in groups))
+        with contextlib.ExitStack() as stack:
+            futures = []
+            for group, slots in groups:
+                pool = stack.enter_context(ThreadPoolExecutor(slots, thread_name_prefix="unit"))
+                run = runner(len(group), slots)
+                futures += [pool.submit(run, name, work) for name, work in group]
             try:
                 errors = [future.exception() for future in futures]
             except BaseException:  # Ctrl-C, SIGTERM: this thread only; the units' threads end at their next wait

@@ -80,6 +80,32 @@ def test_methods_at_once_share_messages_and_keep_their_numbers(tmp_path, task_id
     assert messages[("engine", "nodes", "messages")] < 7  # 1 + 2 + 2 + 1 + 1 + 1 steps one at a time
 
 
+def test_concurrent_methods_caps_the_methods_running_beside_the_base_evaluation(tmp_path, task_identity):
+    """engine.concurrent_methods = 1: the base model's evaluation runs beside one method, and once it ends the
+    next method does not take its place: no message carries the steps of two methods."""
+    fedit = tiny_raw()["methods"][0]
+    methods = [fedit, fedit | {"label": "second"}, fedit | {"label": "third"}]
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=methods, engine={"concurrent_methods": 1})
+    raw["data"] = {**raw["data"], "unseen_pool": False}
+    grid = QueuedGrid(num_nodes=2)
+    groups: list[str] = []
+    push = grid.push_messages
+
+    def recording_push(messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        groups.extend(m.metadata.group_id for m in messages)
+        return push(messages)
+
+    grid.push_messages = recording_push  # type: ignore[method-assign]
+    Experiment(flower_config(validate(raw)), tmp_path / "run").run(
+        engine_factory=lambda worker: GridEngine(grid, worker, concurrent_units=2)
+    )
+    labels = ("fedit-", "second-", "third-")
+    steps = [group for group in groups if any(label in group for label in labels)]
+    assert {label for label in labels if any(label in group for group in steps)} == set(labels)
+    assert all(sum(label in group for label in labels) == 1 for group in steps), steps
+
+
 def test_a_client_that_raises_is_left_out_and_the_run_finishes(tmp_path, monkeypatch, caplog, task_identity):
     from fedpeft.worker import Worker
 
