@@ -22,8 +22,8 @@ Four probes:
 
 Usage:
   python benchmarks/fedp2eft_protocols.py tables runs/fedp2eft-xnli-cpu-official runs/fedp2eft-xnli-cpu-oldprotocol
-  python benchmarks/fedp2eft_protocols.py scales runs/fedp2eft-xnli-cpu-official runs/fedp2eft-xnli-cpu-oldprotocol
-  python benchmarks/fedp2eft_protocols.py psg runs/fedp2eft-xnli-cpu-official runs/fedp2eft-xnli-cpu-oldprotocol
+  python benchmarks/fedp2eft_protocols.py scales runs/fedp2eft-xnli-cpu runs/fedp2eft-xnli-cpu-variants
+  python benchmarks/fedp2eft_protocols.py psg runs/fedp2eft-xnli-cpu runs/fedp2eft-xnli-cpu-variants
   python benchmarks/fedp2eft_protocols.py adam-eps
   python benchmarks/fedp2eft_protocols.py psg-lr runs/fedp2eft-xnli-cpu-official runs/fedp2eft-psg-lr-probe \
       runs/fedp2eft-xnli-cpu-psglr
