@@ -11,7 +11,7 @@ from fedpeft.continual import answer_accuracy, memory_view, normalize_answer, ot
 from fedpeft.core.config import DataConfig
 from fedpeft.data.synthetic.mosaic import _generate
 from fedpeft.data.types import ClientData
-from fedpeft.report import continual_cells, continual_sections
+from fedpeft.report import continual_cells, continual_client_values, continual_sections
 
 
 def stream_client(stages: int = 4, per_stage: int = 10) -> ClientData:
@@ -95,7 +95,33 @@ def test_a_last_and_a_auc_by_hand():
     assert cells["m", "others", "auc"].mean == pytest.approx(0.2)
     assert not any(key[0] == "plain" for key in cells)
     text = "\n".join(continual_sections(records))
-    assert "| m | **70.00 ± 0.00** | **55.00 ± 7.07** | **25.00 ± 7.07** | **20.00 ± 0.00** |" in text
+    # One method: nothing to compare it with, so no value is bold and no differences are listed.
+    assert "| m | 70.00 ± 0.00 | 55.00 ± 7.07 | 25.00 ± 7.07 | 20.00 ± 0.00 |" in text and " vs " not in text
+
+
+def test_continual_differences_are_paired_over_clients_and_bold_only_where_supported():
+    """Two methods, four clients, two seeds: "a" is ahead of "b" on Self by 0.2 for every client (supported:
+    bold, and an interval of zero width), and on Others by +0.1 for two clients and -0.1 for two (not supported)."""
+    records = []
+    for seed in (0, 1):
+        for i in range(4):
+            client = f"c{i}"
+            for round_ in (5, 10):
+                self_b = 0.1 * i + 0.01 * round_
+                records.append(_record("a", "test", round_, self_b + 0.2, client=client, seed=seed))
+                records.append(_record("b", "test", round_, self_b, client=client, seed=seed))
+                records.append(_record("a", "others", round_, 0.5 + (0.1 if i < 2 else -0.1), client=client, seed=seed))
+                records.append(_record("b", "others", round_, 0.5, client=client, seed=seed))
+    text = "\n".join(continual_sections(records))
+    values = continual_client_values(records)
+    assert values["a", "test", "last"]["c1", 0] == pytest.approx(0.1 + 0.1 + 0.2)
+    assert values["a", "test", "auc"]["c1", 0] == pytest.approx(0.1 + 0.075 + 0.2)
+    assert "| a | **" in text and "| b | **" not in text
+    row_a = next(line for line in text.splitlines() if line.startswith("| a |") and "vs b" in line)
+    assert row_a.startswith("| a | +20.00 [+20.00, +20.00] vs b | +20.00 [+20.00, +20.00] vs b | +0.00 [")
+    # Others: the means tie at 50.00, so neither is bold.
+    table_a = next(line for line in text.splitlines() if line.startswith("| a |") and "vs b" not in line)
+    assert table_a.endswith("| 50.00 ± 0.00 | 50.00 ± 0.00 |")
 
 
 def test_per_round_evaluation_end_to_end(tmp_path):

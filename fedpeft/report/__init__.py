@@ -19,7 +19,13 @@ format of :func:`plot_formats` (:mod:`fedpeft.core.figures`). The reports of Pot
 """
 
 from fedpeft.core.figures import PLOT_FORMATS, plot_formats, save_figure
-from fedpeft.report.continual import continual_cells, continual_sections, read_round_records, render_continual_table
+from fedpeft.report.continual import (
+    continual_cells,
+    continual_client_values,
+    continual_sections,
+    read_round_records,
+    render_continual_table,
+)
 from fedpeft.report.costs import cost_cells, render_compute_table, render_cost_tables, render_failures
 from fedpeft.report.differences import comparisons, difference_sections, gain_intervals
 from fedpeft.report.evidence import (
@@ -58,6 +64,7 @@ __all__ = [
     "combined_wins",
     "comparisons",
     "continual_cells",
+    "continual_client_values",
     "continual_sections",
     "cost_cells",
     "data_sections",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.report.evidence import MIN_SEEDS
+from fedpeft.report.intervals import Interval, PairKey, format_interval, paired_interval
 from fedpeft.report.records import (
     RESULT_KEY,
     RESULTS_FILE,
@@ -64,27 +65,96 @@ def continual_cells(records: Sequence[Record], metric: str = "accuracy") -> dict
     return {key: over_seeds(values) for key, values in per_seed.items()}
 
 
+def continual_client_values(
+    records: Sequence[Record], metric: str = "accuracy"
+) -> dict[tuple[str, str, str], dict[PairKey, float]]:
+    """``(method, split, "last" | "auc") -> (client, seed) -> value``: each client's A_last (its value at the last
+    round it was evaluated) and A_AUC (its mean over the rounds it was evaluated), the values the paired intervals
+    compare (the methods evaluated during training, as :func:`continual_cells`)."""
+    chosen = [r for r in records if r["metric"] == metric and r.get("split") in CONTINUAL_SPLITS]
+    evaluated = {r["method"] for r in chosen if r["split"] == "others"}
+    curves: dict[tuple[str, str, str, Any], dict[int, float]] = {}
+    for record in chosen:
+        if record["method"] in evaluated:
+            key = (record["method"], record["split"], record["client"], record["seed"])
+            curves.setdefault(key, {})[int(record["round"])] = float(record["value"])
+    values: dict[tuple[str, str, str], dict[PairKey, float]] = {}
+    for (method, split, client, seed), by_round in curves.items():
+        values.setdefault((method, split, "last"), {})[client, seed] = by_round[max(by_round)]
+        values.setdefault((method, split, "auc"), {})[client, seed] = statistics.fmean(by_round.values())
+    return values
+
+
+def continual_differences(
+    cells: Mapping[tuple[str, str, str], Cell],
+    values: Mapping[tuple[str, str, str], Mapping[PairKey, float]],
+    methods: Sequence[str],
+) -> dict[tuple[str, str, str], tuple[str, Interval]]:
+    """``(method, split, stat) -> (best other method, interval of method - it)``: in each column, each method
+    against the other method with the best printed value (paired on client and seed, clients as the unit)."""
+    differences = {}
+    for split in CONTINUAL_SPLITS:
+        for stat in ("last", "auc"):
+            present = [m for m in methods if (m, split, stat) in cells]
+            for method in present:
+                others = [m for m in present if m != method]
+                if not others:
+                    continue
+                top = max(display_key(cells[m, split, stat]) for m in others)
+                reference = next(m for m in others if display_key(cells[m, split, stat]) == top)
+                interval = paired_interval(values[method, split, stat], values[reference, split, stat])
+                if interval is not None:
+                    differences[method, split, stat] = (reference, interval)
+    return differences
+
+
 def render_continual_table(
-    cells: Mapping[tuple[str, str, str], Cell], methods: Sequence[str], *, emphasis: bool = True
+    cells: Mapping[tuple[str, str, str], Cell],
+    methods: Sequence[str],
+    *,
+    emphasis: bool = True,
+    differences: Mapping[tuple[str, str, str], tuple[str, Interval]] | None = None,
 ) -> str:
-    """Markdown: one row per method, Self / Others x A_last / A_AUC (x100), best value of a column in bold (none
-    with ``emphasis=False``: on one seed)."""
+    """Markdown: one row per method, Self / Others x A_last / A_AUC (x100). The best value of a column is bold
+    where its method's interval against the runner-up (``differences``) lies above 0 (none with
+    ``emphasis=False``: on one seed; none without ``differences``)."""
     columns = [(split, stat) for split in CONTINUAL_SPLITS for stat in ("last", "auc")]
-    best = {
-        c: max((display_key(cells[(m, c[0], c[1])]) for m in methods if (m, c[0], c[1]) in cells), default=None)
-        for c in columns
-    }
     rows = []
     for method in methods:
         row = [method]
-        for column in columns:
-            cell = cells.get((method, *column))
+        for split, stat in columns:
+            cell = cells.get((method, split, stat))
             text = format_cell(cell)
-            is_best = emphasis and cell is not None and display_key(cell) == best[column]
-            row.append(f"**{text}**" if is_best else text)
+            best = cell is not None and all(
+                display_key(cell) > display_key(cells[m, split, stat])
+                for m in methods
+                if m != method and (m, split, stat) in cells
+            )
+            against = (differences or {}).get((method, split, stat))
+            supported = against is not None and against[1].above_zero
+            row.append(f"**{text}**" if emphasis and best and supported else text)
         rows.append(row)
-    header = [f"{CONTINUAL_SPLITS[split]} A_{stat.replace('auc', 'AUC')}" for split, stat in columns]
-    return markdown_table(["Method", *header], rows)
+    return markdown_table(["Method", *_headers(columns)], rows)
+
+
+def render_continual_differences(
+    differences: Mapping[tuple[str, str, str], tuple[str, Interval]], methods: Sequence[str]
+) -> str:
+    """Markdown: per method and column, its difference from the column's best other method, x100, with the 95 %
+    interval and that method's name."""
+    columns = [(split, stat) for split in CONTINUAL_SPLITS for stat in ("last", "auc")]
+    rows = []
+    for method in methods:
+        row = [method]
+        for split, stat in columns:
+            against = differences.get((method, split, stat))
+            row.append("—" if against is None else f"{format_interval(against[1])} vs {against[0]}")
+        rows.append(row)
+    return markdown_table(["Method", *(f"{h} − best other [95 % CI]" for h in _headers(columns))], rows)
+
+
+def _headers(columns: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"{CONTINUAL_SPLITS[split]} A_{stat.replace('auc', 'AUC')}" for split, stat in columns]
 
 
 def continual_sections(records: Sequence[Record]) -> list[str]:
@@ -98,13 +168,20 @@ def continual_sections(records: Sequence[Record]) -> list[str]:
         methods = [m for m in method_order(records) if any(key[0] == m for key in cells)]
         emphasis = min(cell.seeds for cell in cells.values()) >= MIN_SEEDS
         one_seed |= not emphasis
-        sections += [f"### {metric_label(metric)}", render_continual_table(cells, methods, emphasis=emphasis)]
+        differences = continual_differences(cells, continual_client_values(records, metric), methods)
+        table = render_continual_table(cells, methods, emphasis=emphasis, differences=differences)
+        sections += [f"### {metric_label(metric)}", table]
+        if differences:
+            sections.append(render_continual_differences(differences, methods))
     if not sections:
         return []
     intro = (
         "Each client's model evaluated during federated training (`eval.every`): Self = on its own test data of "
         "the tasks seen so far, Others = on the other clients' test data. A_last = at the last round, A_AUC = "
-        "mean over the evaluation rounds; x100, mean ± sample SD over seeds of the mean over clients."
+        "mean over the evaluation rounds; x100, mean ± sample SD over seeds of the mean over clients. Below each "
+        "table: each method minus the column's best other method, the mean over clients of each client's mean "
+        "difference over seeds with its 95 % t interval over the clients; a column's best value is bold only where "
+        "that interval lies above 0."
     )
     if one_seed:
         intro += " On one seed no value is bold: differences between methods may be noise."
