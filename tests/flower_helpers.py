@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,6 +41,22 @@ def make_certs(directory: Path, nodes: int) -> Path:
     made = subprocess.run(command, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     return directory
+
+
+def launch_command(config: Path, out: Path, node_timeout: int) -> list[str]:
+    """``fedpeft launch`` of ``config`` on the local deployment (``flwr run`` of this repository's app), writing
+    to ``out``."""
+    command = [FEDPEFT, "launch", str(config), "--federation", "local-deployment", "--app", str(REPO)]
+    return command + ["--out", str(out), "--node-timeout", str(node_timeout)]
+
+
+def launch(deployment: Any, config: Path, out: Path, node_timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """Run :func:`launch_command` against ``deployment`` (a started ``LoopbackDeployment``) from its work
+    directory; its output is captured."""
+    command = launch_command(config, out, node_timeout)
+    return subprocess.run(
+        command, cwd=deployment.workdir, env=deployment.env, capture_output=True, text=True, timeout=900
+    )
 
 
 def tiny_raw(**changes: object) -> dict:

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from flower_helpers import FEDPEFT, REPO, assert_nothing_left, make_certs, one_torch_thread, read_records, tiny_raw
+from flower_helpers import (
+    assert_nothing_left,
+    launch,
+    launch_command,
+    make_certs,
+    one_torch_thread,
+    read_records,
+    tiny_raw,
+)
 
 from fedpeft.apps.loopback import LoopbackDeployment
 
@@ -38,7 +46,6 @@ def test_deployment_on_loopback(tmp_path):
     node_configs = [
         f"partition-id={i} num-partitions=2 run-dir='{node_dirs[i]}' worker-dir='{worker_dir}'" for i in range(2)
     ]
-    fedpeft = FEDPEFT
     certs = make_certs(tmp_path / "certs", nodes=4)
     env = {"OMP_NUM_THREADS": "1"}  # the "machines" share this machine's cores
     with LoopbackDeployment(tmp_path, node_configs, env, certs=certs) as deployment:
@@ -47,10 +54,8 @@ def test_deployment_on_loopback(tmp_path):
         assert intruder.wait(timeout=120) != 0
         assert "Failed to activate SuperNode" in deployment.log("supernode2").read_text()
 
-        launch = [fedpeft, "launch", str(config), "--federation", "local-deployment", "--app", str(REPO)]
-        launch += ["--out", str(out), "--node-timeout", "60"]
         # A ClientApp process per message (4 per node for the SecAgg+ round) on a loaded machine.
-        finished = subprocess.run(launch, cwd=tmp_path, env=deployment.env, capture_output=True, text=True, timeout=900)
+        finished = launch(deployment, config, out, node_timeout=60)
         logs = finished.stdout + finished.stderr
         (tmp_path / "flwr-run.log").write_text(logs)
         assert finished.returncode == 0, logs[-4000:]
@@ -66,7 +71,7 @@ def test_deployment_on_loopback(tmp_path):
         deployment.register(certs / "node-4")
         deployment.start_node(3, "partition-id=0 num-partitions=2", key=certs / "node-4")
         refused = subprocess.run(
-            [*launch[:-4], "--out", str(tmp_path / "out2"), "--node-timeout", "60"],
+            launch_command(config, tmp_path / "out2", node_timeout=60),
             cwd=tmp_path,
             env=deployment.env,
             capture_output=True,
@@ -129,9 +134,7 @@ def test_an_asynchronous_schedule_is_not_held_up_by_a_slow_node_on_loopback(tmp_
         for i in range(2)
     ]
     with LoopbackDeployment(tmp_path, node_configs, {"OMP_NUM_THREADS": "1"}) as deployment:
-        launch = [FEDPEFT, "launch", str(config), "--federation", "local-deployment", "--app", str(REPO)]
-        launch += ["--out", str(out), "--node-timeout", "120"]
-        finished = subprocess.run(launch, cwd=tmp_path, env=deployment.env, capture_output=True, text=True, timeout=900)
+        finished = launch(deployment, config, out)
         logs = finished.stdout + finished.stderr
         assert finished.returncode == 0, logs[-4000:]
         assert_nothing_left(worker_dir)

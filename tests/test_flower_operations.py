@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 from flower_helpers import (
-    FEDPEFT,
-    REPO,
     InProcessGrid,
     assert_nothing_left,
+    launch_command,
     make_certs,
     one_torch_thread,
     read_records,
@@ -261,7 +260,6 @@ def test_a_killed_supernode_rejoins_and_a_bad_site_stops_the_run_at_once(tmp_pat
         f"worker-dir='{worker_dir}'"
         for i, path in enumerate(sites.values())
     ]
-    fedpeft = FEDPEFT
     certs = make_certs(tmp_path / "certs", nodes=2)
     checkpoint = out / "checkpoints" / "fedit" / "seed0.safetensors"
 
@@ -281,8 +279,7 @@ def test_a_killed_supernode_rejoins_and_a_bad_site_stops_the_run_at_once(tmp_pat
     deployment = LoopbackDeployment(
         tmp_path, node_configs, {"OMP_NUM_THREADS": "1"}, certs=certs, database=tmp_path / "superlink.db"
     )
-    launch = [fedpeft, "launch", str(config), "--federation", "local-deployment", "--app", str(REPO)]
-    launch += ["--out", str(out), "--node-timeout", "180"]
+    launch = launch_command(config, out, node_timeout=180)
     with deployment:
         node_ids = [deployment.node_id(i) for i in range(2)]
         with open(tmp_path / "launch.log", "w") as log:
@@ -309,8 +306,7 @@ def test_a_killed_supernode_rejoins_and_a_bad_site_stops_the_run_at_once(tmp_pat
         assert deployment.node_status() == dict.fromkeys(node_ids, "online")
 
         write_site(sites["site-b"], CLIENTS["site-b"], broken_line=5)
-        refused_launch = [fedpeft, "launch", str(sites_config), "--federation", "local-deployment"]
-        refused_launch += ["--app", str(REPO), "--out", str(tmp_path / "out2"), "--node-timeout", "600"]
+        refused_launch = launch_command(sites_config, tmp_path / "out2", node_timeout=600)
         started = time.monotonic()
         refused = subprocess.run(
             refused_launch, cwd=tmp_path, env=deployment.env, capture_output=True, text=True, timeout=600

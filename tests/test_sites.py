@@ -9,8 +9,6 @@ directory. Every run is compared with the local engine over the union of the sit
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +31,7 @@ from tests.test_flower import (  # noqa: F401
     REPO,
     InProcessGrid,
     RoundLog,
+    launch,
     lose_and_restart,
     read_records,
     task_identity,
@@ -273,11 +272,8 @@ def test_site_local_data_on_loopback(tmp_path, sites):
         f"data-path='{sites[site]}' run-dir='{tmp_path / site}' worker-dir='{worker_dir}'" for site in SITES
     ]
     out = tmp_path / "out"
-    fedpeft = str(Path(sys.executable).parent / "fedpeft")
     with LoopbackDeployment(tmp_path, node_configs, {"OMP_NUM_THREADS": "1"}) as deployment:
-        launch = [fedpeft, "launch", str(config), "--federation", "local-deployment", "--app", str(REPO)]
-        launch += ["--out", str(out), "--node-timeout", "120"]
-        finished = subprocess.run(launch, cwd=tmp_path, env=deployment.env, capture_output=True, text=True, timeout=900)
+        finished = launch(deployment, config, out)
     logs = finished.stdout + finished.stderr
     assert finished.returncode == 0, logs[-4000:]
     local = Experiment(validate(union_raw(sites)), tmp_path / "local").run()
