@@ -1,4 +1,4 @@
-"""The ``fedpeft`` command line: run, list, report, personalize."""
+"""The ``fedpeft`` command line: run, list, report, compare, personalize, adopt, launch, certs."""
 
 from __future__ import annotations
 
@@ -215,6 +215,31 @@ def report(
         tables.append(reporting.write_latex(runs, latex))
     for target in tables:
         console.print(f"Tables written to [bold]{target}[/bold]")
+
+
+@app.command()
+def compare(
+    reference: Annotated[Path, typer.Argument(help="The reference run: a run directory or its results.jsonl(.gz).")],
+    rerun: Annotated[Path, typer.Argument(help="The same config run again (another machine, engine or commit).")],
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", help="Also write the comparison to this markdown file."),
+    ] = None,
+    every_pair: Annotated[
+        bool, typer.Option("--every-pair", help="List every paired difference, not only those whose verdict changed.")
+    ] = False,
+) -> None:
+    """Compare a rerun with its reference run: how far the records moved and which supported differences hold."""
+    _setup_logging(False)
+    from fedpeft.report.reproduction import compare_runs
+
+    text = compare_runs(reference, rerun, every_pair=every_pair)
+    if out is not None:
+        if out.is_dir():
+            raise UserError(f"--out {out} is a directory; name the markdown file to write.")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    console.print(Markdown(text))
 
 
 @app.command()

@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -843,9 +844,25 @@ class Checkpoint:
         return None
 
 
+def cpu_description() -> dict[str, Any]:
+    """The CPU a run's float kernels ran on: its model name (from /proc/cpuinfo on Linux, else the platform's),
+    its logical cores and the vector kernels PyTorch chose for it (``AVX512``, ``AVX2``, ...). Records made on two
+    CPUs with different kernels need not be identical (docs/outputs.md)."""
+    model = platform.processor() or None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip() or model
+                break
+    kernels = None
+    with contextlib.suppress(AttributeError, RuntimeError):
+        kernels = torch.backends.cpu.get_cpu_capability()
+    return {"model": model, "cores": os.cpu_count(), "kernels": kernels}
+
+
 def environment(device: str) -> dict[str, Any]:
     """The software and machine a run starts on: Python and library versions, fedpeft's git commit when it runs
-    from a checkout, the device, the command line and the start time (UTC)."""
+    from a checkout, the device, the CPU (:func:`cpu_description`), the command line and the start time (UTC)."""
     from importlib.metadata import PackageNotFoundError, version
 
     versions: dict[str, str | None] = {}
@@ -871,6 +888,7 @@ def environment(device: str) -> dict[str, Any]:
         "git_commit": commit,
         "device": device,
         "accelerator": accelerator,
+        "cpu": cpu_description(),
         "platform": platform.platform(),
         "command": sys.argv,
         "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

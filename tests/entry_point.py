@@ -28,13 +28,13 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *ar
 HEAVY_LIBRARIES = ("torch", "peft", "transformers")
 
 
-def report_in_a_fresh_process(run_dir: Path, out: Path) -> list[str]:
-    """Run ``fedpeft report RUN_DIR --out OUT`` in a new interpreter (it must succeed); returns which of
-    :data:`HEAVY_LIBRARIES` it imported."""
+def command_in_a_fresh_process(*args: str) -> list[str]:
+    """Run ``fedpeft *args`` in a new interpreter (it must succeed); returns which of :data:`HEAVY_LIBRARIES` it
+    imported."""
     program = (
         "import sys\n"
         "from fedpeft.cli import main\n"
-        f"sys.argv = ['fedpeft', 'report', {str(run_dir)!r}, '--out', {str(out)!r}]\n"
+        f"sys.argv = ['fedpeft', *{list(args)!r}]\n"
         "try:\n"
         "    main()\n"
         "except SystemExit as stop:\n"
@@ -46,3 +46,9 @@ def report_in_a_fresh_process(run_dir: Path, out: Path) -> list[str]:
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith("imported:"))
     return [name for name in line.removeprefix("imported:").strip().split(",") if name]
+
+
+def report_in_a_fresh_process(run_dir: Path, out: Path) -> list[str]:
+    """Run ``fedpeft report RUN_DIR --out OUT`` in a new interpreter (it must succeed); returns which of
+    :data:`HEAVY_LIBRARIES` it imported."""
+    return command_in_a_fresh_process("report", str(run_dir), "--out", str(out))

@@ -79,6 +79,7 @@ def test_smoke_writes_the_output_contract(smoke_run):
     assert all(r["client"] is None and r["pool"] == "seen" for r in train)
     env = json.loads((smoke_run / "env.json").read_text())
     assert env["versions"]["torch"] == torch.__version__ and env["device"] == "cpu"
+    assert env["cpu"]["kernels"] == torch.backends.cpu.get_cpu_capability() and env["cpu"]["cores"] == os.cpu_count()
     costs = read_jsonl(smoke_run / "costs.jsonl")
     fedit = {c["metric"]: c["value"] for c in costs if c["method"] == "fedit" and c["phase"] == "federated"}
     # 6 seen clients (3 seen languages x 2), half of them in each of 2 rounds: 6 client-rounds.

@@ -93,7 +93,8 @@ def render_difference_table(table: GroupTable) -> str:
     return markdown_table(header, rows)
 
 
-def _heading(table: GroupTable) -> str:
+def table_heading(table: GroupTable) -> str:
+    """A table's heading: its pool, budget (where it has one) and metric."""
     where = pool_label(table.pool)
     if table.budget is not None:
         where += f", {budget_label(table.budget)}"
@@ -116,7 +117,7 @@ def difference_sections(tables: Sequence[ResultTable]) -> list[str]:
     sections = []
     for found in tables:
         if any(method != BASE_METHOD for method in found.table.methods):
-            sections += [f"### {_heading(found.table)}", render_difference_table(found.table)]
+            sections += [f"### {table_heading(found.table)}", render_difference_table(found.table)]
     return [f"## {DIFFERENCES_SECTION}", DIFFERENCES_INTRO, *sections] if sections else []
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.records import Budget
-from fedpeft.core.textfiles import read_text
+from fedpeft.core.textfiles import decode_text, read_text
 
 Record = dict[str, Any]
 """A record read back from a run's file: a ``results.jsonl`` line (written as a ``core.records.ResultRecord``),
@@ -38,7 +40,15 @@ def read_jsonl(path: Path) -> list[Record]:
     """The records of one JSONL file (blank lines skipped); a line that is not UTF-8, not JSON or not a JSON object
     is a ``UserError`` naming it."""
     records = []
-    text = read_text(path, "utf-8", DAMAGED_FIX)
+    if path.suffix == ".gz":  # a run's records kept compressed beside a results page
+        try:
+            text = decode_text(gzip.decompress(path.read_bytes()), path, "utf-8", DAMAGED_FIX)
+        except (OSError, EOFError, zlib.error) as err:
+            raise UserError(
+                f"Could not read {path} as gzip ({err}); pass a results.jsonl or results.jsonl.gz file."
+            ) from None
+    else:
+        text = read_text(path, "utf-8", DAMAGED_FIX)
     # Lines end at "\n" only: splitlines() would also cut at characters JSON strings may hold (U+2028, ...).
     for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
@@ -98,6 +108,18 @@ def read_records(run_dirs: Sequence[Path]) -> tuple[list[Record], list[Record]]:
         if costs_path.is_file():
             costs.update(_deduplicate(read_jsonl(costs_path), _COST_KEY, by_round=False))
     return list(results.values()), list(costs.values())
+
+
+def read_results(source: Path) -> list[Record]:
+    """The results of one run: a run directory (its ``results.jsonl``) or a results file (``.jsonl``, or
+    ``.jsonl.gz`` as results pages keep them), deduplicated as :func:`read_records` does within a directory."""
+    path = source / RESULTS_FILE if source.is_dir() else source
+    if not path.is_file():
+        raise UserError(
+            f"{source} is neither a run directory with {RESULTS_FILE} nor a results file; pass a directory written "
+            "by `fedpeft run` or its results.jsonl(.gz)."
+        )
+    return list(_deduplicate(read_jsonl(path), RESULT_KEY, by_round=True).values())
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,0 +1,380 @@
+"""A rerun against its reference run: how far the records moved, and which differences the reference's clients
+supported still hold (``fedpeft compare``).
+
+A run made again on another machine (another CPU's float kernels, a GPU), with another engine or at another commit
+need not give the same bits: sums round differently, and training carries a last-bit difference forward. What a
+result can promise across machines is therefore not its numbers but its supported differences. For two runs of one
+config this module matches their final test records on the result key and measures how far they moved, next to the
+seeds' spread; then it recomputes every paired difference of every per-group table in both runs (each pair of rows,
+the ``Mean`` column: the pool's clients, 95 % t intervals, :mod:`.intervals`) and sorts each into:
+
+- ``holds``: supported in both runs, with the same sign;
+- ``lost``: supported in the reference, not in the rerun;
+- ``reversed``: supported in both, with opposite signs;
+- ``new``: supported in the rerun only;
+- ``level``: supported in neither.
+
+A pair whose interval cannot be computed in one of the runs (one client, or a row the other run lacks) is counted
+as untested.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedpeft.core.errors import UserError
+from fedpeft.report.differences import table_heading
+from fedpeft.report.intervals import CONFIDENCE, Interval, format_interval, paired_interval
+from fedpeft.report.records import RESULT_KEY, Record, is_test, read_results
+from fedpeft.report.tables import MEAN_COLUMN, GroupTable, markdown_table, result_tables
+
+STATUSES = ("holds", "lost", "reversed", "new", "level")
+CHANGED = ("lost", "reversed", "new")
+ENV_FILE = "env.json"
+
+
+@dataclass(frozen=True)
+class Shift:
+    """How far the final test records both runs have moved, in metric units (values in [0, 1]).
+
+    Attributes:
+        matched: records in both runs (same result key).
+        identical: of those, the ones with the same value.
+        only_reference, only_rerun: records one run has and the other lacks.
+        median, high, largest: the median, 90th percentile and largest ``|rerun - reference|`` over the matched
+            records (0 when none is matched).
+        largest_key: the result key of the largest difference (``None`` when every value is identical).
+        cell_median, cell_largest: the same over the tables' ``Mean`` cells (mean over the pool's clients and the
+            seeds), where both runs have the cell.
+        seed_sd: the median over those cells of the reference's SD over seeds (``None`` with one seed): the spread
+            that a cell's shift is to be read against.
+    """
+
+    matched: int
+    identical: int
+    only_reference: int
+    only_rerun: int
+    median: float
+    high: float
+    largest: float
+    largest_key: tuple[Any, ...] | None
+    cell_median: float
+    cell_largest: float
+    seed_sd: float | None
+
+
+@dataclass(frozen=True)
+class PairVerdict:
+    """One paired difference ``method - other`` of a table (the ``Mean`` column), in both runs.
+
+    ``method`` is the row with the higher reference mean, so a reference difference reads as a gain."""
+
+    heading: str
+    method: str
+    other: str
+    reference: Interval
+    rerun: Interval
+    status: str
+
+
+@dataclass(frozen=True)
+class TopMethod:
+    """The best non-base row of a table by its ``Mean`` cell in each run; ``supported``: whether the reference
+    prints it bold (its interval against the runner-up above 0)."""
+
+    heading: str
+    reference: str | None
+    rerun: str | None
+    supported: bool
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """What :func:`compare_results` found."""
+
+    shift: Shift
+    verdicts: list[PairVerdict]
+    tops: list[TopMethod]
+    untested: int
+
+    def count(self, status: str) -> int:
+        """The pairs of one status (one of :data:`STATUSES`)."""
+        return sum(1 for verdict in self.verdicts if verdict.status == status)
+
+
+def _sign(interval: Interval) -> int:
+    if interval.above_zero:
+        return 1
+    return -1 if interval.excludes_zero else 0
+
+
+def status_of(reference: Interval, rerun: Interval) -> str:
+    """The :data:`STATUSES` entry of a difference with these intervals in the reference and in the rerun."""
+    before, after = _sign(reference), _sign(rerun)
+    if before and after:
+        return "holds" if before == after else "reversed"
+    if before:
+        return "lost"
+    return "new" if after else "level"
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of sorted ``values`` (0 when empty)."""
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, max(0, math.ceil(fraction * len(values)) - 1))]
+
+
+def _test_values(records: Sequence[Record]) -> dict[tuple[Any, ...], float]:
+    return {tuple(r.get(k) for k in RESULT_KEY): float(r["value"]) for r in records if is_test(r)}
+
+
+def record_shift(reference: Sequence[Record], rerun: Sequence[Record]) -> Shift:
+    """The :class:`Shift` between two runs' final test records (tables' cells included)."""
+    before, after = _test_values(reference), _test_values(rerun)
+    common = [key for key in before if key in after]
+    differences = sorted(abs(after[key] - before[key]) for key in common)
+    largest_key = max(common, key=lambda key: abs(after[key] - before[key]), default=None)
+    if largest_key is not None and after[largest_key] == before[largest_key]:
+        largest_key = None
+    cell_shifts, seed_sds = [], []
+    for table, other in paired_tables(reference, rerun):
+        for method in table.methods:
+            cell, moved = table.cells.get((method, MEAN_COLUMN)), other.cells.get((method, MEAN_COLUMN))
+            if cell is not None and moved is not None:
+                cell_shifts.append(abs(moved.mean - cell.mean))
+                if cell.sd is not None:
+                    seed_sds.append(cell.sd)
+    return Shift(
+        matched=len(common),
+        identical=sum(1 for key in common if after[key] == before[key]),
+        only_reference=len(before) - len(common),
+        only_rerun=len(after) - len(common),
+        median=statistics.median(differences) if differences else 0.0,
+        high=_percentile(differences, 0.9),
+        largest=differences[-1] if differences else 0.0,
+        largest_key=largest_key,
+        cell_median=statistics.median(cell_shifts) if cell_shifts else 0.0,
+        cell_largest=max(cell_shifts, default=0.0),
+        seed_sd=statistics.median(seed_sds) if seed_sds else None,
+    )
+
+
+def paired_tables(reference: Sequence[Record], rerun: Sequence[Record]) -> list[tuple[GroupTable, GroupTable]]:
+    """The per-group tables of the reference (in the summary's order), each with the rerun's table of the same
+    pool, metric and budget; tables one run lacks are left out."""
+
+    def key(table: GroupTable) -> tuple[Any, ...]:
+        return table.pool, table.metric, table.budget
+
+    rerun_tables = {key(found.table): found.table for found in result_tables(rerun)}
+    return [
+        (found.table, rerun_tables[key(found.table)])
+        for found in result_tables(reference)
+        if key(found.table) in rerun_tables
+    ]
+
+
+def _tested(interval: Interval) -> bool:
+    return interval.low is not None and interval.high is not None
+
+
+def _negated(interval: Interval) -> Interval:
+    """The interval of ``other - method`` from that of ``method - other``."""
+    low, high = interval.low, interval.high
+    return Interval(
+        -interval.mean, None if high is None else -high, None if low is None else -low, interval.clients, interval.pairs
+    )
+
+
+def _verdict(heading: str, method: str, other: str, reference: Interval, rerun: Interval) -> PairVerdict:
+    return PairVerdict(heading, method, other, reference, rerun, status_of(reference, rerun))
+
+
+def compare_results(reference: Sequence[Record], rerun: Sequence[Record]) -> Reproduction:
+    """Every paired difference between two rows of each per-group table both runs have, in both runs, with its
+    :data:`STATUSES` entry; the best row of each table in both; the :class:`Shift` of their records."""
+    verdicts: list[PairVerdict] = []
+    tops: list[TopMethod] = []
+    untested = 0
+    for table, other_table in paired_tables(reference, rerun):
+        heading = table_heading(table)
+        rows = [m for m in table.methods if m in other_table.values]
+        for i, first in enumerate(rows):
+            for second in rows[i + 1 :]:
+                before = paired_interval(table.values[first], table.values[second])
+                after = paired_interval(other_table.values[first], other_table.values[second])
+                if before is None or after is None or not (_tested(before) and _tested(after)):
+                    untested += 1
+                elif before.mean < 0:  # the row ahead in the reference first
+                    verdicts.append(_verdict(heading, second, first, _negated(before), _negated(after)))
+                else:
+                    verdicts.append(_verdict(heading, first, second, before, after))
+        best_before = sorted(table.best.get(MEAN_COLUMN, set()))
+        best_after = sorted(other_table.best.get(MEAN_COLUMN, set()))
+        tops.append(
+            TopMethod(
+                heading,
+                ", ".join(best_before) or None,
+                ", ".join(best_after) or None,
+                bool(table.bold.get(MEAN_COLUMN)),
+            )
+        )
+    return Reproduction(record_shift(reference, rerun), verdicts, tops, untested)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _environment(source: Path) -> dict[str, Any]:
+    """A run directory's ``env.json`` (or the one beside a results file); empty when there is none or it does not
+    parse."""
+    folder = source if source.is_dir() else source.parent
+    try:
+        found = json.loads((folder / ENV_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _mapping(env: dict[str, Any], name: str) -> dict[str, Any]:
+    found = env.get(name)
+    return found if isinstance(found, dict) else {}
+
+
+def _machine(env: dict[str, Any]) -> str:
+    cpu = _mapping(env, "cpu")
+    parts = [env.get("accelerator") or env.get("device"), cpu.get("model"), cpu.get("kernels")]
+    if cpu.get("cores"):
+        parts.append(f"{cpu['cores']} cores")
+    return ", ".join(str(p) for p in parts if p) or "—"
+
+
+def _versions(env: dict[str, Any]) -> str:
+    versions = _mapping(env, "versions")
+    found = [f"{name} {versions[name]}" for name in ("torch", "transformers", "peft") if versions.get(name)]
+    return ", ".join(found) or "—"
+
+
+def _sources_table(reference: Path, rerun: Path) -> str:
+    envs = [_environment(reference), _environment(rerun)]
+    rows = [["records", f"`{reference}`", f"`{rerun}`"]]
+    if any(envs):
+        rows += [
+            ["commit", *(str(env.get("git_commit") or "—") for env in envs)],
+            ["machine", *(_machine(env) for env in envs)],
+            ["libraries", *(_versions(env) for env in envs)],
+            ["started (UTC)", *(str(env.get("started_utc") or "—") for env in envs)],
+        ]
+    return markdown_table(["", "reference", "rerun"], rows)
+
+
+def _x100(value: float) -> str:
+    return f"{value * 100:.2f}"
+
+
+def _key_text(key: tuple[Any, ...]) -> str:
+    named = dict(zip(RESULT_KEY, key, strict=True))
+    parts = [
+        f"{name} {named[name]}" for name in ("method", "budget", "pool", "client", "seed") if named[name] is not None
+    ]
+    return f"{', '.join(parts)}, {named['metric']}"
+
+
+def render_shift(shift: Shift) -> str:
+    """The records paragraph of :func:`render_reproduction`."""
+    text = (
+        f"{shift.matched} final test records in both runs ({shift.only_reference} only in the reference, "
+        f"{shift.only_rerun} only in the rerun), {shift.identical} of them identical."
+    )
+    if shift.identical < shift.matched:
+        text += (
+            f" |rerun − reference| x100 over the {shift.matched}: median {_x100(shift.median)}, 90th percentile "
+            f"{_x100(shift.high)}, largest {_x100(shift.largest)}"
+        )
+        text += f" ({_key_text(shift.largest_key)})." if shift.largest_key is not None else "."
+        text += (
+            " The tables' `Mean` cells (mean over the pool's clients and the seeds) moved by "
+            f"{_x100(shift.cell_median)} (median) and {_x100(shift.cell_largest)} at most"
+        )
+        if shift.seed_sd is not None:
+            text += f", against a median SD over seeds of {_x100(shift.seed_sd)} in the reference"
+        text += "."
+    return text
+
+
+def render_reproduction(found: Reproduction, reference: Path, rerun: Path, *, every_pair: bool = False) -> str:
+    """The markdown ``fedpeft compare`` prints: both runs' sources, the records' shift, the supported differences
+    that hold, are lost, reversed or new, and each table's best row in both runs."""
+    supported = sum(found.count(s) for s in ("holds", "lost", "reversed"))
+    lines = [
+        "# A rerun against its reference",
+        _sources_table(reference, rerun),
+        "## Records",
+        render_shift(found.shift),
+        f"## Differences with {CONFIDENCE * 100:.0f} % intervals",
+        (
+            f"Every paired difference between two rows of a table, `Mean` column (x100, the higher row of the "
+            f"reference first; {CONFIDENCE * 100:.0f} % t intervals over the pool's clients, as summary.md computes "
+            f"them): {len(found.verdicts)} pairs, {supported} supported in the reference. **{found.count('holds')} "
+            f"of the {supported} hold** (supported in the rerun with the same sign), {found.count('lost')} are lost "
+            f"(not supported in the rerun), {found.count('reversed')} reversed; {found.count('new')} are supported in "
+            f"the rerun only; {found.count('level')} are supported in neither."
+        ),
+    ]
+    if found.untested:
+        lines[-1] += f" {found.untested} pairs have no interval in one of the runs (one client, or a missing row)."
+    shown = found.verdicts if every_pair else [v for v in found.verdicts if v.status in CHANGED]
+    if shown:
+        lines += [
+            "### Every pair" if every_pair else "### Changed",
+            markdown_table(
+                ["table", "difference", "reference", "rerun", "status"],
+                [
+                    [
+                        v.heading,
+                        f"{v.method} − {v.other}",
+                        format_interval(v.reference),
+                        format_interval(v.rerun),
+                        v.status,
+                    ]
+                    for v in sorted(shown, key=lambda v: STATUSES.index(v.status))
+                ],
+            ),
+        ]
+    same = sum(1 for top in found.tops if top.reference == top.rerun)
+    lines += [
+        "## Best row of each table",
+        f"The same in {same} of {len(found.tops)} tables (bold: supported against the runner-up in the reference).",
+        markdown_table(
+            ["table", "reference", "rerun"],
+            [
+                [top.heading, f"**{top.reference}**" if top.supported else str(top.reference or "—"), top.rerun or "—"]
+                for top in found.tops
+            ],
+        ),
+    ]
+    return "\n\n".join(lines) + "\n"
+
+
+def compare_runs(reference: Path, rerun: Path, *, every_pair: bool = False) -> str:
+    """Read two runs (run directories or results files) and return :func:`render_reproduction`'s markdown.
+
+    Raises:
+        UserError: a source that is neither, or two runs without a test record in common.
+    """
+    before, after = read_results(reference), read_results(rerun)
+    found = compare_results(before, after)
+    if found.shift.matched == 0:
+        raise UserError(
+            f"{reference} and {rerun} share no test record (method, pool, client, seed and metric); compare two "
+            "runs of one config."
+        )
+    return render_reproduction(found, reference, rerun, every_pair=every_pair)
