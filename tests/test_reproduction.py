@@ -12,7 +12,7 @@ from entry_point import cli, command_in_a_fresh_process
 from fedpeft.core.errors import UserError
 from fedpeft.report.intervals import Interval
 from fedpeft.report.records import read_results
-from fedpeft.report.reproduction import compare_results, record_shift, status_of
+from fedpeft.report.reproduction import compare_results, margin_sentence, record_shift, status_of
 
 CLIENTS = [f"c{i}" for i in range(6)]
 SEEDS = (0, 1)
@@ -173,3 +173,18 @@ def test_compare_refuses_bad_input_with_one_sentence(tmp_path, monkeypatch, caps
 def test_compare_imports_no_torch(tmp_path):
     reference = write_run(tmp_path / "reference", {"base": spread(0.5), "a": spread(0.6)})
     assert command_in_a_fresh_process("compare", str(reference), str(reference)) == []
+
+
+def test_margin_sentence_says_how_far_from_zero_the_lost_differences_lay():
+    found = compare_results(
+        records({"base": spread(0.5), "a": noisy(spread(0.6), 0.05), "b": noisy(spread(0.53), 0.005)}),
+        records({"base": spread(0.5), "a": noisy(spread(0.6), 0.05), "b": noisy(spread(0.53), 0.05)}),
+    )
+    verdicts = {(v.method, v.other): v for v in found.verdicts}
+    held, lost = verdicts["a", "base"], verdicts["b", "base"]
+    assert held.status == "holds" and lost.status == "lost"
+    half = (lost.reference.high - lost.reference.low) / 2
+    assert lost.margin == pytest.approx(0.03 / half) and lost.margin > 1
+    sentence = margin_sentence(found.verdicts)
+    assert f"at most {lost.margin:.2f} half-widths" in sentence
+    assert margin_sentence([v for v in found.verdicts if v.status == "level"]) == ""

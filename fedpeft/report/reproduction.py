@@ -82,6 +82,14 @@ class PairVerdict:
     rerun: Interval
     status: str
 
+    @property
+    def margin(self) -> float:
+        """How far the reference's difference lies from 0 in half-widths of its interval: above 1 it is supported
+        (``inf`` for an interval without spread)."""
+        assert self.reference.low is not None and self.reference.high is not None  # only tested pairs are verdicts
+        half = (self.reference.high - self.reference.low) / 2
+        return abs(self.reference.mean) / half if half > 0 else math.inf
+
 
 @dataclass(frozen=True)
 class TopMethod:
@@ -310,6 +318,27 @@ def render_shift(shift: Shift) -> str:
     return text
 
 
+def margin_sentence(verdicts: Sequence[PairVerdict], wide: float = 2.0) -> str:
+    """Where the supported differences that did not hold lay in the reference: the largest :attr:`PairVerdict.margin`
+    among them, and how many of the differences at least ``wide`` half-widths from 0 held; ``""`` when none was
+    supported."""
+    supported = [v for v in verdicts if v.status in ("holds", "lost", "reversed")]
+    if not supported:
+        return ""
+    failed = [v.margin for v in supported if v.status != "holds"]
+    text = ""
+    if failed:
+        text = (
+            f" The lost and reversed ones lay at most {max(failed):.2f} half-widths of their interval from 0 in the "
+            "reference (1: the edge of support)."
+        )
+    clear = [v for v in supported if v.margin >= wide]
+    if clear:
+        held = sum(1 for v in clear if v.status == "holds")
+        text += f" Of the {len(clear)} at least {wide:g} half-widths from 0, {held} held."
+    return text
+
+
 def render_reproduction(found: Reproduction, reference: Path, rerun: Path, *, every_pair: bool = False) -> str:
     """The markdown ``fedpeft compare`` prints: both runs' sources, the records' shift, the supported differences
     that hold, are lost, reversed or new, and each table's best row in both runs."""
@@ -331,6 +360,7 @@ def render_reproduction(found: Reproduction, reference: Path, rerun: Path, *, ev
     ]
     if found.untested:
         lines[-1] += f" {found.untested} pairs have no interval in one of the runs (one client, or a missing row)."
+    lines[-1] += margin_sentence(found.verdicts)
     shown = found.verdicts if every_pair else [v for v in found.verdicts if v.status in CHANGED]
     if shown:
         lines += [
