@@ -11,7 +11,7 @@ from entry_point import cli, command_in_a_fresh_process
 
 from fedpeft.core.errors import UserError
 from fedpeft.report.intervals import Interval
-from fedpeft.report.records import read_results
+from fedpeft.report.records import final_results, read_jsonl, results_file
 from fedpeft.report.reproduction import compare_results, margin_sentence, record_shift, status_of
 
 CLIENTS = [f"c{i}" for i in range(6)]
@@ -114,7 +114,7 @@ def test_identical_runs_hold_every_supported_difference():
     assert found.count("lost") == found.count("reversed") == found.count("new") == 0
 
 
-def test_read_results_takes_a_directory_a_file_and_a_gzip_file(tmp_path):
+def test_results_are_read_from_a_directory_a_file_and_a_gzip_file(tmp_path):
     lines = [json.dumps(r) for r in records({"a": spread(0.6)})]
     # An earlier round of the same record is superseded by the later one, as in a run directory.
     early = {**json.loads(lines[0]), "round": 1, "value": 0.0}
@@ -124,12 +124,14 @@ def test_read_results_takes_a_directory_a_file_and_a_gzip_file(tmp_path):
     run.mkdir()
     (run / "results.jsonl").write_text(text)
     (tmp_path / "results.jsonl.gz").write_bytes(gzip.compress(text.encode()))
-    found = [read_results(p) for p in (run, run / "results.jsonl", tmp_path / "results.jsonl.gz")]
+    found = [
+        final_results(read_jsonl(results_file(p))) for p in (run, run / "results.jsonl", tmp_path / "results.jsonl.gz")
+    ]
     assert found[0] == found[1] == found[2] and len(found[0]) == 12
     assert all(r["value"] != 0.0 for r in found[0])
     (tmp_path / "damaged.jsonl.gz").write_bytes(b"not gzip")
     with pytest.raises(UserError, match="as gzip"):
-        read_results(tmp_path / "damaged.jsonl.gz")
+        read_jsonl(results_file(tmp_path / "damaged.jsonl.gz"))
 
 
 def write_run(path: Path, values: dict[str, dict[tuple[str, int], float]]) -> Path:
@@ -188,3 +190,38 @@ def test_margin_sentence_says_how_far_from_zero_the_lost_differences_lay():
     sentence = margin_sentence(found.verdicts)
     assert f"at most {lost.margin:.2f} half-widths" in sentence
     assert margin_sentence([v for v in found.verdicts if v.status == "level"]) == ""
+
+
+def round_rows(values: dict[str, float], shift: dict[str, float] | None = None) -> list[dict]:
+    """Per-round Self and Others records of 6 clients, 2 seeds and 3 rounds: ``method -> level`` (+ ``shift``
+    at the last round only)."""
+    rows = []
+    for method, level in values.items():
+        for (client, seed), value in spread(level).items():
+            for round_ in (1, 2, 3):
+                moved = (shift or {}).get(method, 0.0) if round_ == 3 else 0.0
+                for split in ("test", "others"):
+                    rows.append(
+                        {
+                            **records({method: {(client, seed): value + 0.01 * round_ + moved}})[0],
+                            "split": split,
+                            "round": round_,
+                        }
+                    )
+    return rows
+
+
+def test_compare_pairs_the_continual_tables_columns_too(tmp_path):
+    before = round_rows({"a": 0.6, "b": 0.55})
+    # b ahead by 0.07 at the last round only: a's 0.05 lead reverses there, and holds over the rounds (+0.01).
+    after = round_rows({"a": 0.6, "b": 0.55}, shift={"b": 0.12})
+    found = compare_results(final_results(before), final_results(after), before, after)
+    statuses = {v.heading: v.status for v in found.verdicts if v.heading.startswith("Continual")}
+    assert statuses == {
+        "Continual, Self A_last — Accuracy": "reversed",
+        "Continual, Self A_AUC — Accuracy": "holds",
+        "Continual, Others A_last — Accuracy": "reversed",
+        "Continual, Others A_AUC — Accuracy": "holds",
+    }
+    tops = {t.heading: (t.reference, t.rerun, t.supported) for t in found.tops}
+    assert tops["Continual, Self A_last — Accuracy"] == ("a", "b", True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,21 @@ def read_round_records(run_dirs: Sequence[Path]) -> list[Record]:
         path = run_dir / RESULTS_FILE
         if not path.is_file():
             continue
-        rows = [r for r in read_jsonl(path) if r.get("round") is not None and r.get("value") is not None]
+        rows = round_records(read_jsonl(path))
         replaced = {(r["method"], r["seed"]) for r in rows}
         merged = {k: v for k, v in merged.items() if (v["method"], v["seed"]) not in replaced}
-        for record in rows:
-            key = tuple(record.get(name) for name in RESULT_KEY) + (record["round"],)
-            merged[key] = record
+        merged.update((_round_key(record), record) for record in rows)
     return list(merged.values())
+
+
+def _round_key(record: Record) -> tuple[Any, ...]:
+    return tuple(record.get(name) for name in RESULT_KEY) + (record["round"],)
+
+
+def round_records(rows: Iterable[Record]) -> list[Record]:
+    """The evaluation records of one results file that have a round, one per (key, round): the later line wins."""
+    found = {_round_key(r): r for r in rows if r.get("round") is not None and r.get("value") is not None}
+    return list(found.values())
 
 
 def continual_cells(records: Sequence[Record], metric: str = "accuracy") -> dict[tuple[str, str, str], Cell]:

@@ -110,16 +110,22 @@ def read_records(run_dirs: Sequence[Path]) -> tuple[list[Record], list[Record]]:
     return list(results.values()), list(costs.values())
 
 
-def read_results(source: Path) -> list[Record]:
-    """The results of one run: a run directory (its ``results.jsonl``) or a results file (``.jsonl``, or
-    ``.jsonl.gz`` as results pages keep them), deduplicated as :func:`read_records` does within a directory."""
+def results_file(source: Path) -> Path:
+    """The results file of a run directory (its ``results.jsonl``), or ``source`` itself when it is a file
+    (``.jsonl``, or ``.jsonl.gz`` as results pages keep them); anything else is a ``UserError``."""
     path = source / RESULTS_FILE if source.is_dir() else source
     if not path.is_file():
         raise UserError(
             f"{source} is neither a run directory with {RESULTS_FILE} nor a results file; pass a directory written "
             "by `fedpeft run` or its results.jsonl(.gz)."
         )
-    return list(_deduplicate(read_jsonl(path), RESULT_KEY, by_round=True).values())
+    return path
+
+
+def final_results(rows: Iterable[Record]) -> list[Record]:
+    """The records of one results file deduplicated as :func:`read_records` does within a directory: the latest
+    round of each key."""
+    return list(_deduplicate(rows, RESULT_KEY, by_round=True).values())
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ A run made again on another machine (another CPU's float kernels, a GPU), with a
 need not give the same bits: sums round differently, and training carries a last-bit difference forward. What a
 result can promise across machines is therefore not its numbers but its supported differences. For two runs of one
 config this module matches their final test records on the result key and measures how far they moved, next to the
-seeds' spread; then it recomputes every paired difference of every per-group table in both runs (each pair of rows,
-the ``Mean`` column: the pool's clients, 95 % t intervals, :mod:`.intervals`) and sorts each into:
+seeds' spread; then it recomputes every paired difference of every table in both runs (each pair of rows of a
+per-group table's ``Mean`` column and of each column of the continual personalization table: the pool's clients,
+95 % t intervals, :mod:`.intervals`) and sorts each into:
 
 - ``holds``: supported in both runs, with the same sign;
 - ``lost``: supported in the reference, not in the rerun;
@@ -23,16 +24,33 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedpeft.core.errors import UserError
+from fedpeft.report.continual import (
+    CONTINUAL_SPLITS,
+    continual_cells,
+    continual_client_values,
+    continual_differences,
+    round_records,
+)
 from fedpeft.report.differences import table_heading
-from fedpeft.report.intervals import CONFIDENCE, Interval, format_interval, paired_interval
-from fedpeft.report.records import RESULT_KEY, Record, is_test, read_results
-from fedpeft.report.tables import MEAN_COLUMN, GroupTable, markdown_table, result_tables
+from fedpeft.report.intervals import CONFIDENCE, Interval, PairKey, format_interval, paired_interval
+from fedpeft.report.records import (
+    RESULT_KEY,
+    Record,
+    final_results,
+    is_test,
+    method_order,
+    metric_label,
+    metric_order,
+    read_jsonl,
+    results_file,
+)
+from fedpeft.report.tables import MEAN_COLUMN, GroupTable, display_key, markdown_table, result_tables
 
 STATUSES = ("holds", "lost", "reversed", "new", "level")
 CHANGED = ("lost", "reversed", "new")
@@ -205,34 +223,103 @@ def _verdict(heading: str, method: str, other: str, reference: Interval, rerun: 
     return PairVerdict(heading, method, other, reference, rerun, status_of(reference, rerun))
 
 
-def compare_results(reference: Sequence[Record], rerun: Sequence[Record]) -> Reproduction:
-    """Every paired difference between two rows of each per-group table both runs have, in both runs, with its
-    :data:`STATUSES` entry; the best row of each table in both; the :class:`Shift` of their records."""
+@dataclass(frozen=True)
+class RowSet:
+    """The rows of one table that a comparison pairs: ``row -> (client, seed) -> value``, with the rows of the
+    highest printed mean (``best``, base left out) and whether the table prints that best bold (``supported``)."""
+
+    heading: str
+    values: Mapping[str, Mapping[PairKey, float]]
+    best: tuple[str, ...]
+    supported: bool
+
+
+def group_row_sets(records: Sequence[Record]) -> dict[str, RowSet]:
+    """A :class:`RowSet` per per-group table of ``records`` (its ``Mean`` column), by heading, in summary order."""
+    found = {}
+    for result in result_tables(records):
+        table = result.table
+        best = tuple(sorted(table.best.get(MEAN_COLUMN, set())))
+        found[table_heading(table)] = RowSet(
+            table_heading(table), table.values, best, bool(table.bold.get(MEAN_COLUMN))
+        )
+    return found
+
+
+def continual_row_sets(round_records: Sequence[Record]) -> dict[str, RowSet]:
+    """A :class:`RowSet` per column of each continual personalization table (Self / Others x A_last / A_AUC), the
+    rows and values its intervals pair (:mod:`.continual`); empty without evaluations during training."""
+    found = {}
+    for metric in metric_order(round_records):
+        cells = continual_cells(round_records, metric)
+        values = continual_client_values(round_records, metric)
+        methods = [m for m in method_order(round_records) if any(key[0] == m for key in cells)]
+        differences = continual_differences(cells, values, methods)
+        for split, name in CONTINUAL_SPLITS.items():
+            for stat in ("last", "auc"):
+                present = [m for m in methods if (m, split, stat) in cells]
+                if not present:
+                    continue
+                top = max(display_key(cells[m, split, stat]) for m in present)
+                best = tuple(m for m in present if display_key(cells[m, split, stat]) == top)
+                against = differences.get((best[0], split, stat))
+                heading = f"Continual, {name} A_{stat.replace('auc', 'AUC')} — {metric_label(metric)}"
+                found[heading] = RowSet(
+                    heading,
+                    {m: values[m, split, stat] for m in present},
+                    best,
+                    len(best) == 1 and against is not None and against[1].above_zero,
+                )
+    return found
+
+
+def compare_row_sets(reference: RowSet, rerun: RowSet) -> tuple[list[PairVerdict], int]:
+    """The :class:`PairVerdict` of every pair of rows both have (the reference's higher row first), and how many
+    pairs had no interval in one of the runs."""
+    verdicts, untested = [], 0
+    rows = [row for row in reference.values if row in rerun.values]
+    for i, first in enumerate(rows):
+        for second in rows[i + 1 :]:
+            before = paired_interval(reference.values[first], reference.values[second])
+            after = paired_interval(rerun.values[first], rerun.values[second])
+            if before is None or after is None or not (_tested(before) and _tested(after)):
+                untested += 1
+            elif before.mean < 0:
+                verdicts.append(_verdict(reference.heading, second, first, _negated(before), _negated(after)))
+            else:
+                verdicts.append(_verdict(reference.heading, first, second, before, after))
+    return verdicts, untested
+
+
+def compare_results(
+    reference: Sequence[Record],
+    rerun: Sequence[Record],
+    reference_rounds: Sequence[Record] = (),
+    rerun_rounds: Sequence[Record] = (),
+) -> Reproduction:
+    """Every paired difference between two rows of each table both runs have, in both runs, with its
+    :data:`STATUSES` entry; the best row of each table in both; the :class:`Shift` of their records.
+
+    Args:
+        reference, rerun: each run's final records (:func:`~fedpeft.report.records.final_results`): the per-group
+            tables.
+        reference_rounds, rerun_rounds: each run's records with a round
+            (:func:`~fedpeft.report.continual.round_records`): the continual personalization tables, where the
+            runs evaluated during training.
+    """
+    before = {**group_row_sets(reference), **continual_row_sets(reference_rounds)}
+    after = {**group_row_sets(rerun), **continual_row_sets(rerun_rounds)}
     verdicts: list[PairVerdict] = []
     tops: list[TopMethod] = []
     untested = 0
-    for table, other_table in paired_tables(reference, rerun):
-        heading = table_heading(table)
-        rows = [m for m in table.methods if m in other_table.values]
-        for i, first in enumerate(rows):
-            for second in rows[i + 1 :]:
-                before = paired_interval(table.values[first], table.values[second])
-                after = paired_interval(other_table.values[first], other_table.values[second])
-                if before is None or after is None or not (_tested(before) and _tested(after)):
-                    untested += 1
-                elif before.mean < 0:  # the row ahead in the reference first
-                    verdicts.append(_verdict(heading, second, first, _negated(before), _negated(after)))
-                else:
-                    verdicts.append(_verdict(heading, first, second, before, after))
-        best_before = sorted(table.best.get(MEAN_COLUMN, set()))
-        best_after = sorted(other_table.best.get(MEAN_COLUMN, set()))
+    for heading, rows in before.items():
+        if heading not in after:
+            continue
+        found, missing = compare_row_sets(rows, after[heading])
+        verdicts += found
+        untested += missing
         tops.append(
-            TopMethod(
-                heading,
-                ", ".join(best_before) or None,
-                ", ".join(best_after) or None,
-                bool(table.bold.get(MEAN_COLUMN)),
-            )
+            TopMethod(heading, ", ".join(rows.best) or None, ", ".join(after[heading].best) or None, rows.supported)
         )
     return Reproduction(record_shift(reference, rerun), verdicts, tops, untested)
 
@@ -400,8 +487,8 @@ def compare_runs(reference: Path, rerun: Path, *, every_pair: bool = False) -> s
     Raises:
         UserError: a source that is neither, or two runs without a test record in common.
     """
-    before, after = read_results(reference), read_results(rerun)
-    found = compare_results(before, after)
+    before, after = (read_jsonl(results_file(source)) for source in (reference, rerun))
+    found = compare_results(final_results(before), final_results(after), round_records(before), round_records(after))
     if found.shift.matched == 0:
         raise UserError(
             f"{reference} and {rerun} share no test record (method, pool, client, seed and metric); compare two "
