@@ -48,13 +48,19 @@ class ClientBase:
 
 
 def train_centralized_base(
-    runtime: ModelRuntime, examples: list[Example], base: BaseStageConfig, *, after_epoch: EpochHook | None = None
+    runtime: ModelRuntime,
+    examples: list[Example],
+    base: BaseStageConfig,
+    *,
+    after_epoch: EpochHook | None = None,
+    run_seed: int = 0,
 ) -> Metrics:
     """A centralized base stage: train every base weight of ``runtime`` on ``examples`` (the base corpus).
 
     A mixture-of-experts model can train with its router load-balancing loss added, as in MoE pretraining
     (``base.router_aux_loss``; off by default). The trained weights stay in the runtime (read them with
-    ``runtime.base_state()``). ``after_epoch`` is told each epoch's mean loss (progress display).
+    ``runtime.base_state()``). ``after_epoch`` is told each epoch's mean loss (progress display). The stage's
+    seed is ``base.seed``, plus ``run_seed`` when ``base.per_seed`` trains one per run seed.
     """
     runtime.install(ClientModel())
     with router_balancing(runtime.base_model, base.router_aux_loss):
@@ -63,7 +69,7 @@ def train_centralized_base(
             "all",
             lr=base.lr,
             batch_size=base.batch_size,
-            seed=base.seed,
+            seed=base.seed + (run_seed if base.per_seed else 0),
             epochs=base.epochs,
             after_epoch=after_epoch,
         )

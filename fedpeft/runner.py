@@ -85,6 +85,11 @@ class Experiment:
                     "base.kind=centralized trains on a base corpus in the server, which site-local data "
                     "(data.sites) does not have; use base.kind=pretrained or federated."
                 )
+        if cfg.base.per_seed and cfg.models:
+            raise UserError(
+                "base.per_seed trains one base model per run seed, but the other architectures of `models` get "
+                "theirs once; drop base.per_seed for a federation of several models."
+            )
         self._gpus = visible_gpus(cfg.device) if cfg.engine.name == "local" else []
         if cfg.engine.name == "local" and cfg.engine.worker_count(len(self._gpus)) >= 2 and cfg.engine.state != "disk":
             # Worker processes each serve any client: its state between rounds lives where all of them find it.
@@ -527,7 +532,7 @@ class Stages:
             if self.cfg.output.save_adapters and not self._base_model_saved():
                 self._save_base_model(self.worker.pretrained)
             return
-        shared = base.kind == "centralized"
+        shared = base.shared
         name = "base-stage" if shared else f"base-stage-seed{seed}"
         path = self.worker.base_checkpoint(seed)
         if name not in self._parts:
@@ -547,7 +552,9 @@ class Stages:
                     f"Dataset {self.cfg.data.name} has no base corpus; use base.kind=pretrained or federated."
                 )
             self.progress.epochs(math.ceil(base.epochs))
-            train_centralized_base(runtime, self.data.base_train, base, after_epoch=self.progress.advance_epoch)
+            train_centralized_base(
+                runtime, self.data.base_train, base, after_epoch=self.progress.advance_epoch, run_seed=seed
+            )
             tensors = runtime.base_state()
         else:
             method = self.worker.methods[BASE_STAGE_LABEL]

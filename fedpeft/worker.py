@@ -154,8 +154,9 @@ class Worker:
     # ------------------------------------------------------------------ base weights
     def base_checkpoint(self, seed: int) -> Path:
         """Where the base model of ``seed`` lives; a centralized base stage (standing in for pretraining) is
-        trained once from ``base.seed`` and shared by every run seed, like a real pretrained checkpoint."""
-        if self.cfg.base.kind == "centralized":
+        trained once from ``base.seed`` and shared by every run seed, like a real pretrained checkpoint, unless
+        ``base.per_seed`` trains one per run seed."""
+        if self.cfg.base.shared:
             return self.run_dir / "checkpoints" / f"base-centralized{SUFFIX}"
         return self.run_dir / "checkpoints" / f"base-seed{seed}{SUFFIX}"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedpeft.base_models import ClientBase, client_base_tensors
-from fedpeft.core.checkpoints import save_checkpoint
+from fedpeft.core.checkpoints import load_checkpoint, save_checkpoint
 from fedpeft.core.config import ExperimentConfig, load_config
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import UserError
@@ -334,3 +334,44 @@ def test_the_docs_name_every_method_usable_as_the_base_stage(doc, start):
     paragraph = text[text.index(start) :].split("\n\n")[0]
     named = {name for name in re.findall(r"`([a-z_0-9]+)`", paragraph) if name in METHODS.names()}
     assert named == {name for name in METHODS.names() if METHODS.get(name).serves_as_base_stage()}
+
+
+# ---------------------------------------------------------------------------------------------- centralized per seed
+def base_records(out) -> dict[tuple[str, int], float]:
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {(r["client"], r["seed"]): r["value"] for r in records if r["method"] == "base" and r["split"] == "test"}
+
+
+def test_a_centralized_base_stage_per_seed_trains_one_base_model_per_run_seed(tmp_path):
+    common = [
+        "data.groups=[lat1, lat3]",
+        "methods=[{name: local, rounds: 1, local_steps: 1, lr: 0.005}]",
+        "budgets=[]",
+        "output.plots=false",
+        "output.save_adapters=false",
+    ]
+    shared = Experiment(load_config("smoke", [*common, "seeds=[0, 1]"]), tmp_path / "shared").run()
+    per_seed = Experiment(load_config("smoke", [*common, "seeds=[0, 1]", "base.per_seed=true"]), tmp_path / "own").run()
+    once, each = base_records(shared), base_records(per_seed)
+    clients = {client for client, _ in once}
+    assert all(once[c, 0] == once[c, 1] for c in clients) and all(each[c, 0] == once[c, 0] for c in clients)
+    assert [p.name for p in (shared / "checkpoints").glob("base-*.safetensors")] == ["base-centralized.safetensors"]
+    assert sorted(p.name for p in (per_seed / "checkpoints").glob("base-*.safetensors")) == [
+        "base-seed0.safetensors",
+        "base-seed1.safetensors",
+    ]
+    # Seed 0 trains from base.seed + 0, the shared base's seed: the same model; seed 1 trains another.
+    one = load_checkpoint(shared / "checkpoints" / "base-centralized.safetensors")["tensors"]
+    own = [load_checkpoint(per_seed / "checkpoints" / f"base-seed{s}.safetensors")["tensors"] for s in (0, 1)]
+    assert all(torch.equal(one[k], own[0][k]) for k in one)
+    assert all(not torch.equal(own[0][k], own[1][k]) for k in one)
+
+
+def test_per_seed_is_refused_where_no_centralized_base_stage_trains():
+    with pytest.raises(UserError, match="per_seed"):
+        load_config("smoke", ["base.kind=pretrained", "base.per_seed=true"])
+
+
+def test_per_seed_is_refused_in_a_federation_of_several_models(tmp_path):
+    with pytest.raises(UserError, match="several models"):
+        Experiment(load_config("fedmosaic-text", ["base.per_seed=true"]), tmp_path / "run")

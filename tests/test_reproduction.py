@@ -225,3 +225,18 @@ def test_compare_pairs_the_continual_tables_columns_too(tmp_path):
     }
     tops = {t.heading: (t.reference, t.rerun, t.supported) for t in found.tops}
     assert tops["Continual, Self A_last — Accuracy"] == ("a", "b", True)
+
+
+def test_a_pair_of_rows_without_budget_is_compared_once_over_the_budgets_tables():
+    rows = records({"base": spread(0.5), "a": spread(0.6)})
+    budgeted = [{**r, "method": "m", "budget": budget} for budget in (2, 4) for r in records({"m": spread(0.55)})]
+    found = compare_results(rows + budgeted, rows + budgeted)
+    pairs = sorted((v.heading, v.method, v.other) for v in found.verdicts)
+    # a - base in the r = 2 table only; m's own records differ by budget, so each table pairs them.
+    assert pairs == [
+        ("Seen pool, r = 2 — Accuracy", "a", "base"),
+        ("Seen pool, r = 2 — Accuracy", "a", "m"),
+        ("Seen pool, r = 2 — Accuracy", "m", "base"),
+        ("Seen pool, r = 4 — Accuracy", "a", "m"),
+        ("Seen pool, r = 4 — Accuracy", "m", "base"),
+    ]

@@ -356,7 +356,9 @@ class BaseStageConfig(_Strict):
     """How the model that personalization starts from is obtained.
 
     ``kind``: ``pretrained`` (use the loaded weights as they are), ``centralized`` (train on the benchmark's
-    base corpus, standing in for pretraining: trained once from ``seed`` and shared by every run seed) or
+    base corpus, standing in for pretraining: trained once from ``seed`` and shared by every run seed; with
+    ``per_seed``, once per run seed s, from ``seed + s``, so that the spread over seeds includes the base stage's
+    draw, docs/results/machines.md) or
     ``federated`` (run ``method`` on the seen pool and keep its
     global model; e.g. ``fedavg_full`` is the papers' "Standard FL" base model).
 
@@ -370,6 +372,7 @@ class BaseStageConfig(_Strict):
 
     kind: Literal["pretrained", "centralized", "federated"] = "pretrained"
     seed: int = 0
+    per_seed: bool = False
     epochs: float = Field(default=1.0, gt=0)
     lr: float = Field(default=1e-3, gt=0)
     batch_size: int = Field(default=32, ge=1)
@@ -380,6 +383,20 @@ class BaseStageConfig(_Strict):
     @classmethod
     def _typed_method(cls, entry: Any) -> MethodConfig:
         return _method_configs([("base.method", entry)])[0]
+
+    @model_validator(mode="after")
+    def _per_seed_trains(self) -> BaseStageConfig:
+        if self.per_seed and self.kind != "centralized":
+            raise ValueError(
+                "`per_seed` trains a centralized base stage once per run seed; a federated one runs per seed "
+                "already and a pretrained one trains nothing: drop it or use kind centralized"
+            )
+        return self
+
+    @property
+    def shared(self) -> bool:
+        """Whether one base model serves every run seed: a centralized base stage trained once."""
+        return self.kind == "centralized" and not self.per_seed
 
 
 class SecAggConfig(_Strict):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,12 +226,16 @@ def _verdict(heading: str, method: str, other: str, reference: Interval, rerun: 
 @dataclass(frozen=True)
 class RowSet:
     """The rows of one table that a comparison pairs: ``row -> (client, seed) -> value``, with the rows of the
-    highest printed mean (``best``, base left out) and whether the table prints that best bold (``supported``)."""
+    highest printed mean (``best``, base left out) and whether the table prints that best bold (``supported``).
+
+    ``sources`` names the records behind each row: a row without a budget appears in the table of every budget,
+    and a pair of such rows is compared once."""
 
     heading: str
     values: Mapping[str, Mapping[PairKey, float]]
     best: tuple[str, ...]
     supported: bool
+    sources: Mapping[str, Hashable]
 
 
 def group_row_sets(records: Sequence[Record]) -> dict[str, RowSet]:
@@ -240,8 +244,9 @@ def group_row_sets(records: Sequence[Record]) -> dict[str, RowSet]:
     for result in result_tables(records):
         table = result.table
         best = tuple(sorted(table.best.get(MEAN_COLUMN, set())))
+        sources = {m: (table.pool, table.metric, m, table.row_budgets[m]) for m in table.methods}
         found[table_heading(table)] = RowSet(
-            table_heading(table), table.values, best, bool(table.bold.get(MEAN_COLUMN))
+            table_heading(table), table.values, best, bool(table.bold.get(MEAN_COLUMN)), sources
         )
     return found
 
@@ -269,17 +274,26 @@ def continual_row_sets(round_records: Sequence[Record]) -> dict[str, RowSet]:
                     {m: values[m, split, stat] for m in present},
                     best,
                     len(best) == 1 and against is not None and against[1].above_zero,
+                    {m: (metric, split, stat, m) for m in present},
                 )
     return found
 
 
-def compare_row_sets(reference: RowSet, rerun: RowSet) -> tuple[list[PairVerdict], int]:
+def compare_row_sets(
+    reference: RowSet, rerun: RowSet, seen: set[frozenset[Hashable]] | None = None
+) -> tuple[list[PairVerdict], int]:
     """The :class:`PairVerdict` of every pair of rows both have (the reference's higher row first), and how many
-    pairs had no interval in one of the runs."""
+    pairs had no interval in one of the runs; pairs of records already in ``seen`` are skipped (and new ones added
+    to it)."""
     verdicts, untested = [], 0
+    seen = set() if seen is None else seen
     rows = [row for row in reference.values if row in rerun.values]
     for i, first in enumerate(rows):
         for second in rows[i + 1 :]:
+            pair = frozenset((reference.sources[first], reference.sources[second]))
+            if pair in seen:
+                continue
+            seen.add(pair)
             before = paired_interval(reference.values[first], reference.values[second])
             after = paired_interval(rerun.values[first], rerun.values[second])
             if before is None or after is None or not (_tested(before) and _tested(after)):
@@ -312,10 +326,11 @@ def compare_results(
     verdicts: list[PairVerdict] = []
     tops: list[TopMethod] = []
     untested = 0
+    seen: set[frozenset[Hashable]] = set()
     for heading, rows in before.items():
         if heading not in after:
             continue
-        found, missing = compare_row_sets(rows, after[heading])
+        found, missing = compare_row_sets(rows, after[heading], seen)
         verdicts += found
         untested += missing
         tops.append(
