@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_report import CLIENTS, classification_records, result, write_run
 
 from fedpeft.report import read_records, render_csv, render_latex, write_plots, write_summary
@@ -18,9 +19,11 @@ from fedpeft.report.evidence import (
     FEW_TEST_EXAMPLES,
     MIN_TEST_EXAMPLES,
     ONE_SEED,
+    SHARED_BASE_NOTE,
     evidence_note,
     judged_tables,
     per_client_test_examples,
+    shared_base_note,
 )
 
 
@@ -235,3 +238,23 @@ def test_report_imports_no_torch(tmp_path):
     assert "torch imported: False" in done.stdout
     assert "Evidence: too little to call a winner" in (out / "summary.md").read_text()
     assert (out / "plots" / "groups_seen_accuracy.png").is_file() and (tables / "summary.tex").is_file()
+
+
+@pytest.mark.parametrize(
+    ("base", "noted"),
+    [
+        ("base: {kind: centralized, epochs: 1}\n", True),
+        ("base: {kind: centralized, epochs: 1, per_seed: true}\n", False),
+        ("base: {kind: pretrained}\n", False),
+        ("base: [not, a, mapping]\n", False),
+        (None, False),  # no config.yaml: the report cannot tell
+    ],
+)
+def test_summary_says_when_every_seed_started_from_one_centralized_base_model(tmp_path, base, noted):
+    run = two_seed_run(tmp_path)
+    if base is not None:
+        (run / "config.yaml").write_text("name: x\n" + base)
+    text = write_summary([run], tmp_path / "out")
+    headline = text.split("## Headline\n\n")[1].split("\n## ")[0]
+    assert (SHARED_BASE_NOTE in headline) is noted
+    assert shared_base_note([run], seeds=1) == ""  # on one seed the Evidence note speaks

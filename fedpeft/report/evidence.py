@@ -123,3 +123,32 @@ def evidence_note(tables: Sequence[ResultTable], test_per_client: Mapping[str, f
         f"Those tables keep the numbers but mark no cell bold and head the Wins column `{wins_header(False)}` "
         "(not significant): read them as measurements, not findings."
     )
+
+
+CONFIG_FILE = "config.yaml"
+SHARED_BASE_NOTE = (
+    "**One base model for every seed.** The seeds started from one centrally trained base model (`base.kind: "
+    "centralized`), so neither the ± SD over seeds nor the intervals include that model's draw; on another machine "
+    "the float kernels train another one, and every row moves with it (docs/results/machines.md). Read the levels "
+    "as this machine's and the supported differences as the result; `base.per_seed: true` trains one base model "
+    "per seed."
+)
+
+
+def shared_base_note(run_dirs: Sequence[Path], seeds: int) -> str:
+    """:data:`SHARED_BASE_NOTE` when results of several seeds come from a run whose ``config.yaml`` trains one
+    centralized base stage for all its seeds (``base.kind: centralized`` without ``per_seed``); ``""`` otherwise
+    (one seed: the Evidence note speaks of it; runs without a readable ``config.yaml``: the report cannot tell)."""
+    import yaml
+
+    if seeds < MIN_SEEDS:
+        return ""
+    for run_dir in map(Path, run_dirs):
+        try:
+            config = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        base = config.get("base") if isinstance(config, Mapping) else None
+        if isinstance(base, Mapping) and base.get("kind") == "centralized" and not base.get("per_seed"):
+            return SHARED_BASE_NOTE
+    return ""

@@ -16,7 +16,13 @@ from fedpeft.core.textfiles import read_text
 from fedpeft.report.continual import continual_sections, read_round_records
 from fedpeft.report.costs import render_compute_table, render_cost_tables, render_failures, render_rejections
 from fedpeft.report.differences import difference_sections, headline_intervals
-from fedpeft.report.evidence import MIN_SEEDS, evidence_note, judged_tables, per_client_test_examples
+from fedpeft.report.evidence import (
+    MIN_SEEDS,
+    evidence_note,
+    judged_tables,
+    per_client_test_examples,
+    shared_base_note,
+)
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.privacy import privacy_sections
 from fedpeft.report.records import (
@@ -249,7 +255,10 @@ def write_summary(
     evidence = evidence_note(tables, test_per_client)
     # The headline first: the comparison, its intervals, how much it rests on, then the gain over base and the
     # differences; the long tables after.
-    headline = [text for text in (_headline_sentence(tables), headline_intervals(tables), evidence) if text]
+    shared_base = shared_base_note(run_dirs, len(first_seen(r["seed"] for r in results)))
+    headline = [
+        text for text in (_headline_sentence(tables), headline_intervals(tables), evidence, shared_base) if text
+    ]
     if headline:
         parts += ["## Headline", *headline]
     parts += _gain_sections(results)
