@@ -89,7 +89,8 @@ class Shift:
 
 @dataclass(frozen=True)
 class PairVerdict:
-    """One paired difference ``method - other`` of a table (the ``Mean`` column), in both runs.
+    """One paired difference ``method - other`` of a table's column (a per-group table's ``Mean``, or a column of
+    the continual table), in both runs.
 
     ``method`` is the row with the higher reference mean, so a reference difference reads as a gain."""
 
