@@ -116,6 +116,18 @@ def continual_differences(
     return differences
 
 
+def column_best(
+    cells: Mapping[tuple[str, str, str], Cell], methods: Sequence[str], split: str, stat: str
+) -> tuple[str, ...]:
+    """The methods of one column (``split``, ``stat``) with its highest printed value, in ``methods`` order (more
+    than one on a tie, which marks no best value)."""
+    present = [m for m in methods if (m, split, stat) in cells]
+    if not present:
+        return ()
+    top = max(display_key(cells[m, split, stat]) for m in present)
+    return tuple(m for m in present if display_key(cells[m, split, stat]) == top)
+
+
 def render_continual_table(
     cells: Mapping[tuple[str, str, str], Cell],
     methods: Sequence[str],
@@ -133,11 +145,7 @@ def render_continual_table(
         for split, stat in columns:
             cell = cells.get((method, split, stat))
             text = format_cell(cell)
-            best = cell is not None and all(
-                display_key(cell) > display_key(cells[m, split, stat])
-                for m in methods
-                if m != method and (m, split, stat) in cells
-            )
+            best = cell is not None and column_best(cells, methods, split, stat) == (method,)
             against = (differences or {}).get((method, split, stat))
             supported = against is not None and against[1].above_zero
             row.append(f"**{text}**" if emphasis and best and supported else text)

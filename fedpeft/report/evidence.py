@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fedpeft.report.records import DATA_FILE, Record, budget_label, first_seen, pool_label
+from fedpeft.report.records import CONFIG_FILE, DATA_FILE, Record, budget_label, first_seen, pool_label
 from fedpeft.report.tables import GroupTable, ResultTable, result_tables, wins_header
 
 MIN_SEEDS = 2
@@ -125,7 +125,6 @@ def evidence_note(tables: Sequence[ResultTable], test_per_client: Mapping[str, f
     )
 
 
-CONFIG_FILE = "config.yaml"
 SHARED_BASE_NOTE = (
     "**One base model for every seed.** The seeds started from one centrally trained base model (`base.kind: "
     "centralized`), so neither the ± SD over seeds nor the intervals include that model's draw; on another machine "

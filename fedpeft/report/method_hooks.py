@@ -22,12 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from fedpeft.catalog.methods import imported_names
 from fedpeft.core.errors import UserError
-from fedpeft.report.records import Record, first_seen
+from fedpeft.report.records import CONFIG_FILE, Record, first_seen
 
 if TYPE_CHECKING:
     from fedpeft.methods.base import Method
-
-CONFIG_FILE = "config.yaml"
 
 
 def config_method_entries(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:

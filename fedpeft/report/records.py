@@ -20,6 +20,7 @@ or a ``costs.jsonl`` row."""
 
 RESULTS_FILE = "results.jsonl"
 COSTS_FILE = "costs.jsonl"
+CONFIG_FILE = "config.yaml"  # the resolved config a run wrote beside its records
 DATA_FILE = "data.json"  # the run's data overview (fedpeft.runner.data_overview), the summary's Data section
 BASE_METHOD = "base"
 # The end of the sentence refusing a run's file that does not decode: fedpeft writes them as UTF-8.

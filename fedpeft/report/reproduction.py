@@ -32,6 +32,7 @@ from typing import Any
 from fedpeft.core.errors import UserError
 from fedpeft.report.continual import (
     CONTINUAL_SPLITS,
+    column_best,
     continual_cells,
     continual_client_values,
     continual_differences,
@@ -50,7 +51,7 @@ from fedpeft.report.records import (
     read_jsonl,
     results_file,
 )
-from fedpeft.report.tables import MEAN_COLUMN, GroupTable, display_key, markdown_table, result_tables
+from fedpeft.report.tables import MEAN_COLUMN, GroupTable, markdown_table, result_tables
 
 STATUSES = ("holds", "lost", "reversed", "new", "level")
 CHANGED = ("lost", "reversed", "new")
@@ -162,8 +163,11 @@ def _test_values(records: Sequence[Record]) -> dict[tuple[Any, ...], float]:
     return {tuple(r.get(k) for k in RESULT_KEY): float(r["value"]) for r in records if is_test(r)}
 
 
-def record_shift(reference: Sequence[Record], rerun: Sequence[Record]) -> Shift:
-    """The :class:`Shift` between two runs' final test records (tables' cells included)."""
+def record_shift(
+    reference: Sequence[Record], rerun: Sequence[Record], tables: Sequence[tuple[GroupTable, GroupTable]] | None = None
+) -> Shift:
+    """The :class:`Shift` between two runs' final test records (tables' cells included); ``tables``: their
+    :func:`paired_tables`, when the caller has them already."""
     before, after = _test_values(reference), _test_values(rerun)
     common = [key for key in before if key in after]
     differences = sorted(abs(after[key] - before[key]) for key in common)
@@ -171,7 +175,7 @@ def record_shift(reference: Sequence[Record], rerun: Sequence[Record]) -> Shift:
     if largest_key is not None and after[largest_key] == before[largest_key]:
         largest_key = None
     cell_shifts, seed_sds = [], []
-    for table, other in paired_tables(reference, rerun):
+    for table, other in paired_tables(reference, rerun) if tables is None else tables:
         for method in table.methods:
             cell, moved = table.cells.get((method, MEAN_COLUMN)), other.cells.get((method, MEAN_COLUMN))
             if cell is not None and moved is not None:
@@ -196,16 +200,15 @@ def record_shift(reference: Sequence[Record], rerun: Sequence[Record]) -> Shift:
 def paired_tables(reference: Sequence[Record], rerun: Sequence[Record]) -> list[tuple[GroupTable, GroupTable]]:
     """The per-group tables of the reference (in the summary's order), each with the rerun's table of the same
     pool, metric and budget; tables one run lacks are left out."""
+    return _paired([found.table for found in result_tables(reference)], [t.table for t in result_tables(rerun)])
 
+
+def _paired(reference: Sequence[GroupTable], rerun: Sequence[GroupTable]) -> list[tuple[GroupTable, GroupTable]]:
     def key(table: GroupTable) -> tuple[Any, ...]:
         return table.pool, table.metric, table.budget
 
-    rerun_tables = {key(found.table): found.table for found in result_tables(rerun)}
-    return [
-        (found.table, rerun_tables[key(found.table)])
-        for found in result_tables(reference)
-        if key(found.table) in rerun_tables
-    ]
+    found = {key(table): table for table in rerun}
+    return [(table, found[key(table)]) for table in reference if key(table) in found]
 
 
 def _tested(interval: Interval) -> bool:
@@ -239,11 +242,10 @@ class RowSet:
     sources: Mapping[str, Hashable]
 
 
-def group_row_sets(records: Sequence[Record]) -> dict[str, RowSet]:
-    """A :class:`RowSet` per per-group table of ``records`` (its ``Mean`` column), by heading, in summary order."""
+def group_row_sets(tables: Sequence[GroupTable]) -> dict[str, RowSet]:
+    """A :class:`RowSet` per per-group table (its ``Mean`` column), by heading, in the given order."""
     found = {}
-    for result in result_tables(records):
-        table = result.table
+    for table in tables:
         best = tuple(sorted(table.best.get(MEAN_COLUMN, set())))
         sources = {m: (table.pool, table.metric, m, table.row_budgets[m]) for m in table.methods}
         found[table_heading(table)] = RowSet(
@@ -266,8 +268,7 @@ def continual_row_sets(round_records: Sequence[Record]) -> dict[str, RowSet]:
                 present = [m for m in methods if (m, split, stat) in cells]
                 if not present:
                     continue
-                top = max(display_key(cells[m, split, stat]) for m in present)
-                best = tuple(m for m in present if display_key(cells[m, split, stat]) == top)
+                best = column_best(cells, present, split, stat)
                 against = differences.get((best[0], split, stat))
                 heading = f"Continual, {name} A_{stat.replace('auc', 'AUC')} — {metric_label(metric)}"
                 found[heading] = RowSet(
@@ -322,8 +323,10 @@ def compare_results(
             (:func:`~fedpeft.report.continual.round_records`): the continual personalization tables, where the
             runs evaluated during training.
     """
-    before = {**group_row_sets(reference), **continual_row_sets(reference_rounds)}
-    after = {**group_row_sets(rerun), **continual_row_sets(rerun_rounds)}
+    reference_tables = [found.table for found in result_tables(reference)]
+    rerun_tables = [found.table for found in result_tables(rerun)]
+    before = {**group_row_sets(reference_tables), **continual_row_sets(reference_rounds)}
+    after = {**group_row_sets(rerun_tables), **continual_row_sets(rerun_rounds)}
     verdicts: list[PairVerdict] = []
     tops: list[TopMethod] = []
     untested = 0
@@ -337,7 +340,8 @@ def compare_results(
         tops.append(
             TopMethod(heading, ", ".join(rows.best) or None, ", ".join(after[heading].best) or None, rows.supported)
         )
-    return Reproduction(record_shift(reference, rerun), verdicts, tops, untested)
+    shift = record_shift(reference, rerun, _paired(reference_tables, rerun_tables))
+    return Reproduction(shift, verdicts, tops, untested)
 
 
 # ----------------------------------------------------------------------------------------------------------
