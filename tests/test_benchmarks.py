@@ -1,0 +1,46 @@
+"""The benchmarks' quick modes: each script still runs end to end on tiny sizes, so a benchmark cannot rot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def benchmark(name: str) -> ModuleType:
+    """The module of ``benchmarks/<name>.py``, imported from its file."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_scale_quick_runs_two_sizes_with_clients_as_groups_and_writes_its_table(tmp_path, capsys):
+    out = tmp_path / "scale.json"
+    result = benchmark("scale").main(["--quick", "--groups", "clients", "--eval-every", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = result["rows"]
+    assert [row["clients"] for row in rows] == [4, 12]
+    for row in rows:
+        # one round of FedIT and a LoRA per client: every client has test records of both methods
+        assert row["records"] >= 2 * row["clients"]
+        assert row["run_bytes_per_client"] > 0 and row["report_s"] > 0 and row["run_peak_rss_mb"] > 0
+        assert row["round_s"] > 0 and row["client_round_s"] > 0 and row["personalization_client_s"] > 0
+    printed = capsys.readouterr().out
+    assert "| N | run s |" in printed and "\n| 12 |" in printed
+
+
+def test_scale_files_dataset_gives_each_client_its_rows(tmp_path):
+    scale = benchmark("scale")
+    rows = [json.loads(line) for line in scale.client_files(tmp_path / "c.jsonl", 3).read_text().splitlines()]
+    assert len(rows) == 3 * (scale.ROWS_PER_CLIENT + scale.TEST_ROWS_PER_CLIENT)
+    per_client = {c: [r["split"] for r in rows if r["client"] == c] for c in ("c00000", "c00001", "c00002")}
+    for splits in per_client.values():
+        assert splits.count("train") == scale.ROWS_PER_CLIENT and splits.count("test") == scale.TEST_ROWS_PER_CLIENT
