@@ -194,7 +194,7 @@ def report(
         out,
         "report",
         REPORT_MARKER,
-        writes=(REPORT_MARKER, "summary.md", "plots"),
+        writes=(REPORT_MARKER, "summary.md", "clients.csv", "plots"),
         force=force,
         accepted=lambda path: path.resolve() in given,
     )

@@ -49,6 +49,7 @@ RUN_WRITES = (
     "costs.jsonl",
     DATA_FILE,
     "summary.md",
+    "clients.csv",  # every client's value, beside a summary whose tables have too many groups for a column each
     "plots",
 )
 """Every name a run writes at the top of its directory (docs/outputs.md). ``--force`` writes into a directory

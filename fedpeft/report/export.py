@@ -23,6 +23,7 @@ from fedpeft.report.records import (
     Budget,
     Record,
     budget_label,
+    is_test,
     metric_label,
     metric_order,
     pool_label,
@@ -32,13 +33,20 @@ from fedpeft.report.records import (
 from fedpeft.report.tables import (
     MEAN_COLUMN,
     Cell,
+    distribution_cells,
+    distribution_header,
     format_cell,
     gain_layout,
     gain_over_base,
+    group_unit,
+    over_seeds,
     wins_header,
 )
 
 CSV_FILE = "summary.csv"
+# Every client's value beside summary.md, where a table has too many groups to print a column each.
+CLIENTS_FILE = "clients.csv"
+CLIENT_FIELDS = ("pool", "metric", "budget", "method", "group", "client", "mean", "sd", "seeds")
 LATEX_FILE = "summary.tex"
 CSV_FIELDS = (
     "table", "pool", "metric", "budget", "method", "column", "mean", "sd", "seeds", "best", "wins", "text", "evidence",
@@ -154,6 +162,47 @@ def render_csv(results: Sequence[Record], test_per_client: Mapping[str, float] |
     return buffer.getvalue()
 
 
+def client_rows(results: Sequence[Record]) -> list[dict[str, str]]:
+    """Every client's value per pool, metric, method and budget (:data:`CLIENT_FIELDS`): its mean over seeds and
+    sample SD (x100, unrounded; ``sd`` empty with one seed) and the seeds; the test split only. Pools and metrics in
+    the summary's order, then methods, budgets and clients in first-seen order."""
+    per_client: dict[tuple[str, str, str, Budget, str], list[float]] = {}
+    groups: dict[str, str] = {}
+    for record in (r for r in results if is_test(r)):
+        key = (record["pool"], record["metric"], record["method"], record.get("budget"), record["client"])
+        per_client.setdefault(key, []).append(float(record["value"]))
+        groups[record["client"]] = record["group"]
+    pools = {pool: index for index, pool in enumerate(pool_order(results))}
+    metrics = {metric: index for index, metric in enumerate(metric_order(results))}
+    keys = sorted(per_client, key=lambda key: (pools[key[0]], metrics[key[1]]))  # stable: first-seen order within
+    rows = []
+    for pool, metric, method, budget, client in keys:
+        cell = over_seeds(per_client[pool, metric, method, budget, client])
+        rows.append(
+            {
+                "pool": pool,
+                "metric": metric,
+                "budget": _budget_value(budget),
+                "method": method,
+                "group": str(groups[client]),
+                "client": client,
+                "mean": _number(cell.mean * 100),
+                "sd": _number(None if cell.sd is None else cell.sd * 100),
+                "seeds": str(cell.seeds),
+            }
+        )
+    return rows
+
+
+def render_client_csv(results: Sequence[Record]) -> str:
+    """The CSV text of :func:`client_rows` (a header line, then one line per client, method and budget)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CLIENT_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(client_rows(results))
+    return buffer.getvalue()
+
+
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}",
     "&": r"\&",
@@ -210,19 +259,26 @@ def render_latex(results: Sequence[Record], test_per_client: Mapping[str, float]
     for found in judged_tables(results, test_per_client):
         table = found.table
         wins = found.printed_wins
-        columns = [*table.groups, MEAN_COLUMN]
+        # More groups than a page holds: the Mean and the distribution over the groups, as summary.md prints them.
+        columns = [MEAN_COLUMN] if table.summarized else [*table.groups, MEAN_COLUMN]
         rows = []
         for method in table.methods:
             row = [latex_escape(method)]
             for column in columns:
                 bold = found.emphasis and method in table.bold.get(column, set())
                 row.append(_latex_cell(format_cell(table.cells.get((method, column))), bold=bold))
+            if table.summarized:
+                row += [_latex_cell(text) for text in distribution_cells(table, method)]
             row.append(str(wins[method]) if method in wins else "---")
             rows.append(row)
+        if table.summarized:
+            columns += distribution_header(table)
         where = pool_label(table.pool)
         if table.budget is not None:
             where += f", {budget_label(table.budget)}"
         caption = f"{where}: {metric_label(table.metric)} (x100, mean ± SD over seeds)."
+        if table.summarized:
+            caption += f" Over its {len(table.groups)} {group_unit(table)}s: 10th percentile, median, 90th percentile."
         if found.thin:
             reasons = ", ".join(found.thin)
             caption += f" Too little evidence to call a winner ({reasons}): no bold; Wins not significant."

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 CONFIDENCE = 0.95
@@ -60,6 +60,25 @@ class Interval:
         return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
 
 
+@dataclass(frozen=True)
+class ClientDifference:
+    """One client's number in a paired difference: its mean over seeds of M - R, and how many seeds paired."""
+
+    mean: float
+    pairs: int
+
+
+def paired_clients(values: Mapping[PairKey, float], reference: Mapping[PairKey, float]) -> dict[str, ClientDifference]:
+    """``client -> ClientDifference`` over the (client, seed) keys both rows have, in one pass over ``values``:
+    what every column's interval of the same two rows is taken from (:func:`interval_over`)."""
+    per_client: dict[str, list[float]] = {}
+    for (client, seed), value in values.items():
+        paired = reference.get((client, seed))
+        if paired is not None:
+            per_client.setdefault(client, []).append(value - paired)
+    return {client: ClientDifference(statistics.fmean(found), len(found)) for client, found in per_client.items()}
+
+
 def client_differences(
     values: Mapping[PairKey, float], reference: Mapping[PairKey, float], clients: Collection[str] | None = None
 ) -> dict[str, float]:
@@ -69,11 +88,12 @@ def client_differences(
         values, reference: ``(client, seed) -> value`` of the two rows.
         clients: only these clients (a group's); ``None`` for all.
     """
-    per_client: dict[str, list[float]] = {}
-    for (client, seed), value in values.items():
-        if (clients is None or client in clients) and (client, seed) in reference:
-            per_client.setdefault(client, []).append(value - reference[client, seed])
-    return {client: statistics.fmean(found) for client, found in per_client.items()}
+    wanted = None if clients is None else set(clients)
+    return {
+        client: found.mean
+        for client, found in paired_clients(values, reference).items()
+        if wanted is None or client in wanted
+    }
 
 
 def t_interval(differences: Collection[float], confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
@@ -98,6 +118,18 @@ def _t_quantile(degrees: int, confidence: float) -> float:
     return float(stdtrit(degrees, 0.5 + confidence / 2))
 
 
+def interval_over(per_client: Mapping[str, ClientDifference], clients: Iterable[str] | None = None) -> Interval | None:
+    """The :class:`Interval` of :func:`paired_clients`' numbers, over ``clients`` (a group's; ``None`` for all);
+    ``None`` when none of them is paired. Its cost grows with ``clients``, not with the row's clients."""
+    found = list(per_client.values()) if clients is None else [per_client[c] for c in clients if c in per_client]
+    if not found:
+        return None
+    differences = [client.mean for client in found]
+    low, high = t_interval(differences)
+    # fmean sums exactly (math.fsum), so the order of the clients never changes the mean.
+    return Interval(statistics.fmean(differences), low, high, len(found), sum(client.pairs for client in found))
+
+
 def paired_interval(
     values: Mapping[PairKey, float], reference: Mapping[PairKey, float], clients: Collection[str] | None = None
 ) -> Interval | None:
@@ -106,14 +138,10 @@ def paired_interval(
 
     Args:
         values, reference: ``(client, seed) -> value`` of the method and of its reference.
-        clients: only these clients (a group's); ``None`` for all.
+        clients: only these clients (a group's); ``None`` for all. For several groups of the same two rows, pair
+            them once (:func:`paired_clients`) and take each group's :func:`interval_over`.
     """
-    per_client = client_differences(values, reference, clients)
-    if not per_client:
-        return None
-    pairs = sum(1 for client, seed in values if client in per_client and (client, seed) in reference)
-    low, high = t_interval(per_client.values())
-    return Interval(statistics.fmean(per_client.values()), low, high, len(per_client), pairs)
+    return interval_over(paired_clients(values, reference), None if clients is None else set(clients))
 
 
 def format_interval(interval: Interval | None) -> str:

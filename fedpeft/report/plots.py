@@ -29,7 +29,7 @@ from fedpeft.report.records import (
 )
 from fedpeft.report.schedules import clock_metrics, write_schedule_plot
 from fedpeft.report.sweeps import write_sweep_plots
-from fedpeft.report.tables import MEAN_COLUMN, Cell, group_table
+from fedpeft.report.tables import MEAN_COLUMN, Cell, GroupTable, group_spread, group_table, group_unit
 
 HIGHER_IS_BETTER = frozenset(METRIC_LABELS)  # accuracy, METEOR, ROUGE-1, ROUGE-L
 
@@ -88,6 +88,48 @@ def _seed_words(results: Sequence[Record]) -> str:
     return f"mean over {len(seeds)} seeds" if len(seeds) > 1 else f"one seed ({seeds[0]})"
 
 
+def _plot_group_spread(tables: Sequence[GroupTable], results: Sequence[Record], metric: str, path: Path) -> list[Path]:
+    """The heatmap's stand-in for tables of more than ``MAX_GROUP_COLUMNS`` groups: per budget a panel with a row per
+    method of the spread of its group cells (:func:`~fedpeft.report.tables.group_spread`: a bar from the 10th to
+    the 90th percentile, the median, the ``Mean``, a line from the lowest to the highest group, both named); its
+    size does not grow with the groups."""
+    from matplotlib.figure import Figure
+
+    heights = [max(1, len(table.methods)) for table in tables]
+    figure = Figure(figsize=(9.0, 0.55 * sum(heights) + 1.3 * len(tables) + 0.8), layout="constrained")
+    grid = figure.add_gridspec(len(tables), 1, height_ratios=heights)
+    unit = group_unit(tables[0])
+    for index, table in enumerate(tables):
+        axes = figure.add_subplot(grid[index])
+        methods = list(reversed(table.methods))  # the first row on top, as in the table
+        for position, method in enumerate(methods):
+            spread = group_spread(table, method)
+            if spread is None:
+                continue
+            (low_name, low), (high_name, high) = spread.lowest, spread.highest
+            axes.hlines(position, low * 100, high * 100, color="0.6", linewidth=1)
+            axes.barh(
+                position, (spread.p90 - spread.p10) * 100, left=spread.p10 * 100, height=0.5, color="C0", alpha=0.5
+            )
+            axes.vlines(spread.median * 100, position - 0.25, position + 0.25, color="black")
+            if (method, MEAN_COLUMN) in table.cells:
+                mean = table.cells[method, MEAN_COLUMN].mean * 100
+                axes.plot(mean, position, marker="D", color="C3", linestyle="none")
+            for name, value, align in ((low_name, low, "right"), (high_name, high, "left")):
+                axes.annotate(f" {name} ", (value * 100, position), ha=align, va="center", fontsize=7, color="0.35")
+        axes.set_yticks(range(len(methods)), methods)
+        axes.set_xlabel(colour_label(metric))
+        axes.margins(x=0.12)
+        title = f"{len(table.groups):,} {unit}s"
+        axes.set_title(title if table.budget is None else f"{budget_label(table.budget)}: {title}", fontsize="medium")
+    what = (
+        f"{tables[0].pool} pool: {metric_label(metric)} x100 of each {unit}, {_seed_words(results)}\n"
+        f"bar: 10th to 90th percentile, |: median, red ◆: Mean, line: lowest to highest {unit} (named)"
+    )
+    figure.suptitle(what, fontsize="medium")
+    return save_figure(figure, path)
+
+
 def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
@@ -95,6 +137,8 @@ def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path:
     # for all would flatten the differences within a budget. Rows and groups in the order of the summary's tables.
     tables = [group_table(results, pool=pool, metric=metric, budget=b) for b in budget_order(results) or [None]]
     tables = [table for table in tables if table.methods]
+    if any(table.summarized for table in tables):  # a column per group would be thousands of columns wide
+        return _plot_group_spread(tables, results, metric, path)
     columns = [*first_seen(g for table in tables for g in table.groups), MEAN_COLUMN]
     heights = [max(1, len(table.methods)) for table in tables]
     figure = Figure(

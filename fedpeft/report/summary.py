@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from fedpeft.report.evidence import (
     per_client_test_examples,
     shared_base_note,
 )
+from fedpeft.report.export import CLIENTS_FILE, render_client_csv
 from fedpeft.report.method_hooks import method_hook_calls
 from fedpeft.report.privacy import privacy_sections
 from fedpeft.report.records import (
@@ -43,10 +45,12 @@ from fedpeft.report.schedules import schedule_sections
 from fedpeft.report.tables import (
     GENERATION_METRICS,
     GENERATION_MIN_BEST,
+    MAX_GROUP_COLUMNS,
     MEAN_COLUMN,
     ResultTable,
     format_cell,
     gain_over_base,
+    group_unit,
     markdown_table,
     render_gain_table,
     render_group_table,
@@ -78,14 +82,39 @@ def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# A mapping of mappings with more rows than this (one per group, with thousands of groups) prints as their spread.
+MAX_INFO_ROWS = 50
+
+
+def _info_spread(key: str, rows: Mapping[str, Mapping[str, Any]]) -> str:
+    """A table of many rows as the min, median and max over them of each numeric column, the number of distinct
+    values of each other one."""
+    flat = [_flatten(row) for row in rows.values()]
+    columns = first_seen(column for row in flat for column in row)
+    cells: dict[str, list[str]] = {}
+    for column in columns:
+        present = [row[column] for row in flat if column in row]
+        numbers = sorted(v for v in present if isinstance(v, (int, float)) and not isinstance(v, bool))
+        if len(numbers) == len(present):
+            cells[column] = [_render_scalar(v) for v in (numbers[0], statistics.median(numbers), numbers[-1])]
+        else:
+            cells[column] = [f"{len(set(map(_render_scalar, present)))} distinct", "—", "—"]
+    table = markdown_table(
+        ["", *map(str, columns)],
+        [[stat, *(cells[c][index] for c in columns)] for index, stat in enumerate(("min", "median", "max"))],
+    )
+    return f"**{key}** ({len(rows):,} rows: min, median and max over them; every row in `{DATA_FILE}`)\n\n{table}"
+
+
 def render_info(info: Mapping[str, Any]) -> str:
     """Markdown tables of descriptive facts: the scalars and lists in one ``fact | value`` table, then one small
     table per mapping, each under its key in bold.
 
     A mapping of scalars is a ``key | value`` table; a mapping of mappings (e.g. the per-group facts
     ``{"en": {"seen clients": 2, "script": "latin"}}``) one table with a row per outer key and a column per inner
-    key, deeper mappings flattened into columns (``{"seen": {"clients": 2}}`` gives the column ``seen clients``).
-    No value is ever printed as a Python dict.
+    key, deeper mappings flattened into columns (``{"seen": {"clients": 2}}`` gives the column ``seen clients``);
+    one of more than :data:`MAX_INFO_ROWS` rows (a row per group, with thousands of groups) as the min, median and
+    max over its rows of each numeric column. No value is ever printed as a Python dict.
     """
     facts = []
     tables = []
@@ -94,6 +123,8 @@ def render_info(info: Mapping[str, Any]) -> str:
             facts.append([str(key), _render_scalar(value)])
         elif not value:
             continue
+        elif len(value) > MAX_INFO_ROWS and all(isinstance(inner, Mapping) for inner in value.values()):
+            tables.append(_info_spread(str(key), value))
         elif any(isinstance(inner, Mapping) for inner in value.values()):
             rows_of = {
                 name: _flatten(inner) if isinstance(inner, Mapping) else {"value": inner}
@@ -154,12 +185,35 @@ _NOTES = (
 )
 
 
+def many_groups_note(tables: Sequence[ResultTable]) -> str:
+    """The note over tables of more than :data:`MAX_GROUP_COLUMNS` groups, which print the distribution over their
+    groups instead of a column each, naming where every client's value is; ``""`` when no table has that many."""
+    many = [t.table for t in tables if t.table.summarized]
+    if not many:
+        return ""
+    counts = {pool_label(t.pool): (len(t.groups), group_unit(t)) for t in many}
+    where = "; ".join(f"{pool} {count:,} {unit}s" for pool, (count, unit) in counts.items())
+    clients = any(unit == "client" for _, unit in counts.values())
+    groups = " (each group is one client, so the columns speak of clients)" if clients else ""
+    return (
+        f"**Many groups** ({where}): a table of more than {MAX_GROUP_COLUMNS} groups shows, instead of a column "
+        f"per group{groups}, each method's `Mean` as above and the distribution of its group cells (x100, each the "
+        "mean over seeds of the group's mean): the 10th percentile, median and 90th percentile over the groups, and "
+        "the lowest and highest group with its value; Wins count groups as above. Every client's value, per "
+        f"method and budget (mean and SD over seeds), is in `{CLIENTS_FILE}` beside this file; every group's cell "
+        "in the CSV of `fedpeft report --csv`."
+    )
+
+
 def _result_sections(results: Sequence[Record], tables: Sequence[ResultTable], evidence: str) -> list[str]:
     metrics = metric_order(results)
     combined = list(GENERATION_METRICS) if set(GENERATION_METRICS) <= set(metrics) else []
     labels = ", ".join(map(metric_label, combined))
     criterion = f" in at least {GENERATION_MIN_BEST} of {labels}" if combined else ""
     sections = [_NOTES.format(criterion=criterion)]
+    many = many_groups_note(tables)
+    if many:
+        sections.append(many)
     if evidence:
         sections.append(evidence)
     for pool in pool_order(results):
@@ -228,7 +282,9 @@ def write_summary(
     results rest on too little (:mod:`fedpeft.report.evidence`: one seed, or fewer than ``MIN_TEST_EXAMPLES`` test
     examples per client in the runs' ``data.json``; those tables then mark no winner); then the gain over base, the
     differences with 95 % intervals, the data and the per-group tables (bold and Wins only where the interval
-    against the next best method lies above 0). Methods add sections of their own (e.g.
+    against the next best method lies above 0; a table of more than ``MAX_GROUP_COLUMNS`` groups as the
+    distribution over its groups, every client's value then in ``clients.csv`` beside the summary). Methods add
+    sections of their own (e.g.
     Potara's mixing weights) through ``Method.report_sections``
     (:func:`~fedpeft.report.method_hooks.method_hook_calls`), after the result tables.
 
@@ -302,5 +358,8 @@ def write_summary(
                 compute,
             ]
     text = "\n\n".join(parts) + "\n"
-    write_text_atomic(_summary_path(Path(out)), text)  # through a temporary file and a rename
+    target = _summary_path(Path(out))
+    if any(found.table.summarized for found in tables):  # the tables print no column per client: the file has them
+        write_text_atomic(target.parent / CLIENTS_FILE, render_client_csv(results))
+    write_text_atomic(target, text)  # through a temporary file and a rename
     return text

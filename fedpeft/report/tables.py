@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedpeft.report.intervals import Interval, PairKey, paired_interval
+from fedpeft.report.intervals import ClientDifference, Interval, PairKey, interval_over, paired_clients
 from fedpeft.report.records import (
     BASE_METHOD,
     Budget,
@@ -60,6 +60,10 @@ def display_key(cell: Cell) -> float:
 # ----------------------------------------------------------------------------------------------------------
 # Per-group tables
 
+# More groups than this and a table prints, per method, the distribution over its groups (quantiles, the lowest and
+# highest group named) instead of a column per group: 16 columns of ``12.34 ± 1.23`` fill a page's width.
+MAX_GROUP_COLUMNS = 16
+
 
 @dataclass
 class GroupTable:
@@ -74,9 +78,10 @@ class GroupTable:
         best: ``column -> methods`` with the best printed mean among the non-base rows (all of them on a tie).
         values: ``method -> (client, seed) -> value``, what the intervals pair.
         client_groups: ``client -> group``.
+        group_clients: ``group -> clients`` (first-seen order), the same the other way round.
         against: ``(method, column) -> (reference, interval)`` for the non-base rows: the method minus the best
             other method of the column (:func:`best_other`; ``base`` when no other method competes), paired over
-            the column's clients (:func:`~fedpeft.report.intervals.paired_interval`); missing without a pair.
+            the column's clients (:meth:`interval`); missing without a pair.
         bold: ``column -> methods`` of ``best`` whose interval in ``against`` lies above 0 (a tie never does).
         wins: ``method -> number of groups it is bold in``, for the non-base rows.
     """
@@ -91,15 +96,35 @@ class GroupTable:
     best: dict[str, set[str]] = field(default_factory=dict)
     values: dict[str, dict[PairKey, float]] = field(default_factory=dict)
     client_groups: dict[str, str] = field(default_factory=dict)
+    group_clients: dict[str, list[str]] = field(default_factory=dict)
     against: dict[tuple[str, str], tuple[str, Interval]] = field(default_factory=dict)
     bold: dict[str, set[str]] = field(default_factory=dict)
     wins: dict[str, int] = field(default_factory=dict)
+    # (method, reference) -> each client's paired difference: computed once, then read by every column.
+    _paired: dict[tuple[str, str], dict[str, ClientDifference]] = field(default_factory=dict, repr=False)
 
     def clients_of(self, column: str) -> set[str] | None:
         """The clients of a group column; ``None`` (every client of the pool) for ``Mean``."""
         if column == MEAN_COLUMN:
             return None
-        return {client for client, group in self.client_groups.items() if group == column}
+        return set(self.group_clients.get(column, ()))
+
+    def interval(self, method: str, reference: str, column: str) -> Interval | None:
+        """The paired interval of ``method`` minus ``reference`` over the clients of ``column`` (every client of
+        the pool for ``Mean``; :func:`~fedpeft.report.intervals.interval_over`); ``None`` without a pair. The
+        clients' differences are paired once per pair of rows, so a table's every column costs what its own
+        clients do."""
+        key = (method, reference)
+        if key not in self._paired:
+            self._paired[key] = paired_clients(self.values[method], self.values[reference])
+        clients = None if column == MEAN_COLUMN else self.group_clients.get(column, [])
+        return interval_over(self._paired[key], clients)
+
+    @property
+    def summarized(self) -> bool:
+        """Whether the table has more groups than :data:`MAX_GROUP_COLUMNS`: it then prints the distribution over
+        its groups instead of a column per group (:func:`render_group_distribution`)."""
+        return len(self.groups) > MAX_GROUP_COLUMNS
 
 
 def _rows_for_budget(records: Sequence[Record], budget: Budget) -> tuple[dict[str, list[Record]], dict[str, Budget]]:
@@ -153,11 +178,11 @@ def _compare(table: GroupTable, column: str) -> None:
             reference = BASE_METHOD  # no other method competes: is it above the reference at least?
         if reference is None:
             continue
-        interval = paired_interval(table.values[method], table.values[reference], table.clients_of(column))
+        interval = table.interval(method, reference, column)
         if interval is not None:
             table.against[method, column] = (reference, interval)
     best = table.best.get(column, set())
-    supported = {m for (m, c), (_, interval) in table.against.items() if c == column and interval.above_zero}
+    supported = {m for m in best if (m, column) in table.against and table.against[m, column][1].above_zero}
     table.bold[column] = best & supported if len(best) == 1 else set()  # a tie on the printed value: no winner
 
 
@@ -188,6 +213,8 @@ def group_table(records: Sequence[Record], *, pool: str, metric: str, budget: Bu
             table.cells[method, column] = over_seeds(list(per_seed.values()))
         table.values[method] = {(r["client"], r["seed"]): float(r["value"]) for r in method_records}
         table.client_groups.update((r["client"], r["group"]) for r in method_records)
+    for client, group in table.client_groups.items():
+        table.group_clients.setdefault(group, []).append(client)
     for column in [*groups, MEAN_COLUMN]:
         table.best[column] = _best_methods(table.cells, table.methods, column)
         _compare(table, column)
@@ -276,7 +303,8 @@ def wins_header(emphasis: bool = True) -> str:
 
 
 def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None, *, emphasis: bool = True) -> str:
-    """Markdown of a :class:`GroupTable`: values x100, bold cells (:attr:`GroupTable.bold`), a Wins column.
+    """Markdown of a :class:`GroupTable`: values x100, bold cells (:attr:`GroupTable.bold`), a Wins column; a
+    table of more than :data:`MAX_GROUP_COLUMNS` groups as :func:`render_group_distribution`.
 
     Args:
         table: the table.
@@ -284,6 +312,8 @@ def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None,
         emphasis: ``False`` on thin evidence (:attr:`ResultTable.emphasis`): no cell bold, the Wins column headed
             ``Wins (n.s.)``; the numbers stay.
     """
+    if table.summarized:
+        return render_group_distribution(table, wins, emphasis=emphasis)
     wins = table.wins if wins is None else wins
     columns = [*table.groups, MEAN_COLUMN]
     rows = []
@@ -295,6 +325,89 @@ def render_group_table(table: GroupTable, wins: Mapping[str, int] | None = None,
         row.append(str(wins[method]) if method in wins else "—")
         rows.append(row)
     return markdown_table(["Method", *columns, wins_header(emphasis)], rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tables of many groups: the distribution over the groups
+
+
+@dataclass(frozen=True)
+class GroupSpread:
+    """The distribution of one row's group cells (each the mean over seeds of the group's mean), in metric units:
+    the 10th percentile, median and 90th percentile over the groups (linearly interpolated, as ``numpy.quantile``),
+    and the lowest and highest group with its value (the first in column order on a tie)."""
+
+    groups: int
+    p10: float
+    median: float
+    p90: float
+    lowest: tuple[str, float]
+    highest: tuple[str, float]
+
+
+def _quantile(ordered: Sequence[float], fraction: float) -> float:
+    position = fraction * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def group_spread(table: GroupTable, method: str) -> GroupSpread | None:
+    """The :class:`GroupSpread` of ``method``'s row of ``table``; ``None`` where it has no group cell."""
+    found = [(group, table.cells[method, group].mean) for group in table.groups if (method, group) in table.cells]
+    if not found:
+        return None
+    ordered = sorted(value for _, value in found)
+    lowest = min(found, key=lambda item: item[1])
+    highest = max(found, key=lambda item: item[1])
+    return GroupSpread(
+        len(found), _quantile(ordered, 0.1), _quantile(ordered, 0.5), _quantile(ordered, 0.9), lowest, highest
+    )
+
+
+def group_unit(table: GroupTable) -> str:
+    """``client`` when every group of ``table`` is one client (a dataset whose groups are its clients), else
+    ``group``: what a summarized table's columns speak of."""
+    one_each = all(len(clients) == 1 for clients in table.group_clients.values())
+    return "client" if table.group_clients and one_each else "group"
+
+
+def distribution_header(table: GroupTable) -> list[str]:
+    """The columns of a summarized table between ``Mean`` and Wins (:func:`distribution_cells`)."""
+    unit = group_unit(table)
+    return ["p10", "median", "p90", f"lowest {unit}", f"highest {unit}"]
+
+
+def distribution_cells(table: GroupTable, method: str) -> list[str]:
+    """A summarized table's cells of ``method`` between ``Mean`` and Wins: its :class:`GroupSpread`, x100 with two
+    decimals, the lowest and highest group named (``c00017 31.20``); ``—`` without group cells."""
+    spread = group_spread(table, method)
+    if spread is None:
+        return ["—"] * 5
+    quantiles = [f"{value * 100:.2f}" for value in (spread.p10, spread.median, spread.p90)]
+    return [*quantiles, *(f"{name} {value * 100:.2f}" for name, value in (spread.lowest, spread.highest))]
+
+
+def render_group_distribution(
+    table: GroupTable, wins: Mapping[str, int] | None = None, *, emphasis: bool = True
+) -> str:
+    """Markdown of a table of more than :data:`MAX_GROUP_COLUMNS` groups: per method its ``Mean`` (bold as in
+    :func:`render_group_table`), the distribution over its groups (:func:`distribution_cells`) and its Wins.
+    Its width does not grow with the groups."""
+    wins = table.wins if wins is None else wins
+    rows = []
+    for method in table.methods:
+        text = format_cell(table.cells.get((method, MEAN_COLUMN)))
+        bold = emphasis and method in table.bold.get(MEAN_COLUMN, set())
+        rows.append(
+            [
+                method,
+                f"**{text}**" if bold else text,
+                *distribution_cells(table, method),
+                str(wins[method]) if method in wins else "—",
+            ]
+        )
+    return markdown_table(["Method", MEAN_COLUMN, *distribution_header(table), wins_header(emphasis)], rows)
 
 
 # ----------------------------------------------------------------------------------------------------------
