@@ -135,7 +135,6 @@ class Worker:
             torch.set_num_threads(cfg.threads)
         self.data = data if data is not None else build_data(cfg)
         self.runtime = runtime if runtime is not None else build_runtime(cfg, self.data)
-        self.pretrained = self.runtime.base_state()
         self.federation = build_federation(
             cfg, self.data.clients, self.runtime, self._build_architecture, public=self.data.base_train
         )
@@ -148,6 +147,7 @@ class Worker:
         self.clients = {c.client_id: c for c in self.data.clients}
         self._stores: dict[tuple[str, int], ClientStateStore] = {}
         self._base_seed: int | None = None
+        self._loaded_undo: dict[str, torch.Tensor] = {}  # loaded tensors the shared base of a seed replaced
         self._client_undo: dict[str, torch.Tensor] = {}  # shared tensors a client's own base replaced
         self._shared_saved: set[Path] = set()  # shared adapters this process wrote (written once)
 
@@ -161,20 +161,41 @@ class Worker:
         return self.run_dir / "checkpoints" / f"base-seed{seed}{SUFFIX}"
 
     def use_base(self, seed: int | None) -> None:
-        """Make the base model of ``seed`` the runtime's starting point (``None``: the loaded weights)."""
+        """Make the base model of ``seed`` the runtime's starting point (``None``: the loaded weights).
+
+        The runtime's parameters are the one copy of the base weights: a seed's base model is put in place over
+        the loaded weights, and of those the worker keeps only the tensors it replaced (all of them after a
+        centralized base stage, the merged layers and the head after a federated LoRA one), to go back to them.
+        """
         if self._client_undo:  # back to the shared base
             self.runtime.override_initial_base(self._client_undo)
             self._client_undo = {}
         if seed is not None and seed == self._base_seed:
             return
         if seed is None or self.cfg.base.kind == "pretrained":
-            self.runtime.set_initial_base(self.pretrained)
+            self._use_shared_base({})
         else:
             path = self.base_checkpoint(seed)
             if not path.exists():
                 raise RuntimeError(f"base model of seed {seed} is missing at {path}")
-            self.runtime.set_initial_base(load_checkpoint(path)["tensors"])
+            self._use_shared_base(load_checkpoint(path)["tensors"])
         self._base_seed = seed
+
+    def _use_shared_base(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Make the loaded weights with ``tensors`` in place the weights the runtime restores, and load them."""
+        weights = self.runtime.weights
+        if self._loaded_undo:  # back to the loaded weights
+            weights.override_initial_base(self._loaded_undo)
+        changed = {k: v for k, v in tensors.items() if not same_tensor(v, weights.initial_tensor(k))}
+        self._loaded_undo = weights.override_initial_base(changed)
+        weights.load_base(None)
+
+    @property
+    def pretrained(self) -> dict[str, torch.Tensor]:
+        """The loaded weights, by canonical parameter name: the runtime's own tensors where the current base keeps
+        them, the worker's kept ones elsewhere (no copy: read them before the weights change)."""
+        initial = {name: self.runtime.weights.initial_tensor(name) for name in self.runtime.base_params}
+        return {**initial, **self._client_undo, **self._loaded_undo}
 
     # ------------------------------------------------------------------ per-client base models
     @property
@@ -446,6 +467,13 @@ def adapter_dir(run_dir: Path, label: str, budget: Budget, client_id: str | None
     if client_id is None:
         return root / SHARED_ADAPTER_DIR
     return (root / OWN_ADAPTERS_DIR if budget is None else root) / client_id
+
+
+def same_tensor(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether two tensors hold the same dtype, shape and values (wherever each lives)."""
+    if first.dtype != second.dtype or first.shape != second.shape:
+        return False
+    return torch.equal(first.detach().to(second.device), second.detach())
 
 
 def same_tensors(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:

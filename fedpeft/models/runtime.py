@@ -325,6 +325,9 @@ class ModelRuntime:
     def base_state(self) -> StateDict:
         return self.weights.base_state()
 
+    def base_tensors(self) -> StateDict:
+        return self.weights.base_tensors()
+
     def load_base(self, state: StateDict | None) -> None:
         self.weights.load_base(state)
 

@@ -108,6 +108,7 @@ class Trainer:
                 )
             params = weights.base_params
         assert isinstance(params, dict)
+        weights.keep_trained(params.values())  # base weights a client trains are restored after it
         if self.scaler is not None and any(p.dtype == torch.float16 for p in params.values()):
             raise UserError(
                 "model.dtype float16 trains adapters only (float16 weights cannot be updated with "

@@ -1,6 +1,7 @@
 """The runtime's weights: one base model and the named LoRA adapters on it.
 
-A :class:`ModelWeights` owns the base model of a worker: its weights (a copy of the loaded ones to restore
+A :class:`ModelWeights` owns the base model of a worker: its weights (the model's own parameters are the one copy
+of them; a client's work that overwrites or trains some keeps the values it replaced, and only those, to restore
 between clients), the PEFT adapters of every shape in use, which of them is active, and the context forward passes
 run in (the base alone when no adapter is active; autocast in ``model.dtype``). Adapters of every shape live side
 by side as named PEFT adapters on the same base model; switching clients means loading tensors, never rebuilding
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +142,10 @@ class ModelWeights:
         # bitsandbytes' packed 4-bit / 8-bit weights: frozen by QLoRA, so never copied or overwritten (a copy of
         # the packed data does not load back into the layer).
         self.quantized_params = {name for name, p in self.base_params.items() if _is_quantized(p)}
-        self._initial_base = self._copy(self.base_params)
+        # The weights load_base(None) restores are the parameters themselves, except where a client's work put
+        # others in place: this holds the replaced values of those parameters only (one copy of the base weights
+        # per process, not two).
+        self._replaced: StateDict = {}
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None
 
@@ -169,17 +173,54 @@ class ModelWeights:
                 "model.quantization, or use a method that trains adapters only on a pretrained base."
             )
 
+    def base_tensors(self) -> StateDict:
+        """The current base weights by canonical parameter name, as the parameters' own tensors (no copy: read
+        them before the weights change, e.g. to write them to a file)."""
+        return {name: param.detach() for name, param in self.base_params.items()}
+
+    def keep_initial(self, names: Iterable[str]) -> None:
+        """Keep the initial values of the base weights ``names`` before they change in place (training, a
+        client's base tensors), so that :meth:`load_base` restores them; a weight kept already is not copied
+        again."""
+        for name in names:
+            if name not in self._replaced and name not in self.quantized_params:
+                self._replaced[name] = self.base_params[name].detach().clone()
+
+    def keep_trained(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """:meth:`keep_initial` for the base weights among ``params`` (what a training run is about to update)."""
+        names = {id(param): name for name, param in self.base_params.items()}
+        self.keep_initial(names[id(param)] for param in params if id(param) in names)
+
+    @property
+    def replaced_names(self) -> set[str]:
+        """The base weights that hold other values than the initial ones now (restored by ``load_base(None)``)."""
+        return set(self._replaced)
+
+    def initial_tensor(self, name: str) -> torch.Tensor:
+        """The initial value of base weight ``name`` (what ``load_base(None)`` puts back), without a copy."""
+        kept = self._replaced.get(name)
+        return kept if kept is not None else self.base_params[name].detach()
+
     def load_base(self, state: StateDict | None) -> None:
-        """Overwrite base weights in place (``None`` restores the weights the model was loaded with)."""
-        source = self._initial_base if state is None else state
+        """Overwrite base weights in place (``None`` restores the initial weights: those the model was loaded
+        with, or set by :meth:`set_initial_base` and :meth:`override_initial_base`)."""
         with torch.no_grad():
-            for name, tensor in source.items():
+            if state is None:
+                for name, tensor in self._replaced.items():
+                    self.base_params[name].copy_(tensor)
+                self._replaced = {}
+                return
+            self.keep_initial(state)
+            for name, tensor in state.items():
                 self._write(name, tensor)
 
     def set_initial_base(self, state: StateDict) -> None:
-        """Make ``state`` the weights that ``load_base(None)`` restores (the output of the base stage)."""
-        self._initial_base = self._copy(state)
+        """Make ``state`` the weights that ``load_base(None)`` restores (the output of the base stage), and load
+        them."""
         self.load_base(None)
+        with torch.no_grad():
+            for name, tensor in state.items():
+                self._write(name, tensor)
 
     def override_initial_base(self, tensors: StateDict) -> StateDict:
         """Replace some tensors of the weights :meth:`load_base` restores, and load them.
@@ -187,11 +228,15 @@ class ModelWeights:
         Returns the tensors they replaced, so that the caller can put them back (a per-client base model on top of
         a shared one).
         """
-        previous = {k: self._initial_base[k] for k in tensors}
+        previous: StateDict = {}
         with torch.no_grad():
             for name, tensor in tensors.items():
+                kept = self._replaced.pop(name, None)
+                if name in self.quantized_params:
+                    previous[name] = self.base_params[name]
+                else:
+                    previous[name] = kept if kept is not None else self.base_params[name].detach().clone()
                 self._write(name, tensor)
-                self._initial_base[name] = self._copy({name: tensor})[name]
         return previous
 
     def check_budget(self, rank: int) -> None:
