@@ -183,6 +183,7 @@ def report(
     from fedpeft import report as reporting
     from fedpeft.core.figures import parse_formats
     from fedpeft.core.io import REPORT_MARKER, check_output_dir, make_output_dir
+    from fedpeft.report.terminal import fit_tables
 
     formats = parse_formats(plot_format)  # a bad format fails before anything is written
     for run_dir in runs:
@@ -207,7 +208,7 @@ def report(
         if created:  # a report that could not be made leaves no directory it created behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    console.print(Markdown(text))
+    console.print(Markdown(fit_tables(text, console.width)))
     tables = []
     if csv is not None:
         tables.append(reporting.write_csv(runs, csv))
@@ -232,6 +233,7 @@ def compare(
     """Compare a rerun with its reference run: how far the records moved and which supported differences hold."""
     _setup_logging(False)
     from fedpeft.report.reproduction import compare_runs
+    from fedpeft.report.terminal import fit_tables
 
     text = compare_runs(reference, rerun, every_pair=every_pair)
     if out is not None:
@@ -239,7 +241,7 @@ def compare(
             raise UserError(f"--out {out} is a directory; name the markdown file to write.")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
-    console.print(Markdown(text))
+    console.print(Markdown(fit_tables(text, console.width)))
 
 
 @app.command()

@@ -1,5 +1,6 @@
-"""What ``fedpeft run`` prints when a run ends: the head of its ``summary.md`` as plain text within 100 columns
-(its headline paragraphs and gain tables), read back from the written summary."""
+"""What the commands print of a summary: ``fedpeft run``'s end, the head of its ``summary.md`` as plain text within
+100 columns (its headline paragraphs and gain tables), read back from the written summary; and ``fedpeft report``'s
+markdown with every table narrowed to the terminal's width (:func:`fit_tables`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 END_BLOCK_WIDTH = 100
 LEAD_SECTION = "Headline"
+# Columns a narrowed table keeps first, after its first: what a per-group table's reader looks for.
+KEY_COLUMNS = ("Mean", "Wins", "Wins (n.s.)")
 GAIN_SECTION = "Gain over base"
 
 
@@ -137,3 +140,57 @@ def text_table(rows: list[list[str]], width: int = END_BLOCK_WIDTH) -> list[str]
             if number == 0:
                 lines.append("  ".join("-" * widths[k] for k in [0, *part]))
     return lines
+
+
+def rendered_width(widths: list[int]) -> int:
+    """The width of a table of columns ``widths`` (their longest cells) as rich draws a markdown table: each column
+    and its two spaces."""
+    return sum(widths) + 2 * len(widths)
+
+
+def fit_tables(text: str, width: int) -> str:
+    """``text`` (markdown) with each table too wide for ``width`` columns narrowed by leaving columns out, so that
+    it prints whole: no cell cut to ``…`` or squeezed blank. A narrowed table keeps its first column, then ``Mean``
+    and Wins, then the others from the left while they fit, and is followed by one line naming the columns left
+    out. Tables that fit are left as they are."""
+    lines = text.split("\n")
+    found: list[str] = []
+    table: list[str] = []
+    for line in [*lines, ""]:
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        if table:
+            found += _fitted(table, width)
+            table = []
+        found.append(line)
+    return "\n".join(found[:-1])
+
+
+def _fitted(table: list[str], width: int) -> list[str]:
+    rows = [_cells(line) for line in table]
+    columns = len(rows[0])
+    if any(len(row) != columns for row in rows):
+        return table  # not a table this function understands: as it is
+    widths = [
+        max(len(_plain(row[k].strip()).replace("\\|", "|")) for row in rows if not _rule(row)) for k in range(columns)
+    ]
+    if rendered_width(widths) <= width:
+        return table
+    header = [cell.strip() for cell in rows[0]]
+    order = [0, *(k for k in range(1, columns) if header[k] in KEY_COLUMNS)]
+    order += [k for k in range(1, columns) if k not in order]
+    kept: list[int] = []
+    for k in order:
+        if not kept or rendered_width([widths[j] for j in [*kept, k]]) <= width:
+            kept.append(k)
+    kept.sort()
+    left_out = [header[k] for k in range(columns) if k not in kept]
+    narrowed = ["|" + "|".join(row[k] for k in kept) + "|" for row in rows]
+    names = ", ".join(left_out)
+    note = f"*{len(left_out)} of {columns} columns left out to fit {width} columns ({names}); summary.md has them.*"
+    return [*narrowed, "", note]
+
+
+def _rule(row: list[str]) -> bool:
+    return all(set(cell.strip()) <= set("-:") for cell in row)
