@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,18 @@ from fedpeft.report.tables import MEAN_COLUMN, Cell, GroupTable, group_spread, g
 HIGHER_IS_BETTER = frozenset(METRIC_LABELS)  # accuracy, METEOR, ROUGE-1, ROUGE-L
 
 
-def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str], path: Path) -> list[Path]:
+PoolTables = Mapping[tuple[str, Budget], GroupTable]
+"""``(metric, budget) -> GroupTable`` of one pool, built once for both of its plots."""
+
+
+def _pool_tables(results: Sequence[Record], pool: str, metrics: Sequence[str]) -> dict[tuple[str, Budget], GroupTable]:
+    budgets: list[Budget] = budget_order(results) or [None]
+    return {(m, b): group_table(results, pool=pool, metric=m, budget=b) for m in metrics for b in budgets}
+
+
+def _plot_pool_means(
+    results: Sequence[Record], tables: PoolTables, pool: str, metrics: Sequence[str], path: Path
+) -> list[Path]:
     from matplotlib.figure import Figure
 
     methods = method_order(results)
@@ -46,7 +57,7 @@ def _plot_pool_means(results: Sequence[Record], pool: str, metrics: Sequence[str
         # Budget-independent rows get their own slot instead of one bar per budget.
         slots: dict[Budget, dict[str, Cell]] = {}
         for budget in budgets:
-            table = group_table(results, pool=pool, metric=metric, budget=budget)
+            table = tables[metric, budget]
             for method in table.methods:
                 if (method, MEAN_COLUMN) in table.cells:
                     slots.setdefault(table.row_budgets[method], {})[method] = table.cells[method, MEAN_COLUMN]
@@ -130,23 +141,25 @@ def _plot_group_spread(tables: Sequence[GroupTable], results: Sequence[Record], 
     return save_figure(figure, path)
 
 
-def _plot_group_heatmap(results: Sequence[Record], pool: str, metric: str, path: Path) -> list[Path]:
+def _plot_group_heatmap(
+    results: Sequence[Record], tables: PoolTables, pool: str, metric: str, path: Path
+) -> list[Path]:
     from matplotlib.figure import Figure
 
     # One panel per budget, each with its own colour scale: the budgets' values differ in range, and one scale
     # for all would flatten the differences within a budget. Rows and groups in the order of the summary's tables.
-    tables = [group_table(results, pool=pool, metric=metric, budget=b) for b in budget_order(results) or [None]]
-    tables = [table for table in tables if table.methods]
-    if any(table.summarized for table in tables):  # a column per group would be thousands of columns wide
-        return _plot_group_spread(tables, results, metric, path)
-    columns = [*first_seen(g for table in tables for g in table.groups), MEAN_COLUMN]
-    heights = [max(1, len(table.methods)) for table in tables]
+    found = [tables[metric, b] for b in budget_order(results) or [None]]
+    found = [table for table in found if table.methods]
+    if any(table.summarized for table in found):  # a column per group would be thousands of columns wide
+        return _plot_group_spread(found, results, metric, path)
+    columns = [*first_seen(g for table in found for g in table.groups), MEAN_COLUMN]
+    heights = [max(1, len(table.methods)) for table in found]
     figure = Figure(
-        figsize=(max(5.0, 0.7 * len(columns) + 4.0), 0.4 * sum(heights) + 1.1 * len(tables) + 0.8),
+        figsize=(max(5.0, 0.7 * len(columns) + 4.0), 0.4 * sum(heights) + 1.1 * len(found) + 0.8),
         layout="constrained",
     )
-    grid = figure.add_gridspec(len(tables), 1, height_ratios=heights)
-    for index, table in enumerate(tables):
+    grid = figure.add_gridspec(len(found), 1, height_ratios=heights)
+    for index, table in enumerate(found):
         axes = figure.add_subplot(grid[index])
         rows = [
             [table.cells[m, c].mean * 100 if (m, c) in table.cells else math.nan for c in columns]
@@ -203,10 +216,12 @@ def write_plots(
         for pool in pool_order(results):
             pool_records = [r for r in results if r["pool"] == pool]
             metrics = metric_order(pool_records)
-            written += _plot_pool_means(pool_records, pool, metrics, plots_dir / f"mean_{file_part(pool)}.png")
+            tables = _pool_tables(pool_records, pool, metrics)
+            path = plots_dir / f"mean_{file_part(pool)}.png"
+            written += _plot_pool_means(pool_records, tables, pool, metrics, path)
             for metric in metrics:
                 path = plots_dir / f"groups_{file_part(pool)}_{file_part(metric)}.png"
-                written += _plot_group_heatmap(pool_records, pool, metric, path)
+                written += _plot_group_heatmap(pool_records, tables, pool, metric, path)
         written += write_sweep_plots(run_dirs, plots_dir)
         round_records = read_round_records(run_dirs)
         for metric in clock_metrics(round_records):  # each method's metric against virtual time (docs/async.md)
