@@ -258,9 +258,10 @@ class Experiment:
             )
 
     def _check_worker_memory(self, worker: Worker) -> None:
-        """Refuse a worker-process count whose estimated memory does not fit (docs/engines.md): each process holds
-        what this one holds now (the data and the model: its resident size), and on a GPU what this process's
-        model takes there (its allocated bytes) plus half again for training."""
+        """Refuse a worker-process count whose estimated memory does not fit (docs/flower.md, "Simulation on one
+        machine", ``engine.workers``): each process holds what this one holds now (the data and the model: its
+        resident size) plus, on the CPU, the model's weights, which this process has mapped but not read; on a GPU,
+        what this process's model takes there (its allocated bytes) plus half again for training."""
         import psutil
         import torch
 
@@ -269,9 +270,12 @@ class Experiment:
         size = self._worker_processes(len(worker.data.clients))
         if not size:
             return
-        problem = memory_shortfall(
-            size, psutil.Process().memory_info().rss, psutil.virtual_memory().available, where="memory"
-        )
+        per_process = psutil.Process().memory_info().rss
+        if worker.runtime.device.type == "cpu":
+            # A checkpoint's weights are mapped from its file and become resident as they are read: this process
+            # has not read them, each worker process will.
+            per_process += sum(p.numel() * p.element_size() for p in worker.runtime.base_params.values())
+        problem = memory_shortfall(size, per_process, psutil.virtual_memory().available, where="memory")
         if problem is None and self._gpus:
             per_process = int(torch.cuda.memory_allocated() * 1.5) + CUDA_CONTEXT_BYTES
             for index, share in enumerate(gpu_shares(size, self._gpus)):
@@ -555,7 +559,7 @@ class Stages:
             train_centralized_base(
                 runtime, self.data.base_train, base, after_epoch=self.progress.advance_epoch, run_seed=seed
             )
-            tensors = runtime.base_state()
+            tensors = runtime.base_tensors()  # written below, before anything changes them
         else:
             method = self.worker.methods[BASE_STAGE_LABEL]
             state = self._federate(method, BASE_STAGE_LABEL, seed, meter=meter)

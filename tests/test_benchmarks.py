@@ -44,3 +44,17 @@ def test_scale_files_dataset_gives_each_client_its_rows(tmp_path):
     per_client = {c: [r["split"] for r in rows if r["client"] == c] for c in ("c00000", "c00001", "c00002")}
     for splits in per_client.values():
         assert splits.count("train") == scale.ROWS_PER_CLIENT and splits.count("test") == scale.TEST_ROWS_PER_CLIENT
+
+
+@pytest.mark.slow
+def test_model_memory_quick_measures_the_main_process_and_each_worker_process(tmp_path, capsys):
+    out = tmp_path / "model_memory.json"
+    result = benchmark("model_memory").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    one, two = result["rows"]
+    assert (one["workers"], two["workers"]) == (1, 2)
+    assert one["worker_peak_rss_mb"] == [] and len(two["worker_peak_rss_mb"]) == 2  # each worker process its own
+    for row in (one, two):
+        assert row["main_peak_rss_mb"] >= row["libraries_rss_mb"] > 0 and row["setup_rss_mb"] > 0
+    assert all(peak > two["libraries_rss_mb"] for peak in two["worker_peak_rss_mb"])
+    assert "| tiny-bert | 2 |" in capsys.readouterr().out
