@@ -14,9 +14,9 @@ import torch
 import yaml
 from flower_helpers import ATOL, one_torch_thread, read_costs, read_records, tiny_raw
 
-from fedpeft.apps.flower import run_flower_simulation
+from fedpeft.apps.flower import run_flower_simulation, simulation_backend
 from fedpeft.core.checkpoints import load_checkpoint
-from fedpeft.core.config import validate
+from fedpeft.core.config import EngineConfig, dump_config, same_run, validate
 from fedpeft.runner import Experiment
 
 __all__ = ["one_torch_thread"]  # the fixture applies here
@@ -121,3 +121,88 @@ def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
     steps = [k[6] for k in flower if k[0] == "buffered" and k[7] == "train" and k[8] == "clients"]
     assert sorted(steps) == list(range(1, 13)), steps  # every server step once, before and after the resume
     assert all(v == 2.0 for k, v in flower.items() if k[0] == "buffered" and k[7] == "train" and k[8] == "clients")
+
+
+# ---------------------------------------------------------------------------------------------- a Ray cluster
+def test_simulation_backend_joins_a_cluster_with_per_client_resources_or_starts_ray_here():
+    here = simulation_backend(EngineConfig(num_supernodes=3), cuda=False)
+    assert here["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
+    assert here["init_args"]["num_cpus"] == min(3, os.cpu_count() or 1) and "address" not in here["init_args"]
+    gpu_here = simulation_backend(EngineConfig(num_supernodes=1), cuda=True)
+    assert gpu_here["client_resources"]["num_gpus"] == 1.0 and gpu_here["init_args"]["num_gpus"] == 1
+
+    engine = EngineConfig(name="flower", ray_address="auto", client_cpus=2, workers_per_gpu=4)
+    cluster = simulation_backend(engine, cuda=True)
+    # Ray refuses num_cpus / num_gpus when it joins a cluster: the cluster's nodes say what they have
+    assert cluster["init_args"]["address"] == "auto" and not {"num_cpus", "num_gpus"} & cluster["init_args"].keys()
+    assert cluster["client_resources"] == {"num_cpus": 2.0, "num_gpus": 0.25}
+    explicit = simulation_backend(engine.model_copy(update={"client_gpus": 1.0}), cuda=True)
+    assert explicit["client_resources"]["num_gpus"] == 1.0
+    assert simulation_backend(engine, cuda=False)["client_resources"]["num_gpus"] == 0.0
+
+
+def test_a_run_may_resume_on_another_cluster_or_with_other_client_resources():
+    here = validate(tiny_raw(engine={"name": "flower"}))
+    cluster = here.model_copy(
+        update={"engine": here.engine.model_copy(update={"ray_address": "auto", "client_cpus": 2, "client_gpus": 1})}
+    )
+    assert same_run(dump_config(here), dump_config(cluster))
+    other_data = here.model_copy(update={"data": here.data.model_copy(update={"seed": 1})})
+    assert not same_run(dump_config(here), dump_config(other_data))
+
+
+# Two Ray nodes on loopback, in a process of their own (Ray reads this setting when it is imported): without it
+# Ray resolves 127.0.0.1 to the machine's network address, as a cluster across machines needs.
+CLUSTER = """
+import sys
+from ray.cluster_utils import Cluster
+loopback = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+cluster = Cluster(initialize_head=True, head_node_args={**loopback, "include_dashboard": False})
+cluster.add_node(**loopback)
+cluster.wait_for_nodes()
+print(cluster.address, len(cluster.list_all_nodes()), flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@pytest.mark.slow
+def test_simulation_on_a_two_node_ray_cluster_gives_the_local_engine_records(tmp_path):
+    """`fedpeft run --engine flower --set engine.ray_address=...` joins a running cluster of two Ray nodes (a head
+    and a worker node, one CPU each, started on loopback) instead of starting Ray, and its records are the local
+    engine's."""
+    raw = tiny_raw()
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, **LOOPBACK_RAY}
+    cluster = subprocess.Popen(
+        [sys.executable, "-c", CLUSTER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert cluster.stdout is not None and cluster.stdin is not None
+        address, nodes = cluster.stdout.readline().split()
+        assert address.startswith("127.0.0.1:") and nodes == "2"
+        fedpeft = str(Path(sys.executable).parent / "fedpeft")
+        command = [fedpeft, "run", str(config), "--engine", "flower", "--out", str(tmp_path / "cluster")]
+        command += ["--set", f"engine.ray_address={address}", "--set", "engine.num_supernodes=2"]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+        cluster.stdin.close()
+        cluster.wait(timeout=60)
+    finally:
+        if cluster.poll() is None:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait()
+    assert run.returncode == 0, run.stderr[-3000:]
+    Experiment(validate(raw), tmp_path / "local").run()
+    local, flower = read_records(tmp_path / "local"), read_records(tmp_path / "cluster")
+    assert local.keys() == flower.keys() and {k[0] for k in local} == {"base", "fedit", "lora"}
+    for key, value in local.items():
+        assert flower[key] == pytest.approx(value, abs=ATOL), key
+    resolved = yaml.safe_load((tmp_path / "cluster" / "config.yaml").read_text())["engine"]
+    assert resolved["ray_address"] == address

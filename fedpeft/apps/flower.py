@@ -35,7 +35,7 @@ import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch importe
 from flwr.app import Context, UserConfig
 from flwr.serverapp import Grid, ServerApp
 
-from fedpeft.core.config import ExperimentConfig, load_config
+from fedpeft.core.config import EngineConfig, ExperimentConfig, load_config
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.io import path_component
 from fedpeft.core.logs import quiet_library_output
@@ -179,6 +179,35 @@ SIMULATION_NODE_TIMEOUT = 600.0
 nodes are this process's own, so a longer wait never hides a missing machine)."""
 
 
+def simulation_backend(engine: EngineConfig, cuda: bool, *, verbose: bool = False) -> dict[str, Any]:
+    """The Ray backend of Flower's simulation engine: where Ray runs and what one client's work takes.
+
+    Without ``engine.ray_address``, Ray starts in this process with at most ``num_supernodes`` clients at once,
+    each ``client_cpus`` of this machine's cores, sharing its one GPU on a ``cuda`` run. With it, Ray joins that
+    cluster and every client takes ``client_cpus`` and ``client_gpus`` (on a ``cuda`` run by default
+    ``1 / workers_per_gpu`` of a GPU), so Flower runs as many at once as the cluster's nodes hold.
+    """
+    logging_args = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
+    if engine.ray_address is not None:
+        gpus = engine.client_gpus if engine.client_gpus is not None else (1.0 / engine.workers_per_gpu if cuda else 0.0)
+        return {
+            "client_resources": {"num_cpus": engine.client_cpus, "num_gpus": gpus},
+            "init_args": {"address": engine.ray_address, **logging_args},
+        }
+    cores = os.cpu_count() or 1
+    parallel = max(1, min(max(1, engine.num_supernodes), int(cores // engine.client_cpus)))
+    gpus = engine.client_gpus if engine.client_gpus is not None else (1.0 / parallel if cuda else 0.0)
+    return {
+        "client_resources": {"num_cpus": engine.client_cpus, "num_gpus": gpus},
+        "init_args": {
+            "num_cpus": max(1, round(parallel * engine.client_cpus)),
+            "num_gpus": 1 if gpus else 0,
+            "include_dashboard": False,
+            **logging_args,
+        },
+    }
+
+
 def run_flower_simulation(
     cfg: ExperimentConfig,
     out: Path,
@@ -226,21 +255,10 @@ def run_flower_simulation(
     server_app = ServerApp()
     server_app.main()(main)
     nodes = max(1, cfg.engine.num_supernodes)
-    parallel = max(1, min(nodes, os.cpu_count() or 1))
     from fedpeft.models.runtime import resolve_device
 
-    gpus = 1.0 / parallel if resolve_device(cfg.device).startswith("cuda") else 0.0
     verbose = log.isEnabledFor(logging.INFO)
-    backend_config: dict[str, Any] = {
-        "client_resources": {"num_cpus": 1, "num_gpus": gpus},
-        "init_args": {
-            "num_cpus": parallel,
-            "num_gpus": 1 if gpus else 0,
-            "include_dashboard": False,
-            "log_to_driver": verbose,
-            "logging_level": logging.INFO if verbose else logging.ERROR,
-        },
-    }
+    backend_config = simulation_backend(cfg.engine, resolve_device(cfg.device).startswith("cuda"), verbose=verbose)
     if not verbose:  # importing flwr resets its logger to DEBUG
         logging.getLogger("flwr").setLevel(logging.ERROR)
 

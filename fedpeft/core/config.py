@@ -451,6 +451,13 @@ class EngineConfig(_Strict):
 
     ``batch_clients``: on the local engine, how many clients of a batchable method (``fedit``, ``local``, ``lora``)
     train their LoRA together in one forward/backward, each example through its own client's adapter.
+
+    ``ray_address``: on the Flower simulation engine, the Ray cluster to run the clients on (``auto``: the cluster
+    this machine belongs to, as ``ray start`` left it; or ``HOST:PORT`` of its head node) instead of a Ray instance
+    started in this process with this machine's cores and at most one GPU. ``client_cpus`` and ``client_gpus``: the
+    Ray resources one client's work takes (``client_gpus`` ``None``: none on a CPU run; on a ``cuda`` run, a share
+    of this machine's GPU without a cluster and ``1 / workers_per_gpu`` of a GPU on a cluster), so a cluster runs
+    as many clients at once as its nodes' resources hold.
     """
 
     name: Literal["local", "flower"] = "local"
@@ -461,6 +468,9 @@ class EngineConfig(_Strict):
     workers: int | Literal["auto"] = 1
     workers_per_gpu: int = Field(default=1, ge=1)
     batch_clients: int = Field(default=1, ge=1)
+    ray_address: str | None = None
+    client_cpus: float = Field(default=1.0, gt=0)
+    client_gpus: float | None = Field(default=None, ge=0)
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -890,7 +900,9 @@ def dump_given(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True), sort_keys=False)
 
 
-EXECUTION_KEYS: dict[str, tuple[str, ...]] = {"engine": ("workers", "workers_per_gpu", "concurrent_methods", "state")}
+EXECUTION_KEYS: dict[str, tuple[str, ...]] = {
+    "engine": ("workers", "workers_per_gpu", "concurrent_methods", "state", "ray_address", "client_cpus", "client_gpus")
+}
 """Keys, by section, that decide where a run's work happens and never its numbers: a run may resume with others."""
 
 
