@@ -89,7 +89,8 @@ def test_a_store_restores_the_other_kinds_checkpoint(tmp_path):
     (root / "stale.r7.safetensors").write_bytes(b"from an older sitting")
     disk = DiskStore(root)
     disk.restore(memory.snapshot())
-    assert sorted(p.name for p in root.iterdir()) == ["c.r1.r0.safetensors", "c.r1.r3.safetensors", "c2.r4.safetensors"]
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*.safetensors"))
+    assert files == ["c.r1/r0.safetensors", "c.r1/r3.safetensors", "c2/r4.safetensors"]
     disk.rollback(3)
     assert disk.get("c.r1")["w"].item() == 2.0 and disk.get("c2") is None
 
