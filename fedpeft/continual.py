@@ -62,15 +62,32 @@ def seen_test(client: ClientData, completed: int, rounds: int) -> list[Example]:
     return [ex for ex in client.test if int(ex["stage"]) <= current]
 
 
+class OthersSample:
+    """The fixed sample of ``per_client`` test examples of every client, in client-id order, that the "Others"
+    evaluation takes: drawn once (a pass over the clients), then each evaluator's sample is the rest of it
+    (:meth:`without`), so evaluating every client draws nothing again."""
+
+    def __init__(self, clients: Sequence[ClientData], per_client: int, seed: int = 0) -> None:
+        self._examples: list[Example] = []
+        self._spans: dict[str, tuple[int, int]] = {}  # client -> where its examples are in ``_examples``
+        for other in sorted(clients, key=lambda c: c.client_id):
+            if not other.test:
+                continue
+            rng = random.Random(f"{seed}|others|{other.client_id}")
+            start = len(self._examples)
+            self._examples += rng.sample(other.test, min(per_client, len(other.test)))
+            self._spans[other.client_id] = (start, len(self._examples))
+
+    def without(self, client_id: str) -> list[Example]:
+        """The sample of every client other than ``client_id``."""
+        start, end = self._spans.get(client_id, (0, 0))
+        return self._examples[:start] + self._examples[end:]
+
+
 def others_test(clients: Sequence[ClientData], client_id: str, per_client: int, seed: int = 0) -> list[Example]:
-    """A fixed sample of ``per_client`` test examples of every client other than ``client_id``."""
-    chosen: list[Example] = []
-    for other in sorted(clients, key=lambda c: c.client_id):
-        if other.client_id == client_id or not other.test:
-            continue
-        rng = random.Random(f"{seed}|others|{other.client_id}")
-        chosen += rng.sample(other.test, min(per_client, len(other.test)))
-    return chosen
+    """A fixed sample of ``per_client`` test examples of every client other than ``client_id`` (for many
+    evaluators, draw it once with :class:`OthersSample`)."""
+    return OthersSample(clients, per_client, seed).without(client_id)
 
 
 def normalize_answer(text: str) -> str:

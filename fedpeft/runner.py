@@ -668,14 +668,23 @@ class Stages:
         self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
         self.progress.rounds(method.rounds, start)
         train_records = self._round_records.setdefault((label, seed), [])
+        evaluated: dict[int, float] = {}  # the seconds of the evaluation after a round, for its progress line
+
+        def evaluate(state: ServerState, round_: int, _metrics: Metrics) -> None:
+            seconds = self._evaluate_round(method, label, seed, state, round_ + 1, meter)
+            if seconds is not None:
+                evaluated[round_] = seconds
+
         callbacks: list[RoundCallback] = [
-            AfterRound(lambda state, round_, _: self._evaluate_round(method, label, seed, state, round_ + 1, meter)),
+            AfterRound(evaluate),
             AfterRound(
                 lambda _state, round_, metrics: train_records.extend(train_rows(label, budget, seed, round_, metrics))
             ),
             AfterRound(lambda _state, round_, metrics: self.metric_log.round(label, budget, seed, round_ + 1, metrics)),
             Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), []), in_flight),
-            AfterRound(lambda _state, _round, metrics: self.progress.advance_round(metrics)),
+            AfterRound(
+                lambda _state, round_, metrics: self.progress.advance_round(metrics, evaluated.pop(round_, None))
+            ),
         ]
         seen = [c.client_id for c in self.data.pool("seen")]
         method.bind_pool(seen)  # DP divides by the clients sampled per round from it
@@ -736,20 +745,27 @@ class Stages:
 
     def _evaluate_round(
         self, method: Method, label: str, seed: int, state: ServerState, completed: int, meter: CostMeter
-    ) -> None:
-        """Evaluate every client's current model after ``completed`` rounds, every ``eval.every`` rounds; a
-        client whose evaluation fails is left out and recorded in ``meter``."""
+    ) -> float | None:
+        """Evaluate every client's current model after ``completed`` rounds, every ``eval.every`` rounds, counting
+        its clients in the progress display; a client whose evaluation fails is left out and recorded in ``meter``,
+        which also adds the evaluation's seconds and clients. Returns its seconds (None when no evaluation is due)."""
         every = self.cfg.eval.every
         rounds = method.rounds
         if not every or label == BASE_STAGE_LABEL or (completed % every and completed != rounds):
-            return
+            return None
         records = self._round_records.setdefault((label, seed), [])
         ids = [c.client_id for c in self.data.clients]
+        self.progress.clients(len(ids), step=f"evaluation after round {completed}")
         failed = partial(meter.record_evaluation_failure, round_=completed - 1)
+        started = time.perf_counter()
         for _, result in self.each_client(
             "evaluate_round", ids, failed, label=label, seed=seed, round_=completed, state=state
         ):
             records += result
+        seconds = time.perf_counter() - started
+        meter.evaluation_seconds += seconds
+        meter.evaluated_clients += len(ids)
+        return seconds
 
     def _run_method(self, method: Method, seed: int) -> tuple[list[ResultRecord], list[dict]]:
         costs: list[dict] = []
@@ -766,6 +782,7 @@ class Stages:
             else:
                 state = self._federate(method, method.label, seed, meter=meter)
             costs += meter.rows(method.label, seed, "federated")
+            costs += meter.evaluation_rows(method.label, seed)
             costs += communication_rows(method.label, seed, meter, len(self.data.pool("seen")))
             method.save_server_artifacts(state, self.out, seed)
             records += self._round_records.pop((method.label, seed), [])

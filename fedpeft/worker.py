@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from fedpeft.base_models import ClientBase, client_base_tensors, train_centralized_base
-from fedpeft.continual import memory_view
+from fedpeft.continual import OthersSample, memory_view
 from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 from fedpeft.core.config import BASE_STAGE_LABEL, ExperimentConfig, MethodConfig, ModelConfig, method_config
 from fedpeft.core.faults import before_work, corrupt, reaching_faults
@@ -150,6 +150,7 @@ class Worker:
         self._loaded_undo: dict[str, torch.Tensor] = {}  # loaded tensors the shared base of a seed replaced
         self._client_undo: dict[str, torch.Tensor] = {}  # shared tensors a client's own base replaced
         self._shared_saved: set[Path] = set()  # shared adapters this process wrote (written once)
+        self._others: OthersSample | None = None  # the round evaluation's "Others" sample, drawn on first use
 
     # ------------------------------------------------------------------ base weights
     def base_checkpoint(self, seed: int) -> Path:
@@ -408,13 +409,18 @@ class Worker:
         model = method.personalize(runtime, client, state, client_state, budget, pseed)
         runtime.install(model, seed=pseed)
         own = continual.seen_test(self.clients[client_id], round_, rounds)
-        per_client = self.cfg.eval.others_per_client
-        others = continual.others_test(self.data.clients, client_id, per_client, self.cfg.data.seed)
+        others = self._others_sample().without(client_id)
         records = records_of(label, budget, client, seed, round_, continual.scores(runtime, own))
         if others:
             value = {"accuracy": continual.accuracy(runtime, others)}
             records += records_of(label, budget, client, seed, round_, value, split=continual.OTHERS_SPLIT)
         return records
+
+    def _others_sample(self) -> OthersSample:
+        """The "Others" sample of the round evaluation, drawn once for this worker (its clients do not change)."""
+        if self._others is None:
+            self._others = OthersSample(self.data.clients, self.cfg.eval.others_per_client, self.cfg.data.seed)
+        return self._others
 
     def save_adapter(self, label: str, budget: Budget, client_id: str, *, shared: bool = False) -> Path:
         """Write the active adapter in PEFT format (loadable with ``PeftModel.from_pretrained``); returns its directory.

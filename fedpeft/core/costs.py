@@ -12,6 +12,7 @@ from functools import cache
 from fedpeft.core.faults import INJECTED_ERRORS
 
 FAILED_CLIENT = "failed_client"  # the metric of a client's failure event
+ROUND_EVALUATION = "round_evaluation"  # the phase of the evaluations between a federated phase's rounds
 _MESSAGE_CHARS = 200  # of a failure's message kept in its event
 
 
@@ -74,6 +75,10 @@ class CostMeter:
     clients: int = 0
     client_seconds: float = 0.0
     wall_seconds: float = 0.0
+    # The evaluations between rounds (``eval.every``): their wall seconds, outside ``wall_seconds``, and the
+    # clients they evaluated.
+    evaluation_seconds: float = 0.0
+    evaluated_clients: int = 0
     failures: list[str] = field(default_factory=list)
     # One dict per event of the phase (``{"metric": ..., "round": ..., "client": ..., ...}``): a failed client
     # (:meth:`record_failure`), a rejected update, an injected fault, a dropped client, a round that kept the
@@ -146,3 +151,17 @@ class CostMeter:
             {"method": method, "seed": seed, "phase": phase, "metric": k, "value": float(v)} for k, v in values.items()
         ]
         return rows + [{"method": method, "seed": seed, "phase": phase, "value": 1.0, **e} for e in self.events]
+
+    def evaluation_rows(self, method: str, seed: int) -> list[dict]:
+        """Records for ``costs.jsonl`` of the evaluations between rounds (phase ``round_evaluation``): their wall
+        seconds, and those per client evaluated; none when no round was evaluated."""
+        if not self.evaluated_clients:
+            return []
+        values = {
+            "wall_s": self.evaluation_seconds,
+            "wall_s_per_client": self.evaluation_seconds / self.evaluated_clients,
+        }
+        return [
+            {"method": method, "seed": seed, "phase": ROUND_EVALUATION, "metric": k, "value": v}
+            for k, v in values.items()
+        ]

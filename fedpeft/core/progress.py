@@ -47,6 +47,7 @@ class _Unit(threading.local):
         self.epoch_started = 0.0
         self.clients_total = 0
         self.clients_done = 0
+        self.step = ""  # what the counted clients do, where it is a step inside the stage (an evaluation)
         self.clients_started = 0.0
         self.clients_shown = 0  # clients done at the last plain line
         self.clients_shown_at = 0.0
@@ -104,6 +105,7 @@ class Progress:
         unit.stage = description
         unit.round_task = unit.client_task = unit.epoch_task = None
         unit.clients_total = unit.clients_done = 0
+        unit.step = ""
         if self._bars is None:
             return
         for task in unit.tasks:
@@ -135,21 +137,28 @@ class Progress:
         if self._bars is not None:
             unit.round_task = self._add_bar("rounds", total, done)
 
-    def clients(self, total: int) -> None:
-        """Count the ``total`` clients of the current step (personalization, evaluation, clients' bases)."""
+    def clients(self, total: int, step: str = "") -> None:
+        """Count the ``total`` clients of the current step (personalization, evaluation, clients' bases);
+        ``step`` names a step inside the stage whose clients these are (the evaluation after a federated round),
+        in their lines and bar, which replaces the stage's previous clients bar."""
         unit = self._unit
         unit.clients_total, unit.clients_done, unit.clients_shown = total, 0, 0
         unit.clients_started = unit.clients_shown_at = self.clock()
+        unit.step = step
         if self._bars is not None:
-            unit.client_task = self._add_bar("clients", total)
+            if unit.client_task is not None:
+                self._bars.remove_task(unit.client_task)
+                unit.tasks.remove(unit.client_task)
+            unit.client_task = self._add_bar(f"{step}: clients" if step else "clients", total)
 
-    def advance_round(self, metrics: dict | None = None) -> None:
-        """Count one finished round; with ``plain``, print its line (:func:`round_line` of ``metrics``) to stderr."""
+    def advance_round(self, metrics: dict | None = None, evaluation_seconds: float | None = None) -> None:
+        """Count one finished round; with ``plain``, print its line (:func:`round_line` of ``metrics`` and the
+        seconds of the evaluation after it, if there was one) to stderr."""
         log.debug("round done: %s", metrics)
         unit = self._unit
         unit.round += 1
         if self.plain:
-            self._say(round_line(unit.stage, unit.round, unit.total, metrics or {}))
+            self._say(round_line(unit.stage, unit.round, unit.total, metrics or {}, evaluation_seconds))
         if self._bars is not None and unit.round_task is not None:
             self._bars.advance(unit.round_task)
 
@@ -171,7 +180,8 @@ class Progress:
         since = now - unit.clients_shown_at
         tenth = done - unit.clients_shown >= max(1, math.ceil(total * CLIENT_LINE_FRACTION))
         if done == total or (tenth and since >= CLIENT_LINE_MIN_SECONDS) or since >= CLIENT_LINE_SECONDS:
-            self._say(clients_line(unit.stage, done, total, now - unit.clients_started))
+            stage = f"{unit.stage}: {unit.step}" if unit.step else unit.stage
+            self._say(clients_line(stage, done, total, now - unit.clients_started))
             unit.clients_shown, unit.clients_shown_at = done, now
 
     def _add_bar(self, what: str, total: int, done: int = 0) -> TaskID:
@@ -186,8 +196,9 @@ class Progress:
         print(line, file=sys.stderr, flush=True)
 
 
-def round_line(stage: str, round_: int, total: int, metrics: dict) -> str:
-    """One plain line for a finished round: the stage, the round, and the round's loss, clients and seconds."""
+def round_line(stage: str, round_: int, total: int, metrics: dict, evaluation_seconds: float | None = None) -> str:
+    """One plain line for a finished round: the stage, the round, and the round's loss, clients and seconds (its
+    clients' work and the server step), then the seconds of the evaluation after it (``eval.every``), if any."""
     parts = [f"{stage}: round {round_}/{total}"]
     if "train_loss" in metrics:
         parts.append(f"train loss {metrics['train_loss']:.4f}")
@@ -195,6 +206,8 @@ def round_line(stage: str, round_: int, total: int, metrics: dict) -> str:
         parts.append(f"{int(metrics['clients'])} clients")
     if "seconds" in metrics:
         parts.append(f"{metrics['seconds']:.1f} s")
+    if evaluation_seconds is not None:
+        parts.append(f"evaluation {evaluation_seconds:.1f} s")
     return ", ".join(parts)
 
 

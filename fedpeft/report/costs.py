@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from fedpeft.core.costs import FAILED_CLIENT
+from fedpeft.core.costs import FAILED_CLIENT, ROUND_EVALUATION
 from fedpeft.report.records import Record, budget_label, first_seen, method_order
 from fedpeft.report.tables import Cell, markdown_table, over_seeds
 
@@ -51,6 +51,7 @@ _COST_COLUMNS = (
     ("federated", "bytes_up_per_client", "Up / client (all rounds)", _format_bytes),
     ("personalization", "merge_s_per_client", "Merge s / client", _format_seconds),
     ("personalization", "merge_share", "Merge / training time", _format_share),
+    (ROUND_EVALUATION, "wall_s_per_client", "Round eval. s / client", _format_seconds),
 )
 _TOTAL_COLUMNS = (
     ("bytes_up_total", "Up total", _format_bytes),
@@ -59,7 +60,7 @@ _TOTAL_COLUMNS = (
     ("peak_rss_mb", "Peak RSS MB", _format_megabytes),
     ("peak_cuda_mb", "Peak CUDA MB", _format_megabytes),
 )
-_PHASES = ("base", "federated", "personalization")
+_PHASES = ("base", "federated", ROUND_EVALUATION, "personalization")
 
 
 def cost_cells(costs: Sequence[Record]) -> dict[tuple[str, str, str], Cell]:
