@@ -88,6 +88,7 @@ class FederatedData:
     clients: list[ClientData]
     base_train: list[Example] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    _positions: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_labels(self) -> int:
@@ -100,10 +101,18 @@ class FederatedData:
         return [c for c in self.clients if c.pool == name]
 
     def client(self, client_id: str) -> ClientData:
-        for c in self.clients:
-            if c.client_id == client_id:
-                return c
-        raise KeyError(client_id)
+        """The client ``client_id`` (a dict look-up: an index of the clients, built again where they changed).
+
+        Raises:
+            KeyError: no client has that id.
+        """
+        position = self._positions.get(client_id)
+        if position is None or position >= len(self.clients) or self.clients[position].client_id != client_id:
+            self._positions = {c.client_id: i for i, c in enumerate(self.clients)}
+            position = self._positions.get(client_id)
+        if position is None:
+            raise KeyError(client_id)
+        return self.clients[position]
 
     @property
     def site_local(self) -> bool:

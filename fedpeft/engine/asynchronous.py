@@ -246,7 +246,9 @@ def run_asynchronous(
     flights: list[Flight] = []
     buffer: list[ClientUpdate] = []
     dispatches, streak = 0, 0
-    resent = [c for c in dict.fromkeys(in_flight or []) if c in set(client_ids)][:concurrency]
+    phase_clients = set(client_ids)
+    in_order = sorted(phase_clients)
+    resent = [c for c in dict.fromkeys(in_flight or []) if c in phase_clients][:concurrency]
     tally = RoundTally(state.round, [], meter)
     started = time.perf_counter()
     engine.start_phase(label, seed)
@@ -278,7 +280,7 @@ def run_asynchronous(
         if not flights and free == per_round:
             chosen = sorted(method.sample(client_ids, state.round, seed))
         else:
-            idle = clock.reachable(sorted(set(client_ids) - busy))
+            idle = clock.reachable([c for c in in_order if c not in busy])
             rng = random.Random(derive_seed(seed, label, "async-dispatch", dispatches))
             chosen = sorted(rng.sample(idle, min(free, len(idle))))
         dispatches += 1
