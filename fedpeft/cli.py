@@ -1,4 +1,4 @@
-"""The ``fedpeft`` command line: run, list, report, compare, personalize, adopt, launch, certs."""
+"""The ``fedpeft`` command line: run, list, plan, report, compare, personalize, adopt, launch, certs."""
 
 from __future__ import annotations
 
@@ -153,6 +153,50 @@ def list_(
     width = max((len(name) for name, _ in rows), default=0)
     for name, description in rows:
         typer.echo(f"{name:<{width}}  {description}".rstrip())
+
+
+@app.command()
+def plan(
+    config: Annotated[str, typer.Argument(help="A preset name (see `fedpeft list presets`) or a YAML file.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set data.seed=3")] = None,  # noqa: UP045
+    json_: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    gpu: Annotated[
+        str, typer.Option("--gpu", help="The GPU to time it on: H100, A100-40GB, A100-80GB, L4, ...")
+    ] = "H100",
+    gpus: Annotated[int, typer.Option("--gpus", help="How many of them run clients at once.")] = 1,
+    measure_cpu: Annotated[
+        bool, typer.Option("--measure-cpu/--no-measure-cpu", help="Time this CPU with one quick matmul.")
+    ] = True,
+) -> None:
+    """What a run costs before it runs: per phase its trainings, tokens, FLOPs, memory, disk, traffic and hours
+    (computed, not measured; docs/plan.md). Imports no torch.
+
+    Examples:
+      fedpeft plan fedp2eft-xnli
+      fedpeft plan my.yaml --gpu A100-40GB --gpus 8 --json
+    """
+    import json
+
+    from fedpeft.core.config import load_config
+    from fedpeft.planning.devices import GPUS, measure_cpu_flops
+    from fedpeft.planning.devices import gpu as gpu_named
+    from fedpeft.planning.plan import make_plan
+    from fedpeft.planning.render import plan_json, plan_lines, plan_tables
+
+    device = gpu_named(gpu)
+    if device is None:
+        raise UserError(f"Unknown GPU {gpu!r}; choose one of {', '.join(g.name for g in GPUS.values())}.")
+    if gpus < 1:
+        raise UserError("--gpus must be 1 or more.")
+    data = plan_json(make_plan(load_config(config, list(set_ or []))), device, gpus,
+                     measure_cpu_flops() if measure_cpu else None)  # fmt: skip
+    if json_:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    for table in plan_tables(data):
+        console.print(table)
+    for line in plan_lines(data):
+        console.print(line, soft_wrap=True, markup=False)
 
 
 @app.command()

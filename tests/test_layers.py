@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"catalog", "data"},
     {"training", "evaluation"},
     {"models"},
+    {"planning"},
     {"adapters", "merging", "guidance", "hypergradient", "base_models", "federation", "continual"},
     {"methods"},
     {"report"},

@@ -1,0 +1,505 @@
+"""The plan of a config: what each phase of a run trains, computes, holds, writes and sends (docs/plan.md).
+
+One :class:`Phase` per base stage, method phase (federated rounds, personalization, evaluation) and the base
+model's evaluation, each for one seed and counted ``times`` (the seeds it runs for). The counts follow the
+config's fields: ``rounds``, ``fraction`` (the sampler's ``ceil(fraction x seen clients)``), ``local_steps`` or
+``local_epochs``, ``batch_size`` x ``train.grad_accum_steps``, ``epochs`` / ``finetune_epochs`` / ``local_rounds`` of
+personalization, the budgets of a method that uses them; tokens are ``max_length`` per example (an upper bound)
+or a ViT's fixed patches. Work a method adds beyond these (distillation, alignment, hypernetwork steps) is not
+counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fedpeft.core.config import ExperimentConfig, ModelConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.method_class import MethodConfig
+from fedpeft.models.paper_configs import model_config
+from fedpeft.planning.architecture import (
+    Architecture,
+    UnsupportedArchitectureError,
+    activation_bytes,
+    extra_forward_flops,
+    forward_flops_per_token,
+    from_config,
+    kv_cache_bytes,
+    lora_shapes,
+    parameters,
+    targeted_roles,
+    weight_bytes,
+)
+from fedpeft.planning.devices import CUDA_CONTEXT_BYTES
+from fedpeft.planning.federation import Federation, federation_of
+
+# The methods' class facts the plan needs (fedpeft/methods; tests/test_plan.py checks them against the classes):
+# those without a federated phase, those that personalize once per budget, those with one federation per budget,
+# and those that train the base model's weights (full fine-tuning).
+NOT_FEDERATED = frozenset({"lora", "adalora", "bayestune_lora", "local"})
+USES_BUDGET = frozenset({"lora", "adalora", "bayestune_lora", "fedl2p", "fedp2eft"})
+FEDERATED_PER_BUDGET = frozenset({"fedl2p"})
+TRAINS_BASE_WEIGHTS = frozenset({"fedavg_full", "dept_spec"})
+NOT_COMMUNICATING = frozenset({"sft_rounds"})
+# What a round sends of the LoRA, where it is not the whole adapter: FFA-LoRA trains and sends B only, FedSA-LoRA
+# shares A only, RoLoRA sends one factor a round (A and B alternating: half of both on average).
+PAYLOAD_FACTORS: dict[str, tuple[float, float]] = {"ffa_lora": (0.0, 1.0), "fedsa_lora": (1.0, 0.0),
+                                                   "rolora": (0.5, 0.5)}  # fmt: skip
+
+FLOAT32 = 4
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model of the config (``label``: its ``models`` key, or empty) with its sizes."""
+
+    label: str
+    name: str
+    architecture: Architecture
+    dtype: str
+    quantization: str | None
+    max_length: int
+    checkpointing: bool
+    share: float  # the share of the clients that hold this model
+
+    @property
+    def tokens_per_example(self) -> int:
+        return self.architecture.tokens or self.max_length
+
+    @property
+    def activation_precision(self) -> int:
+        return FLOAT32 if self.dtype == "float32" else 2
+
+    @property
+    def weights(self) -> float:
+        return weight_bytes(self.architecture)[self.quantization or self.dtype]
+
+
+@dataclass
+class Phase:
+    """One phase for one seed. ``None`` marks what the plan cannot know (a dataset's unknown size)."""
+
+    method: str
+    phase: str
+    times: int
+    client_trainings: int
+    examples: float | None
+    tokens: float | None
+    steps: float | None
+    flops: float | None
+    rounds: int = 0
+    clients_per_round: int = 0
+    bytes_up_per_round: float = 0.0
+    bytes_down_per_round: float = 0.0
+    peak_memory: float = 0.0
+    disk: float = 0.0
+    decode_steps: float = 0.0  # generated tokens' forward passes (batches x new tokens), timed by bandwidth
+    parallel_clients: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Plan:
+    """The phases of a config, its models and federation."""
+
+    name: str
+    seeds: int
+    models: list[ModelPlan]
+    federation: Federation
+    phases: list[Phase]
+    workers: int
+    workers_per_gpu: int
+    notes: list[str] = field(default_factory=list)
+
+    def total(self, key: str) -> float | None:
+        """Sum of ``key`` over the phases, times their seeds (None when one of them is unknown)."""
+        values = [getattr(p, key) for p in self.phases]
+        if any(v is None for v in values):
+            return None
+        return float(sum(v * p.times for v, p in zip(values, self.phases, strict=True)))
+
+    @property
+    def peak_memory(self) -> float:
+        return max((p.peak_memory for p in self.phases), default=0.0)
+
+    @property
+    def disk(self) -> float:
+        return float(sum(p.disk * p.times for p in self.phases))
+
+
+def model_architecture(model: ModelConfig) -> Architecture:
+    """The architecture of ``model``: its ``config.json`` from a local directory, the shipped configurations or the
+    Hugging Face cache, or a registered model's known shape.
+
+    Raises:
+        UserError: no configuration is found, or it is not one the formulas model.
+    """
+    values = model_config(model.name)
+    source = "config.json"
+    if values is None:
+        values, source = REGISTERED_SHAPES.get(model.name), "registered model"
+        if values is not None:
+            values = {**values, "vocab_size": values.get("vocab_size", model.vocab_size)}
+    if values is None:
+        values, source = _hub_cache_config(model.name, model.revision), "hub cache"
+    if values is None:
+        raise UserError(
+            f"No config.json is known for model {model.name}; put the model's config.json in a directory and set "
+            "model.name to that directory (--set model.name=DIR) to plan it."
+        )
+    values = {**values, **model.overrides}
+    try:
+        return from_config(values, source)
+    except (UnsupportedArchitectureError, KeyError, TypeError, ValueError) as err:
+        raise UserError(f"The config.json of model {model.name} cannot be planned ({err}); give a transformer "
+                        "decoder, encoder, MoE or LLaVA configuration.") from None  # fmt: skip
+
+
+def _hub_cache_config(name: str, revision: str | None) -> dict[str, Any] | None:
+    import json
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(name, "config.json", revision=revision)
+    except Exception:  # not a valid hub id
+        return None
+    return dict(json.loads(open(path).read())) if isinstance(path, str) else None
+
+
+# The registered tiny and packaged models' shapes (fedpeft/models/tiny.py, vision.py, multimodal.py, packaged.py);
+# a tiny model's vocabulary is model.vocab_size (its trained tokenizer may hold fewer).
+_TINY_DECODER = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "tie_word_embeddings": False}
+REGISTERED_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny-bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "intermediate_size": 128, "max_position_embeddings": 128},
+    "tiny-llama": {**_TINY_DECODER, "model_type": "llama", "num_key_value_heads": 2, "intermediate_size": 128},
+    "tiny-qwen2": {**_TINY_DECODER, "model_type": "qwen2", "num_key_value_heads": 2, "intermediate_size": 128},
+    "tiny-olmo": {**_TINY_DECODER, "model_type": "olmo", "num_key_value_heads": 4, "intermediate_size": 256},
+    "tiny-olmoe": {**_TINY_DECODER, "model_type": "olmoe", "num_key_value_heads": 4, "intermediate_size": 32,
+                   "num_experts": 16, "num_experts_per_tok": 8},
+    "tiny-vit": {"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "intermediate_size": 128, "image_size": 32, "patch_size": 4},
+    "tiny-llava": {**_TINY_DECODER, "model_type": "llama", "num_key_value_heads": 2, "intermediate_size": 128},
+    "minilm": {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+               "intermediate_size": 1536, "vocab_size": 30522, "max_position_embeddings": 512},
+    "all-minilm-l6-v2": {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+                         "intermediate_size": 1536, "vocab_size": 30522, "max_position_embeddings": 512},
+    "gemma3-270m": {"model_type": "gemma3_text", "hidden_size": 640, "num_hidden_layers": 18,
+                    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 2048,
+                    "vocab_size": 262144, "tie_word_embeddings": True},
+}  # fmt: skip
+
+
+def models_of(cfg: ExperimentConfig) -> list[ModelPlan]:
+    """Every model of ``cfg`` with the share of the clients it serves (``assign.counts``, else equal)."""
+    entries = dict(cfg.models) if cfg.models else {"": cfg.model}
+    counts = {label: cfg.assign.counts.get(label, 0) for label in entries}
+    total = sum(counts.values())
+    return [
+        ModelPlan(
+            label,
+            m.name,
+            model_architecture(m),
+            m.dtype,
+            m.quantization,
+            m.max_length,
+            m.gradient_checkpointing,
+            counts[label] / total if total else 1 / len(entries),
+        )  # fmt: skip
+        for label, m in entries.items()
+    ]
+
+
+def _field(method: MethodConfig, name: str, default: Any = None) -> Any:
+    return getattr(method, name, default)
+
+
+def ranks_of(method: MethodConfig, budgets: Iterable[int]) -> int:
+    """The largest LoRA rank ``method`` trains: its ``rank``, tiers, ``r_init`` (BayesTune), else the budgets."""
+    tiers = [t.rank for t in _field(method, "tiers", None) or []]
+    values = [_field(method, "rank"), _field(method, "r_init"), *tiers]
+    numbers = [int(v) for v in values if isinstance(v, int)]
+    return max(numbers or list(budgets) or [8])
+
+
+def adapter_split(model: ModelPlan, method: MethodConfig, budgets: list[int], labels: int | None) -> tuple[int, int]:
+    """(A, B) parameters of ``method``'s LoRA on ``model`` at its largest rank (a classification head with B)."""
+    a = model.architecture
+    rank = ranks_of(method, budgets)
+    targets = _field(method, "targets")
+    targets = ["q_proj", "v_proj"] if targets == "qv" else targets
+    shapes = lora_shapes(a)
+    roles = targeted_roles(a, targets if isinstance(targets, list) else None)
+    lora_a = a.layers * sum(rank * shapes[r][0] * shapes[r][2] for r in roles)
+    lora_b = a.layers * sum(rank * shapes[r][1] * shapes[r][2] for r in roles)
+    head = (
+        (a.hidden * labels + labels + (a.hidden * a.hidden + a.hidden if a.model_type == "bert" else 0))
+        if labels
+        else 0
+    )
+    return lora_a, lora_b + head
+
+
+def train_flops_per_token(model: ModelPlan, full: bool, lora_params: int) -> float:
+    """Training FLOPs per token: full fine-tuning 6 N (forward 2 N, backward 4 N); LoRA 4 N + 6 N_LoRA (forward,
+    and a backward that computes activation gradients through the frozen weights but no weight gradients); with
+    gradient checkpointing a second forward (+ 2 N)."""
+    forward = forward_flops_per_token(model.architecture)
+    recompute = forward if model.checkpointing else 0.0
+    if full:
+        return 3 * forward + recompute
+    return 2 * forward + 6.0 * lora_params + recompute
+
+
+def train_memory(model: ModelPlan, batch: int, trainable: int, full: bool) -> float:
+    """Peak bytes of one worker training: weights in their storage, the trainable parameters' float32 weights,
+    gradients and two AdamW moments (full fine-tuning: gradients and moments of every weight, and the copy of
+    the weights the client replaced), the activations of one micro-batch, the CUDA context."""
+    a = model.architecture
+    acts = activation_bytes(a, batch, model.max_length, model.activation_precision, model.checkpointing)["total"]
+    if full:
+        optimizer = parameters(a)["total"] * (FLOAT32 + 2 * FLOAT32) + model.weights
+    else:
+        optimizer = trainable * 4 * FLOAT32
+    return model.weights + optimizer + acts + CUDA_CONTEXT_BYTES
+
+
+def eval_memory(model: ModelPlan, batch: int, new_tokens: int, generation: bool) -> float:
+    """Peak bytes of one worker evaluating: weights, one layer's activations of a batch (nothing kept for a
+    backward pass), the logits and, when generating, the key/value cache."""
+    a, p = model.architecture, model.activation_precision
+    acts = activation_bytes(a, batch, model.max_length, p, True)["total"]
+    cache = kv_cache_bytes(a, batch, model.max_length + new_tokens, p) if generation else 0.0
+    return model.weights + acts + cache + CUDA_CONTEXT_BYTES
+
+
+class _Planner:
+    """Builds the phases of one config (kept apart from :class:`Plan`, which is data)."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg = cfg
+        self.models = models_of(cfg)
+        self.federation = federation_of(cfg)
+        self.budgets = list(cfg.budgets)
+        self.generation = self.federation.task == "generation"
+        self.accum = cfg.train.grad_accum_steps
+
+    # ------------------------------------------------------------------------------------------ shared sizes
+    def tokens(self, examples: float | None) -> float | None:
+        return None if examples is None else examples * self.mean(lambda m: m.tokens_per_example)
+
+    def mean(self, value: Any) -> float:
+        return sum(m.share * value(m) for m in self.models)
+
+    def flops(self, examples: float | None, method: MethodConfig, full: bool) -> float | None:
+        if examples is None:
+            return None
+        labels = self.federation.labels
+        per_model = [
+            m.share * examples * (m.tokens_per_example * train_flops_per_token(m, full, sum(
+                adapter_split(m, method, self.budgets, labels))) + extra_forward_flops(m.architecture))
+            for m in self.models
+        ]  # fmt: skip
+        return sum(per_model)
+
+    def peak(self, method: MethodConfig, full: bool) -> float:
+        batch = int(_field(method, "batch_size", 16))
+        return max(train_memory(m, batch, sum(adapter_split(m, method, self.budgets, self.federation.labels)), full)
+                   for m in self.models)  # fmt: skip
+
+    def adapter_bytes(self, method: MethodConfig) -> float:
+        labels = self.federation.labels
+        return self.mean(lambda m: sum(adapter_split(m, method, self.budgets, labels))) * FLOAT32
+
+    def examples_per_client_round(self, method: MethodConfig, per_client: float | None) -> float | None:
+        batch = int(_field(method, "batch_size", 16)) * self.accum
+        steps = _field(method, "local_steps")
+        if steps is not None:
+            return float(steps * batch)
+        epochs = _field(method, "local_epochs")
+        if epochs is None and _field(method, "r_init"):  # FedP2EFT: a client's round trains its BayesTune scales
+            stage1_steps = _field(method, "stage1_steps")
+            if stage1_steps:
+                return float(stage1_steps * batch)
+            epochs = _field(method, "stage1_epochs")
+        if epochs is None or per_client is None:
+            return None
+        return float(epochs * per_client)
+
+    # ------------------------------------------------------------------------------------------------ phases
+    def federated(self, method: MethodConfig, label: str, times: int, base: bool = False) -> Phase | None:
+        name = method.name
+        rounds = int(_field(method, "rounds", 0) or 0)
+        if name in NOT_FEDERATED or rounds <= 0:
+            return None
+        seen = self.federation.clients.get("seen", 0)
+        fraction = float(_field(method, "fraction", 1.0))
+        k = min(seen, max(int(_field(method, "min_clients", 1)), math.ceil(fraction * seen - 1e-9)))
+        repeats = len(self.budgets) if name in FEDERATED_PER_BUDGET and self.budgets else 1
+        per_round = self.examples_per_client_round(method, self.federation.train_per_client("seen"))
+        examples = None if per_round is None else per_round * k * rounds * repeats
+        batch = int(_field(method, "batch_size", 16)) * self.accum
+        full = name in TRAINS_BASE_WEIGHTS
+        if full:
+            payload = self.mean(lambda m: parameters(m.architecture)["total"]) * FLOAT32
+            up = down = payload
+        else:
+            lora_a = self.mean(lambda m: adapter_split(m, method, self.budgets, self.federation.labels)[0])
+            lora_b = self.mean(lambda m: adapter_split(m, method, self.budgets, self.federation.labels)[1])
+            share_a, share_b = PAYLOAD_FACTORS.get(name, (1.0, 1.0))
+            up = down = (share_a * lora_a + share_b * lora_b) * FLOAT32
+        if name in NOT_COMMUNICATING:
+            up = down = 0.0
+        # A checkpoint of the server state, and (upper bound) one adapter of its own per client on disk.
+        state = (self.mean(lambda m: m.weights) + payload) if full else self.adapter_bytes(method) * (1 + seen)
+        return Phase(
+            method=label,
+            phase="base stage" if base else "federated",
+            times=times,
+            client_trainings=k * rounds * repeats,
+            examples=examples,
+            tokens=self.tokens(examples),
+            steps=None if examples is None else examples / batch,
+            flops=self.flops(examples, method, full),
+            rounds=rounds * repeats,
+            clients_per_round=k,
+            bytes_up_per_round=k * up,
+            bytes_down_per_round=k * down,
+            peak_memory=self.peak(method, full),
+            disk=state,
+            parallel_clients=k,
+            notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],
+        )
+
+    def personal_examples(self, method: MethodConfig, per_client: float | None) -> float | None:
+        """Training examples of one client's personalization (every budget of a method that uses them)."""
+        batch = int(_field(method, "batch_size", 16)) * self.accum
+        budgets = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
+        total = 0.0
+        local_rounds = _field(method, "local_rounds")
+        if method.name == "local":
+            total += int(_field(method, "rounds", 0)) * int(_field(method, "local_steps", 0)) * batch
+        if local_rounds:
+            total += int(local_rounds) * int(_field(method, "local_steps") or 1) * batch
+        if _field(method, "finetune_steps"):
+            total += int(_field(method, "finetune_steps")) * batch
+        epochs = float(_field(method, "epochs", 0.0) or 0.0) + float(_field(method, "finetune_epochs", 0.0) or 0.0)
+        stage1 = float(_field(method, "stage1_epochs", 0.0) or 0.0) if _field(method, "r_init") else 0.0
+        stage1_steps = _field(method, "stage1_steps")
+        if epochs or stage1:
+            if per_client is None:
+                return None
+            total += epochs * per_client * budgets
+            total += stage1_steps * batch if stage1_steps else stage1 * per_client
+        return total
+
+    def personalization(self, method: MethodConfig, label: str, times: int) -> Phase | None:
+        clients = self.federation.total_clients
+        per_client = self._mean_train_per_client()
+        one = self.personal_examples(method, per_client)
+        if one == 0.0:
+            return None
+        examples = None if one is None else one * clients
+        batch = int(_field(method, "batch_size", 16)) * self.accum
+        budgets = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
+        saved = self.adapter_bytes(method) * clients * budgets if self.cfg.output.save_adapters else 0.0
+        return Phase(
+            method=label,
+            phase="personalization",
+            times=times,
+            client_trainings=clients * budgets,
+            examples=examples,
+            tokens=self.tokens(examples),
+            steps=None if examples is None else examples / batch,
+            flops=self.flops(examples, method, False),
+            peak_memory=self.peak(method, False),
+            disk=saved,
+            parallel_clients=clients,
+        )
+
+    def evaluation(self, label: str, times: int, evaluations: int, rounds: int = 0) -> Phase:
+        """``evaluations`` passes over every client's test set (a budget each), and round evaluations."""
+        clients = self.federation.total_clients
+        every = self.cfg.eval.every
+        passes = evaluations + (rounds // every if every and rounds else 0)
+        test = self.federation.test_rows
+        known = all(v is not None for v in test.values())
+        examples = float(sum(v or 0 for v in test.values())) * passes if known else None
+        new_tokens = self.cfg.eval.max_new_tokens if self.generation else 0
+        tokens = None if examples is None else examples * self.mean(lambda m: m.tokens_per_example + new_tokens)
+        flops = None if examples is None else examples * self.mean(
+            lambda m: (m.tokens_per_example + new_tokens) * forward_flops_per_token(m.architecture)
+            + extra_forward_flops(m.architecture))  # fmt: skip
+        batch = self.cfg.eval.batch_size
+        decode = 0.0 if examples is None else math.ceil(examples / batch) * new_tokens
+        return Phase(
+            method=label,
+            phase="evaluation",
+            times=times,
+            client_trainings=0,
+            examples=examples,
+            tokens=tokens,
+            steps=0.0,
+            flops=flops,
+            peak_memory=max(eval_memory(m, batch, new_tokens, self.generation) for m in self.models),
+            decode_steps=decode,
+            parallel_clients=clients,
+            notes=[f"{passes} pass(es) over every client's test set"],
+        )
+
+    def _mean_train_per_client(self) -> float | None:
+        rows = self.federation.train_rows
+        if any(v is None for v in rows.values()) or not self.federation.total_clients:
+            return None
+        return sum(v or 0 for v in rows.values()) / self.federation.total_clients
+
+    def base_stage(self) -> list[Phase]:
+        base, seeds = self.cfg.base, len(self.cfg.seeds)
+        times = seeds if base.per_seed else 1
+        if base.kind == "federated":
+            phase = self.federated(base.method, f"base: {base.method.name}", times, base=True)
+            return [phase] if phase else []
+        if base.kind == "centralized":
+            examples = base.epochs * self.federation.base_rows
+            method = base.method.model_copy(update={"batch_size": base.batch_size}) if hasattr(
+                base.method, "batch_size") else base.method  # fmt: skip
+            return [Phase(
+                method="base: centralized", phase="base stage", times=times, client_trainings=1,
+                examples=examples, tokens=self.tokens(examples), steps=examples / base.batch_size,
+                flops=self.flops(examples, method, True), peak_memory=self.peak(method, True),
+                disk=self.mean(lambda m: m.weights), parallel_clients=1,
+            )]  # fmt: skip
+        return []
+
+    def phases(self) -> list[Phase]:
+        seeds = len(self.cfg.seeds)
+        phases = self.base_stage()
+        phases.append(self.evaluation("base model", seeds, 1))
+        for method in self.cfg.methods:
+            label = method.label or method.name
+            federated = self.federated(method, label, seeds)
+            personal = self.personalization(method, label, seeds)
+            phases += [p for p in (federated, personal) if p is not None]
+            evaluations = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
+            phases.append(self.evaluation(label, seeds, evaluations, federated.rounds if federated else 0))
+        return phases
+
+
+def make_plan(cfg: ExperimentConfig) -> Plan:
+    """The plan of ``cfg`` (see the module docstring).
+
+    Raises:
+        UserError: a model without a known configuration, or data the plan cannot shape.
+    """
+    planner = _Planner(cfg)
+    workers = cfg.engine.workers if isinstance(cfg.engine.workers, int) else 0
+    notes = list(planner.federation.notes)
+    return Plan(cfg.name, len(cfg.seeds), planner.models, planner.federation, planner.phases(), workers,
+                cfg.engine.workers_per_gpu, notes)  # fmt: skip

@@ -1,0 +1,158 @@
+"""``fedpeft plan``: golden numbers of a small config computed by hand, every shipped preset planned, the paper
+federations' true shapes, one-sentence refusals, and no torch import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from fedpeft.cli import app
+from fedpeft.core.config import load_config, preset_names
+from fedpeft.models.paper_configs import model_config
+from fedpeft.planning import plan as planning
+from fedpeft.planning.architecture import from_config, parameters
+from fedpeft.planning.devices import ASSUMED_MFU, CUDA_CONTEXT_BYTES, gpu
+from fedpeft.planning.plan import make_plan
+from fedpeft.planning.render import gpu_hours, plan_json
+
+SMALL = """
+name: small
+seeds: [0]
+data: {name: sni, unseen_pool: false, options: {num_tasks: 2, train_per_client: 10, test_per_client: 5}}
+model: {name: tiny-llama, max_length: 16}
+budgets: []
+methods:
+  - {name: fedit, rounds: 2, fraction: 1.0, local_steps: 3, batch_size: 4, rank: 2, targets: [q_proj, v_proj]}
+"""
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    return make_plan(load_config(str(path)))
+
+
+def test_a_small_config_has_its_hand_computed_numbers(small):
+    # tiny-llama: h 64, 2 layers, 4 heads of 16 (q 64), 2 kv heads (kv 32), MLP 128, vocabulary 2000, untied.
+    base, federated, final = small.phases  # no base stage, and fedit personalizes nothing (finetune_epochs 0)
+    assert (base.method, federated.phase, final.phase) == ("base model", "federated", "evaluation")
+    # LoRA r 2 on q (64 -> 64) and v (64 -> 32): A 2 x 64 + 2 x 64, B 2 x 64 + 2 x 32 per layer, 2 layers.
+    lora = 2 * (2 * 64 + 2 * 64) + 2 * (2 * 64 + 2 * 32)
+    assert lora == 896
+    assert federated.bytes_up_per_round == federated.bytes_down_per_round == 2 * lora * 4  # 2 clients, float32
+    # Active parameters: per layer 4096 + 2 x 2048 + 4096 (attention) + 3 x 64 x 128 (MLP); lm_head 2000 x 64.
+    active = 2 * (4096 + 4096 + 4096 + 3 * 64 * 128) + 2000 * 64
+    assert active == 201_728
+    # 2 rounds x 2 clients x 3 steps x batch 4 = 48 examples of 16 tokens; LoRA training 4 N + 6 N_LoRA a token.
+    assert (federated.client_trainings, federated.examples, federated.tokens, federated.steps) == (4, 48, 768, 12)
+    assert federated.flops == 768 * (4 * active + 6 * lora)
+    # Memory: float32 weights (linear 73,728 + embeddings and lm_head 2 x 128,000 + norms 320), LoRA weights, grads
+    # and two moments, activations of 4 x 16 tokens (4,096 bytes a token and layer, logits 8 bytes a vocabulary
+    # entry), the CUDA context.
+    weights = (73_728 + 2 * 128_000 + 2 * 2 * 64 + 64) * 4
+    activations = 64 * 2 * 4096 + 64 * 2000 * 8
+    assert federated.peak_memory == weights + lora * 16 + activations + CUDA_CONTEXT_BYTES
+    # Disk: the server's adapter and one adapter per seen client.
+    assert federated.disk == lora * 4 * 3
+    # Evaluation: 2 clients x 5 test examples of 16 prompt + 32 generated tokens, forward 2 N a token.
+    assert (final.examples, final.tokens, final.flops) == (10, 480, 480 * 2 * active)
+    hours = gpu_hours(federated, gpu("H100"), 1, weights)
+    assert hours == pytest.approx(federated.flops / (989e12 * ASSUMED_MFU) / 3600)
+    assert gpu_hours(federated, gpu("H100"), 8, weights) == pytest.approx(hours / 2)  # 2 clients run at once at most
+
+
+def test_parameter_counts_match_the_published_sizes():
+    published = {"meta-llama/Llama-3.2-1B": 1_235_814_400, "allenai/OLMoE-1B-7B-0924": 6_919_161_856,
+                 "Qwen/Qwen3-4B-Instruct-2507": 4_022_468_096, "google-bert/bert-base-multilingual-cased": 177_853_440,
+                 "checkpoints/llava-llama3.2-1b": 1_545_619_456}  # fmt: skip
+    for name, count in published.items():
+        assert parameters(from_config(model_config(name)))["total"] == pytest.approx(count, rel=1e-3), name
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_shipped_preset_plans(preset):
+    cfg = load_config(preset)
+    data = plan_json(make_plan(cfg), gpu("H100"), 1, None)
+    phases = {p["phase"] for p in data["phases"]}
+    assert {"evaluation"} <= phases and phases & {"federated", "personalization"}
+    assert data["total"]["flops"] > 0 and data["total"]["gpu_hours"] > 0 and data["total"]["peak_memory"] > 0
+    assert data["federation"]["total_clients"] > 0
+    assert len([p for p in data["phases"] if p["method"] != "base model" and p["phase"] == "evaluation"]) == len(
+        cfg.methods
+    )
+
+
+def test_the_paper_federations_have_their_true_shape():
+    xnli = make_plan(load_config("fedp2eft-xnli")).federation
+    assert xnli.clients == {"seen": 300, "unseen": 300}  # 15 languages x 20 clients x 2 pools
+    assert xnli.train_per_client("seen") == 100  # 2,000 a language and pool over 20 clients
+    news = make_plan(load_config("fedp2eft-masakhanews")).federation
+    assert news.clients == {"seen": 160, "unseen": 160}
+    assert news.train_rows["seen"] == sum(n // 2 for n, _ in planning_sizes().values())
+    drake = make_plan(load_config("fedmosaic-drake")).federation
+    assert drake.total_clients == 10 and drake.train_rows["seen"] is None  # its directory is not here: unknown
+
+
+def planning_sizes():
+    from fedpeft.planning.federation import MASAKHANEWS_SIZES
+
+    return MASAKHANEWS_SIZES
+
+
+def test_the_method_facts_match_the_method_classes():
+    from fedpeft.core.registry import METHODS
+    from fedpeft.methods.base import method_class
+
+    for name in METHODS.names():
+        cls = method_class(name)
+        assert (name not in planning.NOT_FEDERATED) == cls.federated, name
+        assert (name in planning.USES_BUDGET) == cls.uses_budget, name
+        assert (name in planning.FEDERATED_PER_BUDGET) == cls.federated_per_budget, name
+        assert (name in planning.TRAINS_BASE_WEIGHTS) == cls.trains_base_weights, name
+        assert (name not in planning.NOT_COMMUNICATING) == cls.communicates, name
+
+
+def test_the_workers_that_fit_and_the_json_output():
+    result = CliRunner().invoke(app, ["plan", "fedp2eft-xnli", "--json", "--gpus", "8", "--no-measure-cpu"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    peak = data["total"]["peak_memory"]
+    assert data["fits"]["workers_per_gpu_that_fit"]["24"] == int(24 * 2**30 // peak)
+    assert data["total"]["cpu_hours"] is None and data["device"]["gpus"] == 8
+
+
+def test_the_text_table_names_the_phases_and_the_memory_rows():
+    result = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for text in ("personalization", "evaluation", "total", "24 GB GPU", "80 GB GPU", "not measured"):
+        assert text in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["plan", "smoke", "--gpu", "TPU"], "Unknown GPU"),
+        (["plan", "smoke", "--gpus", "0"], "--gpus"),
+        (["plan", "smoke", "--set", "model.name=/nowhere/model"], "config.json"),
+        (["plan", "no-such-preset"], "no-such-preset"),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2(args, words):
+    done = subprocess.run([sys.executable, "-m", "fedpeft.cli", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_plan_imports_no_torch():
+    code = (
+        "import sys\nfrom fedpeft.cli import main\nsys.argv = ['fedpeft', 'plan', 'fedp2eft-fedaya', '--json']\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    pass\nprint('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
+    assert json.loads(done.stdout)["name"] == "fedp2eft-fedaya"
