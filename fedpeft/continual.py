@@ -7,9 +7,10 @@ setting). In each round a method trains on the memory only (:func:`memory_view`)
 
 Evaluation during federated training (``eval.every``): the client's current model on its own test examples of
 the stages seen so far ("Self", ``split: test``) and on a fixed sample of every other client's test examples
-("Others", ``split: others``). Accuracy is the share of the reference answer's words generated at their
-position (case and spacing ignored; 1 for an exact match) for generation, and label accuracy for classification;
-on its own test examples a generation model also gets METEOR, ROUGE-1 and ROUGE-L of the same responses.
+("Others", ``split: others``; of at most ``eval.others_clients`` other clients, drawn per evaluator). Accuracy
+is the share of the reference answer's words generated at their position (case and spacing ignored; 1 for an
+exact match) for generation, and label accuracy for classification; on its own test examples a generation model
+also gets METEOR, ROUGE-1 and ROUGE-L of the same responses.
 """
 
 from __future__ import annotations
@@ -64,30 +65,54 @@ def seen_test(client: ClientData, completed: int, rounds: int) -> list[Example]:
 
 class OthersSample:
     """The fixed sample of ``per_client`` test examples of every client, in client-id order, that the "Others"
-    evaluation takes: drawn once (a pass over the clients), then each evaluator's sample is the rest of it
-    (:meth:`without`), so evaluating every client draws nothing again."""
+    evaluation takes: drawn once (a pass over the clients), then each evaluator's sample is that of the other
+    clients (:meth:`without`), so evaluating every client draws nothing again.
 
-    def __init__(self, clients: Sequence[ClientData], per_client: int, seed: int = 0) -> None:
+    ``max_clients``: at most this many other clients per evaluator, a fixed draw for each evaluator (from ``seed``
+    and its id), so an evaluation of every client costs linear time in the clients; ``None``, or at least as many
+    as there are other clients: every other client (the same sample)."""
+
+    def __init__(
+        self, clients: Sequence[ClientData], per_client: int, seed: int = 0, max_clients: int | None = None
+    ) -> None:
         self._examples: list[Example] = []
-        self._spans: dict[str, tuple[int, int]] = {}  # client -> where its examples are in ``_examples``
+        self._spans: list[tuple[int, int]] = []  # where each client's examples are in ``_examples``, by id order
+        self._index: dict[str, int] = {}  # client -> its position in ``_spans``
+        self._seed, self._max_clients = seed, max_clients
         for other in sorted(clients, key=lambda c: c.client_id):
             if not other.test:
                 continue
             rng = random.Random(f"{seed}|others|{other.client_id}")
             start = len(self._examples)
             self._examples += rng.sample(other.test, min(per_client, len(other.test)))
-            self._spans[other.client_id] = (start, len(self._examples))
+            self._index[other.client_id] = len(self._spans)
+            self._spans.append((start, len(self._examples)))
 
     def without(self, client_id: str) -> list[Example]:
-        """The sample of every client other than ``client_id``."""
-        start, end = self._spans.get(client_id, (0, 0))
-        return self._examples[:start] + self._examples[end:]
+        """The sample of the clients other than ``client_id``: every one of them, or a draw of ``max_clients``
+        (in client-id order)."""
+        own = self._index.get(client_id)
+        others = len(self._spans) - (own is not None)
+        if self._max_clients is None or self._max_clients >= others:
+            if own is None:
+                return list(self._examples)
+            start, end = self._spans[own]
+            return self._examples[:start] + self._examples[end:]
+        rng = random.Random(f"{self._seed}|others-clients|{client_id}")
+        drawn = sorted(rng.sample(range(others), self._max_clients))
+        examples: list[Example] = []
+        for position in drawn:  # the evaluator's own position is skipped
+            start, end = self._spans[position + (own is not None and position >= own)]
+            examples += self._examples[start:end]
+        return examples
 
 
-def others_test(clients: Sequence[ClientData], client_id: str, per_client: int, seed: int = 0) -> list[Example]:
-    """A fixed sample of ``per_client`` test examples of every client other than ``client_id`` (for many
-    evaluators, draw it once with :class:`OthersSample`)."""
-    return OthersSample(clients, per_client, seed).without(client_id)
+def others_test(
+    clients: Sequence[ClientData], client_id: str, per_client: int, seed: int = 0, max_clients: int | None = None
+) -> list[Example]:
+    """A fixed sample of ``per_client`` test examples of every client other than ``client_id`` (or of
+    ``max_clients`` of them; for many evaluators, draw it once with :class:`OthersSample`)."""
+    return OthersSample(clients, per_client, seed, max_clients).without(client_id)
 
 
 def normalize_answer(text: str) -> str:

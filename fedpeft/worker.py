@@ -419,7 +419,10 @@ class Worker:
     def _others_sample(self) -> OthersSample:
         """The "Others" sample of the round evaluation, drawn once for this worker (its clients do not change)."""
         if self._others is None:
-            self._others = OthersSample(self.data.clients, self.cfg.eval.others_per_client, self.cfg.data.seed)
+            evaluation = self.cfg.eval
+            self._others = OthersSample(
+                self.data.clients, evaluation.others_per_client, self.cfg.data.seed, evaluation.others_clients
+            )
         return self._others
 
     def save_adapter(self, label: str, budget: Budget, client_id: str, *, shared: bool = False) -> Path:

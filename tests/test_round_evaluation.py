@@ -37,6 +37,28 @@ def test_the_others_sample_drawn_once_is_each_evaluators_own_draw():
         assert sample.without(client.client_id) == drawn_per_evaluator(clients, client.client_id, 3, 5)
 
 
+def test_others_clients_caps_each_evaluators_sample_at_a_fixed_draw_of_other_clients():
+    clients = [
+        ClientData(f"c{i:04d}", "g", "seen", [], [{"text": f"c{i:04d}-{k}"} for k in range(4)]) for i in range(400)
+    ]
+    everyone = OthersSample(clients, 2, seed=5)
+    assert OthersSample(clients, 2, seed=5, max_clients=399).without("c0007") == everyone.without("c0007")
+    capped = OthersSample(clients, 2, seed=5, max_clients=10)
+    owners = {}
+    for evaluator in ("c0000", "c0007", "c0399", "elsewhere"):
+        examples = capped.without(evaluator)
+        drawn = [ex["text"][:5] for ex in examples[::2]]
+        # 10 other clients, never the evaluator, each with its examples of the full sample, in client-id order
+        assert len(examples) == 20 and evaluator not in drawn and drawn == sorted(set(drawn))
+        assert all(ex in everyone.without(evaluator) for ex in examples)
+        assert capped.without(evaluator) == examples  # a fixed draw: the same at every round
+        owners[evaluator] = drawn
+    assert len({tuple(d) for d in owners.values()}) == 4  # each evaluator its own draw
+    # the sample of an evaluator does not grow with the federation: linear time over every evaluator
+    many = [ClientData(f"c{i:05d}", "g", "seen", [], [{"text": str(i)}] * 4) for i in range(5000)]
+    assert len(OthersSample(many, 2, seed=5, max_clients=10).without("c00042")) == 20
+
+
 def test_a_round_evaluation_scores_each_client_on_the_same_examples(tmp_path, monkeypatch):
     """Every client's own test examples and the rest of the one "Others" sample, the same examples and order as
     its own draw, so its records are those of that draw (the model is the client's, whatever the sample)."""

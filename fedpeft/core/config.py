@@ -496,12 +496,18 @@ class EvalConfig(_Strict):
     last round): ``split: test`` on the client's own test data seen so far, ``split: others`` on the other
     clients' test data (``others_per_client`` examples of each); the records carry the round. ``None``: only
     the final evaluation.
+
+    ``others_clients``: how many other clients' samples each client's model is scored on as Others, a fixed draw
+    per evaluated client; with every other client the evaluation costs time quadratic in the clients (each
+    model on every other client's sample), with this cap linear. A federation of at most ``others_clients + 1``
+    clients scores every other client, as does ``None``.
     """
 
     batch_size: int = Field(default=64, ge=1)
     max_new_tokens: int = Field(default=32, ge=1)
     every: int | None = Field(default=None, ge=1)
     others_per_client: int = Field(default=16, ge=1)
+    others_clients: int | None = Field(default=32, ge=1)
 
 
 class ValidationConfig(_Strict):
