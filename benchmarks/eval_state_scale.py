@@ -11,7 +11,7 @@ passes of ``put`` over N clients (tiny states, rounds 0 and 1), then one pass of
 Both measure whatever ``fedpeft`` this Python imports: run once more with ``PYTHONPATH`` set to another checkout
 (from a directory outside this one) to measure it before a change.
 
-Usage: python benchmarks/eval_state_scale.py [--eval 100 300 1000] [--store 1000 10000] [--out results.json]
+Usage: python benchmarks/eval_state_scale.py [--eval 100 300 1000] [--store 1000 10000] [--out results.json] [--quick]
 """
 
 from __future__ import annotations
@@ -95,12 +95,15 @@ def store_scale(clients: int, scratch: Path) -> dict[str, float]:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eval", type=int, nargs="*", default=[])
     parser.add_argument("--store", type=int, nargs="*", default=[])
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (12 clients each): checks that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.eval, args.store = [12], [12]
     import fedpeft
 
     results: dict[str, object] = {"fedpeft": str(Path(fedpeft.__file__).parent), "eval": [], "store": []}
@@ -113,6 +116,7 @@ def main() -> None:
             print(json.dumps(results["eval"][-1]), flush=True)  # type: ignore[index]
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return results
 
 
 if __name__ == "__main__":

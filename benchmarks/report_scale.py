@@ -124,13 +124,16 @@ def output_sizes(out: Path) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="10 and 40 clients, 2 seeds: checks that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.clients, args.seeds = [10, 40], 2
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for clients in args.clients:
@@ -144,6 +147,7 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

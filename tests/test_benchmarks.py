@@ -58,3 +58,24 @@ def test_model_memory_quick_measures_the_main_process_and_each_worker_process(tm
         assert row["main_peak_rss_mb"] >= row["libraries_rss_mb"] > 0 and row["setup_rss_mb"] > 0
     assert all(peak > two["libraries_rss_mb"] for peak in two["worker_peak_rss_mb"])
     assert "| tiny-bert | 2 |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_eval_state_scale_quick_measures_the_evaluation_between_rounds_and_the_disk_store(tmp_path):
+    out = tmp_path / "eval_state.json"
+    result = benchmark("eval_state_scale").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    (evaluation,), (store,) = result["eval"], result["store"]
+    assert evaluation["clients"] == 12 and evaluation["evaluation_wall_s"] > 0
+    assert evaluation["cpu_s_with"] > 0 and evaluation["cpu_s_without"] > 0
+    assert store["clients"] == 12 and min(store["put_round0_s"], store["put_round1_s"], store["get_s"]) > 0
+
+
+def test_report_scale_quick_reports_runs_of_client_groups_in_bounded_size(tmp_path):
+    out = tmp_path / "report_scale.json"
+    rows = benchmark("report_scale").main(["--quick", "--no-plots", "--out", str(out)])
+    assert json.loads(out.read_text()) == rows
+    assert [row["clients"] for row in rows] == [10, 40]
+    assert all(row["report_s"] > 0 and row["report_peak_rss_mb"] > 0 for row in rows)
+    # 10 clients print a column each; 40 (above the 16-column threshold) a summary of the same width
+    assert rows[1]["summary_longest_line"] <= rows[0]["summary_longest_line"] < 1000
