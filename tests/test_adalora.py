@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from peft import PeftModel, get_peft_model
+from peft import AdaLoraConfig, PeftModel, get_peft_model
 
 from fedpeft.methods.adalora import ADAPTER, schedule, to_lora
 from fedpeft.models.runtime import ClientModel, LoraSpec, unload_adapters
@@ -27,9 +27,25 @@ def logits_of(model, runtime, examples) -> torch.Tensor:
 def test_schedule_keeps_a_final_allocation_step():
     assert schedule(100, 0.1, 0.3) == (10, 30)
     assert schedule(6, 0.1, 0.3) == (1, 2)
-    for total in (1, 2, 3):
-        tinit, tfinal = schedule(total, 0.1, 0.3)
-        assert tfinal >= 1 and 0 <= tinit < max(total - tfinal, 1)
+    assert schedule(1, 0.1, 0.3) == (0, 0)  # no final phase: the allocation follows the one step
+    for total in (1, 2, 3, 10, 37):
+        for warmup, final in ((0.1, 0.3), (0.0, 0.0), (0.5, 0.9), (1.0, 1.0), (2.0, 3.0)):
+            tinit, tfinal = schedule(total, warmup, final)
+            # PEFT's own check: a budget phase of at least one step, whatever the step count
+            AdaLoraConfig(target_modules=["query"], total_step=total, tinit=tinit, tfinal=tfinal)
+            assert 0 <= tinit and (tfinal >= 1 or total == 1)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 10])
+def test_every_step_count_trains_and_ends_at_the_budget(steps, toy_runtime, toy_clients):
+    """A client with a single step (or two, three, ten) trains, and its adapter keeps r ranks per layer on
+    average: the final allocation happens even when no step is left after it."""
+    client = toy_clients[0]
+    method = build_method({"name": "adalora", "lr": 0.02, "epochs": steps, "batch_size": len(client.train)})
+    assert toy_runtime.steps_for(len(client.train), len(client.train), float(steps), None) == steps
+    model = method.personalize(toy_runtime, client, None, None, 2, seed=3)
+    assert model.lora is not None
+    assert sum(r for _, r in model.lora.rank_pattern) == 2 * len(toy_runtime.target_modules)
 
 
 def test_budget_shrinks_to_r_per_module_and_the_lora_conversion_is_exact(toy_runtime, toy_clients):

@@ -33,10 +33,15 @@ _PREFIX = "base_model.model."
 
 
 def schedule(total_steps: int, warmup_fraction: float, final_fraction: float) -> tuple[int, int]:
-    """AdaLoRA's (tinit, tfinal) for ``total_steps``: the final phase lasts at least one step, so that the last
-    allocation to the target budget always happens, and the budget phase starts before it."""
-    tfinal = max(1, round(final_fraction * total_steps))
-    tinit = min(round(warmup_fraction * total_steps), max(total_steps - tfinal - 1, 0))
+    """AdaLoRA's (tinit, tfinal) for ``total_steps``, as PEFT's ``AdaLoraConfig`` takes them for any step count:
+    ``tinit + tfinal < total_steps`` (a budget phase of at least one step). With two steps or more the final phase
+    lasts at least one step, so that the final allocation to the target budget (at step ``total_steps - tfinal``,
+    steps counted from 0) happens during training; a single step leaves it none, and the allocation follows that
+    step (:meth:`AdaLoraBaseline.personalize`)."""
+    if total_steps < 2:
+        return 0, 0
+    tfinal = min(max(1, round(final_fraction * total_steps)), total_steps - 1)
+    tinit = min(max(round(warmup_fraction * total_steps), 0), total_steps - tfinal - 1)
     return tinit, tfinal
 
 
@@ -125,11 +130,19 @@ class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
         total = runtime.steps_for(len(client.train), cfg.batch_size, cfg.epochs, None)
         runtime.install(ClientModel())  # the client's base weights
         runtime.detach_adapters()
+        config = self.adalora_config(runtime, rank, total)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = get_peft_model(runtime.base_model, self.adalora_config(runtime, rank, total), adapter_name=ADAPTER)
+            model = get_peft_model(runtime.base_model, config, adapter_name=ADAPTER)
         tuner = model.base_model
         assert isinstance(tuner, AdaLoraModel)
+        final_step = total - config.tfinal  # the final allocation's step, counted from 0
+
+        def allocate(step: int) -> None:
+            tuner.update_and_allocate(step)
+            if step == total - 1 and final_step == total:  # no final phase (one step): allocate after the last step
+                tuner.update_and_allocate(final_step)
+
         try:
             params = {n: p for n, p in model.named_parameters() if p.requires_grad}
             runtime.train(
@@ -142,7 +155,7 @@ class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
                 # The tuner, not the PeftModel: a PeftModel without a task type calls the transformer directly,
                 # skipping AdaLoraModel.forward, which adds the orthogonal regularization to the loss.
                 model=tuner,
-                after_step=tuner.update_and_allocate,
+                after_step=allocate,
             )
             spec, tensors = to_lora(model, list(runtime.loaded.head_modules), cfg.dropout)
         finally:
