@@ -42,7 +42,7 @@ from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import ClientData, FederatedData
-from fedpeft.engine.asynchronous import client_work, run_asynchronous, virtual_durations
+from fedpeft.engine.asynchronous import client_work, flight_sizes, run_asynchronous, virtual_durations
 from fedpeft.engine.pool import visible_gpus
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
@@ -204,7 +204,7 @@ class Experiment:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
         self._check_secure_aggregation(worker, methods, flower=flower)
-        self._check_schedules(data)
+        self._check_schedules(data, worker.methods)
         self._check_batch_model(worker, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
         if self.cfg.data.sites is None:  # site-local examples stay on their nodes
@@ -310,10 +310,18 @@ class Experiment:
                     "secure aggregation (engine.secagg) shows the server only their sum."
                 )
 
-    def _check_schedules(self, data: FederatedData) -> None:
-        """Refuse asynchronous schedules with secure aggregation (which sums a cohort of updates), and speed factors
+    def _check_schedules(self, data: FederatedData, methods: Mapping[str, Method]) -> None:
+        """Refuse asynchronous schedules with secure aggregation (which sums a cohort of updates) or with more
+        clients in flight, or a larger buffer, than the seen pool serves (:func:`flight_sizes`), and speed factors
         of client groups the data does not have."""
         asynchronous = asynchronous_labels(self.cfg)
+        seen = [c.client_id for c in data.pool("seen")]
+        labels = [entry.label or entry.name for entry in self.cfg.methods]
+        federated_base = [BASE_STAGE_LABEL] if self.cfg.base.kind == "federated" else []
+        for label in labels + federated_base:
+            method_cfg = methods[label].cfg
+            if isinstance(method_cfg, MeanServerConfigMixin) and method_cfg.schedule.asynchronous:
+                flight_sizes(label, method_cfg.schedule, len(methods[label].sample(seen, 0, 0)), len(seen))
         if asynchronous and self.cfg.engine.secagg is not None:
             raise UserError(
                 f"Secure aggregation needs a cohort of updates to sum, and {', '.join(asynchronous)} set(s) an "

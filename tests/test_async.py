@@ -195,6 +195,23 @@ def test_an_asynchronous_run_gives_the_same_records_on_two_workers(tmp_path):
             "privacy accountant assumes synchronous rounds",
         ),
         (["methods=[{name: fedit, schedule: {kind: fedbuff, concurrency: 2, buffer_size: 3}}]"], "exceeds concurrency"),
+        # the default concurrency is the clients a round samples: 2 of the 4 seen clients
+        (
+            ["methods=[{name: fedit, fraction: 0.5, schedule: {kind: fedbuff, buffer_size: 3}}]"],
+            "buffer_size K=3, more than its concurrency C=2 (its default: the clients a round samples)",
+        ),
+        (
+            ["methods=[{name: fedit, schedule: {kind: fedasync, concurrency: 5}}]"],
+            "sets schedule.concurrency=5, but its federated phase has 4 clients",
+        ),
+        (
+            [
+                "base={kind: federated, method: {name: fedit, fraction: 0.5, schedule: {kind: fedbuff}}}",
+                "base.method.schedule.buffer_size=4",
+                "methods=[{name: lora}]",
+            ],
+            "Method 'base-stage' sets schedule.buffer_size K=4",
+        ),
         (
             ["methods=[{name: fedit, schedule: {kind: fedasync}}]", "engine.secagg={}", "--engine", "flower"],
             "Secure aggregation needs a cohort of updates",

@@ -219,6 +219,32 @@ class ArrivalClock(AsyncClock):
         self.phase.close()
 
 
+def flight_sizes(label: str, schedule: ScheduleConfig, per_round: int, clients: int) -> tuple[int, int]:
+    """(C, K) of method ``label``'s asynchronous ``schedule`` on a pool of ``clients`` clients of which a round
+    samples ``per_round``: the clients in flight (``concurrency``, by default ``per_round``) and the updates of one
+    server step (``buffer_size``, by default C; 1 under FedAsync).
+
+    Raises:
+        UserError: ``concurrency`` above the clients there are, or a buffer larger than the clients in flight
+            (its default concurrency included), which no server step could fill.
+    """
+    if schedule.concurrency is not None and schedule.concurrency > clients:
+        raise UserError(
+            f"Method {label!r} sets schedule.concurrency={schedule.concurrency}, but its federated phase has "
+            f"{clients} clients to train at once; set concurrency to {clients} or less."
+        )
+    concurrency = schedule.concurrency or min(per_round, clients)
+    buffer_size = 1 if schedule.kind == "fedasync" else (schedule.buffer_size or concurrency)
+    if buffer_size > concurrency:
+        default = "" if schedule.concurrency is not None else " (its default: the clients a round samples)"
+        raise UserError(
+            f"Method {label!r} sets schedule.buffer_size K={buffer_size}, more than its concurrency C={concurrency}"
+            f"{default}, so a server step would wait for more updates than clients train at once; set buffer_size "
+            f"to {concurrency} or less, or concurrency to {buffer_size} or more."
+        )
+    return concurrency, buffer_size
+
+
 def run_asynchronous(
     engine: Engine,
     label: str,
@@ -241,8 +267,7 @@ def run_asynchronous(
     (the checkpoint lists them); given non-empty, as on a resume, those clients are dispatched first, with the
     restored state (the updates they were training were lost with the interrupted run)."""
     per_round = len(method.sample(client_ids, state.round, seed))
-    concurrency = min(schedule.concurrency or per_round, len(client_ids))
-    buffer_size = 1 if schedule.kind == "fedasync" else (schedule.buffer_size or concurrency)
+    concurrency, buffer_size = flight_sizes(label, schedule, per_round, len(client_ids))
     flights: list[Flight] = []
     buffer: list[ClientUpdate] = []
     dispatches, streak = 0, 0
