@@ -227,14 +227,20 @@ def report(
     from fedpeft import report as reporting
     from fedpeft.core.figures import parse_formats
     from fedpeft.core.io import REPORT_MARKER, check_output_dir, make_output_dir
+    from fedpeft.report.export import is_table_file, table_file
     from fedpeft.report.terminal import fit_tables
+    from fedpeft.rundir import check_output_file, refuse_run_files
 
     formats = parse_formats(plot_format)  # a bad format fails before anything is written
     for run_dir in runs:
         if not (run_dir / "results.jsonl").is_file():
             raise UserError(f"{run_dir} holds no results.jsonl; pass directories written by `fedpeft run`.")
-    # Besides its own directories, a report may rewrite the summary and plots of a run it reads.
+    # Besides its own directories, a report may rebuild the summary and plots of the one run it reads.
     given = {run_dir.resolve() for run_dir in runs}
+    refuse_run_files(out, "--out", run=next(iter(given)) if len(given) == 1 else None)
+    for option, path, suffix in (("--csv", csv, ".csv"), ("--latex", latex, ".tex")):
+        if path is not None:
+            check_output_file(table_file(path, suffix), option, "report", is_table_file)
     check_output_dir(
         out,
         "report",
@@ -276,15 +282,16 @@ def compare(
 ) -> None:
     """Compare a rerun with its reference run: how far the records moved and which supported differences hold."""
     _setup_logging(False)
-    from fedpeft.report.reproduction import compare_runs
+    from fedpeft.core.io import write_text_atomic
+    from fedpeft.report.reproduction import COMPARISON_HEADING, compare_runs
     from fedpeft.report.terminal import fit_tables
+    from fedpeft.rundir import check_output_file
 
+    if out is not None:  # a comparison it wrote before, or a new file: never a run's file nor a user's
+        check_output_file(out, "--out", "compare", lambda first_line: first_line == COMPARISON_HEADING)
     text = compare_runs(reference, rerun, every_pair=every_pair)
     if out is not None:
-        if out.is_dir():
-            raise UserError(f"--out {out} is a directory; name the markdown file to write.")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        write_text_atomic(out, text)
     console.print(Markdown(fit_tables(text, console.width)))
 
 

@@ -31,6 +31,7 @@ from fedpeft.federation import assign_architectures
 from fedpeft.methods.families.per_architecture import ArchitectureGroups
 from fedpeft.methods.fedp2eft import PSG_DIR, FedP2EFT, FedP2EFTState, psg_path
 from fedpeft.models.text import warn_unknown_text
+from fedpeft.rundir import refuse_run_files
 
 log = logging.getLogger("fedpeft")
 
@@ -188,6 +189,7 @@ def personalize_client(
     out = Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} holds no run (no config.yaml); pass a directory written by `fedpeft run`.")
+    refuse_run_files(out, "--out")
     check_output_dir(out, "personalize", ADAPTER_MARKER, writes=ADAPTER_FILES, force=force)
     if (data_file is None) == (client_id is None):
         raise UserError("Give exactly one of --data (a file of examples) and --client (a client of the run).")

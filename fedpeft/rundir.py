@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shlex
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +212,59 @@ def adopt_run(path: Path) -> bool:
     digest = hashlib.sha256((path / CONFIG_FILE).read_bytes()).hexdigest()
     write_marker(path, RUN_MARKER, "run", config_sha256=digest, adopted=True)
     return True
+
+
+def run_holding(path: Path) -> Path | None:
+    """The run directory that ``path`` is, or whose own files (:data:`RUN_WRITES`, and what lies below them) it is
+    one of; ``None`` when it is neither. Symbolic links are followed: a link to a run's file is that file."""
+    resolved = Path(path).resolve()
+    if read_marker(resolved, RUN_MARKER) is not None:
+        return resolved
+    for owner in resolved.parents:
+        if read_marker(owner, RUN_MARKER) is not None:
+            return owner if resolved.relative_to(owner).parts[0] in RUN_WRITES else None
+    return None
+
+
+def refuse_run_files(path: Path, option: str, *, run: Path | None = None) -> None:
+    """Raise a :class:`UserError` when ``option``'s ``path`` is a run's directory (other than ``run``, the one run
+    whose outputs a command may rebuild there) or one of a run's own files: no command but the run writes them."""
+    owner = run_holding(path)
+    if owner is None or (run is not None and owner == Path(run).resolve() and owner == Path(path).resolve()):
+        return
+    what = "the directory of the run" if owner == Path(path).resolve() else "among the files of the run"
+    raise UserError(f"{option} {path} is {what} in {owner}, which only that run writes; choose another place.")
+
+
+def check_output_file(path: Path, option: str, command: str, written_here: Callable[[str], bool]) -> None:
+    """Raise a :class:`UserError` unless ``fedpeft <command> <option>`` may write the file ``path``; writes nothing.
+
+    It may write a new file in a place that can be written, or replace a file whose first line ``written_here``
+    takes for one it wrote; never a directory, a run's own files (:func:`refuse_run_files`) nor any other file."""
+    path = Path(path)
+    refuse_run_files(path, option)
+    if path.is_dir():
+        raise UserError(f"{option} {path} is a directory; name the file to write.")
+    probe = path.parent
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{option} {path} lies below {probe}, which is a file; choose a file in a directory.")
+    check_writable_place(path.parent)
+    if os.path.lexists(path) and not (path.is_file() and written_here(first_line(path))):
+        raise UserError(
+            f"{option} {path} exists and was not written by `fedpeft {command}`; choose a new file (nothing was "
+            "overwritten)."
+        )
+
+
+def first_line(path: Path) -> str:
+    """The first line of file ``path`` (at most 4 KiB of it, decoded leniently; empty when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.readline(4096).decode("utf-8", errors="replace").rstrip("\r\n")
+    except OSError:
+        return ""
 
 
 def existing_run_error(out: Path) -> UserError:

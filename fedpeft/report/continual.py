@@ -16,7 +16,7 @@ from fedpeft.report.records import (
     method_order,
     metric_label,
     metric_order,
-    read_jsonl,
+    read_results,
 )
 from fedpeft.report.tables import Cell, display_key, format_cell, markdown_table, over_seeds
 
@@ -34,7 +34,7 @@ def read_round_records(run_dirs: Sequence[Path]) -> list[Record]:
         path = run_dir / RESULTS_FILE
         if not path.is_file():
             continue
-        rows = round_records(read_jsonl(path))
+        rows = round_records(read_results(path))
         replaced = {(r["method"], r["seed"]) for r in rows}
         merged = {k: v for k, v in merged.items() if (v["method"], v["seed"]) not in replaced}
         merged.update((_round_key(record), record) for record in rows)

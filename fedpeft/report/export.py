@@ -48,6 +48,7 @@ CSV_FILE = "summary.csv"
 CLIENTS_FILE = "clients.csv"
 CLIENT_FIELDS = ("pool", "metric", "budget", "method", "group", "client", "mean", "sd", "seeds")
 LATEX_FILE = "summary.tex"
+LATEX_FIRST_LINE = "% fedpeft result tables; needs \\usepackage{booktabs} and \\usepackage{graphicx}"
 CSV_FIELDS = (
     "table", "pool", "metric", "budget", "method", "column", "mean", "sd", "seeds", "best", "wins", "text", "evidence",
     "reference", "difference", "low", "high", "clients",
@@ -255,7 +256,7 @@ def render_latex(results: Sequence[Record], test_per_client: Mapping[str, float]
     leaves it as it is otherwise, so every table fits the page. A table on thin evidence (``test_per_client``: as
     for :func:`table_rows`) has no bold cell, a ``Wins (n.s.)`` column and a caption that says why. Needs
     ``\\usepackage{booktabs}`` and ``\\usepackage{graphicx}``."""
-    parts = ["% fedpeft result tables; needs \\usepackage{booktabs} and \\usepackage{graphicx}"]
+    parts = [LATEX_FIRST_LINE]
     for found in judged_tables(results, test_per_client):
         table = found.table
         wins = found.printed_wins
@@ -297,6 +298,17 @@ def render_latex(results: Sequence[Record], test_per_client: Mapping[str, float]
             caption = latex_escape(f"{pool_label(pool)}: gain over base, {metric_label(metric)} (x100).")
             parts.append(_latex_table(caption, ["Method", *map(budget_label, budgets)], rows))
     return "\n\n".join(parts) + "\n"
+
+
+def table_file(out: Path, suffix: str) -> Path:
+    """The file ``--csv`` (``suffix`` ``.csv``) or ``--latex`` (``.tex``) writes for ``out``: ``out`` itself when it
+    ends in ``suffix``, else ``summary.csv`` or ``summary.tex`` in the directory ``out``."""
+    return _target(out, CSV_FILE if suffix == ".csv" else LATEX_FILE, suffix)
+
+
+def is_table_file(first_line: str) -> bool:
+    """Whether a file beginning with ``first_line`` is one :func:`write_csv` or :func:`write_latex` wrote."""
+    return first_line in (",".join(CSV_FIELDS), LATEX_FIRST_LINE)
 
 
 def _target(out: Path, default_name: str, suffix: str) -> Path:

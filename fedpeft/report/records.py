@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,8 @@ POOL_ORDER = ("seen", "unseen", "all")
 METRIC_LABELS = {"accuracy": "Accuracy", "meteor": "METEOR", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L"}
 
 RESULT_KEY = ("method", "budget", "pool", "client", "seed", "split", "metric")
+RECORD_FIELDS = ("method", "pool", "seed", "split", "metric", "value")  # what every result record the reports read has
+TEST_RECORD_FIELDS = ("client", "group")  # and a test record besides: the tables' rows and columns
 # budget: per-tier compute records; round and client: the events of untrusted updates (rejections, faults).
 _COST_KEY = ("method", "budget", "seed", "phase", "metric", "round", "client", "step")
 
@@ -40,6 +43,35 @@ _COST_KEY = ("method", "budget", "seed", "phase", "metric", "round", "client", "
 def read_jsonl(path: Path) -> list[Record]:
     """The records of one JSONL file (blank lines skipped); a line that is not UTF-8, not JSON or not a JSON object
     is a ``UserError`` naming it."""
+    return [record for _, record in _numbered_records(path)]
+
+
+def read_results(path: Path) -> list[Record]:
+    """The records of a results file (:func:`read_jsonl`), each checked to be a fedpeft result record: a
+    ``UserError`` names the first line without one of :data:`RECORD_FIELDS` (a file that is not fedpeft's), or a
+    test record without a client, a group, or a finite number as its value (a NaN: the tables cannot rank it)."""
+    records = []
+    for line_number, record in _numbered_records(path):
+        needed = RECORD_FIELDS + (TEST_RECORD_FIELDS if record.get("split") == "test" else ())
+        missing = ", ".join(repr(name) for name in needed if name not in record)
+        if missing:
+            raise UserError(
+                f"{path} line {line_number} is not a fedpeft result record (it has no {missing}); pass the "
+                "results.jsonl of a run written by `fedpeft run`."
+            )
+        value = record["value"]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if record["split"] == "test" and not (number and math.isfinite(value)):
+            raise UserError(
+                f"{path} line {line_number} holds a test value that is not a finite number ({value!r}), which no "
+                "result table can rank; fix or remove that line."
+            )
+        records.append(record)
+    return records
+
+
+def _numbered_records(path: Path) -> list[tuple[int, Record]]:
+    """The records of a JSONL file with their line numbers (:func:`read_jsonl`)."""
     records = []
     if path.suffix == ".gz":  # a run's records kept compressed beside a results page
         try:
@@ -62,7 +94,7 @@ def read_jsonl(path: Path) -> list[Record]:
             ) from None
         if not isinstance(record, dict):
             raise UserError(f"{path} line {line_number} is not a JSON object; fix or remove that line.")
-        records.append(record)
+        records.append((line_number, record))
     return records
 
 
@@ -104,7 +136,7 @@ def read_records(run_dirs: Sequence[Path]) -> tuple[list[Record], list[Record]]:
         results_path = run_dir / RESULTS_FILE
         if not results_path.is_file():
             raise UserError(f"{results_path} does not exist; pass a directory written by `fedpeft run --out`.")
-        results.update(_deduplicate(read_jsonl(results_path), RESULT_KEY, by_round=True))
+        results.update(_deduplicate(read_results(results_path), RESULT_KEY, by_round=True))
         costs_path = run_dir / COSTS_FILE
         if costs_path.is_file():
             costs.update(_deduplicate(read_jsonl(costs_path), _COST_KEY, by_round=False))

@@ -48,7 +48,7 @@ from fedpeft.report.records import (
     method_order,
     metric_label,
     metric_order,
-    read_jsonl,
+    read_results,
     results_file,
 )
 from fedpeft.report.tables import MEAN_COLUMN, GroupTable, markdown_table, result_tables
@@ -56,6 +56,8 @@ from fedpeft.report.tables import MEAN_COLUMN, GroupTable, markdown_table, resul
 STATUSES = ("holds", "lost", "reversed", "new", "level")
 CHANGED = ("lost", "reversed", "new")
 ENV_FILE = "env.json"
+COMPARISON_HEADING = "# A rerun against its reference"
+"""The first line of what ``fedpeft compare`` writes, by which ``--out`` knows a file it may replace."""
 
 
 @dataclass(frozen=True)
@@ -451,7 +453,7 @@ def render_reproduction(found: Reproduction, reference: Path, rerun: Path, *, ev
     that hold, are lost, reversed or new, and each table's best row in both runs."""
     supported = sum(found.count(s) for s in ("holds", "lost", "reversed"))
     lines = [
-        "# A rerun against its reference",
+        COMPARISON_HEADING,
         _sources_table(reference, rerun),
         "## Records",
         render_shift(found.shift),
@@ -507,7 +509,7 @@ def compare_runs(reference: Path, rerun: Path, *, every_pair: bool = False) -> s
     Raises:
         UserError: a source that is neither, or two runs without a test record in common.
     """
-    before, after = (read_jsonl(results_file(source)) for source in (reference, rerun))
+    before, after = (read_results(results_file(source)) for source in (reference, rerun))
     found = compare_results(final_results(before), final_results(after), round_records(before), round_records(after))
     if found.shift.matched == 0:
         raise UserError(
