@@ -143,7 +143,7 @@ def federation_of(runtime: ModelRuntime) -> Federation:
 def build_federation(
     cfg: ExperimentConfig,
     clients: list[ClientData],
-    primary: ModelRuntime,
+    primary: ModelRuntime | None,
     build: Callable[[str], ModelRuntime],
     public: list[Example] | None = None,
 ) -> Federation:
@@ -152,16 +152,19 @@ def build_federation(
     Args:
         cfg: the experiment config (``models`` and ``assign``; homogeneous without ``models``).
         clients: every client of every pool.
-        primary: the worker's runtime, loaded from the first architecture of ``models`` (or from ``model``).
-        build: builds the runtime of another architecture.
+        primary: the worker's runtime, loaded from the first architecture of ``models`` (or from ``model``); None:
+            ``build`` loads it too, on first use.
+        build: builds the runtime of an architecture.
         public: public examples for alignment and distillation.
     """
     if not cfg.models:
         assignment = {c.client_id: DEFAULT_ARCHITECTURE for c in clients}
         federation = Federation(assignment, build, architectures=[DEFAULT_ARCHITECTURE], public=public)
-        federation.adopt(DEFAULT_ARCHITECTURE, primary)
+        if primary is not None:
+            federation.adopt(DEFAULT_ARCHITECTURE, primary)
         return federation
     names = list(cfg.models)
     federation = Federation(assign_architectures(cfg, clients), build, architectures=names, public=public)
-    federation.adopt(names[0], primary)
+    if primary is not None:
+        federation.adopt(names[0], primary)
     return federation

@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from fedpeft.base_models import train_centralized_base
 from fedpeft.core.checkpoints import SUFFIX, has_checkpoint, load_checkpoint, save_checkpoint
-from fedpeft.core.config import ExperimentConfig, dump_config, dump_given
+from fedpeft.core.config import ExperimentConfig, ModelConfig, dump_config, dump_given
 from fedpeft.core.costs import FAILED_CLIENT, CostMeter
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.faults import check_fault_clients
-from fedpeft.core.io import staged_dir, write_text_atomic
+from fedpeft.core.io import write_text_atomic
 from fedpeft.core.method_class import MethodConfig
 from fedpeft.core.progress import Progress
 from fedpeft.core.records import ResultRecord, result_record
@@ -47,11 +46,10 @@ from fedpeft.engine.pool import visible_gpus
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import DropoutConfig, FederatedConfig, MeanServerConfigMixin, Method, method_class
-from fedpeft.models.runtime import ModelRuntime, check_device
-from fedpeft.models.text import warn_unknown_text
+from fedpeft.models.runtime import check_device, resolve_device
 from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.rundir import DATA_FILE, RunDirectory
-from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, base_model_dir
+from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, base_model_dir, labelled_config  # noqa: F401
 
 log = logging.getLogger("fedpeft")
 
@@ -148,6 +146,8 @@ class Experiment:
                 config=self.cfg.model_dump(mode="json"),
             )
             engine = engine_factory(worker) if engine_factory else self._local_engine(worker)
+            if not worker.federation.loaded():  # the checks that need the model, where it is
+                engine.call_worker("check_model", worker, budgets=list(self.cfg.budgets))
             stages = Stages(self.cfg, self.directory, worker, engine, metric_log, self.progress)
             try:
                 stages.run()
@@ -181,7 +181,9 @@ class Experiment:
         check_device(self.cfg.device)
         self._check_frozen_base()
         self._check_gpu_workers()
-        worker = Worker(self.cfg, self.out, data=self._given_data)
+        worker = Worker(self.cfg, self.out, data=self._given_data, load_model=False)
+        if flower or not self._worker_processes(len(worker.data.clients)):
+            worker.runtime  # noqa: B018  (loads it: the clients run in this process; else its worker processes load it)
         self._check_worker_memory(worker)
         methods = [worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         data = worker.data
@@ -198,8 +200,8 @@ class Experiment:
                     f"Method {entry.label or entry.name!r} needs min_clients={needed} per round ({key}.min_clients), "
                     f"but only {seen} clients are in the seen pool; lower {key}.min_clients or add clients."
                 )
-        for budget in self.cfg.budgets:
-            worker.runtime.check_budget(budget)
+        if worker.federation.loaded():  # else checked where the model is, once the engine has started
+            worker.check_model(self.cfg.budgets)
         for method in methods:
             if method.uses_budget:
                 method.check_budgets(list(self.cfg.budgets))  # e.g. budgets above what a method's rank scales serve
@@ -207,8 +209,6 @@ class Experiment:
         self._check_schedules(data, worker.methods)
         self._check_batch_model(worker, flower=flower)
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
-        if self.cfg.data.sites is None:  # site-local examples stay on their nodes
-            warn_unknown_text(worker.runtime.text, data.clients, self.cfg.model.name)
         check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in data.clients})
         return worker
 
@@ -259,9 +259,10 @@ class Experiment:
 
     def _check_worker_memory(self, worker: Worker) -> None:
         """Refuse a worker-process count whose estimated memory does not fit (docs/flower.md, "Simulation on one
-        machine", ``engine.workers``): each process holds what this one holds now (the data and the model: its
-        resident size) plus, on the CPU, the model's weights, which this process has mapped but not read; on a GPU,
-        what this process's model takes there (its allocated bytes) plus half again for training."""
+        machine", ``engine.workers``): each process holds what this one holds now (the data: its resident size)
+        plus, on the CPU, the model's weights (which this process has not loaded, or mapped without reading them:
+        their size as the planning formulas count them from the model's config.json, when it is known); on a GPU,
+        those weights plus half again for training."""
         import psutil
         import torch
 
@@ -271,13 +272,12 @@ class Experiment:
         if not size:
             return
         per_process = psutil.Process().memory_info().rss
-        if worker.runtime.device.type == "cpu":
-            # A checkpoint's weights are mapped from its file and become resident as they are read: this process
-            # has not read them, each worker process will.
-            per_process += sum(p.numel() * p.element_size() for p in worker.runtime.base_params.values())
+        weights = estimated_weight_bytes(self.cfg.model)
+        if resolve_device(self.cfg.device) == "cpu":
+            per_process += weights
         problem = memory_shortfall(size, per_process, psutil.virtual_memory().available, where="memory")
         if problem is None and self._gpus:
-            per_process = int(torch.cuda.memory_allocated() * 1.5) + CUDA_CONTEXT_BYTES
+            per_process = int(weights * 1.5) + CUDA_CONTEXT_BYTES
             for index, share in enumerate(gpu_shares(size, self._gpus)):
                 free, _ = torch.cuda.mem_get_info(index)
                 where = f"memory of GPU {self._gpus[index]}"
@@ -542,7 +542,7 @@ class Stages:
             # Saved adapters name base_model/ as their base: it holds the loaded weights (a pretrained model's
             # fresh task head included), written once per run.
             if self.cfg.output.save_adapters and not self._base_model_saved():
-                self._save_base_model(self.worker.pretrained)
+                self.engine.call_worker("save_base_model", self.worker)
             return
         shared = base.shared
         name = "base-stage" if shared else f"base-stage-seed{seed}"
@@ -551,11 +551,9 @@ class Stages:
             self._parts.append(name)
         if has_checkpoint(path, self.out):
             if (shared or seed == self.cfg.seeds[0]) and not self._base_model_saved():
-                self._save_base_model(load_checkpoint(path)["tensors"])  # deleted since: rebuilt
+                self.engine.call_worker("save_base_model", self.worker, seed=seed)  # deleted since: rebuilt
             return
         self.progress.stage(f"base model ({base.kind}), seed {seed}")
-        runtime = self.worker.runtime
-        self.worker.use_base(None)
         meter = CostMeter()
         started = time.perf_counter()
         if base.kind == "centralized":
@@ -563,21 +561,23 @@ class Stages:
                 raise UserError(
                     f"Dataset {self.cfg.data.name} has no base corpus; use base.kind=pretrained or federated."
                 )
+            # Trained in this process (its model loaded here, also when worker processes run the clients).
+            runtime = self.worker.runtime
+            self.worker.use_base(None)
             self.progress.epochs(math.ceil(base.epochs))
             train_centralized_base(
                 runtime, self.data.base_train, base, after_epoch=self.progress.advance_epoch, run_seed=seed
             )
-            tensors = runtime.base_tensors()  # written below, before anything changes them
+            save_checkpoint({"tensors": runtime.base_tensors()}, path)
         else:
             method = self.worker.methods[BASE_STAGE_LABEL]
             state = self._federate(method, BASE_STAGE_LABEL, seed, meter=meter)
-            tensors = method.export_base(runtime, state)
+            self.engine.call_worker("export_base", self.worker, seed=seed, state=state)
         meter.wall_seconds = time.perf_counter() - started
-        save_checkpoint({"tensors": tensors}, path)
         privacy = self._round_records.pop((BASE_STAGE_LABEL, seed), [])  # a DP base stage's epsilon per round
         self.directory.write_part(name, privacy, meter.rows(BASE_LABEL, seed, "base"))
         if shared or seed == self.cfg.seeds[0]:
-            self._save_base_model(tensors)
+            self.engine.call_worker("save_base_model", self.worker, seed=seed)
 
     def _client_bases(self, seed: int) -> tuple[list[ResultRecord], list[dict]]:
         """Every client's own base model (per-client base stages), computed where its base-stage state lives."""
@@ -606,35 +606,6 @@ class Stages:
 
     def _base_model_saved(self) -> bool:
         return all((directory / "model.safetensors").is_file() for directory in self._base_model_dirs())
-
-    def _save_base_model(self, tensors: dict[str, torch.Tensor]) -> None:
-        """The base model in Hugging Face format, so saved adapters load onto it with plain PEFT; in a heterogeneous
-        federation, every architecture's (``tensors`` are the first one's; the others' are their loaded, or
-        centrally trained, weights)."""
-        federation = self.worker.federation
-        if not federation.heterogeneous:
-            self._write_base_model(self.worker.runtime, tensors, base_model_dir(self.out))
-            return
-        for name in federation.names:
-            runtime, own = federation.runtime(name), tensors
-            if runtime is not self.worker.runtime:
-                runtime.load_base(None)  # the weights its base stage left (checkpoints/base-centralized-<name>)
-                own = runtime.base_state()
-            self._write_base_model(runtime, own, base_model_dir(self.out, name))
-
-    def _write_base_model(self, runtime: ModelRuntime, tensors: dict[str, torch.Tensor], directory: Path) -> None:
-        config = labelled_config(runtime.base_model.config, self.data.label_names)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        with staged_dir(directory) as target:  # written whole, then renamed into place
-            config.save_pretrained(target)
-            save_file(
-                {k: v.detach().contiguous() for k, v in tensors.items()},
-                str(target / "model.safetensors"),
-                metadata={"format": "pt"},
-            )
-            for processor in (runtime.tokenizer, getattr(runtime.loaded, "image_processor", None)):
-                if processor is not None:
-                    processor.save_pretrained(target)
 
     def _evaluate_base(self, seed: int) -> tuple[list[ResultRecord], list[dict]]:
         self.progress.stage(f"base model evaluation, seed {seed}")
@@ -667,11 +638,7 @@ class Stages:
             meter.__dict__.update(saved["meter"])
             self._round_records[label, seed] = list(saved.get("round_records", []))
         else:
-            self.worker.use_base(None if label == BASE_STAGE_LABEL else seed)
-            if budget is None:
-                state = method.init_server(self.worker.runtime, seed)
-            else:
-                state = method.init_server_for_budget(self.worker.runtime, seed, budget)
+            state = self.engine.call_worker("init_server", self.worker, label=label, seed=seed, budget=budget)
         per_budget = "" if budget is None else f", r={budget}"
         self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
         self.progress.rounds(method.rounds, start)
@@ -818,7 +785,7 @@ class Stages:
         meter.wall_seconds = time.perf_counter() - started
         check_clients(f"{method.label}'s personalization (seed {seed})", len(ids), meter.failures)
         costs += meter.rows(method.label, seed, "personalization")
-        costs += method.compute_costs(self.worker.runtime, seed)  # e.g. per-budget FLOPs and forward time
+        costs += self.engine.call_worker("compute_costs", self.worker, label=method.label, seed=seed)
         costs += merge_cost_rows(method.label, seed, records, federated_meter)
         return records, costs
 
@@ -929,6 +896,19 @@ def environment(device: str) -> dict[str, Any]:
         "command": sys.argv,
         "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def estimated_weight_bytes(model: ModelConfig) -> int:
+    """The base weights of ``model`` in its dtype (or quantization), counted by the planning formulas from its
+    config.json (``fedpeft plan``); 0 when no config.json of it is known (a hub model not downloaded yet)."""
+    from fedpeft.planning.architecture import weight_bytes
+    from fedpeft.planning.plan import model_architecture
+
+    try:
+        architecture = model_architecture(model)
+    except UserError:
+        return 0
+    return int(weight_bytes(architecture)[model.quantization or model.dtype])
 
 
 def method_entries(cfg: ExperimentConfig) -> list[MethodConfig]:
@@ -1087,16 +1067,3 @@ def data_overview(data: FederatedData) -> dict[str, Any]:
         else:
             overview[name] = value
     return {**overview, "groups": per_group, **tables}
-
-
-def labelled_config(config: Any, label_names: list[str] | None) -> Any:
-    """A copy of a model config that names its classes (``id2label``, ``label2id``) after the dataset's labels,
-    when it has one output per label; otherwise the config itself."""
-    if not label_names or getattr(config, "num_labels", None) != len(label_names):
-        return config
-    import copy
-
-    named = copy.deepcopy(config)
-    named.id2label = dict(enumerate(label_names))
-    named.label2id = {name: index for index, name in enumerate(label_names)}
-    return named

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,7 +23,7 @@ from fedpeft.continual import OthersSample, memory_view
 from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 from fedpeft.core.config import BASE_STAGE_LABEL, ExperimentConfig, MethodConfig, ModelConfig, method_config
 from fedpeft.core.faults import before_work, corrupt, reaching_faults
-from fedpeft.core.io import relative_path, staged_files, write_text_atomic
+from fedpeft.core.io import relative_path, staged_dir, staged_files, write_text_atomic
 from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import client_seed
@@ -33,6 +34,7 @@ from fedpeft.federation import build_federation
 from fedpeft.methods.base import Budget, Method, method_class
 from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.models.text import warn_unknown_text
 
 BASE_LABEL = "base"
 CLIENT_BASE_TYPES = (ClientBase, LoraSpec)  # the dataclasses of a client's own base model, as checkpointed
@@ -127,17 +129,21 @@ class Worker:
         *,
         data: FederatedData | None = None,
         runtime: ModelRuntime | None = None,
+        load_model: bool = True,
     ) -> None:
+        """``runtime``: the first architecture's, already loaded (default: loaded here); ``load_model`` False leaves
+        it unloaded until something asks for :attr:`runtime` (a server whose worker processes hold the model)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         if cfg.threads:
             # Tiny models run fastest on one thread; big ones want every core.
             torch.set_num_threads(cfg.threads)
         self.data = data if data is not None else build_data(cfg)
-        self.runtime = runtime if runtime is not None else build_runtime(cfg, self.data)
         self.federation = build_federation(
-            cfg, self.data.clients, self.runtime, self._build_architecture, public=self.data.base_train
+            cfg, self.data.clients, runtime, self._build_architecture, public=self.data.base_train
         )
+        if load_model:
+            self.runtime  # noqa: B018  (loads it now)
         self.methods: dict[str, Method] = {}
         for entry in cfg.methods:
             method = build_method(entry, cfg)
@@ -151,6 +157,16 @@ class Worker:
         self._client_undo: dict[str, torch.Tensor] = {}  # shared tensors a client's own base replaced
         self._shared_saved: set[Path] = set()  # shared adapters this process wrote (written once)
         self._others: OthersSample | None = None  # the round evaluation's "Others" sample, drawn on first use
+
+    @property
+    def runtime(self) -> ModelRuntime:
+        """The runtime of the first architecture (the only one in a homogeneous federation), loaded on first use."""
+        return self.federation.runtime(self.federation.names[0])
+
+    @property
+    def model_loads(self) -> int:
+        """How many models this process has loaded for the worker (a runtime given to it not counted)."""
+        return sum(self.federation.builds.values())
 
     # ------------------------------------------------------------------ base weights
     def base_checkpoint(self, seed: int) -> Path:
@@ -226,6 +242,59 @@ class Worker:
         self.runtime.install(ClientModel())
         return path.stat().st_size
 
+    # ------------------------------------------------------------------ the server's work on the model
+    # Run once for no client (``Engine.call_worker``): in this process, or on a worker process when those hold the
+    # model, so that the server's process needs none.
+    def check_model(self, budgets: Sequence[int]) -> None:
+        """The checks of a run that need the loaded model: refuse a budget above the rank its layers allow, and warn
+        of clients whose text its tokenizer cannot read.
+
+        Raises:
+            UserError: a budget the model cannot serve.
+        """
+        for budget in budgets:
+            self.runtime.check_budget(budget)
+        if self.cfg.data.sites is None:  # site-local examples stay on their nodes
+            warn_unknown_text(self.runtime.text, self.data.clients, self.cfg.model.name)
+
+    def init_server(self, label: str, seed: int, budget: int | None = None) -> ServerState:
+        """The initial server state of method ``label`` for ``seed`` (and ``budget``, for a method with a federated
+        phase per budget), from the base model its phase starts from."""
+        method = self.methods[label]
+        self.use_base(None if label == BASE_STAGE_LABEL else seed)
+        if budget is None:
+            state = method.init_server(self.runtime, seed)
+        else:
+            state = method.init_server_for_budget(self.runtime, seed, budget)
+        return on_cpu(state) if self.runtime.device.type != "cpu" else state
+
+    def export_base(self, seed: int, state: ServerState) -> None:
+        """Write the base model of ``seed`` that the federated base stage's final ``state`` gives (its checkpoint,
+        :meth:`base_checkpoint`)."""
+        self.use_base(None)
+        tensors = self.methods[BASE_STAGE_LABEL].export_base(self.runtime, state)
+        save_checkpoint({"tensors": tensors}, self.base_checkpoint(seed))
+
+    def save_base_model(self, seed: int | None = None) -> None:
+        """Write the base model saved adapters load onto, in Hugging Face format (:func:`base_model_dir`): the
+        loaded weights (``seed`` None) or the base model of ``seed``; in a heterogeneous federation every
+        architecture's (the others' are their loaded, or centrally trained, weights)."""
+        tensors = self.pretrained if seed is None else load_checkpoint(self.base_checkpoint(seed))["tensors"]
+        federation = self.federation
+        if not federation.heterogeneous:
+            write_base_model(self.runtime, tensors, base_model_dir(self.run_dir), self.data.label_names)
+            return
+        for name in federation.names:
+            runtime, own = federation.runtime(name), tensors
+            if runtime is not self.runtime:
+                runtime.load_base(None)  # the weights its base stage left (checkpoints/base-centralized-<name>)
+                own = runtime.base_state()
+            write_base_model(runtime, own, base_model_dir(self.run_dir, name), self.data.label_names)
+
+    def compute_costs(self, label: str, seed: int) -> list[dict]:
+        """Method ``label``'s own ``costs.jsonl`` rows of ``seed`` (e.g. per-budget FLOPs and forward time)."""
+        return self.methods[label].compute_costs(self.runtime, seed)
+
     def use_client_base(self, seed: int, client_id: str) -> None:
         """Make ``client_id``'s own base model of ``seed`` the starting point (the shared one if there is none)."""
         self.use_base(seed)
@@ -249,7 +318,10 @@ class Worker:
     # ------------------------------------------------------------------ architectures
     def _build_architecture(self, name: str) -> ModelRuntime:
         """Load architecture ``name``; with a centralized base stage, its base model is trained once on the base
-        corpus like the first architecture's (``checkpoints/base-centralized-<name>.safetensors``) and reused."""
+        corpus like the first architecture's (``checkpoints/base-centralized-<name>.safetensors``) and reused; the
+        first architecture is loaded as it is (its base stage is the run's own)."""
+        if name == self.federation.names[0]:
+            return build_runtime(self.cfg, self.data)
         runtime = build_runtime(self.cfg, self.data, self.cfg.models[name])
         base = self.cfg.base
         if base.kind == "centralized":
@@ -476,6 +548,38 @@ def adapter_dir(run_dir: Path, label: str, budget: Budget, client_id: str | None
     if client_id is None:
         return root / SHARED_ADAPTER_DIR
     return (root / OWN_ADAPTERS_DIR if budget is None else root) / client_id
+
+
+def write_base_model(
+    runtime: ModelRuntime, tensors: dict[str, torch.Tensor], directory: Path, label_names: list[str] | None
+) -> None:
+    """Write ``tensors`` as ``runtime``'s model in Hugging Face format to ``directory`` (its config naming the
+    classes after ``label_names``, its tokenizer or image processor beside it), whole or not at all."""
+    config = labelled_config(runtime.base_model.config, label_names)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with staged_dir(directory) as target:  # written whole, then renamed into place
+        config.save_pretrained(target)
+        save_file(
+            {k: v.detach().contiguous() for k, v in tensors.items()},
+            str(target / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        for processor in (runtime.tokenizer, getattr(runtime.loaded, "image_processor", None)):
+            if processor is not None:
+                processor.save_pretrained(target)
+
+
+def labelled_config(config: Any, label_names: list[str] | None) -> Any:
+    """A copy of a model config that names its classes (``id2label``, ``label2id``) after the dataset's labels,
+    when it has one output per label; otherwise the config itself."""
+    if not label_names or getattr(config, "num_labels", None) != len(label_names):
+        return config
+    import copy
+
+    named = copy.deepcopy(config)
+    named.id2label = dict(enumerate(label_names))
+    named.label2id = {name: index for index, name in enumerate(label_names)}
+    return named
 
 
 def same_tensor(first: torch.Tensor, second: torch.Tensor) -> bool:

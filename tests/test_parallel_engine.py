@@ -213,6 +213,38 @@ def test_two_workers_give_the_records_of_one_across_method_families(tmp_path, mo
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "base",
+    [
+        "base.kind=pretrained",
+        "base={kind: federated, method: {name: fedavg_full, rounds: 1, fraction: 1.0, local_steps: 2, lr: 0.001}}",
+    ],
+)
+def test_with_worker_processes_the_server_process_loads_no_model(tmp_path, monkeypatch, base):
+    """The server's process builds no model (nor tokenizer) when worker processes run the clients: a method's
+    initial state, the base stage's export, the saved base model and the costs come from a worker process, with the
+    records and files of one worker."""
+    overrides = [
+        *TINY[:-1],
+        "methods=[{name: fedit, rounds: 2, fraction: 0.5, local_steps: 2, lr: 0.005}, {name: lora, lr: 0.005}]",
+        base,
+        "output.save_adapters=true",
+    ]
+    one = run_with(tmp_path, "one", overrides, 1)
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the server's process loaded a model")
+
+    monkeypatch.setattr("fedpeft.worker.build_runtime", refuse)  # worker processes are interpreters of their own
+    two = run_with(tmp_path, "two", overrides, 2)
+    assert comparable(two) == comparable(one)
+    saved = [p.relative_to(one) for p in sorted((one / "base_model").rglob("*"))]
+    assert saved and saved == [p.relative_to(two) for p in sorted((two / "base_model").rglob("*"))]
+    weights = Path("base_model") / "model.safetensors"
+    assert (two / weights).read_bytes() == (one / weights).read_bytes()
+
+
+@pytest.mark.slow
 def test_runs_that_share_the_pool_get_their_own_results_in_order(tmp_path):
     """Two runs of one pool at once, in threads that take turns (as units do): each gets its own clients' results,
     in its clients' order, whichever thread received them."""

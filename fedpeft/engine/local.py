@@ -16,7 +16,7 @@ from fedpeft.core.turns import Turns
 from fedpeft.core.types import Payload, TrainResult
 from fedpeft.engine.batched import batched_personalization, batched_training
 from fedpeft.engine.operations import operation
-from fedpeft.engine.pool import WorkerPool, pool_threads
+from fedpeft.engine.pool import SERVER_TASK, WorkerPool, pool_threads
 from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.worker import Worker
 
@@ -123,6 +123,17 @@ class LocalEngine(Engine):
                 result = err
             self._after_client()
             yield client_id, result
+
+    def call_worker(self, op: str, worker: Worker, **kwargs: Any) -> Any:
+        """Run the worker operation ``op`` once, for no client, on this process's worker or, with worker processes,
+        on one of them (the model is theirs; this process loads none); what it raises is raised here."""
+        if self.pool is None:
+            return super().call_worker(op, worker, **kwargs)
+        for _, value, _ in self.pool.run(op, [SERVER_TASK], lambda _client: kwargs, self._pause):
+            if isinstance(value, BaseException):
+                raise value
+            return value
+        raise AssertionError("the pool gave no result")
 
     def running(self) -> dict[str, int]:
         """The worker process that runs each client's task now, by client (none without worker processes)."""

@@ -17,6 +17,12 @@ WORKER_OPERATIONS: dict[str, Operation] = {
     "evaluate_round": lambda worker, **kwargs: worker.evaluate_round(**kwargs),
     "personalize": lambda worker, **kwargs: worker.personalize(**kwargs),
     "prepare_client_base": lambda worker, **kwargs: worker.prepare_client_base(**kwargs),
+    # The server's work that needs the model, run once for no client (Engine.call_worker): the client is ignored.
+    "check_model": lambda worker, client_id, **kwargs: worker.check_model(**kwargs),
+    "init_server": lambda worker, client_id, **kwargs: worker.init_server(**kwargs),
+    "export_base": lambda worker, client_id, **kwargs: worker.export_base(**kwargs),
+    "save_base_model": lambda worker, client_id, **kwargs: worker.save_base_model(**kwargs),
+    "compute_costs": lambda worker, client_id, **kwargs: worker.compute_costs(**kwargs),
 }
 
 

@@ -39,6 +39,7 @@ from fedpeft.core.logs import LEVELS_VARIABLE, levels_for_children
 
 log = logging.getLogger("fedpeft")
 
+SERVER_TASK = "(server)"  # the client of a task that is the server's own work (LocalEngine.call_worker)
 CLOSE_SECONDS = 5.0  # how long a closed pool waits for a process to end before it kills it
 POLL_SECONDS = 0.005  # how long a run that shares the pool with others waits between looks for its results
 
@@ -61,6 +62,7 @@ def serve(connection: Connection) -> None:
 
     from fedpeft.core.config import validate
     from fedpeft.core.costs import release_memory
+    from fedpeft.core.errors import UserError
     from fedpeft.engine.operations import operation
     from fedpeft.worker import Worker
 
@@ -69,7 +71,12 @@ def serve(connection: Connection) -> None:
     except EOFError:
         return
     torch.set_num_threads(threads)
-    worker = Worker(validate(yaml.safe_load(config_text)), Path(run_dir), data=data)
+    try:
+        worker = Worker(validate(yaml.safe_load(config_text)), Path(run_dir), data=data)
+    except UserError as err:  # e.g. a model that cannot load: the run ends with its sentence, not this process's
+        with contextlib.suppress(OSError):
+            connection.send_bytes(pickle.dumps(("refused", err)))
+        return
     try:
         connection.send_bytes(pickle.dumps(("ready", os.getpid())))
     except OSError:  # the pool closed while this process was starting
@@ -273,6 +280,8 @@ class WorkerPool:
             if message[0] == "ready":
                 slot.ready = True
                 continue
+            if message[0] == "refused":  # the config cannot run: every process would say so
+                raise message[1]
             tag, ok, value, seconds = message
             if slot.task is None or slot.task[0] != tag:
                 continue

@@ -33,15 +33,19 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError
 from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.turns import Turns
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, TrainResult, num_bytes, upload_bytes
+from fedpeft.engine.operations import operation
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
 from fedpeft.methods.base import Method, SamplingConfig
+
+if TYPE_CHECKING:
+    from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
 
@@ -192,6 +196,12 @@ class Engine:
             time.sleep(seconds)
         else:
             self.turns.wait(seconds)
+
+    def call_worker(self, op: str, worker: Worker, **kwargs: Any) -> Any:
+        """Run the worker operation ``op`` once, for no client: the server's work that needs the loaded model (a
+        method's initial state, the base model's files, costs). By default on ``worker``, this process's; an engine
+        whose worker processes hold the model runs it on one of them. What the operation raises is raised here."""
+        return operation(op)(worker, client_id=None, **kwargs)
 
     def start_phase(self, label: str, seed: int) -> None:
         """Called before the rounds of a federated phase (e.g. to make sure every node has the base model)."""
