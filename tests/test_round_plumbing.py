@@ -20,7 +20,7 @@ from fedpeft.engine.flower import client as node
 from fedpeft.engine.flower.codec import NodeTask, decode, encode
 from fedpeft.engine.flower.messages import EVALUATE_BASE, OPERATIONS
 from fedpeft.engine.local import LocalEngine
-from fedpeft.engine.operations import WORKER_OPERATIONS, operation
+from fedpeft.engine.operations import SERVER_OPERATIONS, WORKER_OPERATIONS, operation
 from fedpeft.engine.rounds import ClientOutcome, Engine, RoundTally
 from fedpeft.engine.validation import UpdateRejectedError
 
@@ -188,18 +188,23 @@ class _Worker:
 
         def op(**kwargs: Any) -> Any:
             self.calls.append((name, kwargs))
-            return [{"client": kwargs["client_id"]}]
+            return [{"client": kwargs.get("client_id")}]
 
         return op
 
 
 def test_every_operation_a_message_names_is_in_the_table():
-    assert set(WORKER_OPERATIONS) == set(OPERATIONS)
+    assert set(WORKER_OPERATIONS) - SERVER_OPERATIONS == set(OPERATIONS)
+    assert SERVER_OPERATIONS <= set(WORKER_OPERATIONS)
     worker = _Worker()
-    for name in WORKER_OPERATIONS:
+    for name in OPERATIONS:
         operation(name)(worker, client_id="c0", seed=1)
-    assert [call[0] for call in worker.calls] == list(WORKER_OPERATIONS)
+    assert [call[0] for call in worker.calls] == list(OPERATIONS)
     assert all(call[1] == {"client_id": "c0", "seed": 1} for call in worker.calls)
+    worker.calls.clear()
+    for name in SERVER_OPERATIONS:  # the server's own work: the worker is not told a client
+        operation(name)(worker, client_id=None, seed=1)
+    assert sorted(worker.calls) == sorted((name, {"seed": 1}) for name in SERVER_OPERATIONS)
 
 
 def test_an_operation_outside_the_table_cannot_be_called():

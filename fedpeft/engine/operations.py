@@ -25,6 +25,9 @@ WORKER_OPERATIONS: dict[str, Operation] = {
     "compute_costs": lambda worker, client_id, **kwargs: worker.compute_costs(**kwargs),
 }
 
+SERVER_OPERATIONS = frozenset({"check_model", "init_server", "export_base", "save_base_model", "compute_costs"})
+"""The operations that are the server's own work on the model, never a client's (no Flower message names them)."""
+
 
 def operation(op: str) -> Operation:
     """The worker operation named ``op``.
