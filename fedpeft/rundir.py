@@ -9,6 +9,8 @@ a directory without the marker beside its files, never over them: every name a r
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -16,7 +18,7 @@ import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from fedpeft.core.config import GIVEN_CONFIG_FILE, same_run
 from fedpeft.core.errors import UserError
@@ -35,8 +37,10 @@ CONFIG_FILE = "config.yaml"
 ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
 DATA_FILE = "data.json"  # the data overview the summary's Data section renders (fedpeft.report.records.DATA_FILE)
 PARTS_DIR = "parts"
+LOCK_FILE = ".fedpeft-lock"  # locked (flock) while a run writes the directory; names its holder
 RUN_WRITES = (
     RUN_MARKER,
+    LOCK_FILE,
     CONFIG_FILE,
     GIVEN_CONFIG_FILE,
     ENV_FILE,
@@ -59,6 +63,69 @@ without a run's marker only where none of them exists, and a start that fails be
 those it created."""
 
 
+class RunLock:
+    """The lock a run holds on its directory while it writes there: an exclusive ``flock`` on :data:`LOCK_FILE`,
+    which holds the holder's pid and start time. The operating system releases it when the process ends, however
+    it ends, so a killed run leaves no stale lock behind."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / LOCK_FILE
+        self._handle: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock (the directory must exist), or raise :func:`locked_error` naming its holder."""
+        if self._handle is not None:
+            return
+        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  (held open as long as the lock)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise locked_error(self.path.parent) from None
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "started": started}) + "\n")
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        """Give the lock up (the file stays: removing it could let two runs lock two files)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def check_unlocked(directory: Path) -> None:
+    """Raise :func:`locked_error` when a running process holds ``directory``'s lock; takes it for no longer than
+    the test."""
+    path = Path(directory) / LOCK_FILE
+    if not path.is_file():
+        return
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115
+    except OSError:
+        return
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            raise locked_error(Path(directory)) from None
+
+
+def locked_error(directory: Path) -> UserError:
+    """The refusal of a second run into ``directory`` while another process writes it, naming the holder."""
+    try:
+        holder = json.loads((Path(directory) / LOCK_FILE).read_text(encoding="utf-8"))
+        who = f"process {int(holder['pid'])}, started {holder['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        who = "another process"
+    return UserError(
+        f"{directory} is being written by a run that is still going ({who}); wait for it to end or stop it, or "
+        "choose another --out."
+    )
+
+
 class RunDirectory:
     """The output directory of one run of one resolved config (``config_text``, its ``config.yaml``).
 
@@ -73,6 +140,7 @@ class RunDirectory:
         self._before: set[str] = set()
         self._restart = False
         self._created = False
+        self._lock = RunLock(self.path)
 
     @property
     def config_digest(self) -> str:
@@ -92,23 +160,32 @@ class RunDirectory:
         out = self.path
         check_writable_place(out)
         self._restart = False
-        self._before = {entry.name for entry in out.iterdir()} if out.is_dir() else set()
+        # A start killed between taking the lock and writing the marker leaves the lock file alone: still empty.
+        self._before = {entry.name for entry in out.iterdir()} - {LOCK_FILE} if out.is_dir() else set()
+        check_unlocked(out)
         if not self._before:
             return
         marker = read_marker(out, RUN_MARKER)
         if marker is not None:
+            config_path = out / CONFIG_FILE
+            if os.path.lexists(config_path) and not config_path.is_file():
+                raise UserError(
+                    f"{config_path} is not a file, so {out} cannot hold a run; move it out of the way (the run's "
+                    f"{RUN_MARKER} marker keeps its config's digest) and run again."
+                )
             if not has_progress(out):  # a run that failed or was stopped before its first result
                 self._restart = True
                 return
             if not resume:
                 raise existing_run_error(out)
-            config_path = out / CONFIG_FILE
             if config_path.is_file():
                 same = same_run(config_path.read_text(encoding="utf-8", errors="replace"), self.config_text)
             else:
                 same = marker.get("config_sha256") == self.config_digest
             if not same:
                 raise UserError(f"The config differs from the one of the run in {out}; resume with the same one.")
+            for part in sorted((out / PARTS_DIR).glob("*.jsonl")):
+                self._part_rows(part.stem)  # a broken line before the last one is named now, before anything runs
             return
         if looks_like_unmarked_run(out):
             raise UserError(
@@ -128,8 +205,27 @@ class RunDirectory:
     def create(self, given_text: str, environment: dict[str, Any]) -> bool:
         """Make the directory a run's: its marker first, then ``config.yaml``, the config as given and
         ``env.json``. Returns whether the run starts from nothing here (a new or empty directory, or a run without
-        results), so that a failure before its first result may :meth:`discard` what it wrote."""
-        self._created = make_output_dir(self.path, RUN_MARKER, "run", config_sha256=self.config_digest)
+        results), so that a failure before its first result may :meth:`discard` what it wrote.
+
+        The run's lock (:class:`RunLock`) is taken before anything is written, and kept until :meth:`release`;
+        another process's lock is a :class:`UserError` that writes nothing (a directory created for the lock is
+        removed)."""
+        check_writable_place(self.path)
+        created = not self.path.exists()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(
+                f"Cannot write to the output directory {self.path} ({err.strerror or err}); choose another place."
+            ) from None
+        try:
+            self._lock.acquire()
+        except UserError:
+            if created:
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        make_output_dir(self.path, RUN_MARKER, "run", config_sha256=self.config_digest)
+        self._created = created
         if self._restart:
             # Nothing of the earlier attempt is a result; its base model may be of another config. (The directory
             # carries a run's marker, and --force never writes where a base_model/ was: this one is fedpeft's.)
@@ -156,6 +252,10 @@ class RunDirectory:
             with contextlib.suppress(OSError):  # left in place when it holds anything else
                 self.path.rmdir()
 
+    def release(self) -> None:
+        """Give up the run's lock, once it has written what it writes (:meth:`create` took it)."""
+        self._lock.release()
+
     def has_progress(self) -> bool:
         """Whether the directory holds anything a run resumes from (:func:`has_progress`)."""
         return has_progress(self.path)
@@ -174,15 +274,46 @@ class RunDirectory:
         write_text_atomic(part, earlier + "".join(line + "\n" for line in lines), fsync=True)
 
     def read_part(self, name: str) -> tuple[list[ResultRecord], list[dict]]:
-        """Unit ``name``'s result records and cost rows (none when it has not finished)."""
+        """Unit ``name``'s result records and cost rows (none when it has not finished; a cut last line, as a copy
+        or a full disk may leave one, left out: :meth:`part_done` says the unit runs again)."""
         records: list[ResultRecord] = []
         costs: list[dict] = []
-        part = self.part(name)
-        if part.exists():
-            for line in part.read_text().splitlines():
-                row = json.loads(line)
-                (costs.append(row["_cost"]) if "_cost" in row else records.append(row))
+        for row in self._part_rows(name)[0]:
+            (costs.append(row["_cost"]) if "_cost" in row else records.append(cast(ResultRecord, row)))
         return records, costs
+
+    def part_done(self, name: str) -> bool:
+        """Whether unit ``name`` finished: its part is there and whole. A part whose last line was cut (every part
+        ends with a newline) is a unit not done, which ``--resume`` runs again and writes anew."""
+        return self.part(name).is_file() and self._part_rows(name)[1]
+
+    def _part_rows(self, name: str) -> tuple[list[dict], bool]:
+        """The rows of unit ``name``'s part, and whether it is whole; a line other than the last that does not
+        parse is a :class:`UserError` naming the file and the line."""
+        part = self.part(name)
+        if not part.is_file():
+            return [], True
+        try:
+            text = part.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"Cannot read {part} ({err}); remove it so that --resume runs that unit again.") from None
+        lines = text.split("\n")
+        whole = text == "" or text.endswith("\n")
+        rows = []
+        for number, line in enumerate(lines[:-1] if whole else lines, start=1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):
+                if number == len(lines) and not whole:  # the cut last line
+                    break
+                raise UserError(
+                    f"{part} line {number} is not one of the unit's records; remove that file so that --resume runs "
+                    "that unit again."
+                )
+            rows.append(row)
+        return rows, whole
 
 
 def looks_like_unmarked_run(path: Path) -> bool:
@@ -210,7 +341,13 @@ def adopt_run(path: Path) -> bool:
         )
     load_config(str(path / CONFIG_FILE))  # a file that is not a fedpeft config is refused by name
     digest = hashlib.sha256((path / CONFIG_FILE).read_bytes()).hexdigest()
-    write_marker(path, RUN_MARKER, "run", config_sha256=digest, adopted=True)
+    try:
+        write_marker(path, RUN_MARKER, "run", config_sha256=digest, adopted=True)
+    except OSError as err:
+        raise UserError(
+            f"Cannot write the {RUN_MARKER} marker into {path} ({err.strerror or err}); make the directory writable "
+            "and adopt it again."
+        ) from None
     return True
 
 
@@ -280,7 +417,10 @@ def existing_run_error(out: Path) -> UserError:
 
 def refuse_existing_run(out: Path) -> None:
     """Raise :func:`existing_run_error` if ``out`` holds a run with results; reads only the directory, so a start
-    without ``--resume`` is told at once, before its config is validated (and torch imported)."""
+    without ``--resume`` is told at once, before its config is validated (and torch imported); so is a start into
+    a directory another run is writing (:func:`check_unlocked`)."""
+    if Path(out).is_dir():
+        check_unlocked(out)
     if read_marker(out, RUN_MARKER) is not None and has_progress(out):
         raise existing_run_error(out)
 

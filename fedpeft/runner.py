@@ -133,7 +133,16 @@ class Experiment:
             force: write into a non-empty directory that holds no fedpeft run, beside its files.
             engine_factory: builds the engine from this process's worker (the Flower ServerApp passes one that
                 talks to its grid); by default the engine named in the config.
+
+        The directory is locked from its creation until the run ends (:class:`fedpeft.rundir.RunLock`): a second
+        run into it meanwhile is refused.
         """
+        try:
+            return self._run(resume=resume, force=force, engine_factory=engine_factory)
+        finally:
+            self.directory.release()
+
+    def _run(self, *, resume: bool, force: bool, engine_factory: EngineFactory | None) -> Path:
         self.directory.check(resume=resume, force=force)
         worker = self._load(flower=engine_factory is not None or self.cfg.engine.name == "flower")
         fresh = self.directory.create(dump_given(self.cfg), environment(self.cfg.device))
@@ -514,7 +523,7 @@ class Stages:
     def _unit(self, name: str, work: Any, *, listed: bool = False) -> None:
         if not listed:
             self._parts.append(name)
-        if self.directory.part(name).exists():
+        if self.directory.part_done(name):  # a part whose last line was cut is a unit to run again
             log.info("unit %s already done", name)
             return
         records, costs = work()

@@ -6,6 +6,7 @@ Parse once at the boundary: everything past :func:`load_config` receives typed o
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import shlex
@@ -568,6 +569,13 @@ class ModelAssignmentConfig(_Strict):
     default: str | None = None
 
 
+SPEED_DRAW_BOUND = 10.0
+"""The standard deviations of the largest lognormal speed draw :class:`SpeedConfig` allows for (odds below 1e-22)."""
+SPEED_LOG_LIMIT = 300.0
+"""The largest log of a speed factor (either way) a config may reach: far from a float's 709, so that durations
+times work, summed over a run, stay finite."""
+
+
 class SpeedConfig(_Strict):
     """How fast each client trains, relative to 1 (``clients.speed``): a client's work takes its duration times
     its factor on the virtual clock of an asynchronous schedule.
@@ -589,10 +597,22 @@ class SpeedConfig(_Strict):
 
     @model_validator(mode="after")
     def _positive(self) -> SpeedConfig:
-        factors = [*(f"{group}={factor}" for group, factor in self.groups.items() if not factor > 0)]
-        factors += [f"round_robin[{i}]={factor}" for i, factor in enumerate(self.round_robin) if not factor > 0]
+        fixed = {f"groups.{group}": factor for group, factor in self.groups.items()}
+        fixed.update({f"round_robin[{i}]": factor for i, factor in enumerate(self.round_robin)})
+        factors = [f"{key}={factor}" for key, factor in fixed.items() if not 0 < factor < math.inf]
         if factors:
-            raise ValueError(f"speed factors must be above 0 ({', '.join(factors)})")
+            raise ValueError(f"speed factors must be above 0 and finite ({', '.join(factors)})")
+        # The largest and smallest factor a client may get (a lognormal draw within SPEED_DRAW_BOUND standard
+        # deviations): a duration beyond a float's range would overflow, or round to no time at all.
+        spread = self.sigma * SPEED_DRAW_BOUND if self.distribution == "lognormal" else 0.0
+        largest = spread + math.log(max(self.groups.values(), default=1.0)) + math.log(max(self.round_robin or [1.0]))
+        smallest = -spread + math.log(min(self.groups.values(), default=1.0)) + math.log(min(self.round_robin or [1.0]))
+        if not math.isfinite(self.sigma) or max(largest, -smallest) > SPEED_LOG_LIMIT:
+            raise ValueError(
+                f"the speed factors it gives reach e^{max(largest, -smallest):.0f} (sigma={self.sigma}), beyond what "
+                f"a virtual clock can count; keep sigma times {SPEED_DRAW_BOUND:g}, plus the log of the largest fixed "
+                f"factor, within {SPEED_LOG_LIMIT:g} (a sigma of 1 to 2 spreads speeds widely already)"
+            )
         return self
 
     @property
