@@ -84,7 +84,7 @@ def serve(connection: Connection) -> None:
     while True:
         try:
             tag, op, client_id, kwargs = pickle.loads(connection.recv_bytes())
-        except EOFError:  # the engine closed the pool, or its process is gone
+        except (EOFError, OSError):  # the engine closed the pool (a refused run: reset), or its process is gone
             return
         started = time.perf_counter()
         try:
