@@ -67,20 +67,20 @@ def test_an_injected_crash_is_a_failed_client_and_an_injected_fault_and_survives
             "phase": "federated",
             "value": 1.0,
             "metric": FAILED_CLIENT,
-            "round": 0,
+            "round": 1,  # the first round, as results.jsonl and the progress lines count it
             "client": CRASHED,
             "error": "InjectedFaultError",
             "message": "injected fault: the client's work raised",
         }
     ]
     faults = [(r["phase"], r["round"], r["client"], r["kind"]) for r in rows if r["metric"] == "injected_fault"]
-    assert faults == [("federated", 0, CRASHED, "raise")]
+    assert faults == [("federated", 1, CRASHED, "raise")]
     aggregates = {(r["method"], r["phase"], r["metric"]): r["value"] for r in rows}
     assert aggregates["fedit", "federated", "failed_client_rounds"] == 1.0  # the count stays as it was
     section = failures_section((out / "summary.md").read_text())
     assert "- **fedit**, seed 0, federated: 1 client-round(s) failed" in section
     assert "| Method | Seed | Phase | Round | Client | Error | Message |" in section
-    assert f"| fedit | 0 | federated | 0 | {CRASHED} | `InjectedFaultError` | injected fault:" in section
+    assert f"| fedit | 0 | federated | 1 | {CRASHED} | `InjectedFaultError` | injected fault:" in section
 
 
 # ---------------------------------------------------------------------------------------------- real errors
@@ -119,25 +119,25 @@ def test_real_errors_of_every_phase_are_failed_clients_without_injected_faults(t
 
     rows = {(r["method"], r["phase"], r.get("round"), r["client"]): r for r in failed_rows(out)}
     assert set(rows) == {
-        ("fedit", "federated", 1, "lat1-seen-01"),
-        ("fedit", "federated", 1, "lat1-seen-00"),  # its evaluation after round 2 (eval.every)
+        ("fedit", "federated", 2, "lat1-seen-01"),  # round 2, as the progress line says it
+        ("fedit", "federated", 2, "lat1-seen-00"),  # its evaluation after round 2 (eval.every)
         ("fedit", "personalization", None, "lat2-seen-01"),
         ("base", "evaluation", None, "lat2-seen-00"),
     }
-    evaluation = rows["fedit", "federated", 1, "lat1-seen-00"]
+    evaluation = rows["fedit", "federated", 2, "lat1-seen-00"]
     assert evaluation["step"] == "evaluation" and evaluation["error"] == "MemoryError"
-    assert "step" not in rows["fedit", "federated", 1, "lat1-seen-01"]
-    assert rows["fedit", "federated", 1, "lat1-seen-01"]["error"] == "RuntimeError"
-    assert rows["fedit", "federated", 1, "lat1-seen-01"]["message"] == "CUDA error: device lost"
+    assert "step" not in rows["fedit", "federated", 2, "lat1-seen-01"]
+    assert rows["fedit", "federated", 2, "lat1-seen-01"]["error"] == "RuntimeError"
+    assert rows["fedit", "federated", 2, "lat1-seen-01"]["message"] == "CUDA error: device lost"
     long = rows["fedit", "personalization", None, "lat2-seen-01"]
     assert long["error"] == "ValueError" and len(long["message"]) == 200 and long["message"].endswith("…")
     assert rows["base", "evaluation", None, "lat2-seen-00"]["message"] == "disk full"
     assert not [r for r in costs_of(out) if r["metric"] == "injected_fault"]
     section = failures_section((out / "summary.md").read_text())
-    assert "| fedit | 0 | federated | 1 | lat1-seen-01 | `RuntimeError` | CUDA error: device lost |" in section
+    assert "| fedit | 0 | federated | 2 | lat1-seen-01 | `RuntimeError` | CUDA error: device lost |" in section
     assert "| fedit | 0 | personalization | — | lat2-seen-01 | `ValueError` |" in section
     assert "| base | 0 | evaluation | — | lat2-seen-00 | `OSError` | disk full |" in section
-    assert "| fedit | 0 | federated (evaluation) | 1 | lat1-seen-00 | `MemoryError` | out of memory |" in section
+    assert "| fedit | 0 | federated (evaluation) | 2 | lat1-seen-00 | `MemoryError` | out of memory |" in section
     aggregates = {(r["method"], r["phase"], r["metric"]): r["value"] for r in costs_of(out)}
     assert aggregates["fedit", "federated", "failed_client_rounds"] == 1.0  # training's failures only
 
@@ -161,7 +161,7 @@ def test_a_nodes_error_report_becomes_the_record_the_local_engine_writes(error, 
     assert remote.events == local.events
     assert remote.events[-1] == {
         "metric": FAILED_CLIENT,
-        "round": 3,
+        "round": 4,  # the 0-based round 3, counted from 1
         "client": "c1",
         "error": expected,
         "message": str(error),

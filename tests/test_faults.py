@@ -92,8 +92,9 @@ def test_fault_settings_are_checked_when_the_config_loads():
 
 
 # ---------------------------------------------------------------------------------------------- every fault kind
-# Round 0: one crash, a NaN and an inf upload, a straggler (the only valid update); round 1: a wrong shape, an
-# update boosted 100 times past the norm bound, a client that drops out; round 2: no fault.
+# Round 0 (the first, round 1 in costs.jsonl): one crash, a NaN and an inf upload, a straggler (the only valid update);
+# round 1 (costs.jsonl: 2): a wrong shape, an update boosted 100 times past the norm bound, a client that drops out;
+# round 2: no fault. (`faults` names rounds from 0.)
 FAULTS = [
     {"kind": "raise", "clients": ["lat1-seen-00"], "rounds": [0]},
     {"kind": "nan", "clients": ["lat1-seen-01"], "rounds": [0]},
@@ -104,22 +105,22 @@ FAULTS = [
     {"kind": "drop", "clients": ["lat2-seen-00"], "rounds": [1]},
 ]
 EVENTS = {
-    (0, "lat1-seen-00", "injected_fault"),
-    (0, "lat1-seen-00", "failed_client"),
-    (0, "lat1-seen-01", "injected_fault"),
-    (0, "lat1-seen-01", "rejected_update"),
-    (0, "lat2-seen-00", "injected_fault"),
-    (0, "lat2-seen-00", "rejected_update"),
-    (0, "lat2-seen-01", "injected_fault"),
     (1, "lat1-seen-00", "injected_fault"),
-    (1, "lat1-seen-00", "rejected_update"),
+    (1, "lat1-seen-00", "failed_client"),
     (1, "lat1-seen-01", "injected_fault"),
     (1, "lat1-seen-01", "rejected_update"),
     (1, "lat2-seen-00", "injected_fault"),
-    (1, "lat2-seen-00", "failed_client"),
-    (1, "lat2-seen-00", "dropped_client"),
-    (0, None, "kept_previous_state"),
+    (1, "lat2-seen-00", "rejected_update"),
+    (1, "lat2-seen-01", "injected_fault"),
+    (2, "lat1-seen-00", "injected_fault"),
+    (2, "lat1-seen-00", "rejected_update"),
+    (2, "lat1-seen-01", "injected_fault"),
+    (2, "lat1-seen-01", "rejected_update"),
+    (2, "lat2-seen-00", "injected_fault"),
+    (2, "lat2-seen-00", "failed_client"),
+    (2, "lat2-seen-00", "dropped_client"),
     (1, None, "kept_previous_state"),
+    (2, None, "kept_previous_state"),
 }
 
 
@@ -140,13 +141,13 @@ def check_faulty_run(run_dir: Path) -> None:
     rows = events(run_dir)
     assert {(r["round"], r.get("client"), r["metric"]) for r in rows} == EVENTS
     reasons = {(r["round"], r["client"]): r["reason"] for r in rows if r["metric"] == "rejected_update"}
-    assert "non-finite" in reasons[0, "lat1-seen-01"] and "non-finite" in reasons[0, "lat2-seen-00"]
-    assert "has shape" in reasons[1, "lat1-seen-00"] and "exceeds the bound 1" in reasons[1, "lat1-seen-01"]
+    assert "non-finite" in reasons[1, "lat1-seen-01"] and "non-finite" in reasons[1, "lat2-seen-00"]
+    assert "has shape" in reasons[2, "lat1-seen-00"] and "exceeds the bound 1" in reasons[2, "lat1-seen-01"]
     kinds = {(r["round"], r["client"]): r["kind"] for r in rows if r["metric"] == "injected_fault"}
-    assert kinds[0, "lat2-seen-01"] == "slow" and kinds[1, "lat1-seen-01"] == "scale"
-    assert kinds[0, "lat1-seen-00"] == "raise" and kinds[1, "lat2-seen-00"] == "drop"
+    assert kinds[1, "lat2-seen-01"] == "slow" and kinds[2, "lat1-seen-01"] == "scale"
+    assert kinds[1, "lat1-seen-00"] == "raise" and kinds[2, "lat2-seen-00"] == "drop"
     errors = {(r["round"], r["client"]): r["error"] for r in rows if r["metric"] == "failed_client"}
-    assert errors == {(0, "lat1-seen-00"): "InjectedFaultError", (1, "lat2-seen-00"): "InjectedDropError"}
+    assert errors == {(1, "lat1-seen-00"): "InjectedFaultError", (2, "lat2-seen-00"): "InjectedDropError"}
     failed = [json.loads(line) for line in (run_dir / "costs.jsonl").read_text().splitlines()]
     assert {(r["method"], r["metric"]): r["value"] for r in failed}["fedit", "failed_client_rounds"] == 2.0
     state = load_checkpoint(run_dir / "checkpoints" / "fedit" / "seed0.safetensors")["state"]

@@ -80,7 +80,8 @@ class CostMeter:
     evaluation_seconds: float = 0.0
     evaluated_clients: int = 0
     failures: list[str] = field(default_factory=list)
-    # One dict per event of the phase (``{"metric": ..., "round": ..., "client": ..., ...}``): a failed client
+    # One dict per event of the phase (``{"metric": ..., "round": ..., "client": ..., ...}``, rounds counted from
+    # 1 as results.jsonl counts them): a failed client
     # (:meth:`record_failure`), a rejected update, an injected fault, a dropped client, a round that kept the
     # previous state.
     events: list[dict] = field(default_factory=list)
@@ -95,12 +96,13 @@ class CostMeter:
         Args:
             client_id: the client.
             error: what its work raised (or the engine's error for it: a lost node, a dropped client).
-            round_: the 0-based round, for a failure in a federated round; None in the other phases.
+            round_: the 0-based round, for a failure in a federated round; None in the other phases. The event
+                counts rounds from 1, as results.jsonl and the progress lines do (``round_ + 1``).
             message: the line kept in ``failures`` (the run's error message names the first); default
                 ``"<client>: <error>"``.
         """
         self.failures.append(message or f"{client_id}: {error!r}")
-        where: dict[str, int] = {} if round_ is None else {"round": round_}
+        where: dict[str, int] = {} if round_ is None else {"round": round_ + 1}
         for cls, kind in INJECTED_ERRORS.items():
             if isinstance(error, cls):
                 self.events.append({"metric": "injected_fault", **where, "client": client_id, "kind": kind})
@@ -108,13 +110,13 @@ class CostMeter:
         self.events.append({"metric": FAILED_CLIENT, **where, "client": client_id, "error": name, "message": summary})
 
     def record_evaluation_failure(self, client_id: str, error: BaseException, round_: int) -> None:
-        """Record a client whose evaluation after round ``round_`` (``eval.every``) raised: a ``failed_client``
-        event with ``step: evaluation``, not counted among the phase's failed client-rounds (its training
-        went through)."""
+        """Record a client whose evaluation after round ``round_`` (0-based; ``eval.every``) raised: a
+        ``failed_client`` event with ``step: evaluation`` and the round counted from 1, not counted among the
+        phase's failed client-rounds (its training went through)."""
         self.events.append(
             {
                 "metric": FAILED_CLIENT,
-                "round": round_,
+                "round": round_ + 1,
                 "client": client_id,
                 "step": "evaluation",
                 "error": error_class(error),

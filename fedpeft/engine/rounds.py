@@ -116,7 +116,7 @@ class RoundTally:
         self.failures.append(message)
         self.meter.record_failure(client_id, error, self.round_, message)
         if isinstance(error, ClientDroppedError):
-            self.meter.events.append({"metric": "dropped_client", "round": self.round_, "client": client_id})
+            self.meter.events.append({"metric": "dropped_client", "round": self.round_ + 1, "client": client_id})
 
     def reject(self, clients: list[str], reason: str) -> None:
         """The update of ``clients`` (one client's, or a secure sum's) failed a check for ``reason``."""
@@ -124,13 +124,13 @@ class RoundTally:
         log.warning("round %d: the update of client(s) %s was rejected: %s", self.round_ + 1, shown, reason)
         self.rejected += clients
         for client_id in clients:
-            event = {"metric": "rejected_update", "round": self.round_, "client": client_id, "reason": reason}
+            event = {"metric": "rejected_update", "round": self.round_ + 1, "client": client_id, "reason": reason}
             self.meter.events.append(event)
 
     def record_faults(self, faults: dict[str, str]) -> None:
         """Record the injected faults that struck clients whose updates came back."""
         for client_id, kind in faults.items():
-            event = {"metric": "injected_fault", "round": self.round_, "client": client_id, "kind": kind}
+            event = {"metric": "injected_fault", "round": self.round_ + 1, "client": client_id, "kind": kind}
             self.meter.events.append(event)
 
     def accept(self, update: ClientUpdate) -> None:
@@ -269,7 +269,7 @@ class Engine:
             if tally.valid < min_updates:
                 reason = f"{tally.valid} valid update(s), fewer than min_updates={min_updates}"
                 log.warning("round %d: the server kept its previous state (%s)", round_ + 1, reason)
-                meter.events.append({"metric": "kept_previous_state", "round": round_, "reason": reason})
+                meter.events.append({"metric": "kept_previous_state", "round": round_ + 1, "reason": reason})
                 new_state = state
             seconds = time.perf_counter() - started
             metrics = {**metrics, "clients": float(tally.valid), "examples": sum(tally.weights), "seconds": seconds}
