@@ -185,7 +185,7 @@ class RoundLog(Progress):
         super().__init__()
         self.round_metrics: list[dict] = []
 
-    def advance_round(self, metrics: dict | None = None) -> None:
+    def advance_round(self, metrics: dict | None = None, evaluation_seconds: float | None = None) -> None:
         self.round_metrics.append(dict(metrics or {}))
 
 

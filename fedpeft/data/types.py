@@ -106,7 +106,8 @@ class FederatedData:
         Raises:
             KeyError: no client has that id.
         """
-        position = self._positions.get(client_id)
+        # getattr: a federation unpickled from a cache written before the index existed has no ``_positions``
+        position = getattr(self, "_positions", {}).get(client_id)
         if position is None or position >= len(self.clients) or self.clients[position].client_id != client_id:
             self._positions = {c.client_id: i for i, c in enumerate(self.clients)}
             position = self._positions.get(client_id)
