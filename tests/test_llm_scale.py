@@ -110,9 +110,10 @@ def test_accumulation_equals_the_larger_batch(texts, task):
     small, small_loss = train_adapter(runtime(texts, task, grad_accum_steps=3), examples, batch_size=6, steps=4)
     assert big.keys() == small.keys()
     # Summing micro-batch gradients rounds differently from one batch; AdamW's normalization lifts those
-    # float32 rounding differences to ~1e-5 where a gradient is near 0 (each step moves a weight by up to 5e-2).
+    # float32 rounding differences where a gradient is near 0: ~1e-5 with AVX2 kernels, up to 5.7e-5 with
+    # AVX-512 ones (each step moves a weight by up to 5e-2, so 1e-4 is 0.2 % of one step).
     for key in big:
-        torch.testing.assert_close(small[key], big[key], rtol=1e-4, atol=5e-5, msg=key)
+        torch.testing.assert_close(small[key], big[key], rtol=1e-4, atol=1e-4, msg=key)
     assert small_loss == pytest.approx(big_loss, rel=1e-5)
     moved = train_adapter(runtime(texts, task), examples, batch_size=6, steps=4)[0]
     assert max(float((moved[k] - big[k]).abs().max()) for k in big) > 1e-2  # without accumulation: other steps
