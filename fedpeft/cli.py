@@ -193,7 +193,7 @@ def plan(
     if json_:
         typer.echo(json.dumps(data, indent=2))
         return
-    for table in plan_tables(data):
+    for table in plan_tables(data, width=console.width):
         console.print(table)
     for line in plan_lines(data):
         console.print(line, soft_wrap=True, markup=False)

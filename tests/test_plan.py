@@ -17,7 +17,7 @@ from fedpeft.planning import plan as planning
 from fedpeft.planning.architecture import from_config, parameters
 from fedpeft.planning.devices import ASSUMED_MFU, CUDA_CONTEXT_BYTES, gpu
 from fedpeft.planning.plan import make_plan
-from fedpeft.planning.render import gpu_hours, plan_json
+from fedpeft.planning.render import gpu_hours, plan_json, plan_tables
 
 SMALL = """
 name: small
@@ -127,10 +127,28 @@ def test_the_workers_that_fit_and_the_json_output():
 
 
 def test_the_text_table_names_the_phases_and_the_memory_rows():
-    result = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu"])
     assert result.exit_code == 0, result.output
-    for text in ("personalization", "evaluation", "total", "24 GB GPU", "80 GB GPU", "not measured"):
+    for text in ("evaluation", "total", "24 GB GPU", "80 GB GPU", "not measured"):
         assert text in result.output
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_the_plan_tables_print_whole_cells_at_any_width_and_name_the_columns_left_out(width):
+    from rich.console import Console
+
+    data = plan_json(make_plan(load_config("fedp2eft-xnli")), gpu("H100"), 1, 1e11)
+    console = Console(width=width, record=True)
+    for table in plan_tables(data, width=width):
+        console.print(table)
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= width for line in text.splitlines())
+    for phase in ("personalization", "federated", "evaluation", "base stage", "bayestune_lora"):
+        assert phase in text  # method and phase cells whole, never folded
+    left_out = [line for line in text.splitlines() if "left out to fit" in line]
+    assert bool(left_out) == (width < 200)
+    if width == 200:
+        assert "up / down per round" in text and "CPU" in text
 
 
 @pytest.mark.parametrize(

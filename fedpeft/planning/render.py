@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from fedpeft.planning.devices import ASSUMED_MFU, GENERATION_BANDWIDTH_SHARE, MEMORY_ROWS_GIB, Gpu
@@ -104,57 +105,86 @@ def _count(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def _number(value: float) -> str:
+    """Three significant digits, without an exponent: ``0.214``, ``52.8``, ``2,937``."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _bytes(value: float) -> str:
     if value >= GIB:
-        return f"{value / GIB:.2f} GiB"
-    return f"{value / 2**20:.1f} MiB"
+        return f"{_number(value / GIB)} GiB"
+    return f"{_number(value / 2**20)} MiB" if value >= 2**20 / 10 else "0 MiB"
 
 
-def _hours(value: float | None) -> str:
-    return "unknown" if value is None else (f"{value:.3g}" if value >= 0.01 else f"{value * 3600:.2g} s")
+def _traffic(up: float, down: float) -> str:
+    """Bytes up and down in one unit: ``0.214 / 0.214 MiB``."""
+    unit, scale = ("GiB", GIB) if max(up, down) >= GIB else ("MiB", 2**20)
+    return f"{_number(up / scale)} / {_number(down / scale)} {unit}"
 
 
-def plan_tables(data: dict[str, Any]) -> list[Table]:
-    """The phases of :func:`plan_json`'s ``data`` and their total as two rich tables: the work, and its cost."""
+def _duration(hours: float | None) -> str:
+    """``hours`` as the unit a reader takes in at a glance: ``<1 s``, ``42 s``, ``3.5 min``, ``2.1 h``, ``4.2 d``."""
+    if hours is None:
+        return "unknown"
+    seconds = hours * 3600
+    if seconds < 1:
+        return "<1 s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.2g} min"
+    return f"{_number(hours)} h" if hours < 48 else f"{_number(hours / 24)} d"
+
+
+def _table(title: str, headers: list[str], rows: list[list[str]], total: list[str], width: int | None) -> Table:
+    """A table whose cells never wrap or cut: columns are left out from the right (the first two are always kept)
+    while the table is wider than ``width`` columns, and its caption names them."""
+    widths = [max(len(h), *(len(r[k]) for r in [*rows, total])) for k, h in enumerate(headers)]
+    kept = list(range(len(headers)))
+    while width is not None and len(kept) > 2 and sum(widths[k] for k in kept) + 2 * (len(kept) - 1) > width:
+        kept.pop()
+    left_out = [headers[k] for k in range(len(headers)) if k not in kept]
+    caption = f"left out to fit {width} columns: {', '.join(left_out)} (--json has every value)" if left_out else None
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
+    for k in kept:
+        table.add_column(headers[k], justify="left" if k < 2 else "right", no_wrap=True, min_width=widths[k])
+    for row in rows:
+        table.add_row(*(row[k] for k in kept))
+    table.add_section()
+    table.add_row(*(total[k] for k in kept))
+    return table
+
+
+def plan_tables(data: dict[str, Any], width: int | None = None) -> list[Table]:
+    """The phases of :func:`plan_json`'s ``data`` and their total as two rich tables: the work, and its cost.
+
+    No cell wraps or is cut: a table wider than ``width`` columns leaves out its last columns and says so; the CPU
+    time column is there only where it was measured."""
     gpu, gpus, cpu = data["device"]["gpu"], data["device"]["gpus"], data["device"]["cpu_flops_per_s"]
-    title = f"{data['name']}: each row one seed, x the seeds it runs for"
-    work = Table(title=title)
-    cost = Table(title="Cost per seed (computed, not measured)")
-    for header in ("method", "phase", "x", "trainings", "examples", "tokens", "steps", "FLOPs"):
-        work.add_column(header, justify="left" if header in ("method", "phase") else "right", overflow="fold")
-    for header in ("method", "phase", f"h {gpu['name']} x{gpus}", "h CPU", "peak/worker", "disk", "up/round",
-                   "down/round"):  # fmt: skip
-        cost.add_column(header, justify="left" if header in ("method", "phase") else "right", overflow="fold")
+    work_rows, cost_rows = [], []
     for p in data["phases"]:
-        work.add_row(p["method"], p["phase"], str(p["times"]), _count(p["client_trainings"]), _count(p["examples"]),
-                     _count(p["tokens"]), _count(p["steps"]), _count(p["flops"]))  # fmt: skip
-        cost.add_row(
-            p["method"], p["phase"], _hours(p["gpu_hours"]), _hours(p["cpu_hours"]) if cpu else "not measured",
-            _bytes(p["peak_memory"]), _bytes(p["disk"]),
-            _bytes(p["bytes_up_per_round"]) if p["rounds"] else "-",
-            _bytes(p["bytes_down_per_round"]) if p["rounds"] else "-",
-        )  # fmt: skip
+        counts = (p[key] for key in ("client_trainings", "examples", "tokens", "steps", "flops"))
+        work_rows.append([p["method"], p["phase"], str(p["times"]), *map(_count, counts)])
+        traffic = _traffic(p["bytes_up_per_round"], p["bytes_down_per_round"]) if p["rounds"] else "-"
+        cpu_time = [_duration(p["cpu_hours"])] if cpu else []
+        cost_rows.append(
+            [p["method"], p["phase"], _duration(p["gpu_hours"]), *cpu_time]
+            + [_bytes(p["peak_memory"]), _bytes(p["disk"]), traffic]
+        )
     t = data["total"]
-    partial = bool(t["unknown_phases"])
-    work.add_section()
-    work.add_row(
-        "total (at least)" if partial else "total",
-        "",
-        "",
-        *(_count(t[key]) for key in ("client_trainings", "examples", "tokens", "steps", "flops")),
-    )
-    cost.add_section()
-    cost.add_row(
-        "total, all seeds" + (" (at least)" if partial else ""),
-        "",
-        _hours(t["gpu_hours"]),
-        _hours(t["cpu_hours"]) if cpu else "not measured",
-        _bytes(t["peak_memory"]),
-        _bytes(t["disk"]),
-        _bytes(t["bytes_up"]) + " in all",
-        _bytes(t["bytes_down"]) + " in all",
-    )
-    return [work, cost]
+    total = "total (at least)" if t["unknown_phases"] else "total"
+    counts = (t[key] for key in ("client_trainings", "examples", "tokens", "steps", "flops"))
+    work_total = [total, "", "", *map(_count, counts)]
+    cost_total = [total, "all seeds", _duration(t["gpu_hours"]), *([_duration(t["cpu_hours"])] if cpu else [])]
+    cost_total += [_bytes(t["peak_memory"]), _bytes(t["disk"]), _traffic(t["bytes_up"], t["bytes_down"]) + " in all"]
+    work_headers = ["method", "phase", "x", "trainings", "examples", "tokens", "steps", "FLOPs"]
+    cost_headers = ["method", "phase", f"{gpu['name']} x{gpus}", *(["CPU"] if cpu else [])]
+    cost_headers += ["peak/worker", "disk", "up / down per round"]
+    work_title = f"{data['name']}: each row one seed, x the seeds it runs for"
+    return [
+        _table(work_title, work_headers, work_rows, work_total, width),
+        _table("Cost per seed (computed, not measured)", cost_headers, cost_rows, cost_total, width),
+    ]
 
 
 def plan_lines(data: dict[str, Any]) -> list[str]:
@@ -179,6 +209,8 @@ def plan_lines(data: dict[str, Any]) -> list[str]:
         verdict = "fits" if fits["workers_per_gpu"] <= n else "does not fit"
         lines.append(f"{gib} GB GPU: {n} worker(s) of {_bytes(peak)} fit; workers_per_gpu {fits['workers_per_gpu']} "
                      f"{verdict}.")  # fmt: skip
+    if not data["device"]["cpu_flops_per_s"]:
+        lines.append("CPU time: not measured (--no-measure-cpu).")
     lines.append(
         f"Computed, not measured: {data['assumptions']['mfu']:.0%} of the GPU's peak dense bf16 FLOPs (an assumed "
         "MFU until a real run measures it); tokens are batch x max_length (upper bound). See docs/plan.md."
