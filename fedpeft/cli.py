@@ -221,14 +221,21 @@ def report(
     plots: Annotated[
         bool, typer.Option("--plots/--no-plots", help="Draw the plots (most of a report's time) or only summary.md.")
     ] = True,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Print the whole summary, not only its headline and gain tables.")
+    ] = False,
 ) -> None:
-    """Merge the results of several runs into one summary (and plots; with --csv, --latex, the tables as files)."""
+    """Merge the results of several runs into one summary (and plots; with --csv, --latex, the tables as files).
+
+    It ends as `fedpeft run` does: the summary's headline and gain over base, then where the outputs are; with -v,
+    the whole summary instead.
+    """
     _setup_logging(False)
     from fedpeft import report as reporting
     from fedpeft.core.figures import parse_formats
     from fedpeft.core.io import REPORT_MARKER, check_output_dir, make_output_dir
     from fedpeft.report.export import is_table_file, table_file
-    from fedpeft.report.terminal import fit_tables
+    from fedpeft.report.terminal import fit_tables, run_end_block
     from fedpeft.rundir import check_output_file, refuse_run_files
 
     formats = parse_formats(plot_format)  # a bad format fails before anything is written
@@ -258,14 +265,19 @@ def report(
         if created:  # a report that could not be made leaves no directory it created behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    console.print(Markdown(fit_tables(text, console.width)))
     tables = []
     if csv is not None:
         tables.append(reporting.write_csv(runs, csv))
     if latex is not None:
         tables.append(reporting.write_latex(runs, latex))
+    if verbose:
+        console.print(Markdown(fit_tables(text, console.width)))
+    else:
+        for line in run_end_block(out):
+            typer.echo(line)
     for target in tables:
-        console.print(f"Tables written to [bold]{target}[/bold]")
+        console.print(f"Tables written to [bold]{target}[/bold]", soft_wrap=True)
+    console.print(f"Outputs written to [bold]{out}[/bold]", soft_wrap=True)
 
 
 @app.command()

@@ -174,7 +174,7 @@ def test_cli_report_prints_no_cut_cells_at_a_narrow_terminal(tmp_path):
     run = report_scale.write_client_run(tmp_path / "run", 40)
     result = CliRunner().invoke(
         app,
-        ["report", str(run), "--out", str(tmp_path / "out"), "--no-plots"],
+        ["report", str(run), "--out", str(tmp_path / "out"), "--no-plots", "-v"],
         env={"COLUMNS": "60"},
         terminal_width=60,
     )
@@ -182,6 +182,22 @@ def test_cli_report_prints_no_cut_cells_at_a_narrow_terminal(tmp_path):
     assert "…" not in result.output
     assert "lowest client" in result.output or "columns left out to fit 60 columns" in result.output
     assert (tmp_path / "out" / "clients.csv").is_file()
+
+
+def test_cli_report_ends_as_a_run_does_and_prints_the_whole_summary_with_verbose(tmp_path):
+    run = report_scale.write_client_run(tmp_path / "run", 40)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["report", str(run), "--out", str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Highest mean Accuracy, seen pool")
+    assert "Gain over base: Seen pool — Accuracy" in lines
+    assert lines[-2:] == [f"Summary (data, every table, costs): {out / 'summary.md'}", f"Outputs written to {out}"]
+    assert "## Data" not in result.stdout and "Costs" not in result.stdout and len(lines) < 30
+    whole = CliRunner().invoke(app, ["report", str(run), "--out", str(out), "--no-plots", "--verbose"])
+    assert whole.exit_code == 0, whole.output
+    assert "fedpeft results: run" in whole.stdout and whole.stdout.count("\n") > 100
+    assert whole.stdout.splitlines()[-1] == f"Outputs written to {out}"
 
 
 def test_few_groups_print_as_before(tmp_path):

@@ -1,6 +1,7 @@
-"""What the commands print of a summary: ``fedpeft run``'s end, the head of its ``summary.md`` as plain text within
-100 columns (its headline paragraphs and gain tables), read back from the written summary; and ``fedpeft report``'s
-markdown with every table narrowed to the terminal's width (:func:`fit_tables`)."""
+"""What the commands print of a summary: the end of ``fedpeft run`` and ``fedpeft report``, the head of its
+``summary.md`` as plain text within 100 columns (its headline paragraphs and gain tables), read back from the written
+summary; and ``fedpeft report -v``'s markdown with every table narrowed to the terminal's width (:func:`fit_tables`).
+"""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ class MarkdownBlock:
 
 
 def run_end_block(target: Path, *, every_table: bool = False, width: int = END_BLOCK_WIDTH) -> list[str]:
-    """What ``fedpeft run`` prints when it ends, before the line naming ``target``: what the run's ``summary.md``
-    puts first (its headline paragraphs and the gain over the base model of its first metric per pool;
-    ``every_table``: of every metric), within ``width`` columns, and the summary's path.
+    """What ``fedpeft run`` and ``fedpeft report`` print when they end, before the line naming ``target``: what the
+    ``summary.md`` in ``target`` puts first (its headline paragraphs and the gain over the base model of its first
+    metric per pool; ``every_table``: of every metric), within ``width`` columns, and the summary's path.
 
     A table too wide for ``width`` is printed in several parts, each repeating its first column, so that no cell
     is cut. Without a gain section, the summary's first result table stands in for it.
