@@ -79,8 +79,9 @@ def test_the_note_names_the_tables_of_one_seed(tmp_path):
     assert [t.thin for t in tables] == [(), (ONE_SEED,)]
     note = evidence_note(tables)
     assert (
-        "- one seed (in Seen pool, r = 4): no spread over seeds; the 95 % intervals are over the clients of that one "
-        "seed and leave out how much another seed moves every client together." in note
+        "- one seed (in Seen pool, r = 4): no spread over seeds. Over that seed's clients the 95 % intervals support "
+        "r = 4: lora minus base +40.00 [+40.00, +40.00] (n = 4); the seed's own draw, which moves every client "
+        "together, is not in these intervals." in note
     )
     assert evidence_note(judged_tables([r for r in results if r["budget"] != 4])) == ""
 
@@ -93,12 +94,13 @@ def test_summary_on_thin_evidence_leads_with_the_headline_and_marks_no_winner(tm
     headline = text.split("## Headline\n\n")[1].split("\n## ")[0]
     assert headline.startswith(
         "**Highest mean Accuracy, seen pool** (x100, mean over the pool's clients, one seed): "
-        "r = 4: fedit 50.00 vs base 100.00.\n\n"
+        "r = 4: no method above base (best: fedit 50.00 vs base 100.00, -50.00).\n\n"
     )
     note = (
         "**Evidence: too little to call a winner.** These results rest on\n\n"
-        "- one seed: no spread over seeds; the 95 % intervals are over the clients of that one seed and leave out "
-        "how much another seed moves every client together;\n"
+        "- one seed: no spread over seeds. Over that seed's clients the 95 % intervals support r = 4: fedit minus "
+        "lora +16.67 [+16.67, +16.67] (n = 4), minus base -50.00 [-50.00, -50.00] (n = 4); the seed's "
+        "own draw, which moves every client together, is not in these intervals;\n"
         f"- fewer than {MIN_TEST_EXAMPLES} test examples per client on average (Seen pool 1): one test example moves "
         "a client's score by about 100 points.\n\n"
         "Those tables keep the numbers but mark no cell bold and head the Wins column `Wins (n.s.)` (not "
@@ -115,6 +117,26 @@ def test_summary_on_thin_evidence_leads_with_the_headline_and_marks_no_winner(tm
     assert "**" not in tables
     assert "| Method | en | fr | Mean | Wins (n.s.) |" in tables
     assert "| fedit | 50.00 | 50.00 | 50.00 | 2 |" in tables
+
+
+def test_one_seed_with_enough_test_examples_names_what_the_clients_support(tmp_path):
+    text = write_summary([one_seed_run(tmp_path, test_per_client=40.0)], tmp_path / "out")
+    headline = text.split("## Headline\n\n")[1].split("\n## ")[0]
+    assert (
+        "**Evidence: supported over the clients, not over seeds.** These results rest on\n\n- one seed: no spread "
+        "over seeds. Over that seed's clients the 95 % intervals support r = 4: fedit minus lora" in headline
+    )
+    assert "the seed's own draw, which moves every client together, is not in these intervals." in headline
+    assert headline.rstrip().endswith("more `seeds` tell whether these differences hold beyond this seed.")
+
+
+def test_one_seed_without_a_supported_difference_is_too_little_to_call(tmp_path):
+    lora = {"en-0": 0.6, "en-1": 0.4, "fr-0": 0.6, "fr-1": 0.4}  # as far above base as below: no supported gap
+    records = [result("base", None, client, 0, 0.5) for client in lora]
+    records += [result("lora", 4, client, 0, value) for client, value in lora.items()]
+    text = write_summary([data_json(write_run(tmp_path / "run", records), 40.0)], tmp_path / "out")
+    assert "r = 4: no method above base (best: lora 50.00 vs base 50.00, +0.00)." in text
+    assert "**Evidence: too little to call a winner.**" in text and "Over that seed's clients" not in text
 
 
 def test_summary_on_enough_evidence_has_no_note_and_bold_winners(tmp_path):

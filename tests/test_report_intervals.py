@@ -177,7 +177,8 @@ def test_one_seed_has_intervals_over_clients_but_a_thin_table_marks_no_winner(tm
     text = write_summary([write_run(tmp_path / "run", one_seed)], tmp_path / "out")
     section = text.split("## Differences with 95 % intervals")[1].split("\n## ")[0]
     assert "| A | 75.00 | " in section and "| 6 | B | +15.00 [" in section  # the interval exists on one seed
-    assert "the 95 % intervals are over the clients of that one seed" in text
+    assert "Over that seed's clients the 95 % intervals support r = 4: A minus B +15.00 [" in text
+    assert "the seed's own draw, which moves every client together, is not in these intervals" in text
     tables = text.split("\n## Seen pool\n")[1]
     assert "**" not in tables and "| A | 80.00 | 70.00 | 75.00 | 2 |" in tables  # Wins (n.s.): by the intervals
 

@@ -48,6 +48,7 @@ from fedpeft.report.tables import (
     MAX_GROUP_COLUMNS,
     MEAN_COLUMN,
     ResultTable,
+    display_key,
     format_cell,
     gain_over_base,
     group_unit,
@@ -229,7 +230,7 @@ def _result_sections(results: Sequence[Record], tables: Sequence[ResultTable], e
 
 def _headline_sentence(tables: Sequence[ResultTable]) -> str:
     """The comparison the report leads with: per budget, the method(s) with the highest ``Mean`` of the first pool
-    and metric, against ``base``."""
+    and metric, against ``base``; where none is above ``base``, the clause says so and gives the gap."""
     if not tables:
         return ""
     first = tables[0].table
@@ -238,9 +239,14 @@ def _headline_sentence(tables: Sequence[ResultTable]) -> str:
         best = [m for m in table.methods if m in table.best.get(MEAN_COLUMN, set())]
         if not best:
             continue
-        clause = f"{', '.join(best)} {format_cell(table.cells[best[0], MEAN_COLUMN])}"
-        if (BASE_METHOD, MEAN_COLUMN) in table.cells:
-            clause += f" vs {BASE_METHOD} {format_cell(table.cells[BASE_METHOD, MEAN_COLUMN])}"
+        top = table.cells[best[0], MEAN_COLUMN]
+        clause = f"{', '.join(best)} {format_cell(top)}"
+        base = table.cells.get((BASE_METHOD, MEAN_COLUMN))
+        if base is not None:
+            clause += f" vs {BASE_METHOD} {format_cell(base)}"
+            if display_key(top) <= display_key(base):  # as printed: a reader sees the same order
+                gap = display_key(top) - display_key(base)
+                clause = f"no method above {BASE_METHOD} (best: {clause}, {gap:+.2f})"
         clauses.append(clause if table.budget is None else f"{budget_label(table.budget)}: {clause}")
     if not clauses:
         return ""
