@@ -155,6 +155,11 @@ def test_a_zero_size_of_the_data_is_refused_as_one(tmp_path, monkeypatch, capsys
             'Invalid config at budgets: expected a list, not 4; e.g. `--set "budgets=[4]"` '
             "(in a file: `budgets: [4]`).",
         ),
+        (  # [zero] is no list of seeds either: the example is the key's default
+            "seeds=zero",
+            "Invalid config at seeds: expected a list, not 'zero'; e.g. `--set \"seeds=[0]\"` "
+            "(in a file: `seeds: [0]`).",
+        ),
     ],
 )
 def test_a_set_value_that_is_not_yaml_or_not_a_list_says_so(item, message, tmp_path, monkeypatch, capsys):
@@ -483,3 +488,13 @@ def test_a_cached_hub_model_loads_when_the_hub_cannot_be_reached(
     assert model.config.num_labels == 3 and tokenizer is not None
     assert probes == [hub_unreachable]
     assert hub_requests(caplog) == []  # nothing asked the hub afterwards (an adapter_config.json look-up once did)
+
+
+def test_a_misspelt_preset_gets_the_closest_name_not_the_list(tmp_path, monkeypatch, capsys):
+    line = refused(monkeypatch, capsys, tmp_path, ["run", "quickstrat", "--out", str(tmp_path / "run")])
+    assert (
+        line
+        == "error: Unknown preset 'quickstrat'; did you mean 'quickstart' (`fedpeft list presets` lists every preset)?"
+    )
+    line = refused(monkeypatch, capsys, tmp_path, ["run", "zzzz", "--out", str(tmp_path / "run")])
+    assert line.startswith("error: Unknown preset 'zzzz'; choose one of: ") and "quickstart" in line

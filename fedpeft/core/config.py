@@ -181,12 +181,35 @@ def _explain(error: ErrorDetails, keys: list[str], holder: type[BaseModel] | Non
         limit = int(limit) if isinstance(limit, float) and limit.is_integer() else limit  # 0, not 0.0
         return f"must be {words} {limit}, not {given}"
     if kind == "list_type" and keys:
-        items = given if isinstance(given, str) else _inline(given)
+        items = _list_items(given, holder, keys[-1])
+        if items is None:  # neither the value in brackets nor the key's default is a valid list
+            return f"expected a list, not {given!r}"
         example = f"--set {_shell_word(f'{full}=[{items}]')}"
         return f"expected a list, not {given!r}; e.g. `{example}` (in a file: `{keys[-1]}: [{items}]`)"
     if kind == "missing":
         return "required, and not given"
     return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _list_items(given: Any, holder: type[BaseModel] | None, key: str) -> str | None:
+    """The items of a list to suggest for ``key`` of ``holder``, given ``given`` instead of a list: ``given`` itself
+    where ``[given]`` is valid there, else the key's default list; ``None`` when neither is known to be valid."""
+    from pydantic import TypeAdapter
+
+    items = given if isinstance(given, str) else _inline(given)
+    field = holder.model_fields.get(key) if holder is not None else None
+    if field is None:
+        return items
+    adapter: TypeAdapter[Any] = TypeAdapter(field.annotation)
+    try:
+        adapter.validate_python(yaml.safe_load(f"[{items}]"))
+        return items
+    except (ValidationError, yaml.YAMLError):
+        pass
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, list) and default:
+        return _inline(default)[1:-1]
+    return None
 
 
 def _unknown_key(key: str, known: list[str], place: str) -> str:
@@ -721,6 +744,16 @@ class ExperimentConfig(_Strict):
         return self
 
 
+def _unknown_preset(name: str, alternative: str = "") -> str:
+    """The sentence refusing an unknown preset ``name``: the closest preset if one is close, else all of them."""
+    names = preset_names()
+    close = _close_to(name, names)
+    if close:
+        return f"Unknown preset {name!r}; did you mean {close[0]!r} (`fedpeft list presets` lists every preset)?"
+    tail = f", {alternative}" if alternative else ""
+    return f"Unknown preset {name!r}; choose one of: {', '.join(names)}{tail}."
+
+
 def preset_names() -> list[str]:
     """Names of the packaged presets."""
     root = resources.files("fedpeft") / "presets"
@@ -732,7 +765,7 @@ def preset_names() -> list[str]:
 def preset_description(name: str) -> str:
     """A packaged preset's one-line description: the first line of the file, a comment ('' if it is not one)."""
     if name not in preset_names():
-        raise UserError(f"Unknown preset {name!r}; choose one of: {', '.join(preset_names())}.")
+        raise UserError(_unknown_preset(name))
     first = (resources.files("fedpeft") / "presets" / f"{name}.yaml").read_text().split("\n", 1)[0]
     return first[1:].strip() if first.startswith("#") else ""
 
@@ -845,7 +878,7 @@ def load_raw(source: str) -> dict[str, Any]:
             raise UserError(f"Config file {source} does not exist; give a preset name or an existing YAML path.")
         return _read_yaml(read_text(path, "utf-8", CONFIG_ENCODING_FIX), str(path))
     if source not in preset_names():
-        raise UserError(f"Unknown preset {source!r}; choose one of: {', '.join(preset_names())}, or a YAML path.")
+        raise UserError(_unknown_preset(source, "or a YAML path"))
     text = (resources.files("fedpeft") / "presets" / f"{source}.yaml").read_text()
     return _read_yaml(text, f"preset {source}")
 
