@@ -198,7 +198,7 @@ def _list_items(given: Any, holder: type[BaseModel] | None, key: str) -> str | N
 
     items = given if isinstance(given, str) else _inline(given)
     field = holder.model_fields.get(key) if holder is not None else None
-    if field is None:
+    if field is None or field.annotation is None:
         return items
     adapter: TypeAdapter[Any] = TypeAdapter(field.annotation)
     try:
