@@ -352,6 +352,13 @@ def personalize(
     )
     kept = ", ".join(f"{name} {rank}" for name, rank in result.ranks.items())
     console.print(f"Client {result.client}, r = {result.budget}: {len(result.ranks)} LoRA modules ({kept}).")
+    if result.ranks:
+        total = sum(result.ranks.values())
+        console.print(
+            f"r is the mean rank over the modules, not each module's rank: these {len(result.ranks)} sum to {total} "
+            f"({total / len(result.ranks):.3g} per module).",
+            soft_wrap=True,
+        )
     if result.accuracy is not None:
         console.print(f"Test accuracy: {result.accuracy:.4f}")
     console.print(f"Adapter written to [bold]{result.path}[/bold] (load it with PeftModel.from_pretrained).")

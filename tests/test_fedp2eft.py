@@ -449,3 +449,21 @@ def test_presets_validate_and_compare_fedp2eft_with_its_baselines(preset, tmp_pa
     if cfg.device == "cuda":  # the paper-scale presets carry all of the paper's baselines
         assert {"adalora", "fedl2p"} <= names
     assert len(cfg.seeds) == 3 and max(cfg.budgets) <= 16
+
+
+def test_personalize_says_the_budget_is_a_mean_rank_over_the_modules(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import fedpeft.personalize
+    from fedpeft.cli import app
+
+    ranks = {"layer.0.query": 6, "layer.0.value": 2, "layer.1.query": 8, "layer.1.value": 0}
+    adapter = fedpeft.personalize.PersonalizedAdapter(tmp_path / "adapter", "en-0", 4, ranks)
+    monkeypatch.setattr(fedpeft.personalize, "personalize_client", lambda *args, **kwargs: adapter)
+    args = ["personalize", str(tmp_path), "--budget", "4", "--client", "en-0", "--out", str(tmp_path / "adapter")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (
+        "r is the mean rank over the modules, not each module's rank: these 4 sum to 16 (4 per module)."
+        in result.stdout.splitlines()
+    )
