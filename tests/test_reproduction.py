@@ -156,6 +156,24 @@ def test_compare_command_prints_and_writes_the_comparison(tmp_path, monkeypatch,
     assert code == 0 and "### Every pair" in (tmp_path / "all.md").read_text()
 
 
+def test_compare_says_when_the_runs_used_other_vector_kernels(tmp_path, monkeypatch, capsys):
+    values = {"base": spread(0.5), "a": spread(0.6)}
+    reference, rerun = write_run(tmp_path / "reference", values), write_run(tmp_path / "rerun", values)
+    for run, kernels in ((reference, "AVX512"), (rerun, "AVX2")):
+        (run / "env.json").write_text(json.dumps({"cpu": {"model": "a CPU", "cores": 2, "kernels": kernels}}))
+    code, out, err = cli(monkeypatch, capsys, "compare", str(reference), str(rerun), "--out", str(tmp_path / "c.md"))
+    assert code == 0, err
+    note = (
+        "**Other vector kernels:** the reference ran on AVX512 kernels, the rerun on AVX2. Records computed with "
+        "other kernels are not expected to be identical, so the comparison is of the intervals (the differences "
+        "below), not of the digits."
+    )
+    assert note in (tmp_path / "c.md").read_text() and "Other vector kernels" in out
+    (rerun / "env.json").write_text(json.dumps({"cpu": {"model": "a CPU", "cores": 2, "kernels": "AVX512"}}))
+    code, out, _ = cli(monkeypatch, capsys, "compare", str(reference), str(rerun))
+    assert code == 0 and "Other vector kernels" not in out
+
+
 def test_compare_refuses_bad_input_with_one_sentence(tmp_path, monkeypatch, capsys):
     reference = write_run(tmp_path / "reference", {"a": spread(0.6)})
     other = tmp_path / "other"

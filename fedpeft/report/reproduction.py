@@ -380,6 +380,19 @@ def _versions(env: dict[str, Any]) -> str:
     return ", ".join(found) or "—"
 
 
+def kernels_note(reference: Path, rerun: Path) -> str:
+    """One line when the two runs' ``env.json`` name different CPU vector kernels (``cpu.kernels``: ``AVX512``,
+    ``AVX2``, ...), saying what that means for the comparison; ``""`` when they agree or either is unknown."""
+    kernels = [_mapping(_environment(source), "cpu").get("kernels") for source in (reference, rerun)]
+    if not all(kernels) or kernels[0] == kernels[1]:
+        return ""
+    return (
+        f"**Other vector kernels:** the reference ran on {kernels[0]} kernels, the rerun on {kernels[1]}. Records "
+        "computed with other kernels are not expected to be identical, so the comparison is of the intervals (the "
+        "differences below), not of the digits."
+    )
+
+
 def _sources_table(reference: Path, rerun: Path) -> str:
     envs = [_environment(reference), _environment(rerun)]
     rows = [["records", f"`{reference}`", f"`{rerun}`"]]
@@ -455,6 +468,7 @@ def render_reproduction(found: Reproduction, reference: Path, rerun: Path, *, ev
     lines = [
         COMPARISON_HEADING,
         _sources_table(reference, rerun),
+        *filter(None, [kernels_note(reference, rerun)]),
         "## Records",
         render_shift(found.shift),
         f"## Differences with {CONFIDENCE * 100:.0f} % intervals",
