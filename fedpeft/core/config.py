@@ -305,7 +305,8 @@ class DataColumns(_Strict):
 class DataConfig(_Strict):
     """Which federated dataset to build and how to split it.
 
-    Synthetic benchmarks use the size fields; real loaders read ``path`` (a local directory or file) or
+    Synthetic benchmarks use the size fields; real loaders read ``path`` (a local directory, file or glob; in a
+    config file, relative to the file's folder, :func:`resolve_file_paths`) or
     ``hub_id`` (a Hugging Face dataset id, read from the local cache when offline).
 
     The generic datasets ``files`` and ``hub`` (a user's own data, docs/real-data.md) also read ``task``,
@@ -869,18 +870,57 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
             raise UserError(f"Override {key!r}: {'.'.join(parts[:i])!r} is not a mapping or a list.")
 
 
-def load_raw(source: str) -> dict[str, Any]:
-    """The raw mapping of a preset name or a YAML file path."""
+def load_raw(source: str, *, resolve_paths: bool = True) -> dict[str, Any]:
+    """The raw mapping of a preset name or a YAML file path.
+
+    Args:
+        resolve_paths: make the relative paths of a YAML file absolute from the file's folder
+            (:func:`resolve_file_paths`), so that the file names the same data from any working directory. A run's
+            own ``config.yaml`` holds them absolute already (an earlier version's holds them as typed, from the
+            working directory of its run: read it with ``False``). Presets hold no paths of the user.
+    """
     path = Path(source)
     # A preset name wins over a directory of that name (a run's output directory, say, under the working directory).
     if source.endswith((".yaml", ".yml")) or path.is_file() or (path.exists() and source not in preset_names()):
         if not path.is_file():
             raise UserError(f"Config file {source} does not exist; give a preset name or an existing YAML path.")
-        return _read_yaml(read_text(path, "utf-8", CONFIG_ENCODING_FIX), str(path))
+        raw = _read_yaml(read_text(path, "utf-8", CONFIG_ENCODING_FIX), str(path))
+        if resolve_paths:
+            resolve_file_paths(raw, path.parent.resolve())
+        return raw
     if source not in preset_names():
         raise UserError(_unknown_preset(source, "or a YAML path"))
     text = (resources.files("fedpeft") / "presets" / f"{source}.yaml").read_text()
     return _read_yaml(text, f"preset {source}")
+
+
+def resolve_file_paths(raw: dict[str, Any], folder: Path) -> None:
+    """Make the relative paths of a config file's mapping ``raw`` absolute from the file's ``folder``, in place.
+
+    ``data.path`` always (a file, directory or glob; one that starts with ``~`` is the user's home's); ``data.hub_id``
+    and the ``name`` of ``model`` and of each of ``models`` only where ``folder`` holds what they name: else they
+    stay a hub id or a registered model name. ``log.tensorboard`` stays as given: it is relative to the run
+    directory. Values of ``--set`` are applied after, as typed, so they resolve from the working directory.
+    """
+    from fedpeft.core.registry import MODELS
+
+    def absolute(value: Any, *, if_exists: bool) -> Any:
+        if not isinstance(value, str) or not value or value.startswith("~") or Path(value).is_absolute():
+            return value
+        joined = folder / value
+        return os.path.normpath(joined) if not if_exists or joined.exists() else value
+
+    data = raw.get("data")
+    if isinstance(data, dict):
+        if "path" in data:
+            data["path"] = absolute(data["path"], if_exists=False)
+        if "hub_id" in data:
+            data["hub_id"] = absolute(data["hub_id"], if_exists=True)
+    models = raw.get("models")
+    named = [raw.get("model"), *(models.values() if isinstance(models, dict) else [])]
+    for model in named:
+        if isinstance(model, dict) and isinstance(model.get("name"), str) and model["name"] not in MODELS:
+            model["name"] = absolute(model["name"], if_exists=True)
 
 
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
@@ -936,9 +976,10 @@ def _unknown_name(registry: Registry[Any], name: str, where: str) -> str:
     return f"Unknown {registry.kind} {name!r}; choose one of: {', '.join(known)}{tail}"
 
 
-def load_config(source: str, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load a preset or YAML file, apply ``key=value`` overrides and validate."""
-    raw = load_raw(source)
+def load_config(source: str, overrides: list[str] | None = None, *, resolve_paths: bool = True) -> ExperimentConfig:
+    """Load a preset or YAML file (its relative paths resolved from its folder unless ``resolve_paths`` is False,
+    :func:`load_raw`), apply ``key=value`` overrides and validate."""
+    raw = load_raw(source, resolve_paths=resolve_paths)
     for assignment in overrides or []:
         apply_override(raw, assignment)
     return validate(raw)
@@ -998,4 +1039,5 @@ def load_run_config(run_dir: Path) -> ExperimentConfig:
     rebuild the run's data; older runs have only the resolved ``config.yaml``.
     """
     given = Path(run_dir) / GIVEN_CONFIG_FILE
-    return load_config(str(given if given.is_file() else Path(run_dir) / "config.yaml"))
+    # Its paths are absolute, or (written by an earlier version) relative to the working directory of its run.
+    return load_config(str(given if given.is_file() else Path(run_dir) / "config.yaml"), resolve_paths=False)
