@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -18,6 +18,10 @@ from rich.markdown import Markdown
 
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.logs import hide_library_progress, ignore_deprecations, quiet_libraries
+
+if TYPE_CHECKING:
+    from fedpeft.core.config import ExperimentConfig
+    from fedpeft.data.types import FederatedData
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated fine-tuning with adapters.")
 console = Console()
@@ -110,6 +114,7 @@ def run(
         refuse_existing_run(out or Path("runs") / path_component(raw["name"]))  # before torch is imported
     check_raw_model(raw)  # a model nothing could load without the hub ends here, before torch is imported
     cfg = validate(raw)  # and so does a misspelt method or dataset name
+    data = _read_own_files(cfg)  # and so does every problem with a user's own data files
     _quiet_libraries(verbose)
     from fedpeft.runner import Experiment
 
@@ -121,12 +126,24 @@ def run(
 
             run_flower_simulation(cfg, target, resume=resume, force=force, progress=progress)
         else:
-            Experiment(cfg, target, progress=progress).run(resume=resume, force=force)
+            Experiment(cfg, target, progress=progress, data=data).run(resume=resume, force=force)
     from fedpeft.report.terminal import run_end_block
 
     for line in run_end_block(target, every_table=verbose):
         typer.echo(line)
     console.print(f"Outputs written to [bold]{target}[/bold]", soft_wrap=True)
+
+
+def _read_own_files(cfg: ExperimentConfig) -> FederatedData | None:
+    """The federation of a user's own files (``data.name: files``), read before torch is imported, so that a
+    missing file, a label outside ``data.label_names`` or a client without examples ends the run within a second
+    or two; the local engine's run takes it as read. ``None`` for every other dataset (built by the run) and for
+    data on the sites of a deployment."""
+    if cfg.data.name != "files" or cfg.data.sites is not None:
+        return None
+    from fedpeft.data.files import build_files
+
+    return build_files(cfg.data)
 
 
 @app.command("list")

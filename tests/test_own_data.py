@@ -325,6 +325,83 @@ def test_bad_input_is_one_sentence_and_exit_2(case, tmp_path, monkeypatch, capsy
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+# ------------------------------------------------------------------------------------------- relative paths
+
+
+def test_relative_paths_resolve_from_the_config_files_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config file names its data and model from its own folder, whatever the working directory; a --set value
+    from the working directory, where it was typed; names that are no path there stay names."""
+    own = tmp_path.resolve() / "own"
+    write(rows(), own / "reviews.jsonl")
+    (own / "checkpoint").mkdir()
+    given = {
+        "data": {"name": "files", "path": "reviews.jsonl", "hub_id": "org/not-here"},
+        "models": {"small": {"name": "checkpoint"}, "large": {"name": "tiny-bert"}},
+        "assign": {"default": "small"},
+    }
+    (own / "my.yaml").write_text(yaml.safe_dump(given))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(str(Path("..") / "own" / "my.yaml"))
+    assert Path(cfg.data.path or "") == own / "reviews.jsonl"
+    assert len(DATASETS.get("files")(cfg.data).clients) == len(CLIENTS)
+    assert cfg.data.hub_id == "org/not-here"  # a hub id: nothing of that name beside the config
+    assert Path(cfg.models["small"].name) == own / "checkpoint"
+    assert cfg.models["large"].name == "tiny-bert"  # a registered name
+    assert load_config(str(own / "my.yaml"), ["data.path=typed.jsonl"]).data.path == "typed.jsonl"
+    assert load_config(str(own / "my.yaml"), resolve_paths=False).data.path == "reviews.jsonl"  # an older run's
+
+
+def test_a_missing_data_file_names_the_folder_searched(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "my.yaml").write_text(yaml.safe_dump({"data": {"name": "files", "path": "reviews.jsonl"}}))
+    monkeypatch.chdir(tmp_path)
+    tmp_path = tmp_path.resolve()
+    code, err = cli_in_process(monkeypatch, capsys, "run", "own/my.yaml", "--out", "run")
+    assert code == 2
+    assert (
+        f"data.path {tmp_path / 'own' / 'reviews.jsonl'} does not exist (searched the folder {tmp_path / 'own'};" in err
+    )
+    code, err = cli_in_process(monkeypatch, capsys, "run", "own/my.yaml", "--out", "run", "--set", "data.path=d.jsonl")
+    assert code == 2
+    assert f"data.path d.jsonl does not exist in the working directory {tmp_path}," in err
+
+
+FRESH_PROCESS_RUN = """
+import sys
+from fedpeft.cli import main
+sys.argv = ["fedpeft", "run", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as stop:
+    print("exit", stop.code, "torch" in sys.modules)
+"""
+
+DATA_ERRORS = [
+    ({"path": "missing.jsonl"}, None, "does not exist"),
+    ({"label_names": ["negative", "neutral"]}, rows(), "which is not in data.label_names (negative, neutral)"),
+    ({}, [*rows(), {"text": "alone", "label": "positive", "client": "zed"}], "Client 'zed' has no test examples"),
+]
+
+
+@pytest.mark.parametrize("case", DATA_ERRORS, ids=[case[2][:30] for case in DATA_ERRORS])
+def test_data_errors_end_the_run_before_torch_is_imported(case, tmp_path: Path) -> None:
+    """A problem with a user's files is found from the config and the files alone: exit 2, torch never imported."""
+    data, records, message = case
+    config = _config(tmp_path, data, records)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS_RUN, str(config), "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.stdout.split() == ["exit", "2", "False"], done.stderr
+    assert message in done.stderr
+
+
 # --------------------------------------------------------------------------------------------- README example
 
 

@@ -41,15 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import datasets
-from datasets.exceptions import DatasetsError
-
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import DatasetOptions, parse_options
-from fedpeft.data.partition import partition_examples, split_train_test
+from fedpeft.data.partition import split_train_test
 from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_rows
 from fedpeft.data.types import ClientData, Example, FederatedData, TaskKind
 
@@ -58,8 +55,6 @@ Scheme = Literal["natural", "dirichlet", "iid"]
 TRAIN_SPLITS = ("train",)
 TEST_SPLITS = ("test",)
 VALIDATION_SPLITS = ("validation", "valid", "dev")
-# What ``datasets.load_dataset`` raises when a dataset is neither cached nor reachable, or cannot be read.
-_HUB_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, RuntimeError, DatasetsError)
 _GLOB_CHARACTERS = "*?["
 # The end of the sentence refusing a data file that does not decode (see fedpeft.core.textfiles.decode_text).
 _ENCODING_FIX = "set data.encoding to {encoding}"
@@ -109,10 +104,9 @@ def build_files(cfg: DataConfig) -> FederatedData:
         raise UserError(
             f"data.name=files needs data.path{hint}: a file, directory or glob of {', '.join(FILE_EXTENSIONS)} files."
         )
-    with quiet_progress():
-        files = find_data_files(cfg.path)
-        tables = [_read_file(f, cfg.encoding) for f in files]
-        return build_federation(cfg, "files", tables, {"source": [str(f) for f in files]})
+    files = find_data_files(cfg.path)
+    tables = [_read_file(f, cfg.encoding) for f in files]
+    return build_federation(cfg, "files", tables, {"source": [str(f) for f in files]})
 
 
 @DATASETS.register("hub")
@@ -135,6 +129,8 @@ def build_hub(cfg: DataConfig) -> FederatedData:
 @contextlib.contextmanager
 def quiet_progress() -> Iterator[None]:
     """Switch off the progress bars of ``datasets`` inside the block (unless logging is at INFO), then restore."""
+    import datasets
+
     if logging.getLogger().isEnabledFor(logging.INFO):
         yield
         return
@@ -161,11 +157,15 @@ def find_data_files(path: str) -> list[Path]:
         matches = [Path(p) for p in glob.glob(expanded, recursive=True)]
         files = [p for p in matches if p.is_file() and p.suffix.lower() in FILE_EXTENSIONS]
         if not files:
-            raise UserError(f"data.path {path} matches no {supported} file; fix the pattern.")
+            raise UserError(
+                f"data.path {path} matches no {supported} file{_searched(Path(expanded))}; fix the pattern."
+            )
         return sorted(files, key=lambda p: natural_key(str(p)))
     root = Path(expanded)
     if not root.exists():
-        raise UserError(f"data.path {path} does not exist; give a file, directory or glob of {supported} files.")
+        raise UserError(
+            f"data.path {path} does not exist{_searched(root)}; give a file, directory or glob of {supported} files."
+        )
     if root.is_file():
         if root.suffix.lower() not in FILE_EXTENSIONS:
             raise UserError(f"data.path {path} has an unsupported extension; use one of {supported}.")
@@ -182,6 +182,17 @@ def find_data_files(path: str) -> list[Path]:
     return sorted(files, key=lambda p: natural_key(str(p.relative_to(root))))
 
 
+def _searched(path: Path) -> str:
+    """Where a data.path that names nothing was looked for, as the middle of a sentence: a relative one (given with
+    ``--set``, or to :func:`build_files` directly) from the working directory; one of a config file is absolute,
+    resolved from the file's folder (:func:`fedpeft.core.config.resolve_file_paths`)."""
+    if not path.is_absolute():
+        return f" in the working directory {Path.cwd()}, where a relative data.path given with --set resolves from"
+    folder = next(p for p in path.parents if not any(c in p.name for c in _GLOB_CHARACTERS))
+    where = f"the folder {folder}" if folder.is_dir() else f"{folder}, which does not exist either"
+    return f" (searched {where}; a relative data.path in a config file resolves from the file's folder)"
+
+
 def _read_file(path: Path, encoding: str) -> Table:
     columns, rows, lines = read_rows(path, encoding, _ENCODING_FIX, option="data.encoding")
     return Table(str(path), columns, rows, lines=lines)
@@ -189,10 +200,14 @@ def _read_file(path: Path, encoding: str) -> Table:
 
 def load_hub_tables(hub_id: str, subset: str | None, revision: str | None) -> list[Table]:
     """Every split of a dataset loaded with :func:`datasets.load_dataset`, one :class:`Table` per split."""
+    import datasets
+    from datasets.exceptions import DatasetsError
+
     kwargs: dict[str, Any] = {"revision": revision} if revision else {}
     try:
         loaded = datasets.load_dataset(hub_id, subset, **kwargs)
-    except _HUB_ERRORS as err:
+    # What load_dataset raises when a dataset is neither cached nor reachable, or cannot be read.
+    except (OSError, ValueError, RuntimeError, DatasetsError) as err:
         raise UserError(
             f"Could not load {hub_id}{f' (subset {subset})' if subset else ''} from the Hugging Face cache, the Hub "
             "or a local directory "
@@ -559,7 +574,9 @@ def _shard(cfg: DataConfig, name: str, scheme: Scheme, records: list[Example]) -
         # The Dirichlet partitioner cuts each class's rows in order: shuffle so the rows of the files interleave.
         records = list(records)
         random.Random(seed).shuffle(records)
-    with warnings.catch_warnings():
+    from fedpeft.data.partition import partition_examples  # imports datasets and flwr-datasets (a second or two)
+
+    with quiet_progress(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # flwr warns on every Dirichlet re-draw
         try:
             shards = partition_examples(

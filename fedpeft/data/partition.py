@@ -1,21 +1,20 @@
-"""Splitting a group's examples over clients with flwr-datasets partitioners."""
+"""Splitting a group's examples over clients with flwr-datasets partitioners.
+
+``datasets`` and flwr-datasets are imported where a partitioner is built (a second or two), so that splitting a
+client's examples into train and test sets, and reading a user's files, imports neither.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import random
-from typing import Literal
-
-import datasets
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    NaturalIdPartitioner,
-    Partitioner,
-)
+from typing import TYPE_CHECKING, Literal
 
 from fedpeft.data.types import Example
+
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
 
 Scheme = Literal["iid", "dirichlet", "natural"]
 
@@ -31,6 +30,8 @@ def make_partitioner(
     seed: int = 0,
 ) -> Partitioner:
     """Build the flwr-datasets partitioner for ``scheme``."""
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, NaturalIdPartitioner
+
     if scheme == "iid":
         return IidPartitioner(num_partitions=num_partitions)
     if scheme == "dirichlet":
@@ -69,6 +70,8 @@ def partition_examples(
         # IidPartitioner shards in order; shuffle first so shards do not follow the generation order.
         examples = list(examples)
         random.Random(seed).shuffle(examples)
+    import datasets
+
     dataset = datasets.Dataset.from_list(examples)
     partitioner = make_partitioner(
         scheme,

@@ -1,41 +1,38 @@
 """Loaders of the real benchmarks: XNLI, MasakhaNEWS, Fed-Aya, Dolly-15k, AlpaGasus, SNI, commonsense-8, FLAN,
 CIFAR-100, and the multi-modal task directories (DRAKE, HFLB, Fed-Scope).
 
-Importing this package registers every builder in
-:data:`fedpeft.core.registry.DATASETS`; each takes a :class:`~fedpeft.core.config.DataConfig` and returns a
-:class:`~fedpeft.data.types.FederatedData`. Directory layouts and options are described in docs/real-data.md.
+Each loader module registers its builders in :data:`fedpeft.core.registry.DATASETS` when imported, which the
+registry does on first use of a name (:mod:`fedpeft.catalog.datasets`); each takes a
+:class:`~fedpeft.core.config.DataConfig` and returns a :class:`~fedpeft.data.types.FederatedData`. Directory
+layouts and options are described in docs/real-data.md.
+
+The package imports no loader itself (several import ``datasets``, a second): reading a user's own files
+(:mod:`fedpeft.data.real.readers`) stays quick. The names below are imported from their module when first read.
 """
 
-from fedpeft.data.real import (  # noqa: F401
-    alpagasus,
-    cifar100,
-    commonsense,
-    dolly,
-    fedaya,
-    flan,
-    masakhanews,
-    sni,
-    tasks,
-    xnli,
-)
-from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
-from fedpeft.data.real.fedaya import build as build_fedaya
-from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES
-from fedpeft.data.real.masakhanews import build as build_masakhanews
-from fedpeft.data.real.xnli import XNLI_LABELS, XNLI_LANGUAGES
-from fedpeft.data.real.xnli import build as build_xnli
+from __future__ import annotations
 
-__all__ = [
-    "FEDAYA_LANGUAGES",
-    "MASAKHANEWS_LABELS",
-    "MASAKHANEWS_LANGUAGES",
-    "XNLI_LABELS",
-    "XNLI_LANGUAGES",
-    "build_fedaya",
-    "build_masakhanews",
-    "build_xnli",
-    "fedaya",
-    "masakhanews",
-    "sni",
-    "xnli",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FEDAYA_LANGUAGES": ("fedaya", "FEDAYA_LANGUAGES"),
+    "MASAKHANEWS_LABELS": ("masakhanews", "MASAKHANEWS_LABELS"),
+    "MASAKHANEWS_LANGUAGES": ("masakhanews", "MASAKHANEWS_LANGUAGES"),
+    "XNLI_LABELS": ("xnli", "XNLI_LABELS"),
+    "XNLI_LANGUAGES": ("xnli", "XNLI_LANGUAGES"),
+    "build_fedaya": ("fedaya", "build"),
+    "build_masakhanews": ("masakhanews", "build"),
+    "build_xnli": ("xnli", "build"),
+}
+
+__all__ = [*_EXPORTS, "fedaya", "masakhanews", "sni", "xnli"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module, attribute = _EXPORTS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+    if name in ("fedaya", "masakhanews", "sni", "xnli"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
