@@ -38,6 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's measurement, shared with report_scale.py
+from report_scale import output_sizes, report_measured  # noqa: E402
+
 ROWS_PER_CLIENT = 6
 TEST_ROWS_PER_CLIENT = 2
 CLIENTS_PER_ROUND = 10
@@ -111,6 +114,7 @@ def overrides(
             f"data.train_per_group={ROWS_PER_CLIENT * per_group}",
             f"data.test_per_group={TEST_ROWS_PER_CLIENT * per_group}",
             "data.unseen_pool=false",
+            "data.partition=iid",  # a Dirichlet draw cannot split 6 rows per client over 3 labels
         ]
     return [item for value in values for item in ("--set", value)]
 
@@ -128,12 +132,6 @@ def directory_bytes(root: Path) -> int:
     return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
 
 
-def widest_plot(root: Path) -> int:
-    """The largest width in pixels of the PNG files under ``root`` (0 when there are none)."""
-    widths = [int.from_bytes(path.read_bytes()[16:20], "big") for path in root.rglob("*.png")]
-    return max(widths, default=0)
-
-
 def measure(clients: int, groups: str, workers: int, eval_every: int, rounds: int, tmp: Path) -> dict:
     """One size: the run, then its report, each in its own process."""
     data_path = client_files(tmp / f"clients-{clients}.jsonl", clients) if groups == "clients" else None
@@ -145,8 +143,8 @@ def measure(clients: int, groups: str, workers: int, eval_every: int, rounds: in
     costs = [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
     records = sum(1 for _ in (out / "results.jsonl").open())
     report_dir = tmp / f"report-{clients}"
-    report_s, report_rss, _ = run_measured(fedpeft_command("report", str(out), "--out", str(report_dir)))
-    summary = (report_dir / "summary.md").read_text()
+    report = report_measured(out, report_dir)
+    sizes = output_sizes(report_dir)
     run_bytes = directory_bytes(out)
     federated_s = cost(costs, "fedit", "federated", "wall_s") or 0.0
     evaluation_s = cost(costs, "fedit", "evaluation", "wall_s")
@@ -166,10 +164,9 @@ def measure(clients: int, groups: str, workers: int, eval_every: int, rounds: in
         "personalization_client_s": cost(costs, "lora", "personalization", "wall_s_per_client"),
         "evaluation_s": evaluation_s,
         "run_bytes_per_client": round(run_bytes / clients),
-        "report_s": round(report_s, 2),
-        "report_peak_rss_mb": round(report_rss, 1),
-        "summary_longest_line": max(len(line) for line in summary.splitlines()),
-        "widest_plot_px": widest_plot(report_dir),
+        **report,
+        "summary_longest_line": sizes["summary_longest_line"],
+        "widest_plot_px": max((width for width, _ in sizes["plot_pixels"].values()), default=0),
     }
 
 
