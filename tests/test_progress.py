@@ -305,7 +305,7 @@ def test_the_end_of_a_run_prints_the_block_and_where_the_outputs_are(tmp_path, m
     table, _ = wide_gain_table()
 
     class Experiment:
-        def __init__(self, cfg, target, progress) -> None:
+        def __init__(self, cfg, target, progress, data=None) -> None:
             self.target = target
 
         def run(self, resume: bool, force: bool) -> None:
