@@ -20,16 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig, load_config
-from fedpeft.models.paper_configs import model_config
+from fedpeft.core.errors import UserError
 from fedpeft.planning.architecture import (
     GIB,
-    Architecture,
     activation_bytes,
     lora_parameters,
     parameters,
     weight_bytes,
 )
-from fedpeft.planning.architecture import from_config as architecture_of
+from fedpeft.planning.plan import model_architecture
 
 PRESETS = [
     "fedp2eft-xnli",
@@ -47,32 +46,6 @@ PRESETS = [
     "flame-alpagasus",
     "flame-alpagasus-dense",
 ]
-
-
-def from_cache(name: str) -> Architecture | None:
-    """The architecture from ``config.json`` of ``name`` in the local Hugging Face cache (``None``: not there)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    path = try_to_load_from_cache(name, "config.json")
-    if not isinstance(path, str):
-        return None
-    return from_config(path, source="hub cache")
-
-
-def from_config(path: str, source: str = "config.json") -> Architecture | None:
-    """The architecture a ``config.json`` file describes."""
-    with open(path) as f:
-        return architecture_of(json.load(f), source)
-
-
-def shipped(name: str) -> Architecture:
-    """The architecture of a preset's model from the configuration fedpeft ships (fedpeft/models/configs)."""
-    values = model_config(name)
-    if values is None:
-        raise SystemExit(f"no config.json is shipped for {name}")
-    return architecture_of(values, "shipped config.json")
 
 
 def models_of(cfg: ExperimentConfig) -> dict[str, ModelConfig]:
@@ -94,7 +67,7 @@ def estimate(preset: str) -> list[dict[str, Any]]:
     batch = largest(cfg, "batch_size") or 1
     rows = []
     for label, model in models_of(cfg).items():
-        arch = from_cache(model.name) or shipped(model.name)
+        arch = model_architecture(model)  # a local or cached config.json, else the one fedpeft ships
         lora = lora_parameters(arch, rank)
         length = arch.tokens or model.max_length
         rows.append(
@@ -163,8 +136,11 @@ def against_measured(path: str) -> list[dict[str, Any]]:
     for line in Path(path).read_text().splitlines():
         run = json.loads(line)
         measured = run.get("fedpeft_peak_cuda_mb")
-        arch = from_config(str(Path(run["model"]) / "config.json"))
-        if measured is None or arch is None:
+        if measured is None:
+            continue
+        try:
+            arch = model_architecture(ModelConfig(name=run["model"]))
+        except UserError:  # not a configuration the formulas model
             continue
         storage = {"4bit": "4bit", "8bit": "8bit"}.get(run.get("quantization") or "", run["dtype"])
         weights = weight_bytes(arch)["bfloat16" if storage == "float16" else storage]

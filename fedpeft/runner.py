@@ -49,7 +49,7 @@ from fedpeft.methods.base import DropoutConfig, FederatedConfig, MeanServerConfi
 from fedpeft.models.runtime import check_device, resolve_device
 from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.rundir import DATA_FILE, RunDirectory
-from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, base_model_dir, labelled_config  # noqa: F401
+from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, base_model_dir
 
 log = logging.getLogger("fedpeft")
 

@@ -20,8 +20,8 @@ from fedpeft.core.config import load_config
 from fedpeft.core.errors import UserError
 from fedpeft.core.figures import parse_formats, plot_formats, save_figure
 from fedpeft.report import read_records, render_csv, render_info, render_latex, write_csv, write_latex, write_summary
-from fedpeft.runner import Experiment, data_overview, labelled_config
-from fedpeft.worker import adapter_dir, same_tensors
+from fedpeft.runner import Experiment, data_overview
+from fedpeft.worker import adapter_dir, labelled_config, same_tensors
 
 RUN = [
     "data.groups=[lat1, lat4]",

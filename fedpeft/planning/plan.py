@@ -163,6 +163,7 @@ def model_architecture(model: ModelConfig) -> Architecture:
 
 def _hub_cache_config(name: str, revision: str | None) -> dict[str, Any] | None:
     import json
+    from pathlib import Path
 
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -170,7 +171,7 @@ def _hub_cache_config(name: str, revision: str | None) -> dict[str, Any] | None:
         path = try_to_load_from_cache(name, "config.json", revision=revision)
     except Exception:  # not a valid hub id
         return None
-    return dict(json.loads(open(path).read())) if isinstance(path, str) else None
+    return dict(json.loads(Path(path).read_text())) if isinstance(path, str) else None
 
 
 # The registered tiny and packaged models' shapes (fedpeft/models/tiny.py, vision.py, multimodal.py, packaged.py);
