@@ -1,11 +1,13 @@
-"""The progress display: plain lines when the output is a file (stages, base-stage epochs, rounds, clients done),
-bars with totals on a terminal, units that run at once (threads) each counting their own stage's rounds; and what
-`fedpeft run` prints at its end and in its --help."""
+"""The progress display: plain lines when the output is a file (stages, base-stage epochs, rounds, clients done,
+each with the time left), bars with totals on a terminal and one line that stays for each finished stage, units that
+run at once (threads) each counting their own stage's rounds; and what `fedpeft run` prints at its end and in its
+--help."""
 
 from __future__ import annotations
 
 import io
 import itertools
+import re
 import threading
 from types import SimpleNamespace
 
@@ -16,22 +18,63 @@ from rich.progress import TimeRemainingColumn
 from typer.testing import CliRunner
 
 from fedpeft.cli import app
-from fedpeft.core.progress import Progress
+from fedpeft.core.progress import Progress, duration
 from fedpeft.report.terminal import run_end_block
 from fedpeft.training import train_loop
 
 
-def test_a_plain_line_per_round_names_the_stage_and_the_round(capsys):
-    progress = Progress(plain=True)
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_plain_line_per_round_names_the_stage_and_the_round_and_the_time_left(capsys):
+    """Rounds of 90 s: the time left is the rounds to come at the pace so far; the last round's line has none."""
+    clock = Clock()
+    progress = Progress(plain=True, clock=clock)
     progress.stage("fedit: federated training, seed 0")
-    progress.rounds(2)
+    progress.rounds(3)
+    clock.now = 90.0
     progress.advance_round({"train_loss": 0.51234, "clients": 3, "seconds": 1.25})
+    clock.now = 200.0
+    progress.advance_round({})
+    clock.now = 270.0
     progress.advance_round({})
     assert capsys.readouterr().err.splitlines() == [
         "fedit: federated training, seed 0",
-        "fedit: federated training, seed 0: round 1/2, train loss 0.5123, 3 clients, 1.2 s",
-        "fedit: federated training, seed 0: round 2/2",
+        "fedit: federated training, seed 0: round 1/3, train loss 0.5123, 3 clients, 1.2 s, ~3 min left",
+        "fedit: federated training, seed 0: round 2/3, ~1 min 40 s left",
+        "fedit: federated training, seed 0: round 3/3",
     ]
+
+
+def test_a_resumed_stage_reckons_the_time_left_from_the_rounds_of_this_sitting(capsys):
+    clock = Clock()
+    progress = Progress(plain=True, clock=clock)
+    progress.stage("s")
+    clock.now = 1000.0  # the time before a resume is not this sitting's
+    progress.rounds(10, 4)
+    clock.now = 1012.0
+    progress.advance_round({})
+    assert capsys.readouterr().err.splitlines() == ["s", "s: round 5/10, ~1 min left"]
+
+
+def test_durations_read_as_seconds_minutes_or_hours():
+    assert [duration(s) for s in (0.04, 12.34, 59.4, 60, 192.4, 3599, 7500)] == [
+        "0.0 s",
+        "12.3 s",
+        "59.4 s",
+        "1 min",
+        "3 min 12 s",
+        "1 h",
+        "2 h 5 min",
+    ]
+    assert (duration(52.7, whole=True), duration(2.54, whole=True)) == ("53 s", "2.5 s")
 
 
 def test_units_in_threads_count_their_own_rounds(capsys):
@@ -54,7 +97,7 @@ def test_units_in_threads_count_their_own_rounds(capsys):
     turn[0].set()
     for thread in threads:
         thread.join(10)
-    rounds = [line for line in capsys.readouterr().err.splitlines() if "round" in line]
+    rounds = [line.split(", ~")[0] for line in capsys.readouterr().err.splitlines() if "round" in line]
     assert rounds == ["a: round 1/2", "b: round 1/2", "a: round 2/2", "b: round 2/2"]
 
 
@@ -79,16 +122,6 @@ def test_bars_of_units_in_threads_leave_each_other_alone():
         assert progress._bars is not None and len(progress._bars.task_ids) == 2 * 2  # each unit's last stage
 
 
-class Clock:
-    """A clock a test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_plain_lines_say_each_base_stage_epoch_with_its_loss_and_seconds(capsys):
     clock = Clock()
     progress = Progress(plain=True, clock=clock)
@@ -100,7 +133,7 @@ def test_plain_lines_say_each_base_stage_epoch_with_its_loss_and_seconds(capsys)
     progress.advance_epoch(2, 2, 0.9)
     assert capsys.readouterr().err.splitlines() == [
         "base model (centralized), seed 0",
-        "base model (centralized), seed 0: epoch 1/2, loss 1.2346, 61.0 s",
+        "base model (centralized), seed 0: epoch 1/2, loss 1.2346, 61.0 s, ~1 min 1 s left",
         "base model (centralized), seed 0: epoch 2/2, loss 0.9000, 59.5 s",
     ]
 
@@ -120,7 +153,7 @@ def test_plain_lines_count_clients_every_tenth_with_the_total_and_seconds_per_cl
     finish_clients(progress, clock, 600, 0.1)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "lora: personalization and evaluation, seed 0"
-    assert lines[1] == "lora: personalization and evaluation, seed 0: clients 60/600, 0.10 s per client"
+    assert lines[1] == "lora: personalization and evaluation, seed 0: clients 60/600, 0.10 s per client, ~54 s left"
     assert [line.split("clients ")[1].split(",")[0] for line in lines[1:]] == [f"{n}/600" for n in range(60, 601, 60)]
     assert lines[-1] == "lora: personalization and evaluation, seed 0: clients 600/600, 0.10 s per client, 60.0 s"
 
@@ -131,7 +164,7 @@ def test_plain_lines_for_slow_clients_come_every_half_minute_and_a_quick_stage_s
     progress.stage("slow")
     finish_clients(progress, clock, 100, 31.0)  # a tenth is 310 s: each client's 31 s pass the half minute
     slow = capsys.readouterr().err.splitlines()
-    assert len(slow) == 1 + 100 and slow[1] == "slow: clients 1/100, 31.00 s per client"
+    assert len(slow) == 1 + 100 and slow[1] == "slow: clients 1/100, 31.00 s per client, ~51 min 9 s left"
     progress.stage("quick")
     finish_clients(progress, clock, 14, 0.01)
     assert capsys.readouterr().err.splitlines() == ["quick", "quick: clients 14/14, 0.01 s per client, 0.1 s"]
@@ -170,6 +203,65 @@ def test_every_bar_has_a_total_and_the_time_left():
         progress.epochs(2)
         progress.rounds(5)
         assert all(task.total is not None for task in progress._bars.tasks)
+
+
+def screen_lines(stream: io.StringIO) -> list[str]:
+    """The lines a terminal shows of what was written to it, the bars' redraws (after a carriage return) left out."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())
+    return [line.split("\r")[-1] for line in text.splitlines()]
+
+
+def test_on_a_terminal_each_finished_stage_leaves_one_line_in_place_of_its_bars():
+    """A base stage, a federated stage with an evaluation between its rounds, a personalization and a stage cut
+    short: each finished one says what it counted and its time; the evaluation step and the cut stage say nothing."""
+    clock = Clock()
+    stream = io.StringIO()
+    progress = Progress(enabled=True, console=Console(file=stream, force_terminal=True, width=200), clock=clock)
+    with progress:
+        assert progress._bars is not None
+        progress.stage("base model (centralized), seed 0")
+        progress.epochs(2)
+        clock.now = 30.0
+        progress.advance_epoch(1, 2, 1.5)
+        clock.now = 61.5
+        progress.advance_epoch(2, 2, 0.91234)
+        assert progress._bars.tasks == []  # its bars gone with it
+        progress.stage("fedit: federated training, seed 0")
+        progress.rounds(2)
+        for round_ in (1, 2):
+            progress.clients(3, step=f"evaluation after round {round_}")
+            for _ in range(3):
+                clock.now += 10.0
+                progress.advance_client()
+            progress.advance_round({"train_loss": 0.6 / round_})
+        clock.now = 100.0
+        progress.stage("fedit: personalization and evaluation, seed 0")
+        progress.clients(4)
+        for _ in range(4):
+            clock.now += 48.0
+            progress.advance_client()
+        progress.stage("lora: federated training, seed 0")
+        progress.rounds(5)
+        progress.advance_round({})
+    lines = screen_lines(stream)
+    stays = [
+        "base model (centralized), seed 0: 2 epochs, loss 0.9123, 1 min 2 s",
+        "fedit: federated training, seed 0: 2 rounds, train loss 0.3000, 1 min",
+        "fedit: personalization and evaluation, seed 0: 4 clients, 48.00 s per client, 3 min 12 s",
+    ]
+    assert [line for line in lines if ", seed 0: " in line] == stays  # the bars' lines have no colon after the stage
+
+
+def test_on_a_terminal_a_resumed_stage_says_which_rounds_it_ran_in_one_line_however_narrow(capsys):
+    stream = io.StringIO()
+    progress = Progress(enabled=True, console=Console(file=stream, force_terminal=True, width=40), clock=Clock())
+    with progress:
+        progress.stage("fedit: federated training, seed 0")
+        progress.rounds(3, 1)
+        progress.advance_round({})
+        progress.advance_round({})
+    assert "fedit: federated training, seed 0: rounds 2-3, 0.0 s" in screen_lines(stream)
+    assert capsys.readouterr().err == ""  # the terminal's lines, not the redirected ones
 
 
 class Toy(torch.nn.Module):

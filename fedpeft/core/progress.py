@@ -1,6 +1,7 @@
-"""Progress display over stages, epochs, rounds and clients: rich bars with totals and time left on a terminal;
-plain lines on stderr when the output goes to a file (nohup, Slurm): one when a stage starts, one per base-stage
-epoch and per federated round, and the clients done, every tenth of them or every half minute; nothing when
+"""Progress display over stages, epochs, rounds and clients: rich bars with totals and time left on a terminal,
+where a finished stage's bars give way to one line that stays (what it counted and its time); plain lines on stderr
+when the output goes to a file (nohup, Slurm): one when a stage starts, one per base-stage epoch and per federated
+round, and the clients done, every tenth of them or every half minute, each with the time left; nothing when
 neither is asked for."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.progress import Progress as RichProgress
+from rich.text import Text
 
 log = logging.getLogger("fedpeft")
 
@@ -51,14 +53,22 @@ class _Unit(threading.local):
         self.clients_started = 0.0
         self.clients_shown = 0  # clients done at the last plain line
         self.clients_shown_at = 0.0
+        self.started = 0.0  # when the stage began
+        self.count = ""  # what the stage counts to its end: "epochs", "rounds" or "clients" (not a step's)
+        self.epochs_started = 0.0
+        self.rounds_started = 0.0
+        self.rounds_from = 0  # the rounds a resumed run had finished before this sitting
+        self.train_loss: float | None = None  # the last finished round's or epoch's loss, for the stage's line
 
 
 class Progress:
-    """Bars for the current stage: its epochs, rounds or clients, each with its total and time left (``enabled``);
-    or, with ``plain``, lines on stderr flushed at once: the stage's name when it starts, each base-stage epoch and
-    federated round, and the clients done (at most every tenth of them or half minute, and when the last is done:
-    :data:`CLIENT_LINE_FRACTION`). A no-op when both are False. Units that run at once in threads of their own
-    each have their own stage, counts and bars. ``clock`` gives the seconds the lines report (a test's own)."""
+    """Bars for the current stage: its epochs, rounds or clients, each with its total and time left (``enabled``),
+    and once the stage's count reaches its total, one line above the bars that stays (:func:`stage_line`) in place
+    of its bars; or, with ``plain``, lines on stderr flushed at once: the stage's name when it starts, each
+    base-stage epoch and federated round, and the clients done (at most every tenth of them or half minute, and when
+    the last is done: :data:`CLIENT_LINE_FRACTION`), each but a count's last with the time its count has left. A
+    no-op when both are False. Units that run at once in threads of their own each have their own stage, counts and
+    bars. ``clock`` gives the seconds the lines report (a test's own)."""
 
     def __init__(
         self,
@@ -106,6 +116,9 @@ class Progress:
         unit.round_task = unit.client_task = unit.epoch_task = None
         unit.clients_total = unit.clients_done = 0
         unit.step = ""
+        unit.started = self.clock()
+        unit.count = ""
+        unit.train_loss = None
         if self._bars is None:
             return
         for task in unit.tasks:
@@ -115,25 +128,33 @@ class Progress:
     def epochs(self, total: int) -> None:
         """Count the stage's ``total`` training epochs (a centralized base stage)."""
         unit = self._unit
-        unit.epoch_started = self.clock()
+        unit.epoch_started = unit.epochs_started = self.clock()
+        unit.count = unit.count or "epochs"
         if self._bars is not None:
             unit.epoch_task = self._add_bar("epochs", total)
 
     def advance_epoch(self, epoch: int, epochs: int, loss: float) -> None:
         """Count finished epoch ``epoch`` of ``epochs`` with mean loss ``loss`` (a
-        :data:`~fedpeft.training.EpochHook`); with ``plain``, print its line: the epoch, the loss and its seconds."""
+        :data:`~fedpeft.training.EpochHook`); with ``plain``, print its line: the epoch, the loss, its seconds and
+        the time the epochs left will take at the pace so far."""
         unit = self._unit
         now = self.clock()
         if self.plain:
-            self._say(f"{unit.stage}: epoch {epoch}/{epochs}, loss {loss:.4f}, {now - unit.epoch_started:.1f} s")
+            line = f"{unit.stage}: epoch {epoch}/{epochs}, loss {loss:.4f}, {now - unit.epoch_started:.1f} s"
+            self._say(line + time_left(now - unit.epochs_started, epoch, epochs))
         unit.epoch_started = now
+        unit.train_loss = loss
         if self._bars is not None and unit.epoch_task is not None:
             self._bars.update(unit.epoch_task, completed=epoch, total=epochs)
+        if unit.count == "epochs" and epoch >= epochs:
+            self._finished(f"{plural(epochs, 'epoch')}, loss {loss:.4f}")
 
     def rounds(self, total: int, done: int = 0) -> None:
         """Count the stage's ``total`` rounds from ``done`` (the rounds a resumed run finished before)."""
         unit = self._unit
         unit.round, unit.total = done, total
+        unit.rounds_from, unit.rounds_started = done, self.clock()
+        unit.count = unit.count or "rounds"
         if self._bars is not None:
             unit.round_task = self._add_bar("rounds", total, done)
 
@@ -145,6 +166,8 @@ class Progress:
         unit.clients_total, unit.clients_done, unit.clients_shown = total, 0, 0
         unit.clients_started = unit.clients_shown_at = self.clock()
         unit.step = step
+        if not step:
+            unit.count = unit.count or "clients"
         if self._bars is not None:
             if unit.client_task is not None:
                 self._bars.remove_task(unit.client_task)
@@ -153,14 +176,25 @@ class Progress:
 
     def advance_round(self, metrics: dict | None = None, evaluation_seconds: float | None = None) -> None:
         """Count one finished round; with ``plain``, print its line (:func:`round_line` of ``metrics`` and the
-        seconds of the evaluation after it, if there was one) to stderr."""
+        seconds of the evaluation after it, if there was one, then the time the rounds left will take at this
+        sitting's pace so far) to stderr."""
         log.debug("round done: %s", metrics)
         unit = self._unit
         unit.round += 1
+        metrics = metrics or {}
+        if "train_loss" in metrics:
+            unit.train_loss = float(metrics["train_loss"])
         if self.plain:
-            self._say(round_line(unit.stage, unit.round, unit.total, metrics or {}, evaluation_seconds))
+            line = round_line(unit.stage, unit.round, unit.total, metrics, evaluation_seconds)
+            done = unit.round - unit.rounds_from
+            self._say(line + time_left(self.clock() - unit.rounds_started, done, unit.total - unit.rounds_from))
         if self._bars is not None and unit.round_task is not None:
             self._bars.advance(unit.round_task)
+        if unit.count == "rounds" and unit.round == unit.total:
+            counted = unit.total - unit.rounds_from
+            rounds = plural(counted, "round") if not unit.rounds_from else f"rounds {unit.rounds_from + 1}-{unit.total}"
+            loss = "" if unit.train_loss is None else f", train loss {unit.train_loss:.4f}"
+            self._finished(rounds + loss)
 
     def advance_client(self) -> None:
         """Count one finished client of :meth:`clients` (a client of a federated round, which has no count of its
@@ -171,18 +205,33 @@ class Progress:
         if unit.clients_done >= unit.clients_total:
             return
         unit.clients_done += 1
-        if self._bars is not None and unit.client_task is not None:
-            self._bars.advance(unit.client_task)
-        if not self.plain:
-            return
         now = self.clock()
         done, total = unit.clients_done, unit.clients_total
+        if self._bars is not None and unit.client_task is not None:
+            self._bars.advance(unit.client_task)
+            if unit.count == "clients" and not unit.step and done == total:
+                self._finished(f"{plural(total, 'client')}, {(now - unit.clients_started) / total:.2f} s per client")
+        if not self.plain:
+            return
         since = now - unit.clients_shown_at
         tenth = done - unit.clients_shown >= max(1, math.ceil(total * CLIENT_LINE_FRACTION))
         if done == total or (tenth and since >= CLIENT_LINE_MIN_SECONDS) or since >= CLIENT_LINE_SECONDS:
             stage = f"{unit.stage}: {unit.step}" if unit.step else unit.stage
             self._say(clients_line(stage, done, total, now - unit.clients_started))
             unit.clients_shown, unit.clients_shown_at = done, now
+
+    def _finished(self, counted: str) -> None:
+        """On a terminal, end this thread's stage: remove its bars and print, above the others, the line that stays
+        (:func:`stage_line` of ``counted``, what it counted)."""
+        if self._bars is None:
+            return
+        unit = self._unit
+        for task in unit.tasks:
+            self._bars.remove_task(task)
+        unit.tasks = []
+        unit.round_task = unit.client_task = unit.epoch_task = None
+        # soft_wrap: a line wider than the terminal is wrapped by it, not broken by rich inside "2.8 s"
+        self._bars.console.print(Text(stage_line(unit.stage, counted, self.clock() - unit.started)), soft_wrap=True)
 
     def _add_bar(self, what: str, total: int, done: int = 0) -> TaskID:
         assert self._bars is not None
@@ -213,6 +262,37 @@ def round_line(stage: str, round_: int, total: int, metrics: dict, evaluation_se
 
 def clients_line(stage: str, done: int, total: int, seconds: float) -> str:
     """One plain line for the clients of a stage: how many are done of how many, the mean wall seconds per client
-    so far and, once all are done, the stage's seconds."""
+    so far and the time the others will take at that pace or, once all are done, the stage's seconds."""
     line = f"{stage}: clients {done}/{total}, {seconds / max(done, 1):.2f} s per client"
-    return line + (f", {seconds:.1f} s" if done == total else "")
+    return line + (f", {seconds:.1f} s" if done == total else time_left(seconds, done, total))
+
+
+def time_left(seconds: float, done: int, total: int) -> str:
+    """``, ~3 min 12 s left``: the time the ``total - done`` still to come take at the pace of the ``done`` that
+    took ``seconds``; empty once all are done (or none is, which gives no pace)."""
+    if done <= 0 or done >= total:
+        return ""
+    return f", ~{duration(seconds / done * (total - done), whole=True)} left"
+
+
+def stage_line(stage: str, counted: str, seconds: float) -> str:
+    """The line a finished stage leaves on a terminal: ``fedit: federated training, seed 0: 20 rounds, train loss
+    0.4123, 3 min 12 s``: the stage, what it counted (``counted``) and its time from its start."""
+    return f"{stage}: {counted}, {duration(seconds)}"
+
+
+def duration(seconds: float, *, whole: bool = False) -> str:
+    """``12.3 s`` (``whole``: ``12 s`` from ten seconds), ``3 min 12 s`` (or ``3 min``) from a minute, ``2 h 5 min``
+    from an hour."""
+    if seconds < 59.5:
+        return f"{seconds:.0f} s" if whole and seconds >= 9.95 else f"{seconds:.1f} s"
+    if seconds < 3570:
+        minutes, rest = divmod(round(seconds), 60)
+        return f"{minutes} min" + (f" {rest} s" if rest else "")
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 round``, ``20 rounds``."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
