@@ -82,6 +82,8 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig
         dtype=model.dtype,
         grad_accum_steps=cfg.train.grad_accum_steps,
         chat_template=model.chat_template,
+        max_steps=cfg.train.max_steps,
+        eval_max_batches=cfg.eval.max_batches,
     )
 
 

@@ -526,6 +526,9 @@ class EvalConfig(_Strict):
     per evaluated client; with every other client the evaluation costs time quadratic in the clients (each
     model on every other client's sample), with this cap linear. A federation of at most ``others_clients + 1``
     clients scores every other client, as does ``None``.
+
+    ``max_batches``: score each evaluation on its first ``max_batches`` batches only (``None``: every example); a
+    rehearsal (docs/rehearsal.md) sets it, a result never should.
     """
 
     batch_size: int = Field(default=64, ge=1)
@@ -533,6 +536,7 @@ class EvalConfig(_Strict):
     every: int | None = Field(default=None, ge=1)
     others_per_client: int = Field(default=16, ge=1)
     others_clients: int | None = Field(default=32, ge=1)
+    max_batches: int | None = Field(default=None, ge=1)
 
 
 class ValidationConfig(_Strict):
@@ -561,9 +565,14 @@ class TrainConfig(_Strict):
     ``grad_accum_steps``: each optimizer step accumulates the gradients of this many micro-batches of the
     method's ``batch_size``, weighted so that the step equals one step on a batch ``grad_accum_steps`` times as
     large (the same examples, the same loss); epochs count these larger steps.
+
+    ``max_steps``: cut every training call (a client's local work, a base stage, a fine-tuning) to at most this
+    many optimizer steps, whatever its epochs or steps say (``None``: no cap); a rehearsal (docs/rehearsal.md)
+    sets it, a result never should.
     """
 
     grad_accum_steps: int = Field(default=1, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
 
 
 class OutputConfig(_Strict):
@@ -651,6 +660,37 @@ class ClientsConfig(_Strict):
     speed: SpeedConfig = Field(default_factory=SpeedConfig)
 
 
+class RehearseConfig(_Strict):
+    """A rehearsal of the run on this machine (``fedpeft run CONFIG --rehearse``, docs/rehearsal.md): every phase
+    at its true shape (clients, pools, widths, adapters) with its compute cut, on stand-in data and a random-weight
+    model; its numbers are never results.
+
+    Attributes:
+        layers: the depth the models are cut to (``None``: their true depth).
+        rounds: the most rounds of every federated phase (and of any other count of rounds a method has).
+        steps: the most optimizer steps of every training call (``train.max_steps``).
+        eval_batches: the most batches of every evaluation (``eval.max_batches``).
+        new_tokens: the most tokens generated per answer (``eval.max_new_tokens``).
+        seeds: how many of the config's seeds to run (seeds share their shapes).
+        device: where the rehearsal runs.
+        check_full_depth: also time one training step of each model at its true depth, to check the step the
+            per-layer measurements extrapolate to (needs the whole model's memory).
+        models: set by the rehearsal: each stand-in checkpoint and the model it stands in for.
+        data: set by the rehearsal: what stands in for the dataset (``None``: the real data was read).
+    """
+
+    layers: int | None = Field(default=2, ge=1)
+    rounds: int = Field(default=2, ge=1)
+    steps: int = Field(default=1, ge=1)
+    eval_batches: int = Field(default=1, ge=1)
+    new_tokens: int = Field(default=4, ge=1)
+    seeds: int = Field(default=1, ge=1)
+    device: str = "cpu"
+    check_full_depth: bool = False
+    models: dict[str, str] = Field(default_factory=dict)
+    data: str | None = None
+
+
 class ExperimentConfig(_Strict):
     """A whole experiment: data, model, base stage, the methods to compare and their budgets.
 
@@ -664,7 +704,8 @@ class ExperimentConfig(_Strict):
     to every method (gradient accumulation). ``validation`` sets the server's checks of client updates;
     ``faults`` injects faults into clients' work (:mod:`fedpeft.core.faults`), on either engine, to test a
     method's robustness. ``clients`` describes the clients as devices (their speed on an asynchronous schedule's
-    virtual clock, docs/async.md).
+    virtual clock, docs/async.md). ``rehearse``: the run is a rehearsal (stand-in data, random weights, compute cut;
+    docs/rehearsal.md), whose numbers are never results.
     """
 
     name: str = "experiment"
@@ -687,6 +728,7 @@ class ExperimentConfig(_Strict):
     faults: list[FaultConfig] = Field(default_factory=list)
     log: LogConfig = Field(default_factory=LogConfig)
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
+    rehearse: RehearseConfig | None = None
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -1008,7 +1050,8 @@ EXECUTION_KEYS: dict[str, tuple[str, ...]] = {
 
 def same_run(config_text: str, other_text: str) -> bool:
     """Whether two resolved configs (:func:`dump_config`) describe the same run: equal but for
-    :data:`EXECUTION_KEYS` (e.g. a run started on two worker processes may resume on one)."""
+    :data:`EXECUTION_KEYS` (e.g. a run started on two worker processes may resume on one). Both are read through
+    today's schema first, so a run written before a key existed compares with that key at its default."""
     if config_text == other_text:
         return True
 
@@ -1016,6 +1059,10 @@ def same_run(config_text: str, other_text: str) -> bool:
         config = yaml.safe_load(text)
         if not isinstance(config, dict):
             return config
+        try:
+            config = validate(config).model_dump(mode="json")
+        except UserError:
+            pass  # not a config today's schema reads: compared as written
         for section, keys in EXECUTION_KEYS.items():
             if isinstance(config.get(section), dict):
                 config[section] = {k: v for k, v in config[section].items() if k not in keys}

@@ -20,15 +20,24 @@ class Evaluator:
         text: how examples (and generation prompts) become tensors.
         eval_batch_size: examples per forward pass.
         max_new_tokens: generation length.
+        max_batches: the most batches of one evaluation (``eval.max_batches``; ``None``: every example); a
+            rehearsal cuts every evaluation with it.
     """
 
     def __init__(
-        self, weights: ModelWeights, text: TextEncoder, *, eval_batch_size: int = 64, max_new_tokens: int = 32
+        self,
+        weights: ModelWeights,
+        text: TextEncoder,
+        *,
+        eval_batch_size: int = 64,
+        max_new_tokens: int = 32,
+        max_batches: int | None = None,
     ) -> None:
         self.weights = weights
         self.text = text
         self.eval_batch_size = eval_batch_size
         self.max_new_tokens = max_new_tokens
+        self.max_batches = max_batches
 
     @torch.no_grad()
     def predict(self, examples: list[Example]) -> list[Any]:
@@ -69,9 +78,12 @@ class Evaluator:
         return [tok.decode(row[width:], skip_special_tokens=True).strip() for row in generated]
 
     def evaluate(self, examples: list[Example]) -> Metrics:
-        """Task metrics on ``examples`` (accuracy, or METEOR / ROUGE-1 / ROUGE-L)."""
+        """Task metrics on ``examples`` (accuracy, or METEOR / ROUGE-1 / ROUGE-L); on the first ``max_batches``
+        batches of them when that is set."""
         from fedpeft import evaluation
 
+        if self.max_batches is not None:
+            examples = examples[: self.max_batches * self.eval_batch_size]
         predictions = self.predict(examples)
         if self.text.task == "classification":
             return {"accuracy": evaluation.accuracy(predictions, [int(ex["label"]) for ex in examples])}

@@ -162,6 +162,8 @@ class ModelRuntime:
             float32 (float16 also scales the loss with a ``GradScaler``; it needs a CUDA device).
         grad_accum_steps: micro-batches per optimizer step in :meth:`train` (``train.grad_accum_steps``).
         chat_template: format generation prompts (and training responses) with the tokenizer's chat template.
+        max_steps: the most optimizer steps of one :meth:`train` call (``train.max_steps``; ``None``: no cap).
+        eval_max_batches: the most batches of one :meth:`evaluate` call (``eval.max_batches``; ``None``: all).
     """
 
     def __init__(
@@ -175,6 +177,8 @@ class ModelRuntime:
         dtype: str = "float32",
         grad_accum_steps: int = 1,
         chat_template: bool = False,
+        max_steps: int | None = None,
+        eval_max_batches: int | None = None,
     ) -> None:
         self.loaded = loaded
         self.task: str = loaded.task
@@ -191,9 +195,13 @@ class ModelRuntime:
             dtype=DTYPES[dtype],
         )
         self.text = self._text_encoder(loaded, max_length=max_length, chat_template=chat_template)
-        self.trainer = Trainer(self.weights, self.text, grad_accum_steps=grad_accum_steps)
+        self.trainer = Trainer(self.weights, self.text, grad_accum_steps=grad_accum_steps, max_steps=max_steps)
         self.evaluator = Evaluator(
-            self.weights, self.text, eval_batch_size=eval_batch_size, max_new_tokens=max_new_tokens
+            self.weights,
+            self.text,
+            eval_batch_size=eval_batch_size,
+            max_new_tokens=max_new_tokens,
+            max_batches=eval_max_batches,
         )
         # Heterogeneous federations: the architecture this runtime serves and the federation it belongs to
         # (``fedpeft.federation.Federation``), set by the worker.

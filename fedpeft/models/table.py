@@ -208,7 +208,8 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedMode
         if fallback is None:
             raise UserError(f"The tokenizer of {model.name_or_path} has no pad, eos or unk token to pad with.")
         tokenizer.pad_token = fallback
-    if model.config.pad_token_id is None:
+    # An image-text config (LLaVA) may have no pad_token_id attribute at all.
+    if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None and generation_config.pad_token_id is None:

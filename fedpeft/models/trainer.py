@@ -28,12 +28,17 @@ class Trainer:
         weights: the model and its adapters.
         text: how examples become tensors.
         grad_accum_steps: micro-batches per optimizer step (``train.grad_accum_steps``).
+        max_steps: the most optimizer steps of one training call, whatever its epochs or steps
+            (``train.max_steps``; ``None``: no cap); a rehearsal cuts every client's training with it.
     """
 
-    def __init__(self, weights: ModelWeights, text: TextEncoder, *, grad_accum_steps: int = 1) -> None:
+    def __init__(
+        self, weights: ModelWeights, text: TextEncoder, *, grad_accum_steps: int = 1, max_steps: int | None = None
+    ) -> None:
         self.weights = weights
         self.text = text
         self.grad_accum_steps = grad_accum_steps
+        self.max_steps = max_steps
         # float16 gradients underflow without loss scaling; the scaler's scale carries over between train calls.
         self.scaler = torch.amp.GradScaler(weights.device.type) if weights.dtype == torch.float16 else None
 
@@ -41,10 +46,11 @@ class Trainer:
         """Number of optimizer steps for ``steps`` or ``epochs`` passes over ``n_examples``.
 
         With gradient accumulation ``batch_size`` is the examples of one step (micro-batch size x accumulation).
+        At most ``max_steps`` when that is set.
         """
-        if steps is not None:
-            return steps
-        return max(1, math.ceil(float(epochs or 1.0) * math.ceil(n_examples / batch_size)))
+        if steps is None:
+            steps = max(1, math.ceil(float(epochs or 1.0) * math.ceil(n_examples / batch_size)))
+        return steps if self.max_steps is None else min(steps, self.max_steps)
 
     def batches(self, examples: list[Example], batch_size: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
         """An endless stream of shuffled minibatches; each pass over the data is a new permutation."""
@@ -139,7 +145,7 @@ class Trainer:
                     after_step=after_step,
                     autocast=None if weights.dtype == torch.float32 else weights.autocast,
                     scaler=self.scaler,
-                    epoch_steps=self.steps_for(len(examples), batch_size * accumulation, 1.0, None),
+                    epoch_steps=math.ceil(len(examples) / (batch_size * accumulation)),
                     after_epoch=after_epoch,
                 )
 
