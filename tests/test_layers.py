@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"engine"},
     {"rundir"},
     {"runner", "personalize"},
+    {"rehearsal"},
     {"apps"},
     {"cli"},
 ]

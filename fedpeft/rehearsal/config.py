@@ -1,0 +1,75 @@
+"""The config of a rehearsal: the run's config with its compute cut and its model and data stood in for.
+
+Everything that gives the run its shape stays: the clients, pools, groups and per-client sizes, the methods and
+their settings (ranks, tiers, budgets, fractions, aggregation), the engine, the evaluation's splits, the outputs.
+What is cut, by :class:`~fedpeft.core.config.RehearseConfig`: the rounds of every federated phase (every method key
+that counts rounds), the optimizer steps of every training call (``train.max_steps``), the batches of every
+evaluation (``eval.max_batches``), the tokens generated per answer, the seeds, and the models' depth. The device is
+the rehearsal's (this CPU by default); float16, which needs a GPU, becomes bfloat16 on the CPU, and quantization,
+which needs CUDA, is dropped (both said in the rehearsal's notes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig
+from fedpeft.core.method_class import MethodConfig
+
+
+def is_round_count(key: str, value: Any) -> bool:
+    """Whether a method setting counts rounds (``rounds``, ``local_rounds``, ``svd_warmup_rounds``, ...)."""
+    return (key == "rounds" or key.endswith("_rounds")) and isinstance(value, int) and not isinstance(value, bool)
+
+
+def cut_method(entry: MethodConfig, rounds: int) -> MethodConfig:
+    """``entry`` with every round count at most ``rounds`` (an entry's own nested configs included)."""
+    updates: dict[str, Any] = {}
+    for key, value in entry:
+        if is_round_count(key, value) and value > rounds:
+            updates[key] = rounds
+        elif isinstance(value, MethodConfig):
+            updates[key] = cut_method(value, rounds)
+    return entry.model_copy(update=updates) if updates else entry
+
+
+def cut_model(model: ModelConfig, device: str, notes: list[str]) -> ModelConfig:
+    """``model`` as it can run on ``device``: float16 and quantization need a GPU."""
+    updates: dict[str, Any] = {}
+    if device == "cpu" and model.dtype == "float16":
+        updates["dtype"] = "bfloat16"
+        notes.append(f"{model.name}: model.dtype float16 needs a GPU; rehearsed in bfloat16 (the same bytes).")
+    if device == "cpu" and model.quantization is not None:
+        updates["quantization"] = None
+        notes.append(
+            f"{model.name}: model.quantization {model.quantization} needs CUDA; rehearsed unquantized in "
+            f"{model.dtype} (the plan gives the quantized memory)."
+        )
+    return model.model_copy(update=updates) if updates else model
+
+
+def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: list[str]) -> ExperimentConfig:
+    """``cfg`` with its compute cut as ``rehearse`` says (models and data are stood in for by the caller);
+    ``notes`` collects what had to change beyond the cut."""
+    device = rehearse.device
+    base = cfg.base
+    if base.method is not None:
+        base = base.model_copy(update={"method": cut_method(base.method, rehearse.rounds)})
+    return cfg.model_copy(
+        update={
+            "seeds": cfg.seeds[: rehearse.seeds],
+            "device": device,
+            "model": cut_model(cfg.model, device, notes),
+            "models": {name: cut_model(m, device, notes) for name, m in cfg.models.items()},
+            "methods": [cut_method(entry, rehearse.rounds) for entry in cfg.methods],
+            "base": base,
+            "train": cfg.train.model_copy(update={"max_steps": rehearse.steps}),
+            "eval": cfg.eval.model_copy(
+                update={
+                    "max_batches": rehearse.eval_batches,
+                    "max_new_tokens": min(cfg.eval.max_new_tokens, rehearse.new_tokens),
+                }
+            ),
+            "rehearse": rehearse,
+        }
+    )

@@ -1,0 +1,152 @@
+"""One training step of a stand-in model at several depths, each in a fresh process: the step time and peak memory
+per layer, and from them the step at the model's true depth.
+
+A step is the one a client takes in the rehearsed config: a batch of the first method's ``batch_size`` examples of
+the largest client, the config's ``max_length`` and dtype, a LoRA adapter (rank 8) on every target, forward,
+backward and the optimizer's update. Each depth runs in its own process (``python -m fedpeft.rehearsal.steps``), so
+that its peak resident memory (``ru_maxrss``) is its own. With depths ``d1 < d2`` measured, a layer costs
+``(t2 - t1) / (d2 - d1)`` and the rest (embeddings, head, optimizer) ``t1 - d1`` times that; the true depth's step is
+extrapolated from them, and measured too when it fits (``check_full_depth``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fedpeft.core.config import ExperimentConfig, dump_given
+from fedpeft.models.paper_configs import model_config
+from fedpeft.rehearsal.standin_model import cut_depth, true_depth
+
+MEASURED_STEPS = 2  # timed steps after one warm-up step
+
+
+def measure_steps(cfg: ExperimentConfig, *, check_full_depth: bool = False) -> list[dict[str, Any]]:
+    """Per stand-in model of the rehearsal config ``cfg``: its step at depth 1 and at the rehearsed depth (and at
+    its true depth with ``check_full_depth``), the per-layer cost and the extrapolated step at the true depth."""
+    assert cfg.rehearse is not None
+    results: list[dict[str, Any]] = []
+    models = cfg.models or {"": cfg.model}
+    batch_size = int(getattr(cfg.methods[0], "batch_size", 8) or 8)
+    with tempfile.TemporaryDirectory(prefix="fedpeft-steps-") as scratch:
+        config_file = Path(scratch) / "config.yaml"
+        config_file.write_text(dump_given(cfg))
+        for key, model in models.items():
+            name = cfg.rehearse.models.get(model.name)
+            original = model_config(name) if name is not None else None
+            if name is None or original is None:
+                continue
+            full = true_depth(original)
+            rehearsed = true_depth(json.loads((Path(model.name) / "config.json").read_text()))
+            depths = sorted({1, rehearsed} | ({full} if check_full_depth else set()))
+            measured = [_measure(config_file, key, Path(model.name), original, depth, batch_size) for depth in depths]
+            results.append(extrapolate(name, measured, full, batch_size, model.max_length))
+    return results
+
+
+def extrapolate(name: str, measured: list[dict[str, Any]], full: int, batch_size: int, length: int) -> dict[str, Any]:
+    """The per-layer step time and memory from the two shallowest depths of ``measured``, and the step at depth
+    ``full`` they give (with its error against a measurement at ``full``, if there is one)."""
+    entry: dict[str, Any] = {
+        "model": name,
+        "true_layers": full,
+        "batch_size": batch_size,
+        "length": length,
+        "depths": measured,
+    }
+    if len(measured) < 2:
+        return entry | {"per_layer_s": None}
+    low, high = measured[0], measured[1]
+    span = high["layers"] - low["layers"]
+    per_layer_s = (high["step_s"] - low["step_s"]) / span
+    per_layer_mb = (high["peak_rss_mb"] - low["peak_rss_mb"]) / span
+    entry |= {
+        "per_layer_s": per_layer_s,
+        "per_layer_mb": per_layer_mb,
+        "full_step_s": low["step_s"] + per_layer_s * (full - low["layers"]),
+        "full_peak_mb": low["peak_rss_mb"] + per_layer_mb * (full - low["layers"]),
+    }
+    at_full = next((m for m in measured[2:] if m["layers"] == full), None)
+    if at_full is not None:
+        entry["full_step_error"] = entry["full_step_s"] / at_full["step_s"] - 1
+        entry["full_peak_error"] = entry["full_peak_mb"] / at_full["peak_rss_mb"] - 1
+    return entry
+
+
+def _measure(
+    config_file: Path, key: str, standin: Path, original: dict[str, Any], depth: int, batch_size: int
+) -> dict[str, Any]:
+    """One depth's step, in a process of its own: a checkpoint directory whose config has ``depth`` layers and
+    whose other files are the stand-in's (layers the weights lack are drawn fresh, as a head is)."""
+    with tempfile.TemporaryDirectory(prefix="fedpeft-depth-") as directory:
+        for item in standin.iterdir():
+            if item.name != "config.json":
+                os.symlink(item, Path(directory) / item.name)
+        (Path(directory) / "config.json").write_text(json.dumps(cut_depth(original, depth)))
+        command = [sys.executable, "-m", "fedpeft.rehearsal.steps", str(config_file), key, directory, str(batch_size)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the step at depth {depth} failed:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"layers": depth, **result}
+
+
+def _one_depth(config_file: Path, key: str, directory: str, batch_size: int) -> dict[str, float]:
+    """Load the model in ``directory`` as the config's model ``key`` and time its training steps."""
+    import torch
+
+    from fedpeft.core.config import load_config
+    from fedpeft.models.weights import LoraSpec
+    from fedpeft.worker import build_data, build_runtime
+
+    cfg = load_config(str(config_file), [])
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    model = (cfg.models[key] if key else cfg.model).model_copy(update={"name": directory})
+    data = build_data(cfg)
+    before = _rss_mb()
+    runtime = build_runtime(cfg, data, model)
+    loaded = _rss_mb()
+    client = max(data.clients, key=lambda c: len(c.train))
+    examples = (client.train * batch_size)[:batch_size]
+    runtime.activate(LoraSpec(rank=8, alpha=16.0, targets=tuple(runtime.loaded.lora_targets)))
+    runtime.train(examples, lr=1e-4, batch_size=batch_size, seed=0, steps=1)  # warm-up
+    start = time.perf_counter()
+    runtime.train(examples, lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS)
+    seconds = (time.perf_counter() - start) / MEASURED_STEPS
+    return {
+        "step_s": seconds,
+        "peak_rss_mb": _peak_mb() - before,
+        "weights_mb": loaded - before,
+    }
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="One depth's training step of a rehearsal (internal).")
+    parser.add_argument("config")
+    parser.add_argument("key")
+    parser.add_argument("directory")
+    parser.add_argument("batch_size", type=int)
+    args = parser.parse_args()
+    print(json.dumps(_one_depth(Path(args.config), args.key, args.directory, args.batch_size)))
+
+
+if __name__ == "__main__":
+    main()

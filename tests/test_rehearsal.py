@@ -1,0 +1,145 @@
+"""The rehearsal (docs/rehearsal.md): the compute cut, the random-weight stand-ins at true width, the per-depth
+step measurements, and a whole preset rehearsed end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedpeft.core.config import ExperimentConfig, RehearseConfig, dump_config, load_config, same_run
+from fedpeft.methods.base import lora_spec
+from fedpeft.rehearsal.config import cut_method, is_round_count, rehearsal_config
+from fedpeft.rehearsal.standin_model import cut_depth, true_depth
+from fedpeft.rehearsal.steps import extrapolate
+
+# ------------------------------------------------------------------------------------------------ the cut knobs
+
+
+def test_max_steps_caps_every_training_call(toy_runtime, toy_clients):
+    rt = toy_runtime
+    rt.activate(lora_spec(rt, 4))
+    taken: list[int] = []
+    rt.trainer.max_steps = 3
+    rt.reset_adapter(seed=0)
+    rt.train(toy_clients[0].train, lr=1e-2, batch_size=8, seed=0, epochs=4.0, after_step=lambda *a: taken.append(1))
+    capped = rt.adapter_state()
+    assert len(taken) == 3 and rt.steps_for(48, 8, 4.0, None) == 3 and rt.steps_for(48, 8, None, 10) == 3
+    rt.trainer.max_steps = None
+    assert rt.steps_for(48, 8, 4.0, None) == 24
+    rt.reset_adapter(seed=0)
+    rt.train(toy_clients[0].train, lr=1e-2, batch_size=8, seed=0, steps=3)
+    for key, tensor in rt.adapter_state().items():  # the cut run is the first three steps of the long one
+        torch.testing.assert_close(tensor, capped[key], msg=key)
+
+
+def test_max_batches_cuts_every_evaluation(toy_runtime, toy_clients):
+    rt = toy_runtime
+    rt.eval_batch_size = 8
+    examples = toy_clients[0].test
+    first_batch = rt.evaluate(examples[:8])
+    rt.evaluator.max_batches = 1
+    assert rt.evaluate(examples) == first_batch
+    rt.evaluator.max_batches = None
+
+
+def test_a_run_written_before_a_key_existed_is_the_same_run():
+    cfg = ExperimentConfig()
+    text = dump_config(cfg)
+    older = text.replace("  max_steps: null\n", "").replace("rehearse: null\n", "")
+    assert older != text and same_run(text, older)
+    assert not same_run(text, dump_config(cfg.model_copy(update={"seeds": [1]})))
+
+
+# ------------------------------------------------------------------------------------------------ the config
+
+
+def test_the_cut_keeps_the_shape_and_cuts_the_compute():
+    cfg = load_config("fedp2eft-xnli", [])
+    notes: list[str] = []
+    cut = rehearsal_config(cfg, RehearseConfig(rounds=2, steps=1, eval_batches=1, seeds=1), notes)
+    assert cut.seeds == [0] and cut.device == "cpu" and notes == []
+    assert cut.train.max_steps == 1 and cut.eval.max_batches == 1
+    assert cut.base.method.rounds == 2 and cut.base.method.fraction == cfg.base.method.fraction
+    by_name = {entry.name: entry for entry in cut.methods}
+    assert by_name["fedp2eft"].rounds == 2 and by_name["fedl2p"].rounds == 2
+    assert by_name["lora"] == next(e for e in cfg.methods if e.name == "lora")  # nothing to cut
+    assert cut.data == cfg.data and cut.budgets == cfg.budgets and cut.engine == cfg.engine
+
+
+def test_round_counts_are_found_by_name():
+    assert is_round_count("rounds", 600) and is_round_count("local_rounds", 300)
+    assert is_round_count("svd_warmup_rounds", 5)
+    assert not is_round_count("rounds", True) and not is_round_count("local_steps", 5)
+    cfg = load_config("potara-cifar100", [])
+    potara = next(e for e in cfg.methods if e.name == "potara")
+    cut = cut_method(potara, 2)
+    assert (cut.rounds, cut.local_rounds, cut.rank, cut.batch_size) == (2, 2, potara.rank, potara.batch_size)
+
+
+def test_float16_and_quantization_become_what_the_cpu_runs():
+    cfg = load_config("smoke", ["model.dtype=float16"])
+    notes: list[str] = []
+    cut = rehearsal_config(cfg, RehearseConfig(), notes)
+    assert cut.model.dtype == "bfloat16" and len(notes) == 1 and "float16" in notes[0]
+
+
+# ------------------------------------------------------------------------------------------------ the stand-in model
+
+
+def test_depth_is_cut_in_text_model_and_vision_tower():
+    from fedpeft.models.paper_configs import model_config
+
+    llava = model_config("checkpoints/llava-llama3.2-1b")
+    assert llava is not None
+    cut = cut_depth(llava, 2)
+    assert cut["text_config"]["num_hidden_layers"] == 2 and cut["vision_config"]["num_hidden_layers"] == 2
+    assert true_depth(llava) == 16 and true_depth(cut) == 2
+    qwen = model_config("Qwen/Qwen3-4B-Instruct-2507")
+    assert qwen is not None
+    cut = cut_depth(qwen, 3)
+    assert cut["num_hidden_layers"] == 3 and cut["max_window_layers"] <= 3
+    assert len(cut.get("layer_types", [None] * 3)) == 3
+    assert cut_depth(qwen, None) == qwen and qwen["num_hidden_layers"] == 36  # the original is left alone
+
+
+def test_standin_checkpoint_loads_at_true_width(tmp_path, monkeypatch):
+    """mBERT cut to one layer: the real loader reads it (a fresh classification head), every width and the
+    vocabulary as the real model's."""
+    from fedpeft.core.config import ModelConfig
+    from fedpeft.models.paper_configs import model_config
+    from fedpeft.models.table import load_model
+    from fedpeft.rehearsal.standin_model import standin_checkpoint
+
+    monkeypatch.setenv("FEDPEFT_CACHE", str(tmp_path))
+    config = model_config("google-bert/bert-base-multilingual-cased")
+    assert config is not None
+    texts = [f"premise number {i} about things and hypothesis {i % 7}" for i in range(200)]
+    path = standin_checkpoint("google-bert/bert-base-multilingual-cased", config, layers=1, texts=texts)
+    assert path == standin_checkpoint("google-bert/bert-base-multilingual-cased", config, layers=1, texts=texts)
+    loaded = load_model(ModelConfig(name=str(path), max_length=128), task="classification", num_labels=3)
+    model = loaded.model
+    assert model.config.num_hidden_layers == 1 and model.config.hidden_size == config["hidden_size"]
+    assert model.bert.embeddings.word_embeddings.weight.shape == (config["vocab_size"], config["hidden_size"])
+    assert len(loaded.tokenizer) == config["vocab_size"]
+    encoded = loaded.tokenizer("premise number 3", "hypothesis 2")
+    assert encoded["input_ids"][0] == loaded.tokenizer.cls_token_id and 0 < len(encoded["input_ids"]) < 16
+    assert torch.isfinite(model(**loaded.tokenizer("premise", return_tensors="pt")).logits).all()
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def test_extrapolation_from_two_depths():
+    measured = [
+        {"layers": 1, "step_s": 1.0, "peak_rss_mb": 500.0},
+        {"layers": 2, "step_s": 1.5, "peak_rss_mb": 600.0},
+        {"layers": 12, "step_s": 6.0, "peak_rss_mb": 1800.0},
+    ]
+    entry = extrapolate("m", measured, 12, 32, 128)
+    assert entry["per_layer_s"] == pytest.approx(0.5) and entry["per_layer_mb"] == pytest.approx(100.0)
+    assert entry["full_step_s"] == pytest.approx(6.5) and entry["full_peak_mb"] == pytest.approx(1600.0)
+    assert entry["full_step_error"] == pytest.approx(6.5 / 6.0 - 1)
+    assert extrapolate("m", measured[:1], 12, 32, 128)["per_layer_s"] is None
+    json.dumps(entry)  # written to rehearsal.json as it is
