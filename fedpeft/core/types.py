@@ -49,6 +49,9 @@ class ClientUpdate:
         extras: uploads besides tensors to average (activation counts, gradient sketches, ...).
         staleness: the server steps since the client got the state it trained from, set by the server under an
             asynchronous schedule (0 in synchronous rounds).
+        share: the client's weight in an asynchronous server step with APPFL's client weights
+            (``schedule.client_weights``: 1/N, or its examples over those of the phase's N clients), set by the
+            server; ``None`` otherwise (the step weights ``weight`` over the step's updates).
     """
 
     client_id: ClientId
@@ -57,6 +60,7 @@ class ClientUpdate:
     metrics: Metrics = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     staleness: int = 0
+    share: float | None = None
 
 
 @dataclass

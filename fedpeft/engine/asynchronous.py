@@ -15,7 +15,9 @@ costs the CPU of the clients it trains. The loop (:func:`run_asynchronous`):
    batch per state version);
 3. each arrival is checked like a synchronous round's update (failures and rejections recorded the same way), and
    so is its staleness u (server steps since its state): u > ``max_staleness`` is rejected; a valid one is
-   buffered with its staleness;
+   buffered with its staleness (and, with APPFL's ``client_weights``, its client's share of the federation; with
+   ``delta_from: start``, moved onto the current state with its difference from the state it trained from kept,
+   :func:`fedpeft.merging.staleness.rebase`);
 4. with K updates buffered (K = 1 for FedAsync) the server steps (``method.aggregate``, whose server step weights
    and mixes them, :mod:`fedpeft.merging.staleness`); the step is a round of the records, its metrics with
    ``virtual_time`` and ``staleness``, and the callbacks run as after a synchronous round.
@@ -36,7 +38,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol, cast
@@ -49,6 +51,7 @@ from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.engine.rounds import ClientOutcome, Engine, RoundCallback, RoundTally
 from fedpeft.engine.validation import UpdateChecks
+from fedpeft.merging.staleness import rebase
 from fedpeft.methods.base import Method
 from fedpeft.settings.schedule import ScheduleConfig
 
@@ -245,6 +248,31 @@ def flight_sizes(label: str, schedule: ScheduleConfig, per_round: int, clients: 
     return concurrency, buffer_size
 
 
+def client_shares(
+    label: str, schedule: ScheduleConfig, client_ids: list[str], sizes: Mapping[str, int]
+) -> dict[str, float] | None:
+    """Each client's weight w in a server step of method ``label``'s ``schedule`` under APPFL's client weights
+    (``client_weights``): 1/N for ``equal``, its training examples (``sizes``) over those of the N clients
+    ``client_ids`` for ``sample_size``; ``None`` for fedpeft's ``buffer`` (the step weights the updates it has).
+
+    Raises:
+        UserError: ``sample_size`` when the server knows no training-set size of some client, or only empty ones.
+    """
+    if schedule.client_weights == "buffer":
+        return None
+    if schedule.client_weights == "equal":
+        return {c: 1.0 / len(client_ids) for c in client_ids}
+    unknown = [c for c in client_ids if c not in sizes]
+    total = sum(sizes.get(c, 0) for c in client_ids)
+    if unknown or total <= 0:
+        why = f"of client {unknown[0]!r} is unknown to the server" if unknown else "of every client is 0"
+        raise UserError(
+            f"Method {label!r} sets schedule.client_weights: sample_size, which weighs each client by its training "
+            f"examples over the federation's, but the training-set size {why}; use client_weights: equal or buffer."
+        )
+    return {c: sizes[c] / total for c in client_ids}
+
+
 def run_asynchronous(
     engine: Engine,
     label: str,
@@ -265,9 +293,11 @@ def run_asynchronous(
 
     ``in_flight``: kept up to date, before the callbacks of each server step, with the clients then in flight
     (the checkpoint lists them); given non-empty, as on a resume, those clients are dispatched first, with the
-    restored state (the updates they were training were lost with the interrupted run)."""
+    restored state (the updates they were training were lost with the interrupted run). APPFL's ``sample_size``
+    client weights take the clients' training-set sizes the server knows from ``checks``."""
     per_round = len(method.sample(client_ids, state.round, seed))
     concurrency, buffer_size = flight_sizes(label, schedule, per_round, len(client_ids))
+    shares = client_shares(label, schedule, client_ids, checks.sizes)
     flights: list[Flight] = []
     buffer: list[ClientUpdate] = []
     dispatches, streak = 0, 0
@@ -336,7 +366,11 @@ def run_asynchronous(
                         )
                     continue
                 streak = 0
-                buffer.append(dataclasses.replace(update, staleness=staleness))
+                if schedule.delta_from == "start" and staleness > 0:  # the state it trained from is not the current
+                    now = method.payload(state, flight.client_id).tensors
+                    update = dataclasses.replace(update, tensors=rebase(update.tensors, flight.payload.tensors, now))
+                share = None if shares is None else shares[flight.client_id]
+                buffer.append(dataclasses.replace(update, staleness=staleness, share=share))
                 if len(buffer) < buffer_size:
                     continue
                 new_state, metrics = method.aggregate(state, iter(buffer))

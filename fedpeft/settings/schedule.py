@@ -5,7 +5,9 @@ A synchronous schedule (the default) waits for every client sampled in a round. 
 the current global state), and step the server as updates arrive: FedBuff (Nguyen et al., AISTATS 2022) once
 ``buffer_size`` updates are buffered, FedAsync (Xie et al., 2019) on every update. An update's staleness is the
 number of server steps since its client got its state; it is weighted by the ``staleness`` function of it, and one
-staler than ``max_staleness`` is rejected. See docs/async.md.
+staler than ``max_staleness`` is rejected. How the server step weights the clients and what an update's difference
+is taken from follow fedpeft's choices by default, or APPFL's (``client_weights``, ``delta_from``; docs/async.md
+lists each choice).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ScheduleKind = Literal["sync", "fedbuff", "fedasync"]
 StalenessKind = Literal["constant", "polynomial", "hinge"]
+ClientWeights = Literal["buffer", "equal", "sample_size"]
+DeltaFrom = Literal["global", "start"]
 
 FEDASYNC_MIXING = 0.9
 """FedAsync's default mixing weight alpha (APPFL's ``FedAsyncAggregator`` default)."""
@@ -36,6 +40,12 @@ class ScheduleConfig(BaseModel):
         staleness_b: b of ``hinge``.
         server_lr: FedBuff's server learning rate (1: the step is the buffer's weighted mean when every update is
             fresh), or FedAsync's mixing weight alpha (default 0.9).
+        client_weights: w_k, a client's weight in the server step: ``buffer`` (fedpeft's: its examples over those
+            of the step's updates; 1 under FedAsync), ``equal`` (APPFL's ``client_weights_mode: equal``: 1/N, N
+            the clients of the federated phase) or ``sample_size`` (APPFL's: its examples over those of the N).
+        delta_from: what an update's difference is taken from: ``global`` (the global state it is mixed into, as
+            APPFL's aggregators with updates sent as models) or ``start`` (the state the client trained from, as
+            APPFL's with ``send_gradient: True``, its example configs' setting).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -48,11 +58,15 @@ class ScheduleConfig(BaseModel):
     staleness_a: float = Field(default=0.5, ge=0)
     staleness_b: float = Field(default=4.0, ge=0)
     server_lr: float | None = Field(default=None, gt=0)
+    client_weights: ClientWeights = "buffer"
+    delta_from: DeltaFrom = "global"
 
     @model_validator(mode="after")
     def _consistent(self) -> ScheduleConfig:
         if self.kind == "sync":
             asked = [key for key in ("concurrency", "buffer_size", "max_staleness", "server_lr") if getattr(self, key)]
+            defaults = {"client_weights": "buffer", "delta_from": "global"}  # the choices between fedpeft and APPFL
+            asked += [key for key, value in defaults.items() if getattr(self, key) != value]
             if asked:
                 raise ValueError(f"{', '.join(asked)} apply to an asynchronous schedule; set kind: fedbuff or fedasync")
         if self.kind == "fedasync" and self.buffer_size not in (None, 1):
