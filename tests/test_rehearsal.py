@@ -143,3 +143,20 @@ def test_extrapolation_from_two_depths():
     assert entry["full_step_error"] == pytest.approx(6.5 / 6.0 - 1)
     assert extrapolate("m", measured[:1], 12, 32, 128)["per_layer_s"] is None
     json.dumps(entry)  # written to rehearsal.json as it is
+
+
+def test_the_plan_of_a_rehearsal_counts_its_cut():
+    """Planned as it runs: one step per training call, one batch per client's evaluation, two rounds."""
+    from fedpeft.planning.plan import make_plan
+
+    cfg = load_config("fedp2eft-xnli", [])
+    cut = rehearsal_config(cfg, RehearseConfig(rounds=2, steps=1, eval_batches=1, seeds=1), [])
+    phases = {(p.method, p.phase): p for p in make_plan(cut).phases}
+    base = phases[("base: fedavg_full", "base stage")]
+    assert base.rounds == 2 and base.clients_per_round == 30 and base.steps == pytest.approx(2 * 30)
+    lora = phases[("lora", "personalization")]
+    assert lora.steps == pytest.approx(600 * 4)  # 600 clients, one step per budget
+    evaluation = phases[("base model", "evaluation")]
+    assert evaluation.examples <= 600 * cut.eval.batch_size
+    full = {(p.method, p.phase): p for p in make_plan(cfg).phases}
+    assert full[("lora", "personalization")].steps > 10 * lora.steps

@@ -291,6 +291,7 @@ class _Planner:
         self.budgets = list(cfg.budgets)
         self.generation = self.federation.task == "generation"
         self.accum = cfg.train.grad_accum_steps
+        self.max_steps = cfg.train.max_steps  # a rehearsal's cut of every training call
 
     # ------------------------------------------------------------------------------------------ shared sizes
     def tokens(self, examples: float | None) -> float | None:
@@ -319,8 +320,16 @@ class _Planner:
         labels = self.federation.labels
         return self.mean(lambda m: sum(adapter_split(m, method, self.budgets, labels))) * FLOAT32
 
+    def call(self, examples: float, batch: int) -> float:
+        """The examples one training call of ``examples`` processes under ``train.max_steps``."""
+        return examples if self.max_steps is None else min(examples, float(self.max_steps * batch))
+
     def examples_per_client_round(self, method: MethodConfig, per_client: float | None) -> float | None:
         batch = int(_field(method, "batch_size", 16)) * self.accum
+        examples = self._examples_per_client_round(method, per_client, batch)
+        return None if examples is None else self.call(examples, batch)
+
+    def _examples_per_client_round(self, method: MethodConfig, per_client: float | None, batch: int) -> float | None:
         steps = _field(method, "local_steps")
         if steps is not None:
             return float(steps * batch)
@@ -385,20 +394,24 @@ class _Planner:
         budgets = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
         total = 0.0
         local_rounds = _field(method, "local_rounds")
+        call = self.call
         if method.name == "local":
-            total += int(_field(method, "rounds", 0)) * int(_field(method, "local_steps", 0)) * batch
+            total += int(_field(method, "rounds", 0)) * call(int(_field(method, "local_steps", 0)) * batch, batch)
         if local_rounds:
-            total += int(local_rounds) * int(_field(method, "local_steps") or 1) * batch
+            total += int(local_rounds) * call(int(_field(method, "local_steps") or 1) * batch, batch)
         if _field(method, "finetune_steps"):
-            total += int(_field(method, "finetune_steps")) * batch
-        epochs = float(_field(method, "epochs", 0.0) or 0.0) + float(_field(method, "finetune_epochs", 0.0) or 0.0)
+            total += call(int(_field(method, "finetune_steps")) * batch, batch)
+        epochs = float(_field(method, "epochs", 0.0) or 0.0)
+        finetune = float(_field(method, "finetune_epochs", 0.0) or 0.0)
         stage1 = float(_field(method, "stage1_epochs", 0.0) or 0.0) if _field(method, "r_init") else 0.0
         stage1_steps = _field(method, "stage1_steps")
-        if epochs or stage1:
+        if epochs or finetune or stage1:
             if per_client is None:
                 return None
-            total += epochs * per_client * budgets
-            total += stage1_steps * batch if stage1_steps else stage1 * per_client
+            for length in (epochs, finetune):
+                total += call(length * per_client, batch) * budgets if length else 0.0
+            if stage1_steps or stage1:
+                total += call(stage1_steps * batch if stage1_steps else stage1 * per_client, batch)
         return total
 
     def personalization(self, method: MethodConfig, label: str, times: int) -> Phase | None:
@@ -433,6 +446,9 @@ class _Planner:
         test = self.federation.test_rows
         known = all(v is not None for v in test.values())
         examples = float(sum(v or 0 for v in test.values())) * passes if known else None
+        cut = self.cfg.eval.max_batches  # a rehearsal's cut: each client's evaluation on its first batches
+        if examples is not None and cut is not None and clients:
+            examples = min(examples, float(cut * self.cfg.eval.batch_size * clients * passes))
         new_tokens = self.cfg.eval.max_new_tokens if self.generation else 0
         tokens = None if examples is None else examples * self.mean(lambda m: m.tokens_per_example + new_tokens)
         flops = None if examples is None else examples * self.mean(
@@ -468,7 +484,7 @@ class _Planner:
             phase = self.federated(base.method, f"base: {base.method.name}", times, base=True)
             return [phase] if phase else []
         if base.kind == "centralized":
-            examples = base.epochs * self.federation.base_rows
+            examples = self.call(base.epochs * self.federation.base_rows, base.batch_size)
             method = base.method.model_copy(update={"batch_size": base.batch_size}) if hasattr(
                 base.method, "batch_size") else base.method  # fmt: skip
             return [Phase(
