@@ -159,4 +159,4 @@ def test_the_plan_of_a_rehearsal_counts_its_cut():
     evaluation = phases[("base model", "evaluation")]
     assert evaluation.examples <= 600 * cut.eval.batch_size
     full = {(p.method, p.phase): p for p in make_plan(cfg).phases}
-    assert full[("lora", "personalization")].steps > 10 * lora.steps
+    assert full[("lora", "personalization")].steps > 5 * lora.steps
