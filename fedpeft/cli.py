@@ -82,6 +82,14 @@ def run(
         Optional[str],  # noqa: UP045
         typer.Option("--plot-format", help="Plot file formats, comma-separated: png,pdf,svg (output.plot_formats)."),
     ] = None,
+    rehearse: Annotated[
+        bool,
+        typer.Option(
+            "--rehearse",
+            help="Rehearse the run here: true shapes, stand-in data, random weights, compute cut (rehearse.*; "
+            "docs/rehearsal.md). Default --out runs/<name>-rehearsal.",
+        ),
+    ] = False,
 ) -> None:
     """Run an experiment and write its outputs (config, results, costs, summary, plots, adapters).
 
@@ -90,6 +98,7 @@ def run(
     Examples:
       fedpeft run quickstart
       fedpeft run my.yaml --set seeds=[0] --out runs/x
+      fedpeft run fedp2eft-xnli --rehearse
     """
     _setup_logging(verbose)
     from fedpeft.core.config import apply_override, load_raw, validate
@@ -106,19 +115,32 @@ def run(
             raise UserError(f"Unknown engine {engine!r}; choose local or flower.")
         overrides.append(f"engine.name={engine}")
     raw = load_raw(config)
+    if rehearse and not isinstance(raw.get("rehearse"), dict):
+        raw["rehearse"] = {}
     for assignment in overrides:
         apply_override(raw, assignment)
+    rehearsal = raw.get("rehearse") is not None
+    suffix = "-rehearsal" if rehearsal else ""
     if not resume and (out is not None or isinstance(raw.get("name"), str)):
         from fedpeft.rundir import refuse_existing_run
 
-        refuse_existing_run(out or Path("runs") / path_component(raw["name"]))  # before torch is imported
-    check_raw_model(raw)  # a model nothing could load without the hub ends here, before torch is imported
+        refuse_existing_run(out or Path("runs") / (path_component(raw["name"]) + suffix))  # before torch is imported
+    if not rehearsal:  # a rehearsal loads no weights: its models stand in for themselves
+        check_raw_model(raw)  # a model nothing could load without the hub ends here, before torch is imported
     cfg = validate(raw)  # and so does a misspelt method or dataset name
     data = _read_own_files(cfg)  # and so does every problem with a user's own data files
     _quiet_libraries(verbose)
+    notes: list[str] = []
+    step_batch = 0
+    if cfg.rehearse is not None:
+        from fedpeft.rehearsal.driver import prepare
+        from fedpeft.rehearsal.steps import first_batch
+
+        step_batch = first_batch(cfg)  # the step is measured at the uncut batch
+        cfg, notes = prepare(cfg)
     from fedpeft.runner import Experiment
 
-    target = out or Path("runs") / path_component(cfg.name)  # the name is one directory below runs/
+    target = out or Path("runs") / (path_component(cfg.name) + suffix)  # the name is one directory below runs/
     terminal = sys.stderr.isatty()
     with Progress(enabled=terminal, plain=not terminal) as progress:
         if cfg.engine.name == "flower":
@@ -127,10 +149,18 @@ def run(
             run_flower_simulation(cfg, target, resume=resume, force=force, progress=progress)
         else:
             Experiment(cfg, target, progress=progress, data=data).run(resume=resume, force=force)
-    from fedpeft.report.terminal import run_end_block
+    if cfg.rehearse is not None:
+        from fedpeft.rehearsal.driver import summarize, summary_lines
+        from fedpeft.rehearsal.steps import measure_steps
 
-    for line in run_end_block(target, every_table=verbose):
-        typer.echo(line)
+        steps = measure_steps(cfg, step_batch, check_full_depth=cfg.rehearse.check_full_depth)
+        for line in summary_lines(summarize(target, cfg, notes, steps)):
+            typer.echo(line)
+    else:
+        from fedpeft.report.terminal import run_end_block
+
+        for line in run_end_block(target, every_table=verbose):
+            typer.echo(line)
     console.print(f"Outputs written to [bold]{target}[/bold]", soft_wrap=True)
 
 

@@ -64,8 +64,13 @@ def test_the_cut_keeps_the_shape_and_cuts_the_compute():
     assert cut.base.method.rounds == 2 and cut.base.method.fraction == cfg.base.method.fraction
     by_name = {entry.name: entry for entry in cut.methods}
     assert by_name["fedp2eft"].rounds == 2 and by_name["fedl2p"].rounds == 2
-    assert by_name["lora"] == next(e for e in cfg.methods if e.name == "lora")  # nothing to cut
+    lora = next(e for e in cfg.methods if e.name == "lora")
+    assert by_name["lora"] == lora.model_copy(update={"batch_size": 4})  # no rounds to cut; its batch only
+    assert cut.eval.batch_size == 4 and cut.base.method.batch_size == 4
+    assert by_name["fedl2p"].outer_batch_size == 4  # every batch of a method
     assert cut.data == cfg.data and cut.budgets == cfg.budgets and cut.engine == cfg.engine
+    kept = rehearsal_config(cfg, RehearseConfig(batch_size=None), [])
+    assert [e.batch_size for e in kept.methods] == [e.batch_size for e in cfg.methods]
 
 
 def test_round_counts_are_found_by_name():

@@ -670,6 +670,8 @@ class RehearseConfig(_Strict):
         rounds: the most rounds of every federated phase (and of any other count of rounds a method has).
         steps: the most optimizer steps of every training call (``train.max_steps``).
         eval_batches: the most batches of every evaluation (``eval.max_batches``).
+        batch_size: the most examples of every batch of the run, training and evaluation (``None``: the
+            config's); the per-depth step measurements use the config's own batch.
         new_tokens: the most tokens generated per answer (``eval.max_new_tokens``).
         seeds: how many of the config's seeds to run (seeds share their shapes).
         device: where the rehearsal runs.
@@ -683,6 +685,7 @@ class RehearseConfig(_Strict):
     rounds: int = Field(default=2, ge=1)
     steps: int = Field(default=1, ge=1)
     eval_batches: int = Field(default=1, ge=1)
+    batch_size: int | None = Field(default=4, ge=1)
     new_tokens: int = Field(default=4, ge=1)
     seeds: int = Field(default=1, ge=1)
     device: str = "cpu"

@@ -4,7 +4,9 @@ Everything that gives the run its shape stays: the clients, pools, groups and pe
 their settings (ranks, tiers, budgets, fractions, aggregation), the engine, the evaluation's splits, the outputs.
 What is cut, by :class:`~fedpeft.core.config.RehearseConfig`: the rounds of every federated phase (every method key
 that counts rounds), the optimizer steps of every training call (``train.max_steps``), the batches of every
-evaluation (``eval.max_batches``), the tokens generated per answer, the seeds, and the models' depth. The device is
+evaluation (``eval.max_batches``) and the examples of every batch (training and evaluation), the tokens generated
+per answer, the seeds, and the models' depth. The step at the config's own batch is measured apart
+(:mod:`fedpeft.rehearsal.steps`). The device is
 the rehearsal's (this CPU by default); float16, which needs a GPU, becomes bfloat16 on the CPU, and quantization,
 which needs CUDA, is dropped (both said in the rehearsal's notes).
 """
@@ -22,14 +24,22 @@ def is_round_count(key: str, value: Any) -> bool:
     return (key == "rounds" or key.endswith("_rounds")) and isinstance(value, int) and not isinstance(value, bool)
 
 
-def cut_method(entry: MethodConfig, rounds: int) -> MethodConfig:
-    """``entry`` with every round count at most ``rounds`` (an entry's own nested configs included)."""
+def is_batch(key: str, value: Any) -> bool:
+    """Whether a method setting is a batch's size (``batch_size``, ``outer_batch_size``, ...)."""
+    return key.endswith("batch_size") and isinstance(value, int) and not isinstance(value, bool)
+
+
+def cut_method(entry: MethodConfig, rounds: int, batch_size: int | None = None) -> MethodConfig:
+    """``entry`` with every round count at most ``rounds`` and its ``batch_size`` at most ``batch_size`` (an
+    entry's own nested configs included)."""
     updates: dict[str, Any] = {}
     for key, value in entry:
         if is_round_count(key, value) and value > rounds:
             updates[key] = rounds
+        elif is_batch(key, value) and batch_size is not None and value > batch_size:
+            updates[key] = batch_size
         elif isinstance(value, MethodConfig):
-            updates[key] = cut_method(value, rounds)
+            updates[key] = cut_method(value, rounds, batch_size)
     return entry.model_copy(update=updates) if updates else entry
 
 
@@ -51,22 +61,26 @@ def cut_model(model: ModelConfig, device: str, notes: list[str]) -> ModelConfig:
 def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: list[str]) -> ExperimentConfig:
     """``cfg`` with its compute cut as ``rehearse`` says (models and data are stood in for by the caller);
     ``notes`` collects what had to change beyond the cut."""
-    device = rehearse.device
-    base = cfg.base
-    if base.method is not None:
-        base = base.model_copy(update={"method": cut_method(base.method, rehearse.rounds)})
+    device, batch = rehearse.device, rehearse.batch_size
+    base = cfg.base.model_copy(
+        update={
+            "method": cut_method(cfg.base.method, rehearse.rounds, batch),
+            "batch_size": min(cfg.base.batch_size, batch or cfg.base.batch_size),
+        }
+    )
     return cfg.model_copy(
         update={
             "seeds": cfg.seeds[: rehearse.seeds],
             "device": device,
             "model": cut_model(cfg.model, device, notes),
             "models": {name: cut_model(m, device, notes) for name, m in cfg.models.items()},
-            "methods": [cut_method(entry, rehearse.rounds) for entry in cfg.methods],
+            "methods": [cut_method(entry, rehearse.rounds, batch) for entry in cfg.methods],
             "base": base,
             "train": cfg.train.model_copy(update={"max_steps": rehearse.steps}),
             "eval": cfg.eval.model_copy(
                 update={
                     "max_batches": rehearse.eval_batches,
+                    "batch_size": min(cfg.eval.batch_size, batch or cfg.eval.batch_size),
                     "max_new_tokens": min(cfg.eval.max_new_tokens, rehearse.new_tokens),
                 }
             ),

@@ -29,13 +29,18 @@ from fedpeft.rehearsal.standin_model import cut_depth, true_depth
 MEASURED_STEPS = 2  # timed steps after one warm-up step
 
 
-def measure_steps(cfg: ExperimentConfig, *, check_full_depth: bool = False) -> list[dict[str, Any]]:
-    """Per stand-in model of the rehearsal config ``cfg``: its step at depth 1 and at the rehearsed depth (and at
-    its true depth with ``check_full_depth``), the per-layer cost and the extrapolated step at the true depth."""
+def first_batch(cfg: ExperimentConfig) -> int:
+    """The batch of a client's step in ``cfg``: its first method's ``batch_size``."""
+    return int(getattr(cfg.methods[0], "batch_size", 8) or 8)
+
+
+def measure_steps(cfg: ExperimentConfig, batch_size: int, *, check_full_depth: bool = False) -> list[dict[str, Any]]:
+    """Per stand-in model of the rehearsal config ``cfg``: its step on ``batch_size`` examples (the uncut
+    config's) at depth 1 and at the rehearsed depth (and at its true depth with ``check_full_depth``), the
+    per-layer cost and the extrapolated step at the true depth."""
     assert cfg.rehearse is not None
     results: list[dict[str, Any]] = []
     models = cfg.models or {"": cfg.model}
-    batch_size = int(getattr(cfg.methods[0], "batch_size", 8) or 8)
     with tempfile.TemporaryDirectory(prefix="fedpeft-steps-") as scratch:
         config_file = Path(scratch) / "config.yaml"
         config_file.write_text(dump_given(cfg))

@@ -1,0 +1,198 @@
+"""A rehearsal: the config made runnable here (stand-ins, compute cut), and what it measured.
+
+:func:`prepare` turns a config into its rehearsal's: the compute cut (:mod:`fedpeft.rehearsal.config`), a stand-in
+for the dataset when the real one cannot be read here (:mod:`fedpeft.rehearsal.standin_data`, cached under
+``<cache root>/rehearsal/data/``) and a random-weight stand-in at true width for every model that is not one of
+fedpeft's own (:mod:`fedpeft.rehearsal.standin_model`). The run itself is an ordinary run of that config: every
+phase, checkpoint, report and adapter as the real run makes them. :func:`summarize` then reads what it measured
+(``costs.jsonl``: wall time and peak memory per method and phase) and :mod:`fedpeft.rehearsal.steps` adds one
+training step per depth, from which the step at the true depth is extrapolated; both go to ``rehearsal.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig
+from fedpeft.core.errors import UserError
+from fedpeft.core.registry import MODELS
+from fedpeft.data.tokenizer import cache_root, publish_dir
+from fedpeft.rehearsal.config import rehearsal_config
+
+REHEARSAL_FILE = "rehearsal.json"
+"""What a rehearsal measured, beside its run's outputs."""
+
+NOT_RESULTS = "a rehearsal: stand-in data and random weights, compute cut; its numbers are not results"
+TEXT_SAMPLE = 20_000  # the most texts a stand-in tokenizer learns from
+
+
+def prepare(cfg: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
+    """The rehearsal config of ``cfg`` (its ``rehearse`` section, or the defaults) and the notes of what had to
+    change beyond the cut; stand-in data and models are written (or found in the cache) on the way."""
+    import fedpeft.models.table  # noqa: F401  (registers the models)
+
+    rehearse = cfg.rehearse or RehearseConfig()
+    notes: list[str] = []
+    cut = rehearsal_config(cfg, rehearse, notes)
+    texts, description = _data(cut)
+    if description is not None:
+        cut = cut.model_copy(update={"data": cut.data.model_copy(update=_data_updates(cut))})
+    models = cut.models or {"": cut.model}
+    standins: dict[str, str] = {}
+    replaced: dict[str, ModelConfig] = {}
+    for key, model in models.items():
+        if model.name in MODELS:
+            replaced[key] = model
+            continue
+        path = _model(model, rehearse.layers, texts)
+        standins[str(path)] = model.name
+        replaced[key] = model.model_copy(update={"name": str(path), "revision": None})
+    update: dict[str, Any] = {"rehearse": rehearse.model_copy(update={"models": standins, "data": description})}
+    if cut.models:
+        update["models"] = replaced
+    else:
+        update["model"] = replaced[""]
+    return cut.model_copy(update=update), notes
+
+
+def _model(model: ModelConfig, layers: int | None, texts: list[str]) -> Path:
+    from fedpeft.models.paper_configs import model_config
+    from fedpeft.rehearsal.standin_model import standin_checkpoint
+
+    config = model_config(model.name)
+    if config is None:
+        raise UserError(
+            f"No configuration of model {model.name} ships with fedpeft or is on this machine; point model.name at "
+            "a directory holding its config.json (sizes only, no weights needed) to rehearse it."
+        )
+    return standin_checkpoint(model.name, config, layers=layers, texts=texts, chat_template=model.chat_template)
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+def _data_key(cfg: ExperimentConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _data_dir(cfg: ExperimentConfig) -> Path:
+    return cache_root() / "rehearsal" / "data" / f"{cfg.data.name}-{_data_key(cfg)}"
+
+
+def _data_updates(cfg: ExperimentConfig) -> dict[str, Any]:
+    record = json.loads((_data_dir(cfg) / "standin.json").read_text())
+    return dict(record["updates"])
+
+
+def _data(cfg: ExperimentConfig) -> tuple[list[str], str | None]:
+    """Texts to train stand-in tokenizers on, and the stand-in data's description (``None``: the real data is
+    read, and the texts are its own)."""
+    from fedpeft.rehearsal.standin_data import STANDIN_DATASETS, real_data_available, write_standin
+
+    if real_data_available(cfg) or cfg.data.name not in STANDIN_DATASETS:
+        if cfg.data.name.startswith("synthetic-") or real_data_available(cfg):
+            return _own_texts(cfg), None
+        raise UserError(
+            f"Dataset {cfg.data.name} is not on this machine and has no stand-in; give data.path to rehearse it."
+        )
+    target = _data_dir(cfg)
+    record_file = target / "standin.json"
+    if not record_file.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        try:
+            standin = write_standin(cfg, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        updates = {key: _moved(value, staging, target) for key, value in standin.data_updates.items()}
+        record = {"updates": updates, "description": standin.description, "texts": standin.texts[:TEXT_SAMPLE]}
+        (staging / "standin.json").write_text(json.dumps(record))
+        publish_dir(staging, target)
+    record = json.loads(record_file.read_text())
+    return list(record["texts"]), str(record["description"])
+
+
+def _moved(value: Any, staging: Path, target: Path) -> Any:
+    """A data setting that names the staging directory, naming its final place instead."""
+    if isinstance(value, str) and value.startswith(str(staging)):
+        return str(target) + value[len(str(staging)) :]
+    return value
+
+
+def _own_texts(cfg: ExperimentConfig) -> list[str]:
+    from fedpeft.worker import build_data
+
+    texts = build_data(cfg).corpus() if cfg.data.sites is None else []
+    step = max(1, len(texts) // TEXT_SAMPLE)
+    return texts[::step][:TEXT_SAMPLE]
+
+
+# ------------------------------------------------------------------------------------------------ measurements
+
+
+def summarize(run_dir: Path, cfg: ExperimentConfig, notes: list[str], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the rehearsal in ``run_dir`` measured, written to its ``rehearsal.json``: per method and phase the
+    wall time and peak memory (from ``costs.jsonl``), the per-depth step measurements, the notes."""
+    assert cfg.rehearse is not None
+    phases: list[dict[str, Any]] = []
+    costs = run_dir / "costs.jsonl"
+    rows = [json.loads(line) for line in costs.read_text().splitlines() if line.strip()] if costs.is_file() else []
+    table: dict[tuple[str, int, str], dict[str, float]] = {}
+    for row in rows:
+        if row.get("metric") in ("wall_s", "peak_rss_mb"):
+            key = (str(row["method"]), int(row["seed"]), str(row["phase"]))
+            table.setdefault(key, {})[row["metric"]] = float(row["value"])
+    for (method, seed, phase), values in table.items():
+        phases.append({"method": method, "seed": seed, "phase": phase, **values})
+    summary = {
+        "what": NOT_RESULTS,
+        "config": cfg.name,
+        "rehearse": cfg.rehearse.model_dump(mode="json"),
+        "notes": notes,
+        "phases": phases,
+        "wall_s": round(sum(p.get("wall_s", 0.0) for p in phases), 3),
+        "peak_rss_mb": max((p.get("peak_rss_mb", 0.0) for p in phases), default=0.0),
+        "steps": steps,
+    }
+    (run_dir / REHEARSAL_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The rehearsal's end block: what it was, what it measured, what the true depth would take."""
+    rehearse = summary["rehearse"]
+    lines = [f"Rehearsal of {summary['config']}: {NOT_RESULTS}."]
+    for path, name in rehearse.get("models", {}).items():
+        del path
+        depth = f"{rehearse['layers']} layers" if rehearse.get("layers") else "its true depth"
+        lines.append(f"  model: {name} at true width, random weights, cut to {depth}")
+    lines.append(f"  data: {rehearse.get('data') or 'the real dataset'}")
+    lines.append(
+        f"  cut: {rehearse['rounds']} rounds, {rehearse['steps']} step(s) per training, {rehearse['eval_batches']} "
+        f"batch(es) per evaluation, {rehearse['seeds']} seed(s)"
+    )
+    lines.append(f"  measured: {summary['wall_s']:.1f} s of phases, peak {summary['peak_rss_mb']:.0f} MB per process")
+    for step in summary.get("steps", []):
+        lines.append("  " + step_line(step))
+    lines.extend(f"  note: {note}" for note in summary.get("notes", []))
+    return lines
+
+
+def step_line(step: dict[str, Any]) -> str:
+    """One model's per-depth step measurement as a sentence."""
+    measured = ", ".join(
+        f"{d['layers']} layers {d['step_s']:.2f} s / {d['peak_rss_mb']:.0f} MB" for d in step["depths"]
+    )
+    line = f"{step['model']}: one training step (batch {step['batch_size']} x {step['length']} tokens): {measured}"
+    if step.get("per_layer_s") is not None:
+        line += (
+            f"; per layer {step['per_layer_s']:.3f} s / {step['per_layer_mb']:.0f} MB, at its {step['true_layers']} "
+            f"layers about {step['full_step_s']:.2f} s / {step['full_peak_mb']:.0f} MB"
+        )
+    return line
