@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from fedpeft.core.config import ExperimentConfig, RehearseConfig, dump_config, load_config, same_run
 from fedpeft.methods.base import lora_spec
@@ -165,3 +166,41 @@ def test_the_plan_of_a_rehearsal_counts_its_cut():
     assert evaluation.examples <= 600 * cut.eval.batch_size
     full = {(p.method, p.phase): p for p in make_plan(cfg).phases}
     assert full[("lora", "personalization")].steps > 5 * lora.steps
+
+
+# ------------------------------------------------------------------------------------------------ its outputs
+
+
+def _run_dir(path, rehearse: dict | None):
+    from fedpeft.core.records import result_record
+
+    path.mkdir()
+    records = [
+        result_record(method, None, pool="seen", client=f"c{i}", group="g", seed=0, round_=None, split="test",
+                      metric="accuracy", value=value + 0.1 * i)
+        for method, value in (("base", 0.3), ("lora", 0.9))
+        for i in range(4)
+    ]  # fmt: skip
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "config.yaml").write_text(yaml.safe_dump({"name": "x", "rehearse": rehearse}))
+    return path
+
+
+def test_a_rehearsal_summary_says_so_and_has_no_headline(tmp_path):
+    from fedpeft.report.records import REHEARSAL_NOTE
+    from fedpeft.report.summary import write_summary
+
+    real = write_summary([_run_dir(tmp_path / "real", None)], tmp_path / "real")
+    assert "## Headline" in real and REHEARSAL_NOTE not in real
+    text = write_summary([_run_dir(tmp_path / "reh", {"layers": 2})], tmp_path / "reh")
+    assert REHEARSAL_NOTE in text and "## Headline" not in text
+
+
+def test_a_rehearsal_is_never_compared_as_a_result(tmp_path):
+    from fedpeft.core.errors import UserError
+    from fedpeft.report.reproduction import COMPARISON_HEADING, compare_runs
+
+    real, rehearsal = _run_dir(tmp_path / "real", None), _run_dir(tmp_path / "reh", {"layers": 2})
+    assert compare_runs(real, _run_dir(tmp_path / "again", None)).startswith(COMPARISON_HEADING)
+    with pytest.raises(UserError, match="is a rehearsal, whose numbers are not results"):
+        compare_runs(real, rehearsal / "results.jsonl")

@@ -155,6 +155,28 @@ def results_file(source: Path) -> Path:
     return path
 
 
+REHEARSAL_NOTE = (
+    "A rehearsal (`fedpeft run --rehearse`, docs/rehearsal.md): stand-in data, random weights, compute cut. Its "
+    "numbers measure the pipeline; none of them is a result."
+)
+
+
+def rehearsal_of(source: Path) -> dict[str, Any] | None:
+    """The ``rehearse`` section of the run ``source`` (a run directory or a file in one) when it is a rehearsal,
+    else ``None``."""
+    run_dir = source if source.is_dir() else source.parent
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        return None
+    import yaml
+
+    try:
+        section = yaml.safe_load(config.read_text()).get("rehearse")
+    except (yaml.YAMLError, AttributeError, OSError, UnicodeDecodeError):
+        return None
+    return section if isinstance(section, dict) else None
+
+
 def final_results(rows: Iterable[Record]) -> list[Record]:
     """The records of one results file deduplicated as :func:`read_records` does within a directory: the latest
     round of each key."""

@@ -49,6 +49,7 @@ from fedpeft.report.records import (
     metric_label,
     metric_order,
     read_results,
+    rehearsal_of,
     results_file,
 )
 from fedpeft.report.tables import MEAN_COLUMN, GroupTable, markdown_table, result_tables
@@ -523,6 +524,9 @@ def compare_runs(reference: Path, rerun: Path, *, every_pair: bool = False) -> s
     Raises:
         UserError: a source that is neither, or two runs without a test record in common.
     """
+    for source in (reference, rerun):
+        if rehearsal_of(source) is not None:
+            raise UserError(f"{source} is a rehearsal, whose numbers are not results; compare two real runs.")
     before, after = (read_results(results_file(source)) for source in (reference, rerun))
     found = compare_results(final_results(before), final_results(after), round_records(before), round_records(after))
     if found.shift.matched == 0:

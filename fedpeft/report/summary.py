@@ -31,6 +31,7 @@ from fedpeft.report.records import (
     BASE_METHOD,
     DAMAGED_FIX,
     DATA_FILE,
+    REHEARSAL_NOTE,
     Record,
     budget_label,
     first_seen,
@@ -40,6 +41,7 @@ from fedpeft.report.records import (
     pool_label,
     pool_order,
     read_records,
+    rehearsal_of,
 )
 from fedpeft.report.schedules import schedule_sections
 from fedpeft.report.tables import (
@@ -312,6 +314,9 @@ def write_summary(
     seeds = ", ".join(map(str, first_seen(r["seed"] for r in results)))
     runs = ", ".join(f"`{d}`" for d in run_dirs)
     parts = [f"# {title}", f"Runs: {runs}. Seeds: {seeds}. Methods: {', '.join(method_order(results))}."]
+    rehearsal = any(rehearsal_of(d) is not None for d in run_dirs)
+    if rehearsal:  # no headline: nothing of a rehearsal is a result
+        parts.append(f"**{REHEARSAL_NOTE}**")
     test_per_client = per_client_test_examples(run_dirs)
     tables = judged_tables(results, test_per_client)
     evidence = evidence_note(tables, test_per_client)
@@ -321,7 +326,7 @@ def write_summary(
     headline = [
         text for text in (_headline_sentence(tables), headline_intervals(tables), evidence, shared_base) if text
     ]
-    if headline:
+    if headline and not rehearsal:
         parts += ["## Headline", *headline]
     parts += _gain_sections(results)
     parts += difference_sections(tables)
