@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import pickle
 import random
 import unicodedata
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import fedpeft.data.synthetic  # noqa: F401  (registers the builders)
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
+from fedpeft.data import federation_file
 from fedpeft.data.synthetic.common import cache_path
 from fedpeft.data.synthetic.instructions import TASKS, make_instruction
 from fedpeft.data.synthetic.languages import INVENTORY, language, languages
@@ -71,6 +75,53 @@ def test_cache_is_used_and_a_corrupt_file_is_rebuilt(name):
     assert path.exists()
     path.write_bytes(b"not a pickle")
     assert build(name) == data
+
+
+def test_the_cache_is_read_without_pickle_and_an_old_pickle_is_never_read(monkeypatch):
+    cfg = DataConfig(name="synthetic-xnli", **SMALL["synthetic-xnli"])
+    path = cache_path("synthetic-xnli", cfg)
+    old = path.with_suffix(".pkl")
+    old.parent.mkdir(parents=True)
+    old.write_bytes(pickle.dumps("an earlier fedpeft's cache"))
+    data = build("synthetic-xnli")
+    assert not old.exists()  # replaced by the new file
+    with np.load(path, allow_pickle=False) as members:  # nothing in it needs pickle
+        document = json.loads(members["federation"].tobytes())
+    assert (document["format"], document["version"]) == (federation_file.FORMAT, federation_file.VERSION)
+    monkeypatch.setattr(pickle, "load", None)
+    monkeypatch.setattr(pickle, "loads", None)
+    assert federation_file.load(path) == data and build("synthetic-xnli") == data
+
+
+def test_a_cache_file_of_another_version_is_rebuilt(monkeypatch):
+    data = build("synthetic-xnli")
+    path = cache_path("synthetic-xnli", DataConfig(name="synthetic-xnli", **SMALL["synthetic-xnli"]))
+    monkeypatch.setattr(federation_file, "VERSION", federation_file.VERSION + 1)
+    with pytest.raises(ValueError, match="version"):
+        federation_file.load(path)
+    assert build("synthetic-xnli") == data
+    assert federation_file.load(path) == data  # rewritten in this version
+
+
+@pytest.mark.parametrize("name", ["synthetic-images", "synthetic-vqa"])
+def test_cached_images_read_back_as_the_arrays_built(name):
+    cfg = DataConfig(name=name, options={"num_clients": 2}, train_per_group=8, test_per_group=4, base_samples=8)
+    built = DATASETS.get(name)(cfg)
+    read = federation_file.load(cache_path(name, cfg))
+    examples = [(c.train + c.test) for c in built.clients] + [built.base_train]
+    again = [(c.train + c.test) for c in read.clients] + [read.base_train]
+    pairs = [(a, b) for x, y in zip(examples, again, strict=True) for a, b in zip(x, y, strict=True)]
+    assert pairs and [(c.client_id, c.pool) for c in read.clients] == [(c.client_id, c.pool) for c in built.clients]
+    for a, b in pairs:
+        assert a.keys() == b.keys() and a["image"].dtype == b["image"].dtype == np.uint8
+        assert all(np.array_equal(a[k], b[k]) if k == "image" else a[k] == b[k] for k in a)
+
+
+def test_a_federation_that_would_not_read_back_equal_is_not_cached():
+    data = FederatedData("x", "generation", None, ["g"], [], info={"pair": (1, 2)})
+    with pytest.raises(TypeError, match="tuple"):
+        federation_file.dumps(data)
+    assert federation_file.dumps(FederatedData("x", "generation", None, ["g"], [], info={"pair": [1, 2]}))
 
 
 def test_xnli_pools_sizes_and_schema():

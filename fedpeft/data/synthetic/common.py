@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import random
 import tempfile
 import warnings
@@ -16,6 +15,7 @@ from typing import Any
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data import federation_file
 from fedpeft.data.memory import check_fits_in_memory
 from fedpeft.data.partition import Scheme, partition_examples, split_train_test
 from fedpeft.data.synthetic.languages import INVENTORY, RESOURCE_SHARE, language
@@ -203,14 +203,15 @@ def federation_info(groups: list[str], clients: list[ClientData], base_per_group
 
 
 def cache_path(name: str, cfg: DataConfig) -> Path:
-    """Where benchmark ``name`` built from ``cfg`` is cached: ``<cache root>/data/<name>-<hash>.pkl``."""
+    """Where benchmark ``name`` built from ``cfg`` is cached: ``<cache root>/data/<name>-<hash>.npz`` (a
+    :mod:`fedpeft.data.federation_file`, read without pickle)."""
     # Fields the user set explicitly matter too: a benchmark's own defaults replace the ones left unset.
     settings = json.dumps(
         {"config": cfg.model_dump(mode="json"), "set": sorted(cfg.model_fields_set), "version": GENERATOR_VERSION},
         sort_keys=True,
     )
     digest = hashlib.sha256(settings.encode()).hexdigest()[:20]
-    return cache_root() / "data" / f"{name}-{digest}.pkl"
+    return cache_root() / "data" / f"{name}-{digest}.npz"
 
 
 def cached(name: str, cfg: DataConfig, build: Callable[[DataConfig], FederatedData]) -> FederatedData:
@@ -218,26 +219,30 @@ def cached(name: str, cfg: DataConfig, build: Callable[[DataConfig], FederatedDa
 
     An unreadable cache file (truncated, corrupted, from an incompatible version) is rebuilt and replaced. Sizes
     that cannot fit in memory are refused first, from an estimate (:func:`~fedpeft.data.memory.check_fits_in_memory`).
+    The file is read without pickle (:mod:`fedpeft.data.federation_file`); the pickle an earlier fedpeft wrote for
+    the same config (``.pkl``) is never read, and is removed when the new file is written.
     """
     check_fits_in_memory(cfg)
     path = cache_path(name, cfg)
     if path.exists():
         try:
-            with path.open("rb") as f:
-                data = pickle.load(f)
-            if isinstance(data, FederatedData):
-                return data
-        except Exception:  # any damage to the file means "rebuild it"
+            return federation_file.load(path)
+        except Exception:  # any damage to the file, or another version of it, means "rebuild it"
             pass
     data = build(cfg)
+    try:
+        contents = federation_file.dumps(data)
+    except TypeError:
+        return data  # a value the file cannot hold as it is: not cached rather than read back changed
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Write then rename, so that concurrent builders never leave a half-written file behind.
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(contents)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        path.with_suffix(".pkl").unlink(missing_ok=True)
     except OSError:
         pass  # an unwritable cache only costs a rebuild next time
     return data
