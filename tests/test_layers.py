@@ -110,3 +110,62 @@ def test_no_import_cycle_within_a_package(package):
 
     cycles = [c for m in sorted(graph) if (c := cycle_from(m))]
     assert not cycles, f"import cycle in fedpeft.{package}: {' -> '.join(cycles[0])}"
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def part_named(text: str) -> str:
+    """The part of fedpeft a name of the picture stands for: ``worker.py`` -> worker, ``engine/`` -> engine."""
+    return text.removesuffix(".py").removesuffix("/")
+
+
+def pictures() -> tuple[list[list[str]], dict[str, set[str]]]:
+    """docs/architecture.md's two pictures: the stack (the parts named on each row, top to bottom) and the arrows
+    (each part drawn with the parts it has an arrow to)."""
+    blocks = ARCHITECTURE.read_text().split("```")[1::2]
+    stack = [[part_named(n) for n in line[:30].split()] for line in blocks[0].splitlines() if line.strip()]
+    arrows: dict[str, set[str]] = {}
+    for line in next(b for b in blocks if "──►" in b).splitlines():
+        if line.strip():
+            source, _, targets = line.partition("►")
+            arrows[part_named(source.strip(" ─"))] = {part_named(t) for t in targets.split()}
+    return stack, arrows
+
+
+def part_imports() -> dict[str, set[str]]:
+    """Every part of fedpeft with the other parts its modules import."""
+    graph: dict[str, set[str]] = {}
+    for path in SOURCES:
+        source = part_of(module_name(path))
+        if source != "fedpeft":
+            graph.setdefault(source, set()).update(part_of(t) for _, t in fedpeft_imports(path))
+    return {part: targets - {part, "fedpeft"} for part, targets in graph.items()}
+
+
+def test_the_architecture_picture_shows_every_part_in_its_layer_top_to_bottom():
+    stack, _ = pictures()
+    drawn = [part for row in stack for part in row if part in LEVEL]
+    missing = sorted(set(part_imports()) - set(drawn))
+    assert not missing, f"parts of fedpeft missing from docs/architecture.md's picture: {missing}"
+    levels = [LEVEL[part] for part in drawn]
+    assert levels == sorted(levels, reverse=True), f"the picture's rows are not in the layers' order: {drawn}"
+
+
+def test_the_architecture_arrows_are_the_imports():
+    _, arrows = pictures()
+    imports = part_imports()
+    assert set(arrows) == set(imports), f"parts without a row of arrows: {sorted(set(imports) ^ set(arrows))}"
+    wrong = sorted(f"{a} -> {b}" for a, targets in arrows.items() for b in targets if b not in imports[a])
+    assert not wrong, f"arrows of docs/architecture.md that are no import: {wrong}"
+
+    def reached(part: str) -> set[str]:
+        seen, todo = set(), [part]
+        while todo:
+            for nxt in arrows.get(todo.pop(), set()) - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    unshown = sorted(f"{a} -> {b}" for a, targets in imports.items() for b in targets - reached(a))
+    assert not unshown, f"imports that no path of arrows in docs/architecture.md shows: {unshown}"
