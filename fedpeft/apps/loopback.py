@@ -42,8 +42,9 @@ class LoopbackDeployment:
         env: extra environment variables for every process.
         certs: a directory written by ``fedpeft certs`` (``ca.crt``, ``server.pem``, ``server.key`` and a key pair
             ``node-<i>`` per SuperNode, i from 1): TLS and SuperNode authentication; None: insecure.
-        database: the SuperLink's database file (``--database``), where it keeps the node registrations across a
-            restart (:meth:`restart_superlink`); None: in memory.
+        database: the SuperLink's database file (``--database``), where it keeps the node registrations and the
+            runs across a restart (:meth:`restart_superlink`); the SuperLink then runs through
+            :mod:`fedpeft.apps.superlink`, which waits longer for a busy database; None: in memory.
     """
 
     def __init__(
@@ -96,10 +97,11 @@ class LoopbackDeployment:
         self.stop()
 
     def start_superlink(self) -> subprocess.Popen:
-        """Start the SuperLink (again, after :meth:`kill`) and wait until it listens."""
+        """Start the SuperLink (again, after :meth:`kill`) and wait until it listens. With a ``database`` it runs as
+        docs/flower.md recommends then, through :mod:`fedpeft.apps.superlink` (a longer SQLite busy timeout)."""
         link = ["flower-superlink", "--port", str(self.link_port), "--disable-runtime-dependency-installation"]
         if self.database is not None:
-            link += ["--database", str(self.database)]
+            link = [sys.executable, "-m", "fedpeft.apps.superlink", *link[1:], "--database", str(self.database)]
         if self.certs is None:
             link.append("--insecure")
         else:
@@ -118,7 +120,8 @@ class LoopbackDeployment:
         return self.workdir / f"{name}.log"
 
     def start(self, name: str, args: list[str], port: int | None) -> subprocess.Popen:
-        """Start component ``name`` and wait until it listens on ``port`` (None: do not wait)."""
+        """Start component ``name`` (``args[0]``: a command of this environment, or an absolute path) and wait until
+        it listens on ``port`` (None: do not wait)."""
         with open(self.log(name), "ab") as handle:
             process = subprocess.Popen(
                 [str(self.bin_dir / args[0]), *args[1:]],
