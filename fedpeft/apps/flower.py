@@ -17,7 +17,8 @@ redirected local run (one per stage and round) to its log, which ``flwr run --st
 However the run ends while Flower still lets it send (completed, refused at start, a user error, any failure), the
 ServerApp tells every node that the run is over, so that each ends the worker process it kept for the run; while
 it runs, its keepalives renew those workers' leases (:mod:`fedpeft.engine.flower.keepalive`), so that the workers
-of a run stopped with ``flwr stop`` or cut off from a lost SuperLink end on their own.
+of a run stopped with ``flwr stop`` or cut off from a lost SuperLink end on their own. A SuperLink restarted with its
+database does not end the run: it goes on once the SuperLink answers again (:mod:`fedpeft.engine.flower.link_watch`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch importe
 from flwr.app import Context, UserConfig
 from flwr.serverapp import Grid, ServerApp
 
+from fedpeft.apps.launch import SERVERAPP_WAIT_SECONDS
 from fedpeft.core.config import EngineConfig, ExperimentConfig, load_config
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.io import path_component
@@ -44,6 +46,7 @@ from fedpeft.core.progress import Progress
 from fedpeft.engine.flower import GridEngine, client_app, flower_config
 from fedpeft.engine.flower.grid import end_run_on_nodes
 from fedpeft.engine.flower.keepalive import Keepalive
+from fedpeft.engine.flower.link_watch import SuperLinkWatch
 from fedpeft.engine.flower.membership import register_sites
 from fedpeft.runner import Experiment
 
@@ -140,7 +143,8 @@ def check_site_models(cfg: ExperimentConfig) -> None:
 def main(grid: Grid, context: Context) -> None:
     """ServerApp entry point: run the experiment of the run config, with the progress lines of a redirected local
     run; a user error ends in one clear line. However the run ends while Flower lets it send, every node is told
-    that it is over; a run that Flower stopped (``flwr stop``) can send nothing, and the workers' leases end them."""
+    that it is over; a run that Flower stopped (``flwr stop``) can send nothing, and the workers' leases end them.
+    A restart of the SuperLink (with its database) does not end the run (:class:`SuperLinkWatch`)."""
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s fedpeft: %(message)s"))
@@ -148,7 +152,7 @@ def main(grid: Grid, context: Context) -> None:
         log.setLevel(logging.INFO)
     quiet_library_output(keep=("flwr",))  # the launcher streams this output: fedpeft's and Flower's lines only
     failure: Exception | None = None
-    with Keepalive(grid):
+    with Keepalive(grid), SuperLinkWatch(grid, SERVERAPP_WAIT_SECONDS):
         try:
             run_from_run_config(grid, context.run_config, progress=Progress(plain=True), closes_run=False)
         except (UserError, AllClientsFailedError, MissingResultsError) as err:

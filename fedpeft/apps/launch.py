@@ -8,6 +8,14 @@ ServerApp's own ``error:`` line when it gave one, without Flower's exit-code blo
 user error, 1 for any other failure (a run that stopped because too few clients answered, say). Ctrl-C (or
 SIGTERM) stops the run on the SuperLink (``flwr stop``) before the command ends: ``flwr run`` alone would leave it
 running.
+
+A SuperLink that restarts (or stops answering) ends ``flwr run --stream`` while the run may go on: a SuperLink
+restarted with its ``--database`` still knows the run, and its ServerApp carries on once it answers again
+(:mod:`fedpeft.engine.flower.link_watch`). So a stream that ends before its run is followed: the command waits up to
+:data:`SUPERLINK_WAIT_SECONDS` for the SuperLink, streams the run's log again (``flwr log``, without the lines shown
+already) and ends with the run's status as above. A run the SuperLink no longer knows, or that the restart ended, or
+a SuperLink that does not come back, ends the command with exit code 1 and one sentence that says so and gives the
+command that continues the run (``--resume``).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import re
 import shlex
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 from fedpeft.core.errors import UserError
@@ -24,6 +34,16 @@ from fedpeft.core.errors import UserError
 _STARTED = re.compile(r"started run (\d+)")
 _ERROR = re.compile(r"^(?:\S*\s*)?error: (.+)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+SUPERLINK_WAIT_SECONDS = 150.0
+"""Seconds ``fedpeft launch`` waits for a SuperLink that stopped answering during a run before it gives up; longer
+than the ServerApp waits for it (:data:`SERVERAPP_WAIT_SECONDS`), so that a launch that gives up leaves no run
+that could still go on."""
+SERVERAPP_WAIT_SECONDS = 120.0
+"""Seconds a deployment's ServerApp waits for its SuperLink to answer again after the SuperLink's SuperExec ended
+(:mod:`fedpeft.engine.flower.link_watch`); beyond that it ends."""
+MISSING = "missing"
+""":func:`run_status` of a run the SuperLink answers it does not know (a SuperLink restarted without its database)."""
 
 
 def run_config(
@@ -59,11 +79,32 @@ def launch(app: Path, federation: str, config_text: str) -> int:
                 stop_run(federation, stream.run_id)
             raise
     if stream.run_id is None:
+        stream.flush_panel()
         print(f"error: `flwr run` could not start the run on {federation!r} (exit code {process.returncode}).")
         return 1
-    status = run_status(federation, stream.run_id)
+    stream.drop_panel()  # Flower's box about the lost connection: what became of the run is said below
+    try:
+        status = follow(federation, stream)
+    except BaseException:  # Ctrl-C or SIGTERM while waiting for the SuperLink or following the run
+        stop_run(federation, stream.run_id)
+        raise
     if status == "finished:completed":
         return 0
+    if status is None:
+        print(
+            f"error: the SuperLink of {federation!r} stopped answering during run {stream.run_id} and was not back "
+            f"within {SUPERLINK_WAIT_SECONDS:.0f} s; once it is, continue the run with `{resume_command()}`.",
+            file=sys.stderr,
+        )
+        return 1
+    if status == MISSING or (stream.lost_superlink and stream.error is None):
+        ended = "no longer knows the run" if status == MISSING else f"ended the run as {status}"
+        print(
+            f"error: the SuperLink of {federation!r} restarted during run {stream.run_id} and {ended}; continue it "
+            f"with `{resume_command()}`.",
+            file=sys.stderr,
+        )
+        return 1
     if stream.error is not None:  # the ServerApp's own sentence: a run that stopped or lacks results (1), else 2
         print(f"error: {stream.error}", file=sys.stderr)
         return 1 if stream.error.startswith("the run ") else 2
@@ -75,20 +116,90 @@ def launch(app: Path, federation: str, config_text: str) -> int:
     return 1
 
 
+def follow(federation: str, stream: RunLog) -> str | None:
+    """The final status of the run ``stream`` announced, once its stream has ended: at once when the run is over;
+    otherwise (the SuperLink restarted or stopped answering, which ends ``flwr run --stream``) after waiting up to
+    :data:`SUPERLINK_WAIT_SECONDS` for the SuperLink and streaming the rest of the run's log with ``flwr log``.
+    None when the SuperLink did not come back, :data:`MISSING` when it no longer knows the run."""
+    assert stream.run_id is not None
+    flwr = str(Path(sys.executable).parent / "flwr")
+    deadline = time.monotonic() + SUPERLINK_WAIT_SECONDS
+    while True:
+        status = run_status(federation, stream.run_id)
+        if status is not None and (status == MISSING or status.startswith("finished:")):
+            return status
+        if status is None:
+            if not stream.lost_superlink:
+                stream.lost_superlink = True
+                print(
+                    f"the SuperLink of {federation!r} does not answer (restarted?); waiting up to "
+                    f"{SUPERLINK_WAIT_SECONDS:.0f} s for it to go on with run {stream.run_id}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(2.0)
+            continue
+        # The run is pending or running and the SuperLink answers: follow its log again, without the lines shown.
+        if stream.lost_superlink:
+            print(f"the SuperLink answers again; run {stream.run_id} goes on", file=sys.stderr, flush=True)
+        stream.replay()
+        command = [flwr, "log", stream.run_id, federation, "--stream"]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                stream.take(line)
+        stream.drop_panel()
+        deadline = time.monotonic() + SUPERLINK_WAIT_SECONDS
+        time.sleep(1.0)
+
+
 class RunLog:
     """Takes in ``flwr run --stream``'s output line by line: echoes the run's log to stderr, notes the run id, and
     keeps back Flower's exit-code block of a failed run (``Exit Code: 201``, its help text and link), from which
-    it takes the ServerApp's one sentence (:attr:`error`), printed once at the end instead."""
+    it takes the ServerApp's one sentence (:attr:`error`), printed once at the end instead. Flower's boxed
+    messages (a lost connection) are kept back too, for the caller to show (:meth:`flush_panel`) or drop. After
+    :meth:`replay`, the lines already shown are not shown again (``flwr log`` streams a run's log from its start)."""
 
     def __init__(self) -> None:
         self.run_id: str | None = None
         self.error: str | None = None
+        self.lost_superlink = False  # the SuperLink stopped answering during the run
         self._in_exit_block = False
+        self._in_panel = False
+        self._panel: list[str] = []
+        self._shown: Counter[str] = Counter()
+        self._skip: Counter[str] = Counter()
+
+    def replay(self) -> None:
+        """The lines that follow repeat the log from its start: leave out those shown already."""
+        self._skip = Counter(self._shown)
+        self._in_exit_block = False
+
+    def flush_panel(self) -> None:
+        """Show the boxed message kept back."""
+        sys.stderr.writelines(self._panel)
+        sys.stderr.flush()
+        self._panel = []
+
+    def drop_panel(self) -> None:
+        """Forget the boxed message kept back."""
+        self._panel, self._in_panel = [], False
 
     def take(self, line: str) -> None:
         """Handle one line of output."""
+        if self._skip[line] > 0:
+            self._skip[line] -= 1
+            return
+        self._shown[line] += 1
         if self.run_id is None and (found := _STARTED.search(line)):
             self.run_id = found.group(1)
+        if self._in_panel or line.lstrip().startswith("╭"):
+            self._panel.append(line)
+            self._in_panel = not line.lstrip().startswith("╰")
+            return
+        self.flush_panel()  # the stream goes on after the box: it was no farewell
         if "Exit Code:" in line:
             self._in_exit_block = True
         if self.error is None and (found := _ERROR.match(_ANSI.sub("", line).strip())):
@@ -101,23 +212,32 @@ class RunLog:
         sys.stderr.flush()
 
 
+def resume_command() -> str:
+    """This command with ``--resume``: the one that continues its run."""
+    return shlex.join(["fedpeft", *sys.argv[1:], *([] if "--resume" in sys.argv else ["--resume"])])
+
+
 def stop_run(federation: str, run_id: str) -> None:
     """Stop run ``run_id`` on the SuperLink (``flwr stop``) and say how to continue it."""
     flwr = str(Path(sys.executable).parent / "flwr")
     stopped = subprocess.run([flwr, "stop", run_id, federation], capture_output=True, text=True, timeout=60)
-    again = shlex.join(["fedpeft", *sys.argv[1:], *([] if "--resume" in sys.argv else ["--resume"])])
     how = "stopped" if stopped.returncode == 0 else "could not be stopped (see `flwr ls`)"
-    print(f"run {run_id} {how} on {federation!r}; continue it with `{again}`.", file=sys.stderr, flush=True)
+    print(f"run {run_id} {how} on {federation!r}; continue it with `{resume_command()}`.", file=sys.stderr, flush=True)
 
 
 def run_status(federation: str, run_id: str) -> str | None:
-    """The SuperLink's status of a run (``finished:completed``, ``finished:failed``, ...), None if unknown."""
+    """The SuperLink's status of a run (``finished:completed``, ``finished:failed``, ``running``, ...);
+    :data:`MISSING` when the SuperLink answers without the run, None when it does not answer."""
     flwr = str(Path(sys.executable).parent / "flwr")
-    listed = subprocess.run(
-        [flwr, "ls", federation, "--run-id", run_id, "--format", "json"], capture_output=True, text=True
-    )
     try:
-        runs = json.loads(listed.stdout)["runs"]
-    except (json.JSONDecodeError, KeyError):
+        listed = subprocess.run(
+            [flwr, "ls", federation, "--run-id", run_id, "--format", "json"], capture_output=True, text=True, timeout=60
+        )
+        answer = json.loads(listed.stdout)
+    except (subprocess.TimeoutExpired, json.JSONDecodeError):
         return None
-    return str(runs[0]["status"]) if runs else None
+    runs = answer.get("runs") if isinstance(answer, dict) else None
+    if runs:
+        return str(runs[0]["status"])
+    message = str(answer.get("error-message", "")) if isinstance(answer, dict) else ""
+    return MISSING if "not found" in message.lower() else None
