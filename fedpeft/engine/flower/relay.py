@@ -50,8 +50,8 @@ from fedpeft.engine.flower.messages import CONFIG_KEY, JSON_FIELD, MESSAGE_TYPES
 
 WORKER_DIR = "worker-dir"  # node config: where the node keeps its worker processes' sockets, keys and logs
 IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker lives once nothing of its run reaches it
-DEFAULT_IDLE_TIMEOUT = 300.0
-KEEPALIVE_SECONDS = 60.0  # the server's keepalives renew a worker's lease at least this often while the run lives
+DEFAULT_IDLE_TIMEOUT = 60.0  # three keepalives missed: the workers of a run that can no longer send end within a minute
+KEEPALIVE_SECONDS = 20.0  # the server's keepalives renew a worker's lease at least this often while the run lives
 START_TIMEOUT = 300.0  # seconds a new worker process may take to import, before its first message
 LISTEN_SECONDS = 10.0  # seconds a new worker process may take from binding its socket to listening on it
 
