@@ -266,3 +266,26 @@ def test_potara_presets_validate(preset, tmp_path):
     assert cfg.data.name in DATASETS
     if not preset.endswith("-cpu"):  # the paper's baselines of Tables 2, 3 and 6
         assert {"ffa_lora", "fedsa_lora", "fedalt", "feddpa"} <= set(labels)
+
+
+def test_representations_statistics_and_site_inputs_take_images_without_an_attention_mask():
+    """FedDPA's instance mixing, FedP2EFT's and FedL2P's feature statistics and FedMosaic's alignment inputs on a
+    ViT, whose batches have pixels and no attention mask: every patch position counts."""
+    from fedpeft.adapters.alignment import site_inputs
+    from fedpeft.adapters.statistics import feature_statistics
+    from fedpeft.methods.feddpa import representations
+    from fedpeft.models.table import load_model
+
+    data = _generate(
+        DataConfig(name="synthetic-images", train_per_group=8, test_per_group=4, options={"num_clients": 2})
+    )
+    runtime = ModelRuntime(load_model(ModelConfig(name="tiny-vit"), task="classification", num_labels=32))
+    examples = data.clients[0].train[:5]
+    pooled = representations(runtime, examples)
+    assert pooled.shape == (5, runtime.base_model.config.hidden_size) and torch.isfinite(pooled).all()
+    stats = feature_statistics(runtime, examples)
+    assert stats.shape == (2 * len(runtime.target_modules),) and torch.isfinite(stats).all()
+    name = runtime.target_modules[0][0]
+    inputs = site_inputs(runtime, [name], examples, batch_size=2)[name]
+    patches = (32 // runtime.base_model.config.patch_size) ** 2 + 1  # and the class token
+    assert len(inputs) == 5 and all(row.shape[0] == patches for row in inputs)

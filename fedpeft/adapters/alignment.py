@@ -63,9 +63,9 @@ def site_inputs(
 
     def hook_for(name: str):  # noqa: ANN202
         def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
-            mask = current["mask"]
-            for row, keep in zip(inputs[0].float(), mask, strict=True):
-                captured[name].append(row[keep].cpu())
+            mask = current.get("mask")  # none for image inputs: every position counts
+            for i, row in enumerate(inputs[0].float()):
+                captured[name].append((row if mask is None else row[mask[i]]).cpu())
 
         return hook
 
@@ -79,7 +79,9 @@ def site_inputs(
                     k: v.to(runtime.device) for k, v in runtime.encode(examples[start : start + batch_size]).items()
                 }
                 batch.pop("labels", None)
-                current["mask"] = batch["attention_mask"].bool().cpu()
+                current.pop("mask", None)
+                if "attention_mask" in batch:
+                    current["mask"] = batch["attention_mask"].bool().cpu()
                 model(**batch)
     finally:
         for handle in handles:

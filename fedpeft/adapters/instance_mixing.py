@@ -93,6 +93,10 @@ def representations(runtime: ModelRuntime, examples: list[Example]) -> torch.Ten
         batch = {k: v.to(runtime.device) for k, v in batch.items()}
         with runtime.forward_context():
             hidden = model(**batch, output_hidden_states=True).hidden_states[-1]
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        # Image inputs (a ViT's patches) have no padding and no attention mask: every position counts.
+        attention = batch.get("attention_mask")
+        if attention is None:
+            attention = torch.ones(hidden.shape[:2], device=hidden.device)
+        mask = attention.unsqueeze(-1).to(hidden.dtype)
         rows.append((hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0))
     return torch.cat(rows).float().cpu()

@@ -42,8 +42,8 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
     def hook_for(index: int):  # noqa: ANN202
         def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
             features = inputs[0].detach().to(torch.float64)
-            keep = mask["tokens"]
-            if features.dim() == 3 and keep.shape == features.shape[:2]:
+            keep = mask.get("tokens")  # none for image inputs: every position counts
+            if keep is not None and features.dim() == 3 and keep.shape == features.shape[:2]:
                 features = features[keep]
             features = features.reshape(-1, features.shape[-1])
             sums[index] += features.sum()
@@ -64,7 +64,9 @@ def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 
                 encoded = runtime.encode(examples[start : start + batch_size])
                 batch = {k: v.to(runtime.device) for k, v in encoded.items()}
                 batch.pop("labels", None)
-                mask["tokens"] = batch["attention_mask"].bool()
+                mask.pop("tokens", None)
+                if "attention_mask" in batch:
+                    mask["tokens"] = batch["attention_mask"].bool()
                 body(**batch)
     finally:
         for handle in handles:
