@@ -338,3 +338,22 @@ def test_registered_gemma3_goes_through_the_gguf_cache(tmp_path, monkeypatch):
     torch.testing.assert_close(
         classification.model.model.embed_tokens.weight, fixture.expected["model.embed_tokens.weight"] * 1.0
     )
+
+
+def test_generation_gives_the_output_layer_a_contiguous_input():
+    """Generation keeps the last position's hidden state, a strided view; the runtime makes it contiguous before
+    the output layer, whose batched product over a strided input would copy the whole weight once per prompt."""
+    from fedpeft.methods.base import lora_spec
+    from fedpeft.models.runtime import ModelRuntime
+
+    runtime = ModelRuntime(load("tiny-llama", task="generation"))
+    runtime.activate(lora_spec(runtime, 4))
+    seen: list[bool] = []
+    output = runtime.base_model.get_output_embeddings()
+    handle = output.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    try:
+        examples = [{"prompt": text, "response": "x"} for text in TEXTS[:3]]
+        assert len(runtime.predict(examples)) == 3
+    finally:
+        handle.remove()
+    assert seen and all(seen)

@@ -102,6 +102,27 @@ def _is_quantized(param: torch.Tensor) -> bool:
     return type(param).__module__.split(".")[0] == "bitsandbytes"
 
 
+def _contiguous(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    first = args[0] if args else None
+    if isinstance(first, torch.Tensor) and not first.is_contiguous():
+        return (first.contiguous(), *args[1:])
+    return None
+
+
+def contiguous_output_input(model: torch.nn.Module) -> None:
+    """Give the output layer of a causal LM (``lm_head``) a contiguous input.
+
+    Generation keeps the last position's hidden state only (``logits_to_keep=1``), a strided view; a 3-d strided
+    input makes ``torch.matmul`` take its batched path, which copies the weight once per sequence
+    (batch x vocabulary x hidden: 2 GB for four prompts of a Llama 3 in bfloat16, 90 s on a CPU). A contiguous
+    copy of the few hidden states keeps the plain matrix product; a contiguous input passes untouched.
+    """
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
+    if isinstance(output, torch.nn.Linear):
+        output.register_forward_pre_hook(_contiguous)
+
+
 class ModelWeights:
     """A base model's weights and the named LoRA adapters installed on it in place.
 
@@ -148,6 +169,7 @@ class ModelWeights:
         self._replaced: StateDict = {}
         self.peft: PeftModel | None = None
         self.active: LoraSpec | None = None
+        contiguous_output_input(self.base_model)
 
     # ------------------------------------------------------------------ base weights
     def _copy(self, state: Mapping[str, torch.Tensor], device: torch.device | None = None) -> StateDict:
