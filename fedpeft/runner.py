@@ -43,13 +43,14 @@ from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.engine.asynchronous import client_work, flight_sizes, run_asynchronous, virtual_durations
 from fedpeft.engine.pool import visible_gpus
+from fedpeft.engine.resources import EngineSettings, asked_processes, check_gpu_workers, resolve_engine
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import DropoutConfig, FederatedConfig, MeanServerConfigMixin, Method, method_class
 from fedpeft.models.runtime import check_device, resolve_device
 from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.rundir import DATA_FILE, RunDirectory
-from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, base_model_dir
+from fedpeft.worker import BASE_LABEL, BASE_STAGE_LABEL, Worker, base_model_dir, build_data
 
 log = logging.getLogger("fedpeft")
 
@@ -89,9 +90,8 @@ class Experiment:
                 "theirs once; drop base.per_seed for a federation of several models."
             )
         self._gpus = visible_gpus(cfg.device) if cfg.engine.name == "local" else []
-        if cfg.engine.name == "local" and cfg.engine.worker_count(len(self._gpus)) >= 2 and cfg.engine.state != "disk":
-            # Worker processes each serve any client: its state between rounds lives where all of them find it.
-            cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"state": "disk"})})
+        # What the engine runs on, resolved once the data is known (_load); until then, nothing runs.
+        self.engine_settings = EngineSettings(state=cfg.engine.state, asked=cfg.engine.workers)
         # Every method's settings were validated with the config; what remains are facts across entries.
         labels = [entry.label or entry.name for entry in cfg.methods]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
@@ -145,6 +145,8 @@ class Experiment:
     def _run(self, *, resume: bool, force: bool, engine_factory: EngineFactory | None) -> Path:
         self.directory.check(resume=resume, force=force)
         worker = self._load(flower=engine_factory is not None or self.cfg.engine.name == "flower")
+        if self.cfg.engine.name == "local":
+            self.progress.note(self.engine_settings.line())
         fresh = self.directory.create(dump_given(self.cfg), environment(self.cfg.device))
         try:
             metric_log = MetricLog(
@@ -189,11 +191,13 @@ class Experiment:
         written before."""
         check_device(self.cfg.device)
         self._check_frozen_base()
-        self._check_gpu_workers()
-        worker = Worker(self.cfg, self.out, data=self._given_data, load_model=False)
-        if flower or not self._worker_processes(len(worker.data.clients)):
-            worker.runtime  # noqa: B018  (loads it: the clients run in this process; else its worker processes load it)
-        self._check_worker_memory(worker)
+        check_gpu_workers(self.cfg.engine, self._gpus)
+        data = self._given_data if self._given_data is not None else build_data(self.cfg)
+        if self.cfg.engine.name == "local":
+            self.engine_settings = self._resolve_engine(data)
+        settings = self.engine_settings
+        load_model = flower or not settings.processes  # else its worker processes load it
+        worker = Worker(self.cfg, self.out, data=data, load_model=load_model, state=settings.state)
         methods = [worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         data = worker.data
         seen = len(data.pool("seen"))
@@ -247,54 +251,29 @@ class Experiment:
             f"{', '.join(training)} train(s) the base weights; use model.dtype bfloat16, or leave them out."
         )
 
-    def _worker_processes(self, clients: int | None = None) -> int:
-        """How many worker processes the local engine starts (0: none, every client runs in this process)."""
-        if self.cfg.engine.name != "local":
-            return 0
-        size = self.cfg.engine.worker_count(len(self._gpus))
-        if clients is not None:
-            size = min(size, clients)
-        return size if size >= 2 else 0
-
-    def _check_gpu_workers(self) -> None:
-        """Refuse more worker processes than the visible GPUs take at ``engine.workers_per_gpu``."""
-        engine = self.cfg.engine
-        if self._gpus and self._worker_processes() > len(self._gpus) * engine.workers_per_gpu:
-            raise UserError(
-                f"engine.workers {engine.workers} is more worker processes than the {len(self._gpus)} visible GPU(s) "
-                f"take at engine.workers_per_gpu {engine.workers_per_gpu}; lower engine.workers or raise "
-                "engine.workers_per_gpu."
-            )
-
-    def _check_worker_memory(self, worker: Worker) -> None:
-        """Refuse a worker-process count whose estimated memory does not fit (docs/flower.md, "Simulation on one
-        machine", ``engine.workers``): each process holds what this one holds now (the data: its resident size)
-        plus, on the CPU, the model's weights (which this process has not loaded, or mapped without reading them:
-        their size as the planning formulas count them from the model's config.json, when it is known); on a GPU,
-        those weights plus half again for training."""
+    def _resolve_engine(self, data: FederatedData) -> EngineSettings:
+        """The engine's settings for this run (:func:`~fedpeft.engine.resources.resolve_engine`), with the memory
+        estimate of a worker process (docs/flower.md, "Simulation on one machine", ``engine.workers``): each holds
+        what this process holds now (the data: its resident size) plus, on the CPU, the model's weights (which this
+        process has not loaded, or mapped without reading them: their size as the planning formulas count them from
+        the model's config.json, when it is known); on a GPU, those weights plus half again for training. A number
+        of processes that does not fit is refused; ``auto`` takes as many as fit."""
         import psutil
-        import torch
 
-        from fedpeft.engine.pool import gpu_shares, memory_shortfall
-
-        size = self._worker_processes(len(worker.data.clients))
-        if not size:
-            return
         per_process = psutil.Process().memory_info().rss
         weights = estimated_weight_bytes(self.cfg.model)
         if resolve_device(self.cfg.device) == "cpu":
             per_process += weights
-        problem = memory_shortfall(size, per_process, psutil.virtual_memory().available, where="memory")
-        if problem is None and self._gpus:
-            per_process = int(weights * 1.5) + CUDA_CONTEXT_BYTES
-            for index, share in enumerate(gpu_shares(size, self._gpus)):
-                free, _ = torch.cuda.mem_get_info(index)
-                where = f"memory of GPU {self._gpus[index]}"
-                problem = problem or memory_shortfall(
-                    share, per_process, free, where=where, setting="engine.workers_per_gpu"
-                )
-        if problem is not None:
-            raise UserError(problem)
+        return resolve_engine(
+            self.cfg.engine,
+            threads=self.cfg.threads,
+            clients=len(data.clients),
+            gpus=self._gpus,
+            per_process=per_process,
+            available=psutil.virtual_memory().available,
+            gpu_bytes=int(weights * 1.5) + CUDA_CONTEXT_BYTES,
+            gpu_free=lambda index: torch.cuda.mem_get_info(index)[0],
+        )
 
     def _check_secure_aggregation(self, worker: Worker, methods: list[Method], *, flower: bool) -> None:
         """Refuse ``engine.secagg`` where it cannot run: off the Flower engine, for a method whose server step is
@@ -355,7 +334,7 @@ class Experiment:
         fix = "set engine.batch_clients=1"
         if cfg.engine.name == "flower":
             raise UserError(f"engine.batch_clients runs on the local engine; run without `--engine flower` or {fix}.")
-        if self._worker_processes():
+        if asked_processes(cfg.engine):
             raise UserError(
                 "engine.batch_clients does not combine with engine.workers of 2 or more yet; set one of them to 1."
             )
@@ -404,12 +383,10 @@ class Experiment:
 
         return LocalEngine(
             worker,
+            self.engine_settings,
             on_client=self.progress.advance_client,
-            workers=self._worker_processes() or 1,
             data=self._given_data,
-            gpus=self._gpus,
             batch_clients=self.cfg.engine.batch_clients,
-            concurrent_units=(self.cfg.engine.concurrent_methods or 0) + 1,
         )
 
 

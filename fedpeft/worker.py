@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from safetensors.torch import save_file
@@ -132,11 +132,15 @@ class Worker:
         data: FederatedData | None = None,
         runtime: ModelRuntime | None = None,
         load_model: bool = True,
+        state: Literal["memory", "disk"] | None = None,
     ) -> None:
         """``runtime``: the first architecture's, already loaded (default: loaded here); ``load_model`` False leaves
-        it unloaded until something asks for :attr:`runtime` (a server whose worker processes hold the model)."""
+        it unloaded until something asks for :attr:`runtime` (a server whose worker processes hold the model);
+        ``state``: where per-client state lives between rounds (default ``engine.state``; ``disk`` where worker
+        processes share the clients: :class:`~fedpeft.engine.resources.EngineSettings`)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.state: Literal["memory", "disk"] = state or cfg.engine.state
         if cfg.threads:
             # Tiny models run fastest on one thread; big ones want every core.
             torch.set_num_threads(cfg.threads)
@@ -314,7 +318,7 @@ class Worker:
         key = (label, seed)
         if key not in self._stores:
             root = self.run_dir / "client_state" / label / f"seed{seed}"
-            self._stores[key] = make_store(self.cfg.engine.state, root)
+            self._stores[key] = make_store(self.state, root)
         return self._stores[key]
 
     # ------------------------------------------------------------------ architectures

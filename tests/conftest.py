@@ -15,6 +15,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `engine.workers: auto` (the default) in one process: the suite already keeps every core busy, and a run of a few
+# tiny clients is faster without worker processes to start. The tests of `auto` itself remove it.
+os.environ["FEDPEFT_WORKERS"] = "1"
 # Tiny models run fastest on one thread, and a second thread only contends on a shared machine.
 torch.set_num_threads(1)
 

@@ -19,8 +19,10 @@ import yaml
 from fedpeft.core.config import load_config, validate
 from fedpeft.core.errors import UserError
 from fedpeft.core.logs import LEVELS_VARIABLE, levels_for_children
+from fedpeft.engine import resources
 from fedpeft.engine.local import LocalEngine
-from fedpeft.engine.pool import gpu_shares, memory_shortfall, pool_threads
+from fedpeft.engine.pool import gpu_shares, memory_shortfall
+from fedpeft.engine.resources import WORKERS_VARIABLE, EngineSettings, resolve_engine
 from fedpeft.runner import Experiment
 from tests.entry_point import cli
 from tests.test_flower import tiny_raw
@@ -63,23 +65,76 @@ def test_workers_below_one_are_refused_with_one_sentence(value):
         validate({"engine": {"workers": value}})
 
 
-def test_workers_auto_is_the_cores_this_process_may_use():
-    cfg = validate({"engine": {"workers": "auto"}})
-    assert cfg.engine.worker_count() == len(os.sched_getaffinity(0))
-    assert validate({}).engine.worker_count() == 1
+@pytest.fixture
+def eight_cores(monkeypatch):
+    """`auto` as on a machine of 8 cores, without the suite's FEDPEFT_WORKERS."""
+    monkeypatch.delenv(WORKERS_VARIABLE, raising=False)
+    monkeypatch.setattr(resources, "cpu_cores", lambda: 8)
 
 
-def test_two_workers_keep_client_state_on_disk_and_one_keeps_it_in_memory(tmp_path):
+def settings_of(engine: dict, **kwargs: object) -> tuple[int, int | None, str]:
+    resolved = resolve_engine(validate({"engine": engine}).engine, **{"threads": None, "clients": 100, **kwargs})
+    return resolved.processes, resolved.threads, resolved.state
+
+
+def test_auto_is_the_default_one_process_per_core_or_per_threads_cores(eight_cores):
+    assert validate({}).engine.workers == "auto"
+    assert settings_of({}) == (8, 1, "disk")
+    assert settings_of({}, threads=2) == (4, 2, "disk")  # each process runs the config's threads
+    assert settings_of({}, threads=8) == (0, 8, "memory")  # one process: every client runs in this one
+    assert settings_of({"batch_clients": 4}) == (0, None, "memory")  # batches train in this process
+
+
+def test_auto_takes_no_more_processes_than_clients_and_shares_the_cores_among_them(eight_cores):
+    assert settings_of({}, clients=3) == (3, 2, "disk")
+    assert settings_of({}, threads=1, clients=3) == (3, 1, "disk")
+    assert settings_of({}, clients=1) == (0, None, "memory")
+    line = resolve_engine(validate({}).engine, threads=None, clients=3).line()
+    assert line == (
+        "Running on 3 worker processes (2 torch threads each, as many as the run's clients; --set engine.workers=1 "
+        "for one process)"
+    )
+
+
+def test_auto_takes_as_many_processes_as_fit_in_memory_and_a_number_that_does_not_fit_is_refused(eight_cores):
+    gib = 2**30
+    assert settings_of({}, per_process=gib, available=int(2.5 * gib)) == (2, 4, "disk")
+    assert settings_of({}, per_process=gib, available=int(1.5 * gib)) == (0, None, "memory")
+    line = resolve_engine(validate({}).engine, threads=1, clients=9, per_process=gib, available=gib).line()
+    assert line == (
+        "Running in one process (1 torch thread, as many as fit in memory; --set engine.workers=N for N worker "
+        "processes)"
+    )
+    with pytest.raises(UserError, match="use engine.workers 2 or fewer"):
+        settings_of({"workers": 4}, per_process=gib, available=int(2.5 * gib))
+
+
+def test_auto_on_gpus_is_workers_per_gpu_on_each_as_far_as_their_memory_holds(eight_cores):
+    gib = 2**30
+    free = {0: 10 * gib, 1: 3 * gib}
+    gpus = {"gpus": ["0", "1"], "gpu_bytes": gib, "gpu_free": free.__getitem__}
+    assert settings_of({"workers_per_gpu": 3}, **gpus) == (6, 1, "disk")
+    assert settings_of({"workers_per_gpu": 4}, **gpus) == (6, 1, "disk")  # GPU 1 holds 3
+    with pytest.raises(UserError, match="engine.workers_per_gpu 2 needs about 4.0 GiB of memory of GPU 1"):
+        settings_of({"workers": 4}, gpus=["0", "1"], gpu_bytes=2 * gib, gpu_free=free.__getitem__)
+
+
+def test_a_number_of_workers_is_taken_as_given_and_the_variable_sets_what_auto_is(eight_cores, monkeypatch):
+    assert settings_of({"workers": 1}) == (0, None, "memory")
+    assert settings_of({"workers": 3}) == (3, 2, "disk")
+    assert settings_of({"workers": 3}, threads=1) == (3, 1, "disk")
+    monkeypatch.setenv(WORKERS_VARIABLE, "3")
+    assert settings_of({}) == (3, 2, "disk") and settings_of({"workers": 2}) == (2, 4, "disk")
+    monkeypatch.setenv(WORKERS_VARIABLE, "many")
+    with pytest.raises(UserError, match="FEDPEFT_WORKERS='many' is not a number of worker processes"):
+        settings_of({})
+
+
+def test_worker_processes_keep_client_state_on_disk_and_the_config_keeps_what_it_says(tmp_path):
     two = Experiment(load_config("smoke", [*TINY, "engine.workers=2"]), tmp_path / "a")
-    one = Experiment(load_config("smoke", TINY), tmp_path / "b")
-    assert two.cfg.engine.state == "disk" and one.cfg.engine.state == "memory"
-
-
-def test_threads_per_worker_share_the_cores_unless_the_config_sets_them():
-    cores = len(os.sched_getaffinity(0))
-    assert pool_threads(None, 2) == max(1, cores // 2)
-    assert pool_threads(None, 10 * cores) == 1
-    assert pool_threads(3, 2) == 3
+    assert two.cfg.engine.state == "memory" and two.cfg.engine.workers == 2
+    assert resolve_engine(two.cfg.engine, threads=1, clients=4).state == "disk"
+    assert resolve_engine(load_config("smoke", TINY).engine, threads=1, clients=4).state == "memory"
 
 
 def test_workers_given_on_the_command_line_are_refused_at_load(tmp_path, monkeypatch, capsys):
@@ -177,6 +232,24 @@ def test_two_workers_give_the_records_of_one(tmp_path, caplog):
     assert comparable(many) == comparable(one)
     said = [r.getMessage() for r in caplog.records if "engine.workers 64" in r.getMessage()]
     assert said == ["engine.workers 64: the federation has 4 clients, so 4 worker processes run"], said
+
+
+@pytest.mark.slow
+def test_the_default_runs_on_every_core_with_the_records_of_one_process(tmp_path, monkeypatch, capsys):
+    """`engine.workers: auto` as a user gets it (the suite's FEDPEFT_WORKERS removed): one worker process per core
+    (the smoke preset's one thread each), no more than the 4 clients, said on the run's first line."""
+    monkeypatch.delenv(WORKERS_VARIABLE)
+    one = run_with(tmp_path, "one", TINY, 1)
+    out = tmp_path / "auto"
+    code, _, err = cli(monkeypatch, capsys, "run", "smoke", "--out", str(out), *sets(TINY))
+    assert code == 0, err
+    processes = min(len(os.sched_getaffinity(0)), 4)
+    first = err.splitlines()[0]
+    if processes >= 2:
+        assert first.startswith(f"Running on {processes} worker processes (1 torch thread each"), first
+    else:
+        assert first.startswith("Running in one process (1 torch thread"), first
+    assert comparable(out) == comparable(one)
 
 
 @pytest.mark.slow
@@ -302,7 +375,7 @@ def test_a_killed_worker_process_is_a_failed_client_and_the_run_goes_on(tmp_path
     engines: list[LocalEngine] = []
 
     def engine_factory(worker):
-        engines.append(LocalEngine(worker, workers=2))
+        engines.append(LocalEngine(worker, EngineSettings(processes=2, threads=1, state="disk")))
         return engines[0]
 
     killed: list[int] = []

@@ -468,9 +468,13 @@ class EngineConfig(_Strict):
     clients); with one worker it runs one method at a time.
 
     ``workers``: on the local engine, how many worker processes run the clients of a round (and of
-    personalization and evaluation) side by side; ``auto``: one per CPU core this process may use, or, where the
-    run's device is ``cuda`` (or ``auto`` on a machine with GPUs), ``workers_per_gpu`` per visible GPU. With 2 or
-    more, per-client state lives on disk (``state`` is set to ``disk``); 1 runs every client in this process.
+    personalization and evaluation) side by side; 1 runs every client in this process. ``auto`` (the default): one
+    per ``threads`` CPU cores this process may use (one per core where ``threads`` is not set), or, where the run's
+    device is ``cuda`` (or ``auto`` on a machine with GPUs), ``workers_per_gpu`` per visible GPU; never more than
+    the run has clients, nor more than fit in the free memory (the run's first line says what it chose:
+    :class:`fedpeft.engine.resources.EngineSettings`). Each worker process runs ``threads`` torch threads, else
+    the cores shared out among the processes; a run's records are the same for any number of processes with the
+    same threads per process. With 2 or more processes, per-client state lives on disk whatever ``state`` says.
     On GPUs each worker process is pinned to one visible GPU, round-robin; ``workers_per_gpu`` is how many may
     share one (``workers`` above the GPUs times ``workers_per_gpu`` is refused).
 
@@ -490,7 +494,7 @@ class EngineConfig(_Strict):
     num_supernodes: int = 2
     secagg: SecAggConfig | None = None
     concurrent_methods: int | None = Field(default=None, ge=1)
-    workers: int | Literal["auto"] = 1
+    workers: int | Literal["auto"] = "auto"
     workers_per_gpu: int = Field(default=1, ge=1)
     batch_clients: int = Field(default=1, ge=1)
     ray_address: str | None = None
@@ -503,15 +507,6 @@ class EngineConfig(_Strict):
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
         raise ValueError(f"got {value!r}; give a number of worker processes, 1 or more, or `auto` (one per CPU core)")
-
-    def worker_count(self, gpus: int = 0) -> int:
-        """How many worker processes ``workers`` asks for (``auto``: ``workers_per_gpu`` per GPU when the run has
-        ``gpus`` GPUs to pin them to, else the CPU cores this process may use)."""
-        if self.workers == "auto":
-            if gpus:
-                return gpus * self.workers_per_gpu
-            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return self.workers
 
 
 class EvalConfig(_Strict):

@@ -125,6 +125,16 @@ class Progress:
             self._bars.remove_task(task)
         unit.tasks = []
 
+    def note(self, line: str) -> None:
+        """Say ``line`` once, outside any stage (what the run runs on): a plain line on stderr, a line above the
+        bars on a terminal, else a log record."""
+        if self.plain:
+            self._say(line)
+        elif self._bars is not None:
+            self._bars.console.print(Text(line), soft_wrap=True)
+        else:
+            log.info(line)
+
     def epochs(self, total: int) -> None:
         """Count the stage's ``total`` training epochs (a centralized base stage)."""
         unit = self._unit

@@ -16,7 +16,8 @@ from fedpeft.core.turns import Turns
 from fedpeft.core.types import Payload, TrainResult
 from fedpeft.engine.batched import batched_personalization, batched_training
 from fedpeft.engine.operations import operation
-from fedpeft.engine.pool import SERVER_TASK, WorkerPool, pool_threads
+from fedpeft.engine.pool import SERVER_TASK, WorkerPool
+from fedpeft.engine.resources import EngineSettings
 from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.worker import Worker
 
@@ -24,45 +25,38 @@ log = logging.getLogger("fedpeft")
 
 
 class LocalEngine(Engine):
-    """Runs every client on this process's :class:`~fedpeft.worker.Worker`, or with ``workers`` of 2 or more on
-    that many worker processes (never more than the federation has clients), each with a worker of its own."""
+    """Runs every client on this process's :class:`~fedpeft.worker.Worker`, or on the worker processes of its
+    settings (:class:`~fedpeft.engine.resources.EngineSettings`), each with a worker of its own."""
 
     name = "local"
 
     def __init__(
         self,
         worker: Worker,
+        settings: EngineSettings | None = None,
         *,
         on_client: Callable[[], None] | None = None,
-        workers: int = 1,
         data: Any = None,
-        gpus: list[str] | None = None,
         batch_clients: int = 1,
-        concurrent_units: int = 1,
     ) -> None:
-        """``data``: the federation the run was given (None: a worker process builds it from the config);
-        ``gpus``: the GPUs the worker processes are pinned to, round-robin (:class:`WorkerPool`);
-        ``batch_clients``: clients of a batchable method trained in one batch (:mod:`fedpeft.engine.batched`);
-        ``concurrent_units``: with worker processes, how many units (the base evaluation and the methods of a seed)
-        run at once, each in a thread that takes turns with the others for its server code
-        (:class:`~fedpeft.core.turns.Turns`) and lets them have the turn while its clients run."""
+        """``settings``: the worker processes (their count, threads and GPUs, pinned round-robin:
+        :class:`WorkerPool`) and how many units (the base evaluation and the methods) run at once, each in a thread
+        that takes turns with the others for its server code (:class:`~fedpeft.core.turns.Turns`) and lets them
+        have the turn while its clients run (default: every client in this process, one unit at a time);
+        ``data``: the federation the run was given (None: a worker process builds it from the config);
+        ``batch_clients``: clients of a batchable method trained in one batch (:mod:`fedpeft.engine.batched`)."""
         self.worker = worker
+        self.settings = settings or EngineSettings(state=worker.state)
         self.batch_clients = batch_clients
         self.on_client = on_client
         self.pool: WorkerPool | None = None
-        size = 1
-        if workers >= 2:
-            clients = len(worker.data.clients)
-            size = min(workers, clients)
-            if size < workers:
-                message = "engine.workers %d: the federation has %d clients, so %d worker processes run"
-                log.warning(message, workers, clients, size)
-        if size >= 2:
-            threads = pool_threads(worker.cfg.threads, size)
-            self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, size, threads, data, gpus or [])
+        if self.settings.processes:
+            processes, threads = self.settings.processes, self.settings.threads or 1
+            gpus = list(self.settings.gpus)
+            self.pool = WorkerPool(dump_given(worker.cfg), worker.run_dir, processes, threads, data, gpus)
             self.pool.start()
-            if concurrent_units >= 2:
-                self.concurrent_units = concurrent_units
+            if self.settings.concurrent_units >= 2:
+                self.concurrent_units = self.settings.concurrent_units
                 self.turns = Turns()
 
     def train_clients(

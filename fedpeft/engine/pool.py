@@ -72,7 +72,8 @@ def serve(connection: Connection) -> None:
         return
     torch.set_num_threads(threads)
     try:
-        worker = Worker(validate(yaml.safe_load(config_text)), Path(run_dir), data=data)
+        # Every process serves any client: client state between rounds lives where all of them find it.
+        worker = Worker(validate(yaml.safe_load(config_text)), Path(run_dir), data=data, state="disk")
     except UserError as err:  # e.g. a model that cannot load: the run ends with its sentence, not this process's
         with contextlib.suppress(OSError):
             connection.send_bytes(pickle.dumps(("refused", err)))
@@ -372,14 +373,6 @@ def memory_shortfall(
         f"about {per_process / gib:.2f} GiB, each holding the run's data and model), and {available / gib:.1f} "
         f"GiB is free; {advice}."
     )
-
-
-def pool_threads(configured: int | None, size: int) -> int:
-    """Torch threads per worker process: the config's ``threads``, else the CPU cores shared out among ``size``."""
-    if configured:
-        return configured
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // size)
 
 
 if __name__ == "__main__":
