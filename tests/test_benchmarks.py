@@ -79,3 +79,21 @@ def test_report_scale_quick_reports_runs_of_client_groups_in_bounded_size(tmp_pa
     assert all(row["report_s"] > 0 and row["report_peak_rss_mb"] > 0 for row in rows)
     # 10 clients print a column each; 40 (above the 16-column threshold) a summary of the same width
     assert rows[1]["summary_longest_line"] <= rows[0]["summary_longest_line"] < 1000
+
+
+@pytest.mark.slow
+def test_parallel_quick_runs_the_default_and_one_process_with_the_same_records(tmp_path):
+    """The default (`engine.workers: auto`, without the suite's FEDPEFT_WORKERS) as a user gets it, beside one
+    process: one worker process per core, no more than the 4 clients, with the records of one process."""
+    import os
+
+    out = tmp_path / "parallel.json"
+    result = benchmark("parallel").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    one, default = result["rows"]
+    assert (one["workers"], default["workers"]) == (1, "default")
+    assert one["ran_on"].startswith("Running in one process (1 torch thread;")
+    processes = min(len(os.sched_getaffinity(0)), 4)
+    expected = f"Running on {processes} worker processes" if processes >= 2 else "Running in one process"
+    assert default["ran_on"].startswith(expected), default["ran_on"]
+    assert default["records"] > 0 and default["identical_to_first"]
