@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from fedpeft.adapters.instance_mixing import instance_weights, mixed_adapters, representations
 from fedpeft.base_models import ClientBase, client_base_tensors
 from fedpeft.core.checkpoints import load_checkpoint, save_checkpoint
 from fedpeft.core.config import ExperimentConfig, load_config
@@ -17,7 +18,6 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.types import ServerState, num_bytes
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.local import LocalEngine
-from fedpeft.methods.feddpa import instance_weights, mixed_adapters, representations
 from fedpeft.methods.fedit_merged import cosine_lr
 from fedpeft.models.runtime import ClientModel
 from fedpeft.runner import Experiment

@@ -24,12 +24,25 @@ def instance_weights(
 ) -> torch.Tensor:
     """FedDPA's mixing weight of each query: ``max_weight`` times its mean cosine similarity to ``sample`` random
     references (drawn per query), clamped to [0, max_weight]."""
-    similarity = torch.nn.functional.cosine_similarity(queries[:, None, :], references[None, :, :], dim=-1)
+    chosen = reference_draw(references.shape[0], queries.shape[0], sample=sample, seed=seed)
+    return drawn_weights(queries, references, chosen, max_weight=max_weight)
+
+
+def reference_draw(references: int, queries: int, *, sample: int, seed: int) -> torch.Tensor:
+    """The references each query is compared with: ``(queries, min(sample, references))`` indices, a random draw
+    per query from ``seed``, known before any representation is computed."""
     generator = torch.Generator().manual_seed(seed)
-    count = min(sample, references.shape[0])
-    chosen = torch.stack([torch.randperm(references.shape[0], generator=generator)[:count] for _ in queries])
-    mean = similarity.gather(1, chosen).mean(dim=1)
-    return (max_weight * mean).clamp(0.0, max_weight)
+    count = min(sample, references)
+    return torch.stack([torch.randperm(references, generator=generator)[:count] for _ in range(queries)])
+
+
+def drawn_weights(
+    queries: torch.Tensor, references: torch.Tensor, chosen: torch.Tensor, *, max_weight: float
+) -> torch.Tensor:
+    """:func:`instance_weights` with the draw given: ``chosen`` indexes the rows of ``references``."""
+    picked = references[chosen]  # (queries, count, d)
+    similarity = torch.nn.functional.cosine_similarity(queries[:, None, :], picked, dim=-1)
+    return (max_weight * similarity.mean(dim=1)).clamp(0.0, max_weight)
 
 
 @contextmanager

@@ -20,10 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from peft import get_peft_model_state_dict
 
 from fedpeft import evaluation
-from fedpeft.adapters.instance_mixing import instance_weights, mixed_adapters, representations
+from fedpeft.adapters.instance_mixing import (
+    drawn_weights,
+    mixed_adapters,
+    reference_draw,
+    representations,
+)
 from fedpeft.base_models import ClientBase, merged_base, resolve_targets
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
@@ -117,23 +123,26 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         if not isinstance(model, DualAdapterModel) or model.local_lora is None:
             return super().evaluate(runtime, client, model, seed)
         runtime.install(ClientModel(lora=model.local_lora, adapter=model.local_adapter), seed=seed)
-        references = representations(runtime, client.train)
-        alphas = instance_weights(
-            representations(runtime, client.test),
-            references,
-            max_weight=self.cfg.max_weight,
-            sample=self.cfg.reference_instances,
-            seed=seed,
+        test = runtime.evaluation_examples(client.test)
+        # Each test example is compared with `reference_instances` drawn training examples: only those drawn
+        # are represented, not the whole training set.
+        chosen = reference_draw(len(client.train), len(test), sample=self.cfg.reference_instances, seed=seed)
+        needed = sorted(set(chosen.flatten().tolist()))
+        position = torch.full((len(client.train),), -1, dtype=torch.long)
+        position[needed] = torch.arange(len(needed))
+        references = representations(runtime, [client.train[i] for i in needed])
+        alphas = drawn_weights(
+            representations(runtime, test), references, position[chosen], max_weight=self.cfg.max_weight
         )
         runtime.install(ClientModel(lora=model.lora, adapter=model.adapter), seed=seed)
         predictions: list[Any] = []
         assert model.lora is not None
         with mixed_adapters(runtime, {model.lora: 1.0, model.local_lora: 0.0}) as scales:
-            for start in range(0, len(client.test), runtime.eval_batch_size):
+            for start in range(0, len(test), runtime.eval_batch_size):
                 alpha = alphas[start : start + runtime.eval_batch_size]
                 scales[model.lora.key], scales[model.local_lora.key] = 1.0 - alpha, alpha
-                predictions += runtime.predict(client.test[start : start + runtime.eval_batch_size])
-        return score(runtime, predictions, client.test)
+                predictions += runtime.predict(test[start : start + runtime.eval_batch_size])
+        return score(runtime, predictions, test)
 
     # ------------------------------------------------------------------ as a base stage
     def export_base(self, runtime: ModelRuntime, state: ServerState) -> StateDict:

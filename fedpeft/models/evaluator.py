@@ -77,13 +77,16 @@ class Evaluator:
         )
         return [tok.decode(row[width:], skip_special_tokens=True).strip() for row in generated]
 
+    def evaluation_examples(self, examples: list[Example]) -> list[Example]:
+        """The examples an evaluation scores: all of them, or the first ``max_batches`` batches."""
+        return examples if self.max_batches is None else examples[: self.max_batches * self.eval_batch_size]
+
     def evaluate(self, examples: list[Example]) -> Metrics:
         """Task metrics on ``examples`` (accuracy, or METEOR / ROUGE-1 / ROUGE-L); on the first ``max_batches``
         batches of them when that is set."""
         from fedpeft import evaluation
 
-        if self.max_batches is not None:
-            examples = examples[: self.max_batches * self.eval_batch_size]
+        examples = self.evaluation_examples(examples)
         predictions = self.predict(examples)
         if self.text.task == "classification":
             return {"accuracy": evaluation.accuracy(predictions, [int(ex["label"]) for ex in examples])}

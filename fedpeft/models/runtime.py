@@ -464,6 +464,10 @@ class ModelRuntime:
         """Predicted labels (classification) or generated responses (generation)."""
         return self.evaluator.predict(examples)
 
+    def evaluation_examples(self, examples: list[Example]) -> list[Example]:
+        """The examples an evaluation scores (``eval.max_batches`` may cut them); for a method's own evaluation."""
+        return self.evaluator.evaluation_examples(examples)
+
     def evaluate(self, examples: list[Example]) -> Metrics:
         """Task metrics on ``examples`` (accuracy, or METEOR / ROUGE-1 / ROUGE-L)."""
         return self.evaluator.evaluate(examples)
