@@ -194,6 +194,28 @@ def test_a_worker_process_takes_the_library_log_levels_it_was_given(monkeypatch)
     assert logging.getLogger("peft").level == logging.NOTSET  # not a level: left as it was
 
 
+def test_a_quiet_worker_keeps_transformers_quiet_after_importing_it():
+    """transformers sets its logger's level from its environment when imported: a quiet run's worker shows no
+    warnings, load reports, progress bars or deprecation notices of it."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from fedpeft.core.logs import apply_inherited_levels; apply_inherited_levels(); import logging, warnings; "
+        "import transformers; from transformers.utils import logging as tl; "
+        "print(logging.getLogger('transformers').level, tl.is_progress_bar_enabled()); "
+        "warnings.warn('notice', FutureWarning)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSFORMERS_", "HF_"))}
+    quiet = subprocess.run(
+        [sys.executable, "-c", probe], env=env | {LEVELS_VARIABLE: f"transformers={logging.ERROR}"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert quiet.stdout.split() == [str(logging.ERROR), "False"] and "notice" not in quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert loud.stdout.split()[0] != str(logging.ERROR) and "notice" in loud.stderr  # -v: as the library sets it
+
+
 def test_a_worker_count_that_does_not_fit_in_memory_is_refused_before_anything_is_written(
     tmp_path, monkeypatch, capsys
 ):
@@ -283,6 +305,37 @@ def test_two_workers_give_the_records_of_one_across_method_families(tmp_path, mo
     assert comparable(two) == records
     assert list((two / "client_state").rglob("*.safetensors"))  # per-client state lived on disk
     assert any(len(labels) >= 2 for labels in overlaps), overlaps  # two units' clients ran at the same time
+
+
+@pytest.mark.slow
+def test_the_units_of_seeds_that_share_a_base_model_run_at_once_with_the_records_of_one_process(tmp_path, monkeypatch):
+    """The smoke preset's centralized base stage is trained once for every seed: then the units of both seeds run
+    at once on the worker processes (a client of seed 1 beside one of seed 0), and the records and their order are
+    those of one process, which runs the seeds one after the other."""
+    from fedpeft.engine.pool import WorkerPool
+
+    in_flight: dict[int, int] = {}
+    overlaps: set[frozenset[int]] = set()
+    send, finish = WorkerPool._send, WorkerPool._finish
+
+    def recording_send(self, slot, op, client_id, kwargs):  # noqa: ANN001, ANN202
+        tag = send(self, slot, op, client_id, kwargs)
+        in_flight[tag] = kwargs.get("seed", -1)
+        overlaps.add(frozenset(in_flight.values()))
+        return tag
+
+    def recording_finish(self, tag, result):  # noqa: ANN001, ANN202
+        in_flight.pop(tag, None)
+        finish(self, tag, result)
+
+    methods = "methods=[{name: fedit, rounds: 2, fraction: 1.0, local_steps: 2, lr: 0.005}, {name: lora, lr: 0.005}]"
+    overrides = [*TINY[:-1], methods, "seeds=[0, 1]"]
+    one = run_with(tmp_path, "one", overrides, 1)
+    monkeypatch.setattr(WorkerPool, "_send", recording_send)
+    monkeypatch.setattr(WorkerPool, "_finish", recording_finish)
+    two = run_with(tmp_path, "two", [*overrides, "engine.concurrent_methods=2"], 2)
+    assert comparable(two) == comparable(one)  # in the same order
+    assert any({0, 1} <= seeds for seeds in overlaps), overlaps
 
 
 @pytest.mark.slow

@@ -48,6 +48,12 @@ def apply_inherited_levels() -> None:
         name, _, level = item.partition("=")
         if name in LIBRARIES and level.isdigit():
             logging.getLogger(name).setLevel(int(level))
+    if logging.getLogger("transformers").level >= logging.ERROR:
+        # A quiet run's worker: transformers sets its logger's level from its environment when imported (over
+        # the level set here), and progress bars and deprecation notices are no logging at all.
+        for variable in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+            os.environ.setdefault(variable, "error" if variable == "TRANSFORMERS_VERBOSITY" else "1")
+        ignore_deprecations()
 
 
 def quiet_library_output(keep: tuple[str, ...] = ()) -> None:
