@@ -12,8 +12,11 @@ Writes, per seed and method, the wall seconds of the federated phase (the sum of
 the server steps, the mean staleness and the final test metric over the clients, and keeps the run directory
 (``--out``) for ``docs/results/async/deployment.py``.
 
+``--quick``: the preset cut to 2 clients, 2 server steps of FedIT and of FedAsync, on 2 nodes of tiers 1 and 2
+(unit 0.5 s): checks that it runs.
+
 Usage: python benchmarks/async_deployment.py [CONFIG] [--nodes 4] [--tiers 1 2 4 8] [--unit 1.0] [--out DIR]
-       [--set KEY=VALUE ...]
+       [--set KEY=VALUE ...] [--quick]
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ from fedpeft.core.config import dump_given, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 _NUMBER = re.compile(r"(\d+)$")
+QUICK = [
+    "seeds=[0]",
+    "base.kind=pretrained",
+    "data.options={num_clients: 2, samples: 40, categories: [add, plural], base_categories: [add]}",
+    "eval={max_new_tokens: 4}",
+    "methods=[{name: fedit, label: sync, rounds: 2, fraction: 1.0, local_steps: 1, batch_size: 4, rank: 4}, "
+    "{name: fedit, label: fedasync, rounds: 2, local_steps: 1, batch_size: 4, rank: 4, "
+    "schedule: {kind: fedasync, concurrency: 2}}]",
+]
 
 
 def tier_faults(client_ids: list[str], nodes: int, tiers: list[float], unit: float) -> list[dict]:
@@ -87,7 +99,7 @@ def summary(run_dir: Path, metric: str) -> list[dict]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default="async-cpu")
     parser.add_argument("--nodes", type=int, default=4)
@@ -96,7 +108,10 @@ def main() -> None:
     parser.add_argument("--metric", default="rougeL")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "async-deployment")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="2 clients, 2 server steps, 2 nodes: checks that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.tiers, args.unit, args.overrides = 2, [1.0, 2.0], 0.5, [*QUICK, *args.overrides]
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the deployment's processes end with the script
     # One method at a time, so that each phase has the nodes to itself (a deployment runs them all at once).
@@ -135,6 +150,7 @@ def main() -> None:
             f"{r['mean_staleness']:.2f} | {final_text} |"
         )
     print(f"\nthe whole run: {wall:.0f} s")
+    return result
 
 
 if __name__ == "__main__":

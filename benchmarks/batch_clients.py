@@ -7,6 +7,7 @@ and the largest difference of any record from K = 1's (batched training equals o
 float rounding).
 
 Usage: python benchmarks/batch_clients.py [--model tiny-bert] [--device cpu] [--clients 1 4 16] [--out FILE.jsonl]
+       [--quick]   (K = 1 and 2 on 4 clients, 1 round of 2 steps: checks that it runs)
 """
 
 from __future__ import annotations
@@ -29,25 +30,37 @@ OVERRIDES = [
     "budgets=[8]",
     "methods=[{name: fedit, rounds: 2, fraction: 1.0, local_steps: 5, lr: 0.0005, batch_size: 8}]",
     "output.plots=false",
+    "engine.workers=1",  # every K in one process (batched training runs in the run's own)
     # Every client draws its own dropout masks: batched training needs a model without dropout (BERT's keys).
     "model.overrides={hidden_dropout_prob: 0, attention_probs_dropout_prob: 0}",
 ]
+QUICK = [
+    "data.groups=[lat1]",
+    "data.train_per_group=32",
+    "data.test_per_group=8",
+    "data.unseen_pool=false",
+    "methods=[{name: fedit, rounds: 1, fraction: 1.0, local_steps: 2, lr: 0.0005, batch_size: 4}]",
+]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-bert")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--clients", nargs="+", type=int, default=None, help="the Ks (default 1 4 16; --quick 1 2)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="K = 1 and 2 on 4 clients, 1 round of 2 steps")
+    args = parser.parse_args(argv)
+    overrides = [*OVERRIDES, *QUICK] if args.quick else OVERRIDES
+    ks = args.clients or ([1, 2] if args.quick else [1, 4, 16])
     root = Path(tempfile.mkdtemp(prefix="fedpeft-batch-clients-"))
     first: tuple[float, dict[tuple, float]] | None = None
+    rows = []
     try:
-        for k in args.clients:
+        for k in ks:
             out = root / f"k{k}"
             command = [sys.executable, "-m", "fedpeft.cli", "run", "smoke", "--out", str(out)]
-            for item in [*OVERRIDES, f"model.name={args.model}", f"device={args.device}", f"engine.batch_clients={k}"]:
+            for item in [*overrides, f"model.name={args.model}", f"device={args.device}", f"engine.batch_clients={k}"]:
                 command += ["--set", item]
             started = time.perf_counter()
             done = subprocess.run(command, stdout=subprocess.DEVNULL)
@@ -71,12 +84,14 @@ def main() -> None:
                     max_record_difference=max(abs(v - first[1].get(key, float("nan"))) for key, v in records.items()),
                 )
             print(json.dumps(row), flush=True)
+            rows.append(row)
             if args.out is not None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 with args.out.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return rows
 
 
 if __name__ == "__main__":

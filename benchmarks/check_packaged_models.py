@@ -9,7 +9,9 @@
 Not a test: it takes a few minutes and a few GB of memory. By default it uses a fresh temporary cache
 root so that the first Gemma load really de-quantizes; pass ``--cache DIR`` to use (and keep) another one.
 
-Usage: python benchmarks/check_packaged_models.py [--cache DIR] [--tokens 12] [--batch 32] [--out FILE.json]
+``--quick``: MiniLM alone, a batch of 4, one timed pass (seconds; Gemma's first load de-quantizes for minutes).
+
+Usage: python benchmarks/check_packaged_models.py [--cache DIR] [--tokens 12] [--batch 32] [--out FILE.json] [--quick]
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
-def check_gemma(tokens: int) -> dict:
+def check_gemma(tokens: int, repeats: int = REPEATS) -> dict:
     cfg = ModelConfig(name="gemma3-270m", max_length=64)
     cold, cold_s = timed(lambda: load_model(cfg, task="generation"))
     record = gguf_cache.source_record(GEMMA3_270M_SHA256)
@@ -73,7 +75,7 @@ def check_gemma(tokens: int) -> dict:
     gen_s = []
     with torch.no_grad():
         model.generate(**batch, max_new_tokens=1, do_sample=False)  # warm-up
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             start = time.perf_counter()
             out = model.generate(**batch, max_new_tokens=tokens, do_sample=False)
             gen_s.append(time.perf_counter() - start)
@@ -105,7 +107,7 @@ def check_gemma(tokens: int) -> dict:
     return result
 
 
-def check_minilm(batch_size: int) -> dict:
+def check_minilm(batch_size: int, repeats: int = REPEATS) -> dict:
     cfg = ModelConfig(name="minilm", max_length=64)
     loaded, load_s = timed(lambda: load_model(cfg, task="classification", num_labels=3))
     model, tok = loaded.model, loaded.tokenizer
@@ -114,7 +116,7 @@ def check_minilm(batch_size: int) -> dict:
     forward_s = []
     with torch.no_grad():
         model(**batch)  # warm-up
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             start = time.perf_counter()
             logits = model(**batch).logits
             forward_s.append(time.perf_counter() - start)
@@ -122,7 +124,7 @@ def check_minilm(batch_size: int) -> dict:
     labels = torch.zeros(batch_size, dtype=torch.long)
     model(**batch, labels=labels).loss.backward()  # warm-up
     step_s = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         model.zero_grad()
         start = time.perf_counter()
         model(**batch, labels=labels).loss.backward()
@@ -142,25 +144,34 @@ def check_minilm(batch_size: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, help="cache root to use and keep (default: a fresh temporary one)")
     parser.add_argument("--tokens", type=int, default=12)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="MiniLM alone, batch 4, one timed pass")
+    args = parser.parse_args(argv)
 
     root = args.cache or Path(tempfile.mkdtemp(prefix="fedpeft-cache-"))
+    before = os.environ.get("FEDPEFT_CACHE")
     os.environ["FEDPEFT_CACHE"] = str(root)
     try:
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch threads {torch.get_num_threads()}",
             "torch": torch.__version__,
-            "gemma3-270m": check_gemma(args.tokens),
-            "minilm": check_minilm(args.batch),
-            "peak_rss_mb": round(peak_rss_mb()),
         }
+        if args.quick:
+            report["minilm"] = check_minilm(4, repeats=1)
+        else:
+            report["gemma3-270m"] = check_gemma(args.tokens)
+            report["minilm"] = check_minilm(args.batch)
+        report["peak_rss_mb"] = round(peak_rss_mb())
     finally:
+        if before is None:
+            os.environ.pop("FEDPEFT_CACHE", None)
+        else:
+            os.environ["FEDPEFT_CACHE"] = before
         if args.cache is None:
             shutil.rmtree(root, ignore_errors=True)
     text = json.dumps(report, indent=2, ensure_ascii=False)
@@ -168,6 +179,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+    return report
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Each command runs in a fresh process (the installed ``fedpeft`` console script, 
 the script is not on PATH) ``--repeats`` times; the table gives the best and the median wall time, and every
 time goes to ``--out``.
 
-Usage: python benchmarks/cli_startup.py [--repeats 5] [--out benchmarks/results/cli_startup.json]
+Usage: python benchmarks/cli_startup.py [--repeats 5] [--out benchmarks/results/cli_startup.json] [--quick]
+       (--quick: each command once)
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ def wall_times(command: list[str], repeats: int) -> list[float]:
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cli_startup.json"))
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="each command once: checks that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = 1
     base = fedpeft_command()
     print(f"{' '.join(base)}, {args.repeats} runs each\n")
     print("| command | best s | median s |")
@@ -54,7 +58,9 @@ def main() -> None:
         print(f"| `{name}` | {min(times):.2f} | {statistics.median(times):.2f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "command": [Path(base[0]).name, *base[1:]]}
-    args.out.write_text(json.dumps({"machine": machine, "results": results}, indent=2) + "\n")
+    report = {"machine": machine, "results": results}
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 if __name__ == "__main__":

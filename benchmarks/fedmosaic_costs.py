@@ -10,7 +10,9 @@
    shapes of the paper's models (Llama-3.2-3B client, Llama-3.2-1B W_s, rank 128, float32), built on the meta
    device so nothing is downloaded or allocated. The paper reports 10.9 % less than FedAvg.
 
-Usage: python benchmarks/fedmosaic_costs.py [--steps 10] [--out benchmarks/results/fedmosaic_costs.json]
+``--quick``: SFT, FedIT and FedMosaic only, one step, 20 alignment samples: checks that it runs.
+
+Usage: python benchmarks/fedmosaic_costs.py [--steps 10] [--out benchmarks/results/fedmosaic_costs.json] [--quick]
 """
 
 from __future__ import annotations
@@ -36,18 +38,19 @@ METHODS = ["sft_rounds", "fedit", "ditto", "fedsim", "feddat", "perada", "takfl"
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def measured(steps: int) -> dict:
+def measured(steps: int, methods: list[str] = METHODS, align_samples: int = 200) -> dict:
     """FLOPs and seconds of one round of every method on every client, and bytes uploaded."""
     entries = []
-    for name in METHODS:
+    for name in methods:
         entry = {"name": name, "rounds": 1, "local_steps": steps, "rank": 8, "lr": 0.002, "compute_scale": 1.0}
         if name == "fedit":
             entry = {"name": name, "rounds": 1, "fraction": 1.0, "local_steps": steps, "batch_size": 4, "rank": 8}
         if name in ("perada", "takfl", "fedmkt"):
             entry.update(kd_samples=16, kd_steps=4)
         if name == "fedmosaic":
-            entry.update(align_samples=200)
-            entries.append({**entry, "label": "fedmosaic-m5", "grad_every": 5})  # the CPU presets' m
+            entry.update(align_samples=align_samples)
+            if methods == METHODS:
+                entries.append({**entry, "label": "fedmosaic-m5", "grad_every": 5})  # the CPU presets' m
         entries.append(entry)
     overrides = ["seeds=[0]", "base.kind=pretrained", f"methods={json.dumps(entries)}"]
     cfg = load_config("fedmosaic-text", overrides)
@@ -127,13 +130,15 @@ def paper_scale(rank: int = 128, keep: float = 0.4, blocks: int = 4) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fedmosaic_costs.json"))
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="SFT, FedIT and FedMosaic, one step: checks that it runs")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    results = {"paper_scale": paper_scale(), "cpu_scale": measured(args.steps)}
+    cpu_scale = measured(1, ["sft_rounds", "fedit", "fedmosaic"], 20) if args.quick else measured(args.steps)
+    results = {"paper_scale": paper_scale(), "cpu_scale": cpu_scale}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results["paper_scale"], indent=1))
@@ -141,6 +146,7 @@ def main() -> None:
         print(f"{name:12s} compute/SFT {row['compute_vs_sft']:.3f} (paper {row['paper_compute_vs_sft']}), "
               f"seconds/SFT {row['seconds_vs_sft']:.2f}, up {row['bytes_up_per_client']:.0f} B")  # fmt: skip
     print("upload FedMosaic / FedIT:", round(results["cpu_scale"]["upload_fedmosaic_vs_fedit"], 4))
+    return results
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ Both of transformers' expert implementations are timed: ``grouped_mm`` (its defa
 - ``OLMoE-1B-7B``: allenai/OLMoE-1B-7B-0924's configuration on the meta device (no weights): the analytic
   ratio only (the paper reports 46.1 % of the FLOPs at k = 1, profiled with DeepSpeed).
 
-Usage: python benchmarks/flame_tier_flops.py [--repeats 20] [--out benchmarks/results/flame_tier_flops.json]
+``--quick``: the tiny OLMoE alone, 16 tokens, one timed pass: checks that it runs.
+
+Usage: python benchmarks/flame_tier_flops.py [--repeats 20] [--out benchmarks/results/flame_tier_flops.json] [--quick]
 """
 
 from __future__ import annotations
@@ -70,14 +72,18 @@ def time_forward(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> dic
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/flame_tier_flops.json"))
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="the tiny OLMoE, 16 tokens, one pass: checks that it runs")
+    args = parser.parse_args(argv)
+    models = {"tiny-olmoe": MODELS["tiny-olmoe"]} if args.quick else MODELS
+    if args.quick:
+        args.tokens, args.repeats = 16, 1
     torch.set_num_threads(args.threads)
     report: dict = {
         "batch": args.batch,
@@ -88,7 +94,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "models": {},
     }
-    for name, fields in MODELS.items():
+    for name, fields in models.items():
         entry: dict = {}
         for implementation in ("grouped_mm", "eager"):
             with torch.random.fork_rng(devices=[]):
@@ -122,6 +128,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written to {args.out}")
+    return report
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ explains them.
 
     python benchmarks/memory_estimate.py            # markdown tables
     python benchmarks/memory_estimate.py --json     # the numbers
+    python benchmarks/memory_estimate.py --quick    # the first preset alone: checks that it runs
 """
 
 from __future__ import annotations
@@ -154,20 +155,24 @@ def against_measured(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.add_argument("--measured", help="compare with the peaks of a benchmarks/step_overhead.py results file")
+    parser.add_argument("--quick", action="store_true", help="the first preset alone: checks that it runs")
     parser.add_argument("presets", nargs="*", default=PRESETS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.measured:
-        print(json.dumps(against_measured(args.measured), indent=2))
-        return
-    rows = [row for preset in args.presets for row in estimate(preset)]
+        compared = against_measured(args.measured)
+        print(json.dumps(compared, indent=2))
+        return compared
+    presets = PRESETS[:1] if args.quick else args.presets
+    rows = [row for preset in presets for row in estimate(preset)]
     print(json.dumps(rows, indent=2) if args.json else markdown(rows))
     if not args.json:
         print("\nGiB (2^30 bytes) unless marked; weights include the runtime's one copy only (see the text).")
     assert all(math.isfinite(r["weights"]["4bit"]) for r in rows)
+    return rows
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ on the global factors (0.1 on B, 0.01 on A, seeded per client and round), merged
 norm of the final global product s B_G A_G. The mean is the reference; an alpha whose norm is far above it makes
 the global grow every round (and a model trained from it collapse), one far below it erases the updates.
 
-Usage: python benchmarks/merge_scale_over_rounds.py [--rounds 20] [--out benchmarks/results/merge_scale.json]
+Usage: python benchmarks/merge_scale_over_rounds.py [--rounds 20] [--out benchmarks/results/merge_scale.json] [--quick]
+       (--quick: 3 rounds, alphas 0.5 and 1.0)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from fedpeft.merging import MergeConfig, merge_lora_states
 
 CLIENTS, WIDTH, RANK = 10, 64, 8
+ALPHAS = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.75, 0.8, 1.0)
 A_KEY, B_KEY = "m.lora_A.weight", "m.lora_B.weight"
 
 
@@ -42,18 +44,22 @@ def final_norm(cfg: MergeConfig, rounds: int) -> float:
     return float(2.0 * (global_[B_KEY] @ global_[A_KEY]).norm())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     """Print (and optionally save) the final norms for the mean and the summing operators at several alphas."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="3 rounds, alphas 0.5 and 1.0: checks that it runs")
+    args = parser.parse_args(argv)
+    alphas = (0.5, 1.0) if args.quick else ALPHAS
+    if args.quick:
+        args.rounds = 3
     torch.set_num_threads(1)
     rows = []
     for space in ("ab", "knots"):
         rows.append({"operator": "mean", "space": space, "alpha": 1.0})
         for operator in ("task_arithmetic", "iso_c"):
-            for alpha in (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.75, 0.8, 1.0):
+            for alpha in alphas:
                 rows.append({"operator": operator, "space": space, "alpha": alpha})
     for row in rows:
         row["norm"] = final_norm(MergeConfig(**row), args.rounds)
@@ -61,6 +67,7 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"rounds": args.rounds, "clients": CLIENTS, "rows": rows}, indent=1) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

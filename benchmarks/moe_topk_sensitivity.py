@@ -12,8 +12,11 @@ arithmetic categories, 4,000 base examples, 12 epochs), or loads it from ``--che
    output's norm remains and its cosine to the top-8 output; the mean off-diagonal cosine between the experts'
    weights.
 
+``--quick``: the preset cut to 2 clients of 2 categories and a base stage of one epoch on 64 examples: checks
+that it runs.
+
 Usage: python benchmarks/moe_topk_sensitivity.py [--preset flame-cpu-4] [--set base.router_aux_loss=0.01]
-       [--checkpoint base.safetensors] [--out benchmarks/results/moe_topk.json]
+       [--checkpoint base.safetensors] [--out benchmarks/results/moe_topk.json] [--quick]
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ from fedpeft.models.runtime import ClientModel
 from fedpeft.worker import build_data, build_runtime
 
 TOP_KS = (8, 4, 2, 1)
+QUICK = [
+    "data.options={num_clients: 2, samples: 40, categories: [add, plural], base_categories: [add]}",
+    "data.base_samples=64",
+    "base.epochs=1",
+    "model.max_length=64",
+    "eval.max_new_tokens=4",
+]
 
 
 def base_runtime(preset: str, overrides: list[str], checkpoint: Path | None) -> tuple[Any, Any]:
@@ -141,16 +151,18 @@ def diagnostics(data: Any, runtime: Any) -> list[dict[str, float]]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train or load the base model, print the top-k table and the diagnostics, optionally save them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="flame-cpu-4")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--checkpoint", type=Path, default=None, help="load the base model here, or save it")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="2 clients, a base stage of one epoch on 64 examples")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    data, runtime = base_runtime(args.preset, ["seeds=[0]", *args.overrides], args.checkpoint)
+    overrides = ["seeds=[0]", *(QUICK if args.quick else []), *args.overrides]
+    data, runtime = base_runtime(args.preset, overrides, args.checkpoint)
     if runtime.moe is None:
         raise SystemExit(f"the model of {args.preset} is not a mixture of experts")
     scores, by_category = scores_by_top_k(data, runtime)
@@ -160,16 +172,17 @@ def main() -> None:
     rows = diagnostics(data, runtime)
     for row in rows:
         print(", ".join(f"{k} {v:.3g}" for k, v in row.items()))
+    payload = {
+        "preset": args.preset,
+        "overrides": args.overrides,
+        "scores": scores,
+        "by_category": by_category,
+        "layers": rows,
+    }
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "preset": args.preset,
-            "overrides": args.overrides,
-            "scores": scores,
-            "by_category": by_category,
-            "layers": rows,
-        }
         args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    return payload
 
 
 if __name__ == "__main__":

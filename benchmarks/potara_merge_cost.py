@@ -12,7 +12,9 @@ per-sample gradients at both models, the closed-form weight and the merged tenso
 for Fisher merging, and the merge's seconds per client. Each method runs ``--repeats`` times (the machine is
 shared, timings vary by some 20 %); the median share is the result. Target: <= 5 %.
 
-Usage: python benchmarks/potara_merge_cost.py [--repeats 3] [--out benchmarks/results/potara_merge_cost.json]
+``--quick``: 2 clients, one FedIT round and one local round of one step, once: checks that it runs.
+
+Usage: python benchmarks/potara_merge_cost.py [--repeats 3] [--out benchmarks/results/potara_merge_cost.json] [--quick]
 """
 
 from __future__ import annotations
@@ -34,11 +36,14 @@ from fedpeft.worker import Worker
 
 PRESET = "potara-tasks-cpu"
 METHODS = {"potara": 6, "fisher_merge": 5}  # index of the entry in the preset's methods
+QUICK = ["data.options={num_clients: 2}"]
+QUICK_ROUNDS = {"rounds": 1, "local_rounds": 1, "local_steps": 1}
 
 
-def measure(label: str, index: int, run_dir: Path) -> dict:
-    cfg = load_config(PRESET, ["seeds=[0]", "base.kind=pretrained", "output.plots=false"])
-    cfg.methods = [cfg.methods[index]]
+def measure(label: str, index: int, run_dir: Path, quick: bool = False) -> dict:
+    cfg = load_config(PRESET, ["seeds=[0]", "base.kind=pretrained", "output.plots=false", *(QUICK if quick else [])])
+    entry = cfg.methods[index]
+    cfg.methods = [entry.model_copy(update=QUICK_ROUNDS) if quick else entry]
     worker = Worker(cfg, run_dir)
     method = worker.methods[label]
     worker.use_base(0)
@@ -63,11 +68,14 @@ def measure(label: str, index: int, run_dir: Path) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/potara_merge_cost.json"))
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="2 clients, one round of each phase: checks that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = 1
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +83,7 @@ def main() -> None:
             runs = []
             for repeat in range(args.repeats):
                 started = time.perf_counter()
-                run = measure(label, index, Path(tmp) / f"{label}-{repeat}")
+                run = measure(label, index, Path(tmp) / f"{label}-{repeat}", args.quick)
                 run["wall_seconds"] = round(time.perf_counter() - started, 1)
                 print(label, run)
                 runs.append(run)
@@ -84,6 +92,7 @@ def main() -> None:
     report = {"preset": PRESET, "torch": torch.__version__, "machine": platform.machine(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ the median seconds per step of each, their ratio (fedpeft / bare), tokens per se
 peak CUDA memory.
 
 Usage: python benchmarks/step_overhead.py --model minilm [--task classification] [--device cpu] [--dtype float32]
-       [--batch 16] [--length 24] [--steps 10] [--repeats 3] [--threads 1] [--out FILE.json]
+       [--batch 16] [--length 24] [--steps 10] [--repeats 3] [--threads 1] [--out FILE.json] [--quick]
+
+``--quick``: batch 4 of 16 tokens, 2 steps, 2 repeats: checks that it runs.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--task", default=None, help="classification or generation (default: the model's own)")
@@ -58,7 +60,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="batch 4 of 16 tokens, 2 steps: checks that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.length, args.steps, args.repeats = 4, 16, 2, 2
     torch.set_num_threads(args.threads)
 
     from peft import get_peft_model
@@ -162,6 +167,7 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as handle:
             handle.write(json.dumps(result) + "\n")
+    return result
 
 
 if __name__ == "__main__":

