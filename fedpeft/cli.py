@@ -9,6 +9,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -132,6 +133,7 @@ def run(
     _quiet_libraries(verbose)
     notes: list[str] = []
     step_batch = 0
+    started = time.perf_counter()
     if cfg.rehearse is not None:
         from fedpeft.rehearsal.driver import prepare
         from fedpeft.rehearsal.steps import first_batch
@@ -154,7 +156,7 @@ def run(
         from fedpeft.rehearsal.steps import measure_steps
 
         steps = measure_steps(cfg, step_batch, check_full_depth=cfg.rehearse.check_full_depth)
-        for line in summary_lines(summarize(target, cfg, notes, steps)):
+        for line in summary_lines(summarize(target, cfg, notes, steps, time.perf_counter() - started)):
             typer.echo(line)
     else:
         from fedpeft.report.terminal import run_end_block

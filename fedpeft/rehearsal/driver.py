@@ -111,7 +111,8 @@ def _data(cfg: ExperimentConfig) -> tuple[list[str], str | None]:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         updates = {key: _moved(value, staging, target) for key, value in standin.data_updates.items()}
-        record = {"updates": updates, "description": standin.description, "texts": standin.texts[:TEXT_SAMPLE]}
+        description = _moved_text(standin.description, staging, target)
+        record = {"updates": updates, "description": description, "texts": standin.texts[:TEXT_SAMPLE]}
         (staging / "standin.json").write_text(json.dumps(record))
         publish_dir(staging, target)
     record = json.loads(record_file.read_text())
@@ -125,6 +126,10 @@ def _moved(value: Any, staging: Path, target: Path) -> Any:
     return value
 
 
+def _moved_text(text: str, staging: Path, target: Path) -> str:
+    return text.replace(str(staging), str(target))
+
+
 def _own_texts(cfg: ExperimentConfig) -> list[str]:
     from fedpeft.worker import build_data
 
@@ -136,9 +141,12 @@ def _own_texts(cfg: ExperimentConfig) -> list[str]:
 # ------------------------------------------------------------------------------------------------ measurements
 
 
-def summarize(run_dir: Path, cfg: ExperimentConfig, notes: list[str], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(
+    run_dir: Path, cfg: ExperimentConfig, notes: list[str], steps: list[dict[str, Any]], total_s: float
+) -> dict[str, Any]:
     """What the rehearsal in ``run_dir`` measured, written to its ``rehearsal.json``: per method and phase the
-    wall time and peak memory (from ``costs.jsonl``), the per-depth step measurements, the notes."""
+    wall time and peak memory (from ``costs.jsonl``), the per-depth step measurements, the notes, and
+    ``total_s``, the whole rehearsal's wall time (stand-ins, the run, the step measurements)."""
     assert cfg.rehearse is not None
     phases: list[dict[str, Any]] = []
     costs = run_dir / "costs.jsonl"
@@ -156,6 +164,7 @@ def summarize(run_dir: Path, cfg: ExperimentConfig, notes: list[str], steps: lis
         "rehearse": cfg.rehearse.model_dump(mode="json"),
         "notes": notes,
         "phases": phases,
+        "total_s": round(total_s, 1),
         "wall_s": round(sum(p.get("wall_s", 0.0) for p in phases), 3),
         "peak_rss_mb": max((p.get("peak_rss_mb", 0.0) for p in phases), default=0.0),
         "steps": steps,
@@ -177,7 +186,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  cut: {rehearse['rounds']} rounds, {rehearse['steps']} step(s) per training, {rehearse['eval_batches']} "
         f"batch(es) per evaluation, {rehearse['seeds']} seed(s)"
     )
-    lines.append(f"  measured: {summary['wall_s']:.1f} s of phases, peak {summary['peak_rss_mb']:.0f} MB per process")
+    lines.append(
+        f"  measured: {summary['total_s']:.0f} s in all, {summary['wall_s']:.1f} s of them in the run's phases; peak "
+        f"{summary['peak_rss_mb']:.0f} MB per process"
+    )
     for step in summary.get("steps", []):
         lines.append("  " + step_line(step))
     lines.extend(f"  note: {note}" for note in summary.get("notes", []))
@@ -189,7 +201,8 @@ def step_line(step: dict[str, Any]) -> str:
     measured = ", ".join(
         f"{d['layers']} layers {d['step_s']:.2f} s / {d['peak_rss_mb']:.0f} MB" for d in step["depths"]
     )
-    line = f"{step['model']}: one training step (batch {step['batch_size']} x {step['length']} tokens): {measured}"
+    shape = f"{step['length']} tokens" if step.get("length") else "images"
+    line = f"{step['model']}: one training step (batch {step['batch_size']} x {shape}): {measured}"
     if step.get("per_layer_s") is not None:
         line += (
             f"; per layer {step['per_layer_s']:.3f} s / {step['per_layer_mb']:.0f} MB, at its {step['true_layers']} "

@@ -51,13 +51,17 @@ def measure_steps(cfg: ExperimentConfig, batch_size: int, *, check_full_depth: b
                 continue
             full = true_depth(original)
             rehearsed = true_depth(json.loads((Path(model.name) / "config.json").read_text()))
-            depths = sorted({1, rehearsed} | ({full} if check_full_depth else set()))
+            # Two depths at least (a model rehearsed at one layer is also measured at two), within the true one.
+            depths = sorted({1, min(max(2, rehearsed), full)} | ({full} if check_full_depth else set()))
             measured = [_measure(config_file, key, Path(model.name), original, depth, batch_size) for depth in depths]
-            results.append(extrapolate(name, measured, full, batch_size, model.max_length))
+            length = None if "image_size" in original and "text_config" not in original else model.max_length
+            results.append(extrapolate(name, measured, full, batch_size, length))
     return results
 
 
-def extrapolate(name: str, measured: list[dict[str, Any]], full: int, batch_size: int, length: int) -> dict[str, Any]:
+def extrapolate(
+    name: str, measured: list[dict[str, Any]], full: int, batch_size: int, length: int | None
+) -> dict[str, Any]:
     """The per-layer step time and memory from the two shallowest depths of ``measured``, and the step at depth
     ``full`` they give (with its error against a measurement at ``full``, if there is one)."""
     entry: dict[str, Any] = {

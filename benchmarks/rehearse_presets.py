@@ -1,0 +1,136 @@
+"""Rehearse the paper presets on this machine (`fedpeft run PRESET --rehearse`) and tabulate what each measured.
+
+    python benchmarks/rehearse_presets.py --out runs/rehearsals             # every paper preset, one at a time
+    python benchmarks/rehearse_presets.py --presets potara-cifar100 guidance-sni --set rehearse.layers=1
+    python benchmarks/rehearse_presets.py --quick --out /tmp/r              # one small preset, cut further
+
+Each preset runs in its own `fedpeft run` process (its wall time and the peak resident memory of it and its
+workers, from the kernel's accounting of finished children); its `rehearsal.json` adds the phases' times, the
+per-depth step and the extrapolated step at the true depth. Writes `rehearsals.json` and prints a markdown table
+(docs/results/paper-scale.md, "Rehearsed here").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PAPER_PRESETS = [
+    "fedp2eft-xnli",
+    "fedp2eft-masakhanews",
+    "fedp2eft-fedaya",
+    "potara-flan",
+    "potara-commonsense",
+    "potara-cifar100",
+    "flame-dolly",
+    "flame-dolly-dense",
+    "flame-alpagasus",
+    "flame-alpagasus-dense",
+    "guidance-sni",
+    "fedmosaic-drake",
+    "fedmosaic-hflb",
+    "fedmosaic-fedscope",
+]
+QUICK = (
+    "potara-cifar100",
+    [
+        "rehearse.layers=1",
+        "rehearse.batch_size=2",
+        "data.options.num_clients=3",
+        "methods=[{name: local, rounds: 1, local_steps: 1, batch_size: 2, rank: 8, targets: [q_proj, v_proj]}, "
+        "{name: fedit, rounds: 1, local_steps: 1, batch_size: 2, rank: 8, targets: [q_proj, v_proj]}]",
+    ],
+)
+
+
+def rehearse(preset: str, out: Path, overrides: list[str]) -> dict[str, Any]:
+    """One preset's rehearsal in a process of its own: its exit code, wall time, peak memory and measurements."""
+    command = [sys.executable, "-m", "fedpeft.cli", "run", preset, "--rehearse", "--out", str(out)]
+    for assignment in overrides:
+        command += ["--set", assignment]
+    log = out.parent / f"{out.name}.log"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    with log.open("w") as stream:
+        code = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    row: dict[str, Any] = {
+        "preset": preset,
+        "exit": code,
+        "wall_s": round(wall, 1),
+        # The largest child so far: exact for the first preset, a lower bound for the others.
+        "children_peak_rss_mb": round(max(peak, before) / 1024),
+        "log": str(log),
+    }
+    summary_file = out / "rehearsal.json"
+    if summary_file.is_file():
+        summary = json.loads(summary_file.read_text())
+        row |= {
+            "phases_s": summary["wall_s"],
+            "peak_rss_mb": round(summary["peak_rss_mb"]),
+            "steps": summary["steps"],
+            "notes": summary["notes"],
+            "data": summary["rehearse"].get("data"),
+        }
+    else:
+        row["error"] = _last_line(log)
+    return row
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [""])[-1][:300]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of the rehearsals."""
+    lines = [
+        "| preset | exit | wall | peak RSS / process | step at true depth (extrapolated) | per layer |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        steps = row.get("steps") or []
+        full = "; ".join(
+            f"{s['model'].split('/')[-1]} {s['full_step_s']:.2f} s, {s['full_peak_mb'] / 1024:.1f} GiB"
+            for s in steps
+            if s.get("full_step_s") is not None
+        )
+        layer = "; ".join(
+            f"{s['per_layer_s']:.3f} s, {s['per_layer_mb']:.0f} MB" for s in steps if s.get("per_layer_s") is not None
+        )
+        peak = f"{row['peak_rss_mb'] / 1024:.1f} GiB" if "peak_rss_mb" in row else "-"
+        status = "0" if row["exit"] == 0 else f"{row['exit']}: {row.get('error', '')}"
+        lines.append(
+            f"| {row['preset']} | {status} | {row['wall_s'] / 60:.1f} min | {peak} | {full or '-'} | {layer or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--presets", nargs="*", default=PAPER_PRESETS)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="--set for every preset")
+    parser.add_argument("--out", type=Path, default=Path("runs/rehearsals"))
+    parser.add_argument("--quick", action="store_true", help="one small preset, cut further (seconds to a minute)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plan = [QUICK] if args.quick else [(preset, []) for preset in args.presets]
+    rows = []
+    for preset, extra in plan:
+        rows.append(rehearse(preset, args.out / preset, [*extra, *args.overrides]))
+        print(json.dumps({k: rows[-1][k] for k in ("preset", "exit", "wall_s")}), flush=True)
+    (args.out / "rehearsals.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
