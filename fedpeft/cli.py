@@ -155,7 +155,11 @@ def run(
         from fedpeft.rehearsal.driver import summarize, summary_lines
         from fedpeft.rehearsal.steps import measure_steps
 
-        steps = measure_steps(cfg, step_batch, check_full_depth=cfg.rehearse.check_full_depth)
+        steps = (
+            measure_steps(cfg, step_batch, check_full_depth=cfg.rehearse.check_full_depth)
+            if cfg.rehearse.measure_steps
+            else []
+        )
         for line in summary_lines(summarize(target, cfg, notes, steps, time.perf_counter() - started)):
             typer.echo(line)
     else:
@@ -216,6 +220,14 @@ def plan(
     measure_cpu: Annotated[
         bool, typer.Option("--measure-cpu/--no-measure-cpu", help="Time this CPU with one quick matmul.")
     ] = True,
+    rehearsal: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--rehearsal",
+            help="A rehearsal of this config (its run directory) whose measured step times this CPU (default: "
+            "runs/<name>-rehearsal when it holds one; docs/rehearsal.md).",
+        ),
+    ] = None,
 ) -> None:
     """What a run costs before it runs: per phase its trainings, tokens, FLOPs, memory, disk, traffic and hours
     (computed, not measured; docs/plan.md). Imports no torch.
@@ -237,14 +249,26 @@ def plan(
         raise UserError(f"Unknown GPU {gpu!r}; choose one of {', '.join(g.name for g in GPUS.values())}.")
     if gpus < 1:
         raise UserError("--gpus must be 1 or more.")
-    data = plan_json(make_plan(load_config(config, list(set_ or []))), device, gpus,
-                     measure_cpu_flops() if measure_cpu else None)  # fmt: skip
+    cfg = load_config(config, list(set_ or []))
+    data = plan_json(make_plan(cfg), device, gpus, measure_cpu_flops() if measure_cpu else None)
+    from fedpeft.core.io import path_component
+    from fedpeft.planning.rehearsed import read_rehearsal, rehearsed_cpu, rehearsed_lines
+
+    if rehearsal is not None and not rehearsal.exists():
+        raise UserError(f"--rehearsal {rehearsal} does not exist; give the run directory of a rehearsal.")
+    measured = read_rehearsal(rehearsal or Path("runs") / f"{path_component(cfg.name)}-rehearsal")
+    if rehearsal is not None and measured is None:
+        raise UserError(
+            f"{rehearsal} holds no rehearsal with a measured step; run `fedpeft run {config} --rehearse` into it."
+        )
+    if measured is not None:
+        data["rehearsed"] = rehearsed_cpu(data, measured)
     if json_:
         typer.echo(json.dumps(data, indent=2))
         return
     for table in plan_tables(data, width=console.width):
         console.print(table)
-    for line in plan_lines(data):
+    for line in plan_lines(data) + (rehearsed_lines(data["rehearsed"]) if "rehearsed" in data else []):
         console.print(line, soft_wrap=True, markup=False)
 
 

@@ -344,3 +344,12 @@ def test_step_overhead_quick_compares_fedpeft_with_a_bare_peft_loop(tmp_path):
     assert len(result["timings"]["fedpeft"]) == len(result["timings"]["bare"]) == 2
     assert result["ratio"] == round(result["fedpeft_s_per_step"] / result["bare_s_per_step"], 3)
     assert result["fedpeft_peak_cuda_mb"] is None
+
+
+def test_rehearse_presets_quick_rehearses_and_tabulates(tmp_path, capsys):
+    rows = benchmark("rehearse_presets").main(["--quick", "--out", str(tmp_path)])
+    (row,) = rows
+    assert row["preset"] == "smoke" and row["exit"] == 0 and row["wall_s"] > 0
+    assert row["phases_s"] > 0 and row["peak_rss_mb"] > 0 and row["steps"] == []  # no stand-in: nothing to step
+    assert json.loads((tmp_path / "rehearsals.json").read_text()) == rows
+    assert "| smoke | 0 |" in capsys.readouterr().out

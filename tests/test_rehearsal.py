@@ -204,3 +204,26 @@ def test_a_rehearsal_is_never_compared_as_a_result(tmp_path):
     assert compare_runs(real, _run_dir(tmp_path / "again", None)).startswith(COMPARISON_HEADING)
     with pytest.raises(UserError, match="is a rehearsal, whose numbers are not results"):
         compare_runs(real, rehearsal / "results.jsonl")
+
+
+def test_the_plan_times_this_cpu_from_a_rehearsal(tmp_path):
+    """``fedpeft plan --rehearsal``: the run's hours on this CPU are its training examples times the measured
+    seconds per example (evaluation at a third), its memory the measured step's at the true depth."""
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+    from fedpeft.core.errors import UserError
+
+    step = {"model": "tiny", "true_layers": 2, "batch_size": 8, "full_step_s": 0.8, "full_peak_mb": 1024.0}
+    (tmp_path / "rehearsal.json").write_text(json.dumps({"steps": [step], "wall_s": 1.0}))
+    result = CliRunner().invoke(app, ["plan", "smoke", "--json", "--no-measure-cpu", "--rehearsal", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    train = sum(p["examples"] * p["times"] for p in data["phases"] if p["phase"] != "evaluation")
+    evaluation = sum(p["examples"] * p["times"] for p in data["phases"] if p["phase"] == "evaluation")
+    assert data["rehearsed"]["cpu_hours"] == pytest.approx((train + evaluation / 3) * 0.1 / 3600)
+    assert data["rehearsed"]["peak_rss_bytes"] == 2**30
+    text = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path)]).output
+    assert "This CPU from the rehearsal" in text
+    missing = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path / "none")])
+    assert isinstance(missing.exception, UserError) and "does not exist" in str(missing.exception)  # exit 2

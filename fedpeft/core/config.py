@@ -463,9 +463,10 @@ class EngineConfig(_Strict):
     interleave; every number stays what it is when they run one after the other). ``None``: every method of a
     seed in a deployment (``flwr run``, ``fedpeft launch``), where a node otherwise idles in Flower's poll
     between one message and the next, and one at a time in simulation; always one with ``secagg``. The local
-    engine with ``workers`` of 2 or more runs that many methods at once too, beside the base model's evaluation
-    (``None``: one at a time), for processes that one method's rounds leave idle (more workers than a round has
-    clients); with one worker it runs one method at a time.
+    engine with 2 or more worker processes runs that many methods at once too (``None``: 2), beside the base
+    model's evaluations, of every seed that shares one base model (a pretrained one, or a centralized base stage
+    trained once), for processes that one method's rounds leave idle (a round of fewer clients than processes, its
+    server step); each keeps its server state in the run's process. With one process it runs one unit at a time.
 
     ``workers``: on the local engine, how many worker processes run the clients of a round (and of
     personalization and evaluation) side by side; 1 runs every client in this process. ``auto`` (the default): one
@@ -670,6 +671,7 @@ class RehearseConfig(_Strict):
         new_tokens: the most tokens generated per answer (``eval.max_new_tokens``).
         seeds: how many of the config's seeds to run (seeds share their shapes).
         device: where the rehearsal runs.
+        measure_steps: time one training step per depth after the run (the per-layer cost); off, the run only.
         check_full_depth: also time one training step of each model at its true depth, to check the step the
             per-layer measurements extrapolate to (needs the whole model's memory).
         models: set by the rehearsal: each stand-in checkpoint and the model it stands in for.
@@ -684,6 +686,7 @@ class RehearseConfig(_Strict):
     new_tokens: int = Field(default=4, ge=1)
     seeds: int = Field(default=1, ge=1)
     device: str = "cpu"
+    measure_steps: bool = True
     check_full_depth: bool = False
     models: dict[str, str] = Field(default_factory=dict)
     data: str | None = None
