@@ -68,7 +68,8 @@ def test_the_cut_keeps_the_shape_and_cuts_the_compute():
     lora = next(e for e in cfg.methods if e.name == "lora")
     assert by_name["lora"] == lora.model_copy(update={"batch_size": 4})  # no rounds to cut; its batch only
     assert cut.eval.batch_size == 4 and cut.base.method.batch_size == 4
-    assert by_name["fedl2p"].outer_batch_size == 4  # every batch of a method
+    assert by_name["fedl2p"].outer_batch_size == 4  # every training batch of a method
+    assert by_name["fedp2eft"].stats_batch_size == next(e for e in cfg.methods if e.name == "fedp2eft").stats_batch_size
     assert cut.data == cfg.data and cut.budgets == cfg.budgets and cut.engine == cfg.engine
     kept = rehearsal_config(cfg, RehearseConfig(batch_size=None), [])
     assert [e.batch_size for e in kept.methods] == [e.batch_size for e in cfg.methods]

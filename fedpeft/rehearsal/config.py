@@ -25,8 +25,15 @@ def is_round_count(key: str, value: Any) -> bool:
 
 
 def is_batch(key: str, value: Any) -> bool:
-    """Whether a method setting is a batch's size (``batch_size``, ``outer_batch_size``, ...)."""
-    return key.endswith("batch_size") and isinstance(value, int) and not isinstance(value, bool)
+    """Whether a method setting is a training batch's size (``batch_size``, ``outer_batch_size``, ...); a pass
+    over a client's data without training (``stats_batch_size``) keeps its batch, since it reads every example
+    however it is cut."""
+    return (
+        key.endswith("batch_size")
+        and not key.startswith("stats")
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+    )
 
 
 def cut_method(entry: MethodConfig, rounds: int, batch_size: int | None = None) -> MethodConfig:
