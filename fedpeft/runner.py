@@ -418,14 +418,21 @@ class Stages:
         self._round_records: dict[tuple[str, int], list[ResultRecord]] = {}
 
     def run(self) -> None:
-        """Every seed's units, in order; a unit already in ``parts/`` is skipped."""
-        for seed in self.cfg.seeds:
-            self._base_stage(seed)
-            if self.worker.per_client_base:
-                self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
-            # The base model's evaluation and the methods need nothing of each other (they may run at once).
-            base_unit = (f"base-seed{seed}", self._base_evaluation_unit(seed))
-            self._units([base_unit] + [(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods])
+        """Every seed's units, in order; a unit already in ``parts/`` is skipped. Where the seeds share one base
+        model (pretrained, or a centralized base stage trained once), every seed's units follow its base stage
+        together, so an engine that runs units at once has them all to choose from."""
+        seeds = self.cfg.seeds
+        one_base = self.cfg.base.kind == "pretrained" or self.cfg.base.shared
+        for group in [seeds] if one_base and not self.worker.per_client_base else [[seed] for seed in seeds]:
+            evaluations, methods = [], []
+            for seed in group:
+                self._base_stage(seed)
+                if self.worker.per_client_base:
+                    self._unit(f"client-base-seed{seed}", lambda s=seed: self._client_bases(s))
+                # The base model's evaluation and the methods need nothing of each other (they may run at once).
+                evaluations.append((f"base-seed{seed}", self._base_evaluation_unit(seed)))
+                methods.append([(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods])
+            self._units(evaluations, methods)
 
     def each_client(
         self,
@@ -448,21 +455,25 @@ class Stages:
     def _base_evaluation_unit(self, seed: int) -> UnitWork:
         return lambda: self._evaluate_base(seed)
 
-    def _units(self, units: list[tuple[str, UnitWork]]) -> None:
-        """Run ``units`` (the base model's evaluation, then the methods) one after the other, or, where the engine
-        runs several at once (``engine.concurrent_methods``), the base model's evaluation in a thread of its own
-        beside at most ``concurrent_units - 1`` methods, each in a thread of its own; the threads take turns for
-        their server code (:class:`~fedpeft.core.turns.Turns`). The first failure is raised once every unit has
-        ended."""
+    def _units(self, evaluations: list[tuple[str, UnitWork]], methods: list[list[tuple[str, UnitWork]]]) -> None:
+        """Run the units of one or more seeds: each seed's base model evaluation (``evaluations``), then its methods
+        (``methods``), one after the other, or, where the engine runs several at once (``concurrent_units``), the
+        base model's evaluations in a thread of their own beside at most ``concurrent_units - 1`` methods, each in a
+        thread of its own; the threads take turns for their server code (:class:`~fedpeft.core.turns.Turns`). The
+        first failure is raised once every unit has ended."""
+        pairs = zip(evaluations, methods, strict=True)
+        units = [unit for evaluation, seed_methods in pairs for unit in [evaluation, *seed_methods]]
         turns = self.engine.turns
+        queued = [unit for seed_methods in methods for unit in seed_methods]
         if turns is None or self.engine.concurrent_units < 2 or len(units) < 2:
             for name, work in units:
                 self._unit(name, work)
             return
         self._parts += [name for name, _ in units]  # in the order a one-at-a-time run lists them
 
-        # The base model's evaluation does not take a method's place: once it ends, no further method starts.
-        groups = [(units[:1], 1), (units[1:], min(self.engine.concurrent_units - 1, len(units) - 1))]
+        # The base model's evaluations do not take a method's place: once they end, no further method starts.
+        groups = [(evaluations, 1), (queued, min(self.engine.concurrent_units - 1, len(queued)))]
+        groups = [(group, slots) for group, slots in groups if group]
 
         def runner(count: int, slots: int) -> Callable[[str, UnitWork], None]:
             # A unit that waits for a free thread takes over the count of the unit whose thread it gets: between the

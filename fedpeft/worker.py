@@ -193,7 +193,8 @@ class Worker:
         if self._client_undo:  # back to the shared base
             self.runtime.override_initial_base(self._client_undo)
             self._client_undo = {}
-        if seed is not None and seed == self._base_seed:
+        if seed is not None and self._base_seed is not None and self._base_of(seed) == self._base_of(self._base_seed):
+            self._base_seed = seed  # the same base model (shared by the seeds): in place already
             return
         if seed is None or self.cfg.base.kind == "pretrained":
             self._use_shared_base({})
@@ -203,6 +204,10 @@ class Worker:
                 raise RuntimeError(f"base model of seed {seed} is missing at {path}")
             self._use_shared_base(load_checkpoint(path)["tensors"])
         self._base_seed = seed
+
+    def _base_of(self, seed: int) -> Path | None:
+        """The base model of ``seed``: its checkpoint, or None for the loaded weights (a pretrained base)."""
+        return None if self.cfg.base.kind == "pretrained" else self.base_checkpoint(seed)
 
     def _use_shared_base(self, tensors: dict[str, torch.Tensor]) -> None:
         """Make the loaded weights with ``tensors`` in place the weights the runtime restores, and load them."""

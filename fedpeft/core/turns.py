@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Turns:
@@ -32,15 +32,17 @@ class Turns:
             self._holder = None
             self._lock.release()
 
-    def wait(self, seconds: float) -> None:
-        """Sleep ``seconds``; a thread that holds the turn lets another thread have it meanwhile."""
+    def wait(self, seconds: float, until: Callable[[float], object] | None = None) -> None:
+        """Sleep ``seconds``, or block in ``until(seconds)`` (e.g. a wait for replies, which returns as soon as one
+        comes); a thread that holds the turn lets another thread have it meanwhile."""
+        pause = until or time.sleep
         if self._holder != threading.get_ident():
-            time.sleep(seconds)
+            pause(seconds)
             return
         self._holder = None
         self._lock.release()
         try:
-            time.sleep(seconds)
+            pause(seconds)
         finally:
             self._lock.acquire()
             self._holder = threading.get_ident()

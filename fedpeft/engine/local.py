@@ -135,8 +135,12 @@ class LocalEngine(Engine):
 
     @property
     def _pause(self) -> Callable[[float], None] | None:
-        """How a unit waits for its clients' results when units run at once (None: the pool blocks)."""
-        return self.wait if self.turns is not None else None
+        """How a unit waits for its clients' results when units run at once, without the turn until a process
+        has a message (None: the pool blocks)."""
+        turns, pool = self.turns, self.pool
+        if turns is None or pool is None:
+            return None
+        return lambda seconds: turns.wait(seconds, until=pool.readable)
 
     def stop(self) -> None:
         """The run was interrupted: every unit's thread raises ``KeyboardInterrupt`` at its next look for results."""

@@ -238,6 +238,16 @@ class WorkerPool:
                 if position >= next_index and self._finished.pop(tag, None) is None:
                     self._abandoned.add(tag)
 
+    def readable(self, timeout: float) -> None:
+        """Block until a process has a message (a result, ``ready``, its end) or ``timeout`` seconds have passed;
+        reads nothing, so a thread may wait here without the turn (:class:`~fedpeft.core.turns.Turns`)."""
+        connections = [slot.connection for slot in self._slots if slot.alive and slot.connection is not None]
+        if connections:
+            with contextlib.suppress(OSError, ValueError):  # a connection closed meanwhile: a look is due anyway
+                wait(connections, timeout)
+        else:
+            time.sleep(timeout)
+
     def _idle_slot(self) -> _Slot | None:
         """A ready process without a task, else (re)start one; None when every process is busy or starting."""
         for slot in self._slots:

@@ -23,6 +23,12 @@ WORKERS_VARIABLE = "FEDPEFT_WORKERS"
 capped by the clients), e.g. ``FEDPEFT_WORKERS=1`` on a machine shared with others; the test suite sets it."""
 
 
+METHODS_AT_ONCE = 2
+"""How many methods run at once on worker processes where ``engine.concurrent_methods`` is not set: one more fills
+the processes that a method's rounds leave idle (a round of fewer clients than processes, its server step); each
+method at once keeps its server state in the run's process."""
+
+
 def cpu_cores() -> int:
     """The CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -39,8 +45,9 @@ class EngineSettings:
         state: where per-client state lives between rounds: ``disk`` with worker processes (each serves any client),
             else the config's ``engine.state``.
         gpus: the GPUs the worker processes are pinned to, round-robin (empty: those this process sees).
-        concurrent_units: how many units (the base model's evaluation and the methods, of every seed that shares
-            one base model) run at once, each in a thread of its own (1: one after the other).
+        concurrent_units: how many units run at once, each in a thread of its own: the base model's evaluations
+            beside ``engine.concurrent_methods`` methods (else :data:`METHODS_AT_ONCE`), of every seed that shares
+            one base model; 1 without worker processes (one unit after the other).
         asked: the config's ``engine.workers``.
         cores: the CPU cores this process may use.
         limit: what capped an ``auto`` count below the cores or GPUs (the clients, the memory), if anything.
@@ -159,7 +166,7 @@ def resolve_engine(
         threads=(threads or max(1, cores // processes)) if processes else threads,
         state="disk" if processes else engine.state,
         gpus=tuple(gpus),
-        concurrent_units=(engine.concurrent_methods or 0) + 1 if processes else 1,
+        concurrent_units=(engine.concurrent_methods or METHODS_AT_ONCE) + 1 if processes else 1,
         asked=asked,
         cores=cores,
         limit=limit,
