@@ -77,7 +77,10 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("fedpeft-cache")
 
 
-# Two files, so that a parallel test run spreads the families over its processes (tests/test_rehearsal_families.py).
+# The families the suite rehearses: FedP2EFT's (an encoder, hundreds of clients' worth of phases) and Guidance's
+# (a Llama 3 with generation). Potara's, FLAME's and FedMosaic's (a 3B Llama, a 64-expert OLMoE, two LLaVA) take
+# several minutes each on two cores, too long for the suite: rehearse them with `fedpeft run PRESET --rehearse` and
+# the cuts FAMILIES gives.
 HERE = ("fedp2eft", "guidance")
 
 
