@@ -198,6 +198,10 @@ class Experiment:
         settings = self.engine_settings
         load_model = flower or not settings.processes  # else its worker processes load it
         worker = Worker(self.cfg, self.out, data=data, load_model=load_model, state=settings.state)
+        if not load_model and self._trains_centralized_base(worker):
+            # Trained here before any client runs: loaded now, so that the checks of the model run here too and the
+            # base stage starts while the worker processes start, not once one of them is ready.
+            worker.runtime  # noqa: B018
         methods = [worker.methods[entry.label or entry.name] for entry in self.cfg.methods]
         data = worker.data
         seen = len(data.pool("seen"))
@@ -224,6 +228,12 @@ class Experiment:
         check_loggers(self.cfg.log.tensorboard, self.cfg.log.wandb)
         check_fault_clients(self.cfg.faults, {c.client_id: c.pool for c in data.clients})
         return worker
+
+    def _trains_centralized_base(self, worker: Worker) -> bool:
+        """Whether this run trains a centralized base stage (in this process) that it has not trained yet."""
+        if self.cfg.base.kind != "centralized":
+            return False
+        return not all(has_checkpoint(worker.base_checkpoint(seed), self.out) for seed in self.cfg.seeds)
 
     def _check_frozen_base(self) -> None:
         """Refuse full fine-tuning where the base weights cannot train: a float16 base (loss scaling cannot update
