@@ -1,8 +1,10 @@
 """Every packaged preset is a valid experiment: its config validates, its methods build, its synthetic data builds.
-So is every experiment file the results pages run (docs/results/**/*.yaml)."""
+So is every experiment file the results pages run (docs/results/**/*.yaml), and every results page says which CPU
+and which kernel path made its numbers."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,26 @@ def test_result_page_configs_validate(path):
 
 def test_result_page_configs_are_found():
     assert len(RESULT_CONFIGS) >= 9
+
+
+RESULT_PAGES = sorted((Path(__file__).parents[1] / "docs" / "results").glob("*.md"))
+# Another CPU's float kernels give other records (docs/results/machines.md), so a reader must know which made them:
+# the run's `cpu.kernels` where it was recorded, or that it was not.
+MADE_ON = re.compile(r"\*\*Made on:\*\* .*\bkernel path (AVX-512|AVX2|not recorded)\b")
+
+
+@pytest.mark.parametrize("page", RESULT_PAGES, ids=lambda p: p.name)
+def test_every_result_page_names_the_cpu_kernel_path_of_its_numbers(page):
+    top = page.read_text(encoding="utf-8").split("\n## ")[0]  # before the page's first section
+    paragraphs = [" ".join(p.split()) for p in top.split("\n\n")]
+    assert any(MADE_ON.match(p) for p in paragraphs), (
+        f"{page.name} needs a paragraph before its first section starting **Made on:** with its CPU and "
+        "`kernel path AVX-512`, `AVX2` or `not recorded` (the run's `cpu.kernels` in env.json)"
+    )
+
+
+def test_result_pages_are_found():
+    assert len(RESULT_PAGES) >= 10
 
 
 SYNTHETIC = [p for p in preset_names() if load_config(p).data.name.startswith("synthetic-")]
