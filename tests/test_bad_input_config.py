@@ -279,6 +279,11 @@ def test_the_problems_of_every_section_and_method_entry_come_together():
             "an integer.",
         ),
         ("faults=[{clients: [a]}]", "Invalid config at faults.0.kind: required, and not given."),
+        (
+            "faults=[{kind: nan}, {kind: raise, rounds: [2, -1]}]",
+            "Invalid config at faults.1.rounds: fault rounds count from 1, as the log does, so -1 names no round; "
+            "write 1 for the first.",
+        ),
     ],
 )
 def test_each_config_problem_names_its_key_path(override, message):
@@ -308,6 +313,14 @@ def test_a_fault_aimed_at_no_method_is_refused_before_the_data_is_built(tmp_path
     faults = "faults=[{kind: nan, clients: [lat1-seen-00]}, {kind: raise, methods: [lora, fedtypo]}]"
     line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", faults))
     assert "faults.1.methods" in line and "'fedtypo'" in line and "name one of: lora." in line, line
+
+
+def test_a_fault_in_round_0_is_refused_because_rounds_count_from_1(tmp_path, monkeypatch, capsys):
+    line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", "faults=[{kind: raise, rounds: [0]}]"))
+    assert line.endswith(
+        "Invalid config at faults.0.rounds: fault rounds count from 1, as the log does, so 0 names no round; write 1 "
+        "for the first."
+    ), line
 
 
 def test_the_base_stage_is_a_fault_target_only_when_it_is_federated(tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ fault that raises is also an ``injected_fault`` row."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -41,19 +42,19 @@ def failures_section(summary: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- injected
 def test_an_injected_crash_is_a_failed_client_and_an_injected_fault_and_survives_resume(tmp_path, monkeypatch):
-    """The run is interrupted in round 1, after round 0's crash is checkpointed, and resumed: the crash's rows
+    """The run is interrupted in round 2, after round 1's crash is checkpointed, and resumed: the crash's rows
     come from the checkpointed cost meter."""
     from fedpeft.methods.fedit import FedIT
 
-    raw = cheap_raw(faults=[{"kind": "raise", "clients": [CRASHED], "rounds": [0]}])
+    raw = cheap_raw(faults=[{"kind": "raise", "clients": [CRASHED], "rounds": [1]}])
     aggregate = FedIT.aggregate
 
-    def stop_in_round_one(self, state, updates):  # noqa: ANN001, ANN202
-        if state.round == 1:
+    def stop_in_round_two(self, state, updates):  # noqa: ANN001, ANN202
+        if state.round == 1:  # the state after one round: round 2 aggregates
             raise KeyboardInterrupt
         return aggregate(self, state, updates)
 
-    monkeypatch.setattr(FedIT, "aggregate", stop_in_round_one)
+    monkeypatch.setattr(FedIT, "aggregate", stop_in_round_two)
     with pytest.raises(KeyboardInterrupt):
         Experiment(validate(raw), tmp_path / "run").run()
     monkeypatch.setattr(FedIT, "aggregate", aggregate)
@@ -81,6 +82,26 @@ def test_an_injected_crash_is_a_failed_client_and_an_injected_fault_and_survives
     assert "- **fedit**, seed 0, federated: 1 client-round(s) failed" in section
     assert "| Method | Seed | Phase | Round | Client | Error | Message |" in section
     assert f"| fedit | 0 | federated | 1 | {CRASHED} | `InjectedFaultError` | injected fault:" in section
+
+
+def test_a_fault_in_round_1_strikes_the_first_round_as_the_log_and_the_records_count_it(tmp_path, caplog):
+    """`faults` counts rounds as the log, results.jsonl, costs.jsonl and summary.md do: `rounds: [1]` is the
+    first round in each of them, and the second round goes untouched."""
+    bad = "lat1-seen-01"
+    caplog.set_level(logging.WARNING, logger="fedpeft")
+    raw = cheap_raw(faults=[{"kind": "nan", "clients": [bad], "rounds": [1]}])
+    out = Experiment(validate(raw), tmp_path / "run").run()
+
+    warnings = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(f"round 1: the update of client(s) {bad} was rejected")
+    events = {(r["metric"], r["round"], r.get("client")) for r in costs_of(out) if "round" in r}
+    assert events == {("injected_fault", 1, bad), ("rejected_update", 1, bad)}
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    aggregated = {r["round"]: r["value"] for r in results if r["split"] == "train" and r["metric"] == "clients"}
+    assert aggregated == {1: 3, 2: 4}  # the first round aggregated the three other clients
+    summary = (out / "summary.md").read_text()
+    assert f"| fedit | 0 | 1 | {bad} | fault injected | nan |" in summary
+    assert f"| fedit | 0 | 1 | {bad} | rejected |" in summary
 
 
 # ---------------------------------------------------------------------------------------------- real errors

@@ -92,17 +92,17 @@ def test_fault_settings_are_checked_when_the_config_loads():
 
 
 # ---------------------------------------------------------------------------------------------- every fault kind
-# Round 0 (the first, round 1 in costs.jsonl): one crash, a NaN and an inf upload, a straggler (the only valid update);
-# round 1 (costs.jsonl: 2): a wrong shape, an update boosted 100 times past the norm bound, a client that drops out;
-# round 2: no fault. (`faults` names rounds from 0.)
+# Round 1 (the first): one crash, a NaN and an inf upload, a straggler (the only valid update); round 2: a wrong
+# shape, an update boosted 100 times past the norm bound, a client that drops out; round 3: no fault. (`faults`
+# counts rounds from 1, as costs.jsonl and the log do.)
 FAULTS = [
-    {"kind": "raise", "clients": ["lat1-seen-00"], "rounds": [0]},
-    {"kind": "nan", "clients": ["lat1-seen-01"], "rounds": [0]},
-    {"kind": "inf", "clients": ["lat2-seen-00"], "rounds": [0]},
-    {"kind": "slow", "clients": ["lat2-seen-01"], "rounds": [0], "value": 0.2},
-    {"kind": "wrong_shape", "clients": ["lat1-seen-00"], "rounds": [1]},
-    {"kind": "scale", "clients": ["lat1-seen-01"], "rounds": [1], "value": 100.0},
-    {"kind": "drop", "clients": ["lat2-seen-00"], "rounds": [1]},
+    {"kind": "raise", "clients": ["lat1-seen-00"], "rounds": [1]},
+    {"kind": "nan", "clients": ["lat1-seen-01"], "rounds": [1]},
+    {"kind": "inf", "clients": ["lat2-seen-00"], "rounds": [1]},
+    {"kind": "slow", "clients": ["lat2-seen-01"], "rounds": [1], "value": 0.2},
+    {"kind": "wrong_shape", "clients": ["lat1-seen-00"], "rounds": [2]},
+    {"kind": "scale", "clients": ["lat1-seen-01"], "rounds": [2], "value": 100.0},
+    {"kind": "drop", "clients": ["lat2-seen-00"], "rounds": [2]},
 ]
 EVENTS = {
     (1, "lat1-seen-00", "injected_fault"),
@@ -192,7 +192,7 @@ def test_every_fault_kind_on_the_flower_simulation_engine(tmp_path, local_faulty
 
 
 def test_a_round_below_min_updates_keeps_the_previous_state(tmp_path):
-    """Round 0 of the faulty run has one valid update, fewer than min_updates=2: the global adapter after it is
+    """Round 1 of the faulty run has one valid update, fewer than min_updates=2: the global adapter after it is
     the initial one, bit for bit."""
     raw = faulty_raw()
     raw["methods"][0]["rounds"] = 1
@@ -241,7 +241,7 @@ def test_ten_rounds_with_a_nan_client_keep_a_finite_adapter_and_the_accuracy(tmp
 def test_a_round_in_which_every_client_fails_stops_the_cli_with_one_sentence(tmp_path):
     config = tmp_path / "all-fail.yaml"
     raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0]])
-    raw["faults"] = [{"kind": "raise", "rounds": [1], "methods": ["fedit"]}]
+    raw["faults"] = [{"kind": "raise", "rounds": [2], "methods": ["fedit"]}]
     config.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     done = subprocess.run(

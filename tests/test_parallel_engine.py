@@ -417,13 +417,13 @@ def test_an_interrupted_run_of_the_pool_raises_at_its_next_look():
 # ---------------------------------------------------------------------------------------------- failures
 @pytest.mark.slow
 def test_a_killed_worker_process_is_a_failed_client_and_the_run_goes_on(tmp_path):
-    """SIGKILL the worker process that runs a (slow) client in round 1: the client is a failed client of that
+    """SIGKILL the worker process that runs a (slow) client in round 2: the client is a failed client of that
     round, the process is replaced, and the run ends with every other record."""
     victim = "lat1-seen-00"
     overrides = [
         *TINY[:-1],
         "methods=[{name: fedit, rounds: 3, fraction: 1.0, local_steps: 2, lr: 0.005}]",
-        f"faults=[{{kind: slow, value: 120, clients: [{victim}], rounds: [1]}}]",
+        f"faults=[{{kind: slow, value: 120, clients: [{victim}], rounds: [2]}}]",
         "engine.workers=2",
     ]
     engines: list[LocalEngine] = []
@@ -435,12 +435,12 @@ def test_a_killed_worker_process_is_a_failed_client_and_the_run_goes_on(tmp_path
     killed: list[int] = []
 
     out = tmp_path / "run"
-    after_round_0 = out / "checkpoints" / "fedit" / "seed0.safetensors"
+    after_round_1 = out / "checkpoints" / "fedit" / "seed0.safetensors"
 
     def kill_the_victim() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            pid = engines[0].running().get(victim) if engines and after_round_0.exists() else None
+            pid = engines[0].running().get(victim) if engines and after_round_1.exists() else None
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
@@ -455,7 +455,7 @@ def test_a_killed_worker_process_is_a_failed_client_and_the_run_goes_on(tmp_path
     assert killed and time.monotonic() - started < 110  # the slow client was not waited for
     costs = [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
     failed = [c for c in costs if c.get("metric") == "failed_client"]
-    # its second round (faults count rounds from 0, costs.jsonl from 1)
+    # its second round (faults and costs.jsonl both count rounds from 1)
     assert len(failed) == 1 and failed[0]["client"] == victim and failed[0]["round"] == 2, failed
     assert "WorkerProcessError" in json.dumps(failed[0]) and str(killed[0]) in json.dumps(failed[0])
     records = comparable(out)

@@ -72,7 +72,7 @@ def test_a_node_dropping_out_within_the_threshold_does_not_break_the_round(tmp_p
     seen = [c for c in ids if "-seen-" in c]
     node0 = [c for c in seen if ids.index(c) % NODES == 0]
     assert node0 and len(node0) < len(seen)
-    faults = [{"kind": "drop", "clients": node0, "rounds": [0]}]
+    faults = [{"kind": "drop", "clients": node0, "rounds": [1]}]
     plain = Experiment(validate(raw(faults=faults)), tmp_path / "plain").run()
     secure = secure_run(tmp_path, "secure", faults=faults)
     assert_close_states(final_state(secure), final_state(plain))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from fedpeft.core.errors import UserError
 
@@ -50,8 +50,9 @@ INJECTED_ERRORS: dict[type[RuntimeError], FaultKind] = {InjectedFaultError: "rai
 
 
 class FaultConfig(BaseModel):
-    """One fault: ``kind`` in the rounds ``rounds`` (0-based; empty: every round) of the clients ``clients``
-    (empty: every client) of the methods ``methods`` (row labels; empty: every method, the base stage included)."""
+    """One fault: ``kind`` in the rounds ``rounds`` (counted from 1 as the log, results.jsonl and costs.jsonl count
+    them; empty: every round) of the clients ``clients`` (empty: every client) of the methods ``methods`` (row
+    labels; empty: every method, the base stage included)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -61,22 +62,31 @@ class FaultConfig(BaseModel):
     methods: list[str] = []
     value: float | None = None
 
+    @field_validator("rounds")
+    @classmethod
+    def _check_rounds(cls, rounds: list[int]) -> list[int]:
+        below = [r for r in rounds if r < 1]
+        if below:
+            raise ValueError(
+                f"fault rounds count from 1, as the log does, so {below[0]} names no round; write 1 for the first"
+            )
+        return rounds
+
     @model_validator(mode="after")
     def _check_value(self) -> FaultConfig:
         if self.kind == "scale" and self.value is None:
             raise ValueError("a `scale` fault needs `value`, the factor that multiplies the update")
         if self.kind == "slow" and (self.value is None or self.value < 0):
             raise ValueError("a `slow` fault needs `value`, the seconds (0 or more) the client waits")
-        if any(r < 0 for r in self.rounds):
-            raise ValueError("fault `rounds` are 0-based round numbers, 0 or more")
         return self
 
     def applies(self, label: str, client_id: str, round_: int) -> bool:
-        """Whether this fault hits ``client_id`` in round ``round_`` of the method labelled ``label``."""
+        """Whether this fault hits ``client_id`` in round ``round_`` (0-based, as the engine counts: the config's
+        round ``round_ + 1``) of the method labelled ``label``."""
         return (
             (not self.methods or label in self.methods)
             and (not self.clients or client_id in self.clients)
-            and (not self.rounds or round_ in self.rounds)
+            and (not self.rounds or round_ + 1 in self.rounds)
         )
 
 

@@ -349,7 +349,7 @@ def write_summary(
         parts += [
             "## Rejected updates",
             "Updates the server did not aggregate (failed checks: docs/privacy.md), injected faults and dropped "
-            "clients, per round (0-based).",
+            "clients, per round (counted from 1, as the log and the config's `faults` count them).",
             rejections,
         ]
     if costs:
