@@ -40,6 +40,7 @@ from fedpeft.data.types import ClientData
 from fedpeft.methods.bayestune_lora import BayesTuneLoraConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.models.table import load_model
+from fedpeft.training import TrainArgs
 from fedpeft.worker import build_method
 
 SEQUENCES, TOKENS = 32, 128
@@ -80,7 +81,7 @@ def seconds_per_step(runtime: ModelRuntime, batch: dict, kind: str, steps: tuple
         if kind == "lora":
             spec = initial_spec(runtime, cfg.r_init, cfg.alpha_multiplier, cfg.dropout)
             runtime.install(ClientModel(lora=spec), seed=0)
-            runtime.train(examples, lr=cfg.lr, batch_size=SEQUENCES, seed=0, steps=count)
+            runtime.train(examples, TrainArgs(lr=cfg.lr, batch_size=SEQUENCES, seed=0, steps=count))
         else:
             train_scales(runtime, examples, initial, cfg, seed=0, steps=count)
         return time.process_time() - cpu, time.perf_counter() - wall

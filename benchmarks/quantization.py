@@ -36,6 +36,7 @@ from fedpeft.models import load_model
 from fedpeft.models.gguf import cached_gguf_checkpoint
 from fedpeft.models.packaged import packaged_gemma3_source
 from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.training import TrainArgs
 
 import random
 dtype, quantization, steps = sys.argv[1], (sys.argv[2] if sys.argv[2] != "none" else None), int(sys.argv[3])
@@ -58,7 +59,7 @@ examples = EXAMPLES[: 4 * steps]
 times, losses = [], []
 for step in range(steps):
     started = time.perf_counter()
-    metrics = runtime.train(examples[4 * step : 4 * step + 4], lr=1e-4, batch_size=4, seed=step, steps=1)
+    metrics = runtime.train(examples[4 * step : 4 * step + 4], TrainArgs(lr=1e-4, batch_size=4, seed=step, steps=1))
     times.append(time.perf_counter() - started)
     losses.append(metrics["loss"])
 print(json.dumps({

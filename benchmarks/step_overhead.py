@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     from fedpeft.methods.base import lora_spec
     from fedpeft.models import load_model
     from fedpeft.models.runtime import ClientModel, ModelRuntime
+    from fedpeft.training import TrainArgs
 
     task = args.task or ("generation" if "gemma" in args.model.lower() else "classification")
     cfg = ModelConfig(name=args.model, max_length=args.length, dtype=args.dtype, quantization=args.quantization)
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
         runtime.install(ClientModel(lora=spec), seed=0)
         synchronize(args.device)
         started = time.perf_counter()
-        runtime.train(data, lr=1e-4, batch_size=args.batch, seed=0, steps=args.steps)
+        runtime.train(data, TrainArgs(lr=1e-4, batch_size=args.batch, seed=0, steps=args.steps))
         synchronize(args.device)
         return (time.perf_counter() - started) / args.steps
 

@@ -21,7 +21,7 @@ from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.moe import router_balancing
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.training import EpochHook
+from fedpeft.training import EpochHook, TrainArgs
 
 # The query and value projections of attention, per family (the "q, v" LoRA placement of FedIT and FedDPA).
 QUERY_VALUE_TARGETS: dict[str, tuple[str, ...]] = {
@@ -64,15 +64,9 @@ def train_centralized_base(
     """
     runtime.install(ClientModel())
     with router_balancing(runtime.base_model, base.router_aux_loss):
-        return runtime.train(
-            examples,
-            "all",
-            lr=base.lr,
-            batch_size=base.batch_size,
-            seed=base.seed + (run_seed if base.per_seed else 0),
-            epochs=base.epochs,
-            after_epoch=after_epoch,
-        )
+        seed = base.seed + (run_seed if base.per_seed else 0)
+        args = TrainArgs(lr=base.lr, batch_size=base.batch_size, seed=seed, epochs=base.epochs, after_epoch=after_epoch)
+        return runtime.train(examples, args, "all")
 
 
 def resolve_targets(runtime: ModelRuntime, targets: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -1,9 +1,10 @@
 """The one local training loop.
 
-Every method trains through :func:`train_loop`; what differs between methods enters through hooks:
-``extra_loss`` adds terms to the task loss (FedProx's proximal term, guidance losses, BayesTune priors),
-``after_backward`` edits gradients before the optimizer step, ``after_step`` runs after it (AdaLoRA's budget
-allocation reads the gradients and masks the weights the step produced).
+Every method trains through :func:`train_loop`, told how by one :class:`TrainArgs` (which the runtime and its
+trainer pass down as they got it); what differs between methods enters through its hooks: ``extra_loss`` adds
+terms to the task loss (FedProx's proximal term, guidance losses, BayesTune priors), ``after_backward`` edits
+gradients before the optimizer step, ``after_step`` runs after it (AdaLoRA's budget allocation reads the gradients
+and masks the weights the step produced).
 
 At LLM scale the loop also accumulates gradients over micro-batches (an item of ``batches`` that is a list of
 batches is one optimizer step), runs forward passes under ``autocast`` (bfloat16 / float16 compute) and, for
@@ -19,6 +20,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +37,50 @@ Step = Batch | list[Batch]
 """One optimizer step's data: a batch, or the micro-batches of one step (gradient accumulation)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainArgs:
+    """How one local training runs: the one definition that :meth:`fedpeft.models.runtime.ModelRuntime.train`, the
+    :class:`~fedpeft.models.trainer.Trainer` and :func:`train_loop` read, each the fields of its own job.
+
+    Attributes:
+        lr: learning rate (of every parameter group without its own ``lr``).
+        batch_size: examples of one optimizer step (of one micro-batch with gradient accumulation).
+        seed: the seed of the minibatch order and of what the forward passes draw.
+        epochs: passes over the examples (default one), unless ``steps`` is set.
+        steps: exactly this many optimizer steps (before ``train.max_steps`` cuts them).
+        weight_decay: AdamW's weight decay.
+        max_grad_norm: clips the global gradient norm (``None``: no clipping).
+        extra_loss: ``f(model, batch, outputs) -> scalar`` added to the task loss.
+        after_backward: ``f(step)`` called after backward, before clipping and the optimizer step.
+        after_step: ``f(step)`` called after the optimizer step, before the gradients are cleared.
+        after_epoch: told each pass over the examples (progress: :data:`EpochHook`).
+        optimizer_groups: extra parameter groups (``{"params": [...], "lr": ...}``) trained alongside.
+        model: the module to call instead of the runtime's own (a PEFT model of another adapter type wrapped
+            around the base model after ``detach_adapters``).
+    """
+
+    lr: float
+    batch_size: int
+    seed: int
+    epochs: float | None = None
+    steps: int | None = None
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    extra_loss: LossHook | None = None
+    after_backward: StepHook | None = None
+    after_step: StepHook | None = None
+    after_epoch: EpochHook | None = None
+    optimizer_groups: list[dict[str, Any]] | None = None
+    model: torch.nn.Module | None = None
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the training runs more than the plain loop: a hook that changes what it computes (``after_epoch``
+        only reports), extra parameter groups or another model."""
+        hooks = (self.extra_loss, self.after_backward, self.after_step, self.optimizer_groups, self.model)
+        return any(hook is not None for hook in hooks)
+
+
 def loss_units(batch: Batch) -> int:
     """How many terms the task loss of ``batch`` averages: the predicted tokens of a causal LM (labels of
     shape (batch, length), shifted by one, ``-100`` ignored), else the examples."""
@@ -48,19 +94,12 @@ def train_loop(
     model: torch.nn.Module,
     batches: Iterator[Step],
     params: dict[str, torch.nn.Parameter],
+    args: TrainArgs,
     *,
     steps: int,
-    lr: float,
-    weight_decay: float = 0.0,
-    max_grad_norm: float | None = 1.0,
-    extra_loss: LossHook | None = None,
-    after_backward: StepHook | None = None,
-    optimizer_groups: list[dict[str, Any]] | None = None,
-    after_step: StepHook | None = None,
     autocast: Callable[[], AbstractContextManager[Any]] | None = None,
     scaler: torch.amp.GradScaler | None = None,
     epoch_steps: int | None = None,
-    after_epoch: EpochHook | None = None,
 ) -> Metrics:
     """Run ``steps`` AdamW steps on ``params`` only; every other parameter stays frozen.
 
@@ -70,32 +109,29 @@ def train_loop(
             gradient accumulation: each micro-batch's loss is weighted by its share of the step's loss terms
             (:func:`loss_units`), so the step equals one step on the micro-batches joined into one batch.
         params: the parameters to train, by name.
+        args: the learning rate, weight decay, clipping, hooks and extra parameter groups (its batch size, seed,
+            epochs, steps and model are the caller's, already in ``model``, ``batches`` and ``steps``).
         steps: number of optimizer steps.
-        lr: learning rate (of every group without its own ``lr``).
-        extra_loss: ``f(model, batch, outputs) -> scalar`` added to the task loss.
-        after_backward: ``f(step)`` called after backward, before clipping and the optimizer step.
-        optimizer_groups: optional extra parameter groups (``{"params": [...], "lr": ...}``) trained alongside.
-        after_step: ``f(step)`` called after the optimizer step, before the gradients are cleared.
         autocast: returns the context every forward pass (and loss) runs in (mixed precision); ``None``: none.
         scaler: a float16 ``GradScaler``: the loss is scaled before backward and the gradients unscaled before
             ``after_backward`` and clipping; the scaler skips a step whose gradients overflowed.
-        epoch_steps: the steps of one pass over the data, for ``after_epoch``.
-        after_epoch: called after every ``epoch_steps`` steps and after the last step (see :data:`EpochHook`);
-            reading the epoch's loss makes the host wait for the device once per epoch.
+        epoch_steps: the steps of one pass over the data, for ``args.after_epoch``, which is called after every
+            ``epoch_steps`` steps and after the last step (see :data:`EpochHook`); reading the epoch's loss makes
+            the host wait for the device once per epoch.
 
     Returns:
         ``{"loss": mean task loss over the steps, "steps": steps}``.
     """
     trainable = {id(p) for p in params.values()}
-    for group in optimizer_groups or []:
+    for group in args.optimizer_groups or []:
         trainable.update(id(p) for p in group["params"])
     saved_flags = {name: p.requires_grad for name, p in model.named_parameters()}
     for p in model.parameters():
         p.requires_grad_(id(p) in trainable)
     for p in params.values():
         p.requires_grad_(True)
-    groups: list[dict[str, Any]] = [{"params": list(params.values())}, *(optimizer_groups or [])]
-    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    groups: list[dict[str, Any]] = [{"params": list(params.values())}, *(args.optimizer_groups or [])]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
     model.train()
     # Summed on the model's device in float64 (the sum of the same float32 values as Python floats would be): reading
     # the loss every step would make the host wait for the device, which then idles while the next batch is made.
@@ -118,8 +154,8 @@ def train_loop(
                     outputs = model(**batch)
                     task_loss = outputs.loss if weight is None else outputs.loss * weight
                     loss = task_loss
-                    if extra_loss is not None:
-                        extra = extra_loss(model, batch, outputs)
+                    if args.extra_loss is not None:
+                        extra = args.extra_loss(model, batch, outputs)
                         loss = loss + (extra if weight is None else extra * weight)
                 value = task_loss.detach().to(torch.float64)
                 total_loss = value if total_loss is None else total_loss + value
@@ -128,22 +164,22 @@ def train_loop(
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             if scaler is not None:
                 scaler.unscale_(optimizer)
-            if after_backward is not None:
-                after_backward(step)
-            if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], max_grad_norm)
+            if args.after_backward is not None:
+                args.after_backward(step)
+            if args.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], args.max_grad_norm)
             if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()
             else:
                 optimizer.step()
-            if after_step is not None:
-                after_step(step)
+            if args.after_step is not None:
+                args.after_step(step)
             done = step + 1
-            if after_epoch is not None and epoch_steps and (done % epoch_steps == 0 or done == steps):
+            if args.after_epoch is not None and epoch_steps and (done % epoch_steps == 0 or done == steps):
                 loss_sum = 0.0 if total_loss is None else float(total_loss)
                 epoch_loss = (loss_sum - reported_loss) / (done - reported_steps)
-                after_epoch(math.ceil(done / epoch_steps), epochs, epoch_loss)
+                args.after_epoch(math.ceil(done / epoch_steps), epochs, epoch_loss)
                 reported_loss, reported_steps = loss_sum, done
     finally:
         for name, p in model.named_parameters():
@@ -162,11 +198,9 @@ def train_clients_loop(
     losses: ClientLosses,
     streams: Sequence[Iterator[Batch]],
     params: Sequence[dict[str, torch.nn.Parameter]],
+    args: Sequence[TrainArgs],
     *,
     steps: Sequence[int],
-    lr: Sequence[float],
-    weight_decay: Sequence[float],
-    max_grad_norm: float | None = 1.0,
     autocast: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> list[Metrics]:
     """:func:`train_loop` for several clients at once: every step is one forward/backward over the batches of the
@@ -179,8 +213,9 @@ def train_clients_loop(
             gradient of their sum reaches each client's ``params`` from its own loss only.
         streams: each client's endless batch iterator.
         params: each client's trained parameters (disjoint between clients).
-        steps, lr, weight_decay: each client's optimizer steps, learning rate and weight decay.
-        max_grad_norm: clips each client's gradient norm on its own (``None``: no clipping).
+        args: each client's learning rate, weight decay and gradient clipping (each clipped on its own); a client
+            trained together has no hooks (:attr:`TrainArgs.hooked`).
+        steps: each client's optimizer steps.
         autocast: returns the context every forward pass (and loss) runs in; ``None``: none.
 
     Returns:
@@ -189,8 +224,8 @@ def train_clients_loop(
     # One parameter group per client: AdamW keeps its moments and step count per parameter and skips a parameter
     # without a gradient, so one optimizer steps every client still training exactly as its own optimizer would.
     groups = [
-        {"params": list(own.values()), "lr": rate, "weight_decay": decay}
-        for own, rate, decay in zip(params, lr, weight_decay, strict=True)
+        {"params": list(own.values()), "lr": own_args.lr, "weight_decay": own_args.weight_decay}
+        for own, own_args in zip(params, args, strict=True)
     ]
     optimizer = torch.optim.AdamW(groups)
     totals = [0.0] * len(params)
@@ -204,8 +239,8 @@ def train_clients_loop(
             totals[k] += value
         optimizer.zero_grad(set_to_none=True)  # a client that is done keeps no gradient: the step skips it
         torch.stack(task_losses).sum().backward()
-        if max_grad_norm is not None:
-            for k in active:
-                torch.nn.utils.clip_grad_norm_(list(params[k].values()), max_grad_norm)
+        for k in active:
+            if (max_norm := args[k].max_grad_norm) is not None:
+                torch.nn.utils.clip_grad_norm_(list(params[k].values()), max_norm)
         optimizer.step()
     return [{"loss": totals[k] / max(total, 1), "steps": float(total)} for k, total in enumerate(steps)]

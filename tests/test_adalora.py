@@ -10,6 +10,7 @@ from peft import AdaLoraConfig, PeftModel, get_peft_model
 
 from fedpeft.methods.adalora import ADAPTER, schedule, to_lora
 from fedpeft.models.runtime import ClientModel, LoraSpec, unload_adapters
+from fedpeft.training import TrainArgs
 from fedpeft.worker import build_method
 
 
@@ -73,7 +74,7 @@ def test_budget_shrinks_to_r_per_module_and_the_lora_conversion_is_exact(toy_run
         model.base_model.update_and_allocate(step)
 
     toy_runtime.train(
-        client.train, params, lr=0.02, batch_size=16, seed=3, steps=total, model=model, after_step=allocate
+        client.train, TrainArgs(lr=0.02, batch_size=16, seed=3, steps=total, model=model, after_step=allocate), params
     )
     assert steps == list(range(total))
     pattern = config.rank_pattern

@@ -12,6 +12,7 @@ from fedpeft.core.checkpoints import save_checkpoint
 from fedpeft.core.config import ExperimentConfig
 from fedpeft.data.types import FederatedData
 from fedpeft.models.runtime import ClientModel
+from fedpeft.training import TrainArgs
 from fedpeft.worker import Worker
 
 EMBEDDING = "bert.embeddings.word_embeddings.weight"
@@ -43,7 +44,7 @@ def test_training_every_base_weight_keeps_the_loaded_ones_until_they_are_restore
     weights = toy_runtime.weights
     assert weights.replaced_names == set()  # the parameters are the restore copy: nothing kept beside them
     toy_runtime.install(ClientModel())
-    toy_runtime.train(toy_clients[0].train, "all", lr=0.05, batch_size=16, seed=0, steps=2)
+    toy_runtime.train(toy_clients[0].train, TrainArgs(lr=0.05, batch_size=16, seed=0, steps=2), "all")
     assert weights.replaced_names == set(toy_runtime.base_params)
     assert not torch.equal(toy_runtime.base_params[EMBEDDING].detach(), loaded[EMBEDDING])
     toy_runtime.install(ClientModel())

@@ -34,6 +34,7 @@ from fedpeft.models.multi_lora import LoraTraining, RoutedLora, routed_lora_delt
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.models.table import load_model
 from fedpeft.runner import Experiment
+from fedpeft.training import TrainArgs
 from fedpeft.worker import Worker
 
 TOLERANCE = 1e-5
@@ -229,7 +230,8 @@ def low_precision_jobs(tmp_path_factory, device: str, dtype: str) -> tuple[Model
     runtime = ModelRuntime(loaded, max_length=32, device=device, dtype=dtype)
     examples = [[example(rng, "generation") for _ in range(size)] for size in [5, 9, 3]]
     model = ClientModel(lora=lora_spec(runtime, 4))
-    return runtime, [LoraTraining(model, own, k, lr=LR, batch_size=4, epochs=2.0) for k, own in enumerate(examples)]
+    args = [TrainArgs(lr=LR, batch_size=4, seed=k, epochs=2.0) for k in range(len(examples))]
+    return runtime, [LoraTraining(model, own, own_args) for own, own_args in zip(examples, args, strict=True)]
 
 
 def test_bfloat16_trains_together_under_autocast(tmp_path_factory):

@@ -18,6 +18,7 @@ from fedpeft.models import load_model
 from fedpeft.models.precision import check_quantization
 from fedpeft.models.runtime import ClientModel, ModelRuntime, check_device, resolve_device
 from fedpeft.runner import Experiment
+from fedpeft.training import TrainArgs
 from tests.entry_point import cli
 from tests.test_llm_scale import runtime, texts, train_adapter  # noqa: F401  (texts: a fixture)
 from tests.test_run_dirs import TINY
@@ -58,15 +59,17 @@ def test_half_precision_on_the_gpu_trains_a_float32_adapter_near_float32(texts, 
     examples = texts["generation"]
     reference = runtime(texts, device="cuda")
     reference.install(ClientModel(lora=lora_spec(reference, 4)), seed=0)
-    first_loss = reference.train(examples, lr=0.0, batch_size=8, seed=0, steps=1)["loss"]
+    first_loss = reference.train(examples, TrainArgs(lr=0.0, batch_size=8, seed=0, steps=1))["loss"]
     rt = runtime(texts, dtype=dtype, device="cuda")
     assert all(p.dtype == getattr(torch, dtype) for p in rt.base_params.values())
     assert (rt.trainer.scaler is not None) == (dtype == "float16")
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
     assert all(p.dtype == torch.float32 and p.device.type == "cuda" for p in rt.adapter_parameters().values())
-    assert rt.train(examples, lr=0.0, batch_size=8, seed=0, steps=1)["loss"] == pytest.approx(first_loss, rel=0.02)
+    assert rt.train(examples, TrainArgs(lr=0.0, batch_size=8, seed=0, steps=1))["loss"] == pytest.approx(
+        first_loss, rel=0.02
+    )
     before = rt.adapter_state()
-    metrics = rt.train(examples, lr=5e-2, batch_size=8, seed=0, steps=3)
+    metrics = rt.train(examples, TrainArgs(lr=5e-2, batch_size=8, seed=0, steps=3))
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     after = rt.adapter_state()
     assert any("lora_B" in k and not torch.equal(after[k], before[k]) for k in after)
@@ -97,10 +100,14 @@ def test_float16_loss_scaling_on_the_gpu_skips_an_overflowing_step():
         model,
         iter([ok, overflow, ok]),
         params,
+        TrainArgs(
+            lr=0.1,
+            batch_size=8,
+            seed=0,
+            max_grad_norm=None,
+            after_step=lambda step: weights.append({k: p.detach().clone() for k, p in params.items()}),
+        ),
         steps=3,
-        lr=0.1,
-        max_grad_norm=None,
-        after_step=lambda step: weights.append({k: p.detach().clone() for k, p in params.items()}),
         autocast=lambda: torch.autocast("cuda", dtype=torch.float16),
         scaler=scaler,
     )
@@ -127,7 +134,7 @@ def test_quantized_checkpoint_trains_a_lora_on_the_gpu(quantization, texts, tmp_
     examples = texts["generation"][:16]
     base = {k: v.clone() for k, v in rt.base_state().items()}
     adapter = rt.adapter_state()
-    metrics = rt.train(examples, lr=5e-2, batch_size=8, seed=0, steps=3)
+    metrics = rt.train(examples, TrainArgs(lr=5e-2, batch_size=8, seed=0, steps=3))
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     after = rt.adapter_state()
     assert any("lora_B" in k and not torch.equal(after[k], adapter[k]) for k in after)

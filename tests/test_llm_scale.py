@@ -17,6 +17,7 @@ from fedpeft.models import load_model
 from fedpeft.models import precision as precision_module
 from fedpeft.models.precision import check_quantization, quantization_config
 from fedpeft.models.runtime import ClientModel, ModelRuntime, resolve_device
+from fedpeft.training import TrainArgs
 
 WORDS = "the a cat dog sees runs red blue small big house tree river sky bird fish".split()
 CHAT_TEMPLATE = (
@@ -64,7 +65,7 @@ def runtime(texts, task: str = "generation", **settings) -> ModelRuntime:
 
 def train_adapter(rt: ModelRuntime, examples: list[dict], *, batch_size: int, steps: int) -> tuple[dict, float]:
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
-    metrics = rt.train(examples, lr=5e-2, batch_size=batch_size, seed=3, steps=steps)
+    metrics = rt.train(examples, TrainArgs(lr=5e-2, batch_size=batch_size, seed=3, steps=steps))
     return rt.adapter_state(), metrics["loss"]
 
 
@@ -122,7 +123,7 @@ def test_accumulation_equals_the_larger_batch(texts, task):
 def test_accumulated_steps_count_epochs_of_the_larger_batch(texts):
     rt = runtime(texts, grad_accum_steps=2)
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
-    assert rt.train(texts["generation"], lr=1e-2, batch_size=8, seed=0, epochs=1)["steps"] == 3  # 40 / 16
+    assert rt.train(texts["generation"], TrainArgs(lr=1e-2, batch_size=8, seed=0, epochs=1))["steps"] == 3  # 40 / 16
 
 
 # ---------------------------------------------------------------------------------------- checkpointing, dtype
@@ -145,7 +146,7 @@ def test_bfloat16_base_with_float32_adapter_trains_under_autocast(texts):
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
     assert all(p.dtype == torch.float32 for p in rt.adapter_parameters().values())
     before = rt.adapter_state()
-    metrics = rt.train(texts["generation"], lr=5e-2, batch_size=8, seed=0, steps=3)
+    metrics = rt.train(texts["generation"], TrainArgs(lr=5e-2, batch_size=8, seed=0, steps=3))
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     after = rt.adapter_state()
     assert any("lora_B" in k and not torch.equal(after[k], before[k]) for k in after)
@@ -157,7 +158,7 @@ def test_bfloat16_classification_head_is_trained_in_float32(texts):
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
     heads = {k: p for k, p in rt.adapter_parameters().items() if "score" in k}
     assert heads and all(p.dtype == torch.float32 for p in heads.values())
-    rt.train(texts["classification"], lr=1e-2, batch_size=8, seed=0, steps=2)
+    rt.train(texts["classification"], TrainArgs(lr=1e-2, batch_size=8, seed=0, steps=2))
     assert set(rt.predict(texts["classification"][:4])) <= {0, 1}
 
 
@@ -213,11 +214,15 @@ def scaled_run(batches: list[dict], scaler) -> tuple[list[dict], list[dict]]:
         model,
         iter(batches),
         params,
+        TrainArgs(
+            lr=0.1,
+            batch_size=8,
+            seed=0,
+            max_grad_norm=None,
+            after_backward=lambda step: grads.append({k: p.grad.clone() for k, p in params.items()}),
+            after_step=lambda step: weights.append({k: p.detach().clone() for k, p in params.items()}),
+        ),
         steps=len(batches),
-        lr=0.1,
-        max_grad_norm=None,
-        after_backward=lambda step: grads.append({k: p.grad.clone() for k, p in params.items()}),
-        after_step=lambda step: weights.append({k: p.detach().clone() for k, p in params.items()}),
         autocast=lambda: torch.autocast("cpu", dtype=torch.float16),
         scaler=scaler,
     )
@@ -317,21 +322,25 @@ def test_quantized_checkpoint_trains_a_lora_on_the_cpu(quantization, texts, tmp_
     examples = texts["generation"][:16]
     base = rt.base_state()
     adapter = rt.adapter_state()
-    metrics = rt.train(examples, lr=5e-2, batch_size=8, seed=0, steps=3)
+    metrics = rt.train(examples, TrainArgs(lr=5e-2, batch_size=8, seed=0, steps=3))
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     after = rt.adapter_state()
     assert any("lora_B" in k and not torch.equal(after[k], adapter[k]) for k in after)
     assert all(torch.equal(v, rt.base_state()[k]) for k, v in base.items())
     source.install(ClientModel(lora=lora_spec(source, 4)), seed=0)
-    reference = source.train(examples, lr=0.0, batch_size=8, seed=0, steps=1)["loss"]  # float32, nothing moves
+    reference = source.train(examples, TrainArgs(lr=0.0, batch_size=8, seed=0, steps=1))[
+        "loss"
+    ]  # float32, nothing moves
     first = ModelRuntime(load_model(cfg, task="generation", device="cpu"), dtype="bfloat16")
     first.install(ClientModel(lora=lora_spec(first, 4)), seed=0)
-    assert first.train(examples, lr=0.0, batch_size=8, seed=0, steps=1)["loss"] == pytest.approx(reference, rel=0.05)
+    assert first.train(examples, TrainArgs(lr=0.0, batch_size=8, seed=0, steps=1))["loss"] == pytest.approx(
+        reference, rel=0.05
+    )
     assert len(rt.predict(examples[:2])) == 2
     # The next client: the base is restored (its quantized weights stay the layers' own) and a fresh LoRA trains.
     rt.install(ClientModel())
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=1)
-    assert torch.isfinite(torch.tensor(rt.train(examples, lr=5e-2, batch_size=8, seed=1, steps=2)["loss"]))
+    assert torch.isfinite(torch.tensor(rt.train(examples, TrainArgs(lr=5e-2, batch_size=8, seed=1, steps=2))["loss"]))
     assert all(torch.equal(v, rt.base_state()[k]) for k, v in base.items())
     with pytest.raises(UserError, match="model.quantization keeps the base weights frozen, and this method replaces"):
         rt.load_base({name: torch.zeros_like(base[name]) for name in rt.weights.quantized_params})
@@ -376,7 +385,7 @@ def test_chat_template_formats_prompts_and_responses(texts, monkeypatch):
     assert batch["labels"][0].tolist() == [-100] * len(prompt_ids) + full_ids[len(prompt_ids) :]
     assert rt.text.prompt(example["prompt"]).ids == prompt_ids  # what generation is prompted with
     rt.install(ClientModel(lora=lora_spec(rt, 4)), seed=0)
-    rt.train([example] * 4, lr=1e-2, batch_size=2, seed=0, steps=1)
+    rt.train([example] * 4, TrainArgs(lr=1e-2, batch_size=2, seed=0, steps=1))
     assert len(rt.predict([example])) == 1
 
 

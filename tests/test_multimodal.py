@@ -16,6 +16,7 @@ from fedpeft.core.registry import DATASETS
 from fedpeft.data.synthetic.vqa import COLORS, SIZE, _generate
 from fedpeft.models.multimodal import MultimodalRuntime
 from fedpeft.models.table import load_model
+from fedpeft.training import TrainArgs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -100,7 +101,7 @@ def test_tiny_llava_trains_and_answers_with_lora_on_the_language_model_only(tmp_
     assert {s.key for s in adapter.sites if s.kind == "pq"} >= {"pq2.mlp.down_proj", "pq1.self_attn.q_proj"}
     install_adapter(runtime, adapter)
     params = adapter.trainable(["local/", "gate/"])
-    metrics = runtime.train(examples, params, lr=1e-2, batch_size=2, seed=0, steps=2)
+    metrics = runtime.train(examples, TrainArgs(lr=1e-2, batch_size=2, seed=0, steps=2), params)
     assert metrics["steps"] == 2.0
     answers = runtime.predict(data.clients[0].test[:2])
     assert len(answers) == 2 and all(isinstance(a, str) for a in answers)

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from fedpeft.cli import app
 from fedpeft.core.progress import Progress, duration
 from fedpeft.report.terminal import run_end_block
-from fedpeft.training import train_loop
+from fedpeft.training import TrainArgs, train_loop
 
 
 class Clock:
@@ -282,7 +282,8 @@ def toy_training(after_epoch=None) -> tuple[dict, dict[str, torch.Tensor]]:
     data = [{"inputs": torch.randn(8, 4, generator=generator), "labels": torch.arange(8) % 3} for _ in range(3)]
     batches = itertools.cycle(data)
     params = dict(model.named_parameters())
-    metrics = train_loop(model, batches, params, steps=7, lr=0.1, epoch_steps=3, after_epoch=after_epoch)
+    args = TrainArgs(lr=0.1, batch_size=8, seed=0, after_epoch=after_epoch)
+    metrics = train_loop(model, batches, params, args, steps=7, epoch_steps=3)
     return metrics, {name: p.detach().clone() for name, p in model.named_parameters()}
 
 

@@ -14,6 +14,7 @@ from fedpeft.methods.base import lora_spec
 from fedpeft.rehearsal.config import cut_method, is_round_count, rehearsal_config
 from fedpeft.rehearsal.standin_model import cut_depth, true_depth
 from fedpeft.rehearsal.steps import extrapolate
+from fedpeft.training import TrainArgs
 
 # ------------------------------------------------------------------------------------------------ the cut knobs
 
@@ -24,13 +25,16 @@ def test_max_steps_caps_every_training_call(toy_runtime, toy_clients):
     taken: list[int] = []
     rt.trainer.max_steps = 3
     rt.reset_adapter(seed=0)
-    rt.train(toy_clients[0].train, lr=1e-2, batch_size=8, seed=0, epochs=4.0, after_step=lambda *a: taken.append(1))
+    rt.train(
+        toy_clients[0].train,
+        TrainArgs(lr=1e-2, batch_size=8, seed=0, epochs=4.0, after_step=lambda *a: taken.append(1)),
+    )
     capped = rt.adapter_state()
     assert len(taken) == 3 and rt.steps_for(48, 8, 4.0, None) == 3 and rt.steps_for(48, 8, None, 10) == 3
     rt.trainer.max_steps = None
     assert rt.steps_for(48, 8, 4.0, None) == 24
     rt.reset_adapter(seed=0)
-    rt.train(toy_clients[0].train, lr=1e-2, batch_size=8, seed=0, steps=3)
+    rt.train(toy_clients[0].train, TrainArgs(lr=1e-2, batch_size=8, seed=0, steps=3))
     for key, tensor in rt.adapter_state().items():  # the cut run is the first three steps of the long one
         torch.testing.assert_close(tensor, capped[key], msg=key)
 

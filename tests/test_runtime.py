@@ -8,6 +8,7 @@ import torch
 from fedpeft.core.errors import UserError
 from fedpeft.methods.base import lora_spec
 from fedpeft.models.runtime import ClientModel
+from fedpeft.training import TrainArgs
 
 
 def test_reset_adapter_is_seeded_and_starts_at_base(toy_runtime, toy_clients):
@@ -32,7 +33,7 @@ def test_adapter_training_changes_only_the_adapter(toy_runtime, toy_clients):
     rt.activate(lora_spec(rt, 4))
     rt.reset_adapter(seed=0)
     adapter_before = rt.adapter_state()
-    rt.train(toy_clients[0].train, lr=1e-2, batch_size=16, seed=0, steps=5)
+    rt.train(toy_clients[0].train, TrainArgs(lr=1e-2, batch_size=16, seed=0, steps=5))
     for key, tensor in rt.base_state().items():
         torch.testing.assert_close(tensor, base_before[key], msg=key)
     changed = [k for k, v in rt.adapter_state().items() if not torch.equal(v, adapter_before[k])]
@@ -45,7 +46,7 @@ def test_swapping_adapters_reproduces_predictions(toy_runtime, toy_clients):
     states = []
     for client in toy_clients[:2]:
         rt.install(ClientModel(lora=spec), seed=1)
-        rt.train(client.train, lr=5e-2, batch_size=16, seed=1, steps=10)
+        rt.train(client.train, TrainArgs(lr=5e-2, batch_size=16, seed=1, steps=10))
         states.append((rt.adapter_state(), rt.predict(client.test + toy_clients[3].test)))
     for (state, predictions), client in zip(states, toy_clients[:2], strict=True):
         rt.install(ClientModel(lora=spec, adapter=state))
@@ -68,7 +69,7 @@ def test_full_training_with_adapters_present_and_restore(toy_runtime, toy_client
     rt.activate(lora_spec(rt, 4))
     start = rt.base_state()
     rt.install(ClientModel())
-    rt.train(toy_clients[0].train, "all", lr=1e-2, batch_size=16, seed=0, steps=3)
+    rt.train(toy_clients[0].train, TrainArgs(lr=1e-2, batch_size=16, seed=0, steps=3), "all")
     moved = rt.base_state()
     assert any(not torch.equal(moved[k], start[k]) for k in start)
     rt.load_base(None)

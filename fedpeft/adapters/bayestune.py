@@ -32,6 +32,7 @@ from fedpeft.core.records import Budget
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.training import TrainArgs
 
 PRUNED_SLOT = "bayestune-pruned"
 
@@ -232,8 +233,7 @@ def train_scales(
         return weight_s * sparsity + weight_p * prior
 
     with RankScaleHooks(runtime, scales):
-        metrics = runtime.train(
-            examples,
+        args = TrainArgs(
             lr=cfg.lr,
             batch_size=cfg.batch_size,
             seed=seed,
@@ -242,6 +242,7 @@ def train_scales(
             optimizer_groups=[{"params": [scales], "lr": cfg.lambda_lr}],
             max_grad_norm=None,
         )
+        metrics = runtime.train(examples, args)
     return scales.detach().cpu().clone(), metrics
 
 
@@ -298,11 +299,6 @@ def finetune_pruned(
     if list(layers) != list(kept):
         raise RuntimeError(f"PEFT built LoRA on {list(layers)[:3]}... instead of the pruned structure")
     with RankScaleHooks(runtime, [kept[name].to(runtime.device) for name in layers]):
-        runtime.train(
-            examples,
-            lr=cfg.finetune_lr or cfg.lr,
-            batch_size=cfg.batch_size,
-            seed=seed,
-            epochs=cfg.finetune_epochs,
-        )
+        lr = cfg.finetune_lr or cfg.lr
+        runtime.train(examples, TrainArgs(lr=lr, batch_size=cfg.batch_size, seed=seed, epochs=cfg.finetune_epochs))
     return ClientModel(lora=spec, adapter=fold_scales(runtime.adapter_state(), kept))

@@ -27,6 +27,7 @@ from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime, unload_adapters
 from fedpeft.settings.methods import AdaLoraBaselineConfig
+from fedpeft.training import TrainArgs
 
 ADAPTER = "adalora"
 _PREFIX = "base_model.model."
@@ -145,9 +146,7 @@ class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
 
         try:
             params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-            runtime.train(
-                client.train,
-                params,
+            args = TrainArgs(
                 lr=cfg.lr,
                 batch_size=cfg.batch_size,
                 seed=seed,
@@ -157,6 +156,7 @@ class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
                 model=tuner,
                 after_step=allocate,
             )
+            runtime.train(client.train, args, params)
             spec, tensors = to_lora(model, list(runtime.loaded.head_modules), cfg.dropout)
         finally:
             unload_adapters(model)

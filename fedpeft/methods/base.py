@@ -53,6 +53,7 @@ from fedpeft.settings.methods import (  # noqa: F401  (the config bases, importa
     MeanServerConfigMixin,
     SamplingConfig,
 )
+from fedpeft.training import TrainArgs
 
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 ServerT = TypeVar("ServerT", bound=ServerState)
@@ -423,22 +424,26 @@ def lora_spec(
 
 
 def local_schedule(cfg: FederatedConfig, steps: int | None = None) -> dict[str, Any]:
-    """How long a client trains in one round, as ``ModelRuntime.train``'s ``epochs`` and ``steps``: exactly
-    ``steps`` steps when given, else ``local_epochs`` epochs when set, else ``local_steps`` steps."""
+    """How long a client trains in one round, as :class:`TrainArgs`' ``epochs`` and ``steps``: exactly ``steps``
+    steps when given, else ``local_epochs`` epochs when set, else ``local_steps`` steps."""
     if steps is not None:
         return {"epochs": None, "steps": steps}
     return {"epochs": cfg.local_epochs, "steps": cfg.local_steps if cfg.local_epochs is None else None}
 
 
-def local_training(cfg: FederatedConfig, *, steps: int | None = None, lr: float | None = None) -> dict[str, Any]:
-    """The keyword arguments of ``ModelRuntime.train`` for one round of local training under ``cfg``: its
-    learning rate (or ``lr``), batch size, weight decay and :func:`local_schedule`."""
-    return {
-        "lr": cfg.lr if lr is None else lr,
-        "batch_size": cfg.batch_size,
-        "weight_decay": cfg.weight_decay,
+def local_training(
+    cfg: FederatedConfig, seed: int, *, steps: int | None = None, lr: float | None = None, **hooks: Any
+) -> TrainArgs:
+    """How a client trains in one round under ``cfg``: its learning rate (or ``lr``), batch size, weight decay and
+    :func:`local_schedule`, from ``seed``; ``hooks``: any other field of :class:`TrainArgs` (``extra_loss``, ...)."""
+    return TrainArgs(
+        lr=cfg.lr if lr is None else lr,
+        batch_size=cfg.batch_size,
+        seed=seed,
+        weight_decay=cfg.weight_decay,
         **local_schedule(cfg, steps),
-    }
+        **hooks,
+    )
 
 
 def fine_tune_if_asked(
@@ -454,8 +459,8 @@ def fine_tuning(model: ClientModel, examples: list[Any], cfg: FineTuneSettings, 
     """The training :func:`fine_tune_if_asked` runs (``None`` without ``cfg.finetune_epochs``)."""
     if cfg.finetune_epochs <= 0:
         return None
-    lr = cfg.finetune_lr or cfg.lr
-    return LoraTraining(model, examples, seed, lr=lr, batch_size=cfg.batch_size, epochs=cfg.finetune_epochs)
+    args = TrainArgs(lr=cfg.finetune_lr or cfg.lr, batch_size=cfg.batch_size, seed=seed, epochs=cfg.finetune_epochs)
+    return LoraTraining(model, examples, args)
 
 
 def fine_tune_job(runtime: ModelRuntime, job: LoraTraining) -> ClientModel:
@@ -464,11 +469,7 @@ def fine_tune_job(runtime: ModelRuntime, job: LoraTraining) -> ClientModel:
     return ClientModel(lora=job.model.lora, adapter=adapter)
 
 
-def fine_tune(
-    runtime: ModelRuntime, model: ClientModel, examples: list[Any], *, seed: int, **settings: Any
-) -> ClientModel:
-    """Install ``model`` (fresh LoRA weights from ``seed`` where it gives none), train its adapter on
-    ``examples`` (``settings``: the keyword arguments of ``ModelRuntime.train``) and return the trained model."""
-    runtime.install(model, seed=seed)
-    runtime.train(examples, seed=seed, **settings)
-    return ClientModel(lora=model.lora, adapter=runtime.adapter_state())
+def fine_tune(runtime: ModelRuntime, model: ClientModel, examples: list[Any], args: TrainArgs) -> ClientModel:
+    """Install ``model`` (fresh LoRA weights from ``args.seed`` where it gives none), train its adapter on
+    ``examples`` as ``args`` says and return the trained model."""
+    return fine_tune_job(runtime, LoraTraining(model, examples, args))

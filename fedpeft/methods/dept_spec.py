@@ -55,7 +55,7 @@ class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
     ) -> tuple[ClientUpdate, Any]:
         embeddings = client_state if client_state is not None else starting_embeddings(runtime)
         runtime.install(ClientModel(base={**payload.tensors, **embeddings}))
-        metrics = runtime.train(client.train, "all", seed=seed, **local_training(self.cfg))
+        metrics = runtime.train(client.train, local_training(self.cfg, seed), "all")
         weights = runtime.base_state()
         own = {k: weights.pop(k) for k in embeddings}
         return ClientUpdate(client.client_id, weights, float(len(client.train)), metrics), own

@@ -165,12 +165,8 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
         runtime.install(ClientModel(lora=spec, adapter=(saved or {}).get("individual", {})), seed=init_seed)
         mixer = self._new_mixer(runtime, (saved or {}).get("mixer"))
         runtime.install(ClientModel(lora=spec, adapter=runtime.adapter_state(), extension=mixture(row, mixer)))
-        metrics = runtime.train(
-            client.train,
-            seed=seed,
-            optimizer_groups=[{"params": list(mixer.parameters()), "lr": cfg.mixer_lr or cfg.lr}],
-            **local_training(cfg, steps=steps),
-        )
+        mixer_group = {"params": list(mixer.parameters()), "lr": cfg.mixer_lr or cfg.lr}
+        metrics = runtime.train(client.train, local_training(cfg, seed, steps=steps, optimizer_groups=[mixer_group]))
         mixer_state = {k: v.detach().clone() for k, v in mixer.state_dict().items()}
         return runtime.adapter_state(), mixer_state, metrics
 

@@ -38,7 +38,7 @@ class FedAvgFull(Method[FedAvgFullConfig, ServerState, None]):
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
     ) -> tuple[ClientUpdate, Any]:
         runtime.install(ClientModel(base=payload.tensors))
-        metrics = runtime.train(client.train, "all", seed=seed, **local_training(self.cfg))
+        metrics = runtime.train(client.train, local_training(self.cfg, seed), "all")
         return ClientUpdate(client.client_id, runtime.base_state(), float(len(client.train)), metrics), client_state
 
     def personalize(

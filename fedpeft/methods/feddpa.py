@@ -37,6 +37,7 @@ from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import Budget, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.settings.methods import FedDPAConfig
+from fedpeft.training import TrainArgs
 
 
 @dataclass
@@ -82,7 +83,9 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         with mixed_adapters(runtime, weights):
             assert runtime.peft is not None
             params = {n: p for n, p in runtime.peft.named_parameters() if f".{local.key}." in n}
-            runtime.train(examples, params, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **length)
+            runtime.train(
+                examples, TrainArgs(lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **length), params
+            )
             state = get_peft_model_state_dict(runtime.peft, adapter_name=local.key)
         return {k: v.detach().clone() for k, v in state.items()}
 
@@ -96,7 +99,9 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         schedule = local_schedule(self.cfg)
         local_state = self.train_local(runtime, client.train, {glob: 1.0 - a, local: a}, seed, **schedule)
         runtime.install(ClientModel(lora=glob, adapter=payload.tensors), seed=seed)
-        metrics = runtime.train(client.train, lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **schedule)
+        metrics = runtime.train(
+            client.train, TrainArgs(lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, **schedule)
+        )
         update = ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics)
         return update, local_state
 

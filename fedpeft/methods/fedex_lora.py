@@ -42,6 +42,7 @@ from fedpeft.methods.families.folding import (
 )
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.settings.methods import FedExLoraConfig
+from fedpeft.training import TrainArgs
 
 
 @dataclasses.dataclass
@@ -89,7 +90,7 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
     ) -> tuple[ClientUpdate, None]:
         base = folded_weights(runtime, payload.tensors)
         runtime.install(ClientModel(base=base, lora=self.spec(runtime), adapter=adapter_of(payload.tensors)), seed=seed)
-        metrics = runtime.train(client.train, seed=seed, **local_training(self.cfg))
+        metrics = runtime.train(client.train, local_training(self.cfg, seed))
         return ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics), None
 
     def client_weights(self, updates: list[ClientUpdate]) -> list[float]:
@@ -151,11 +152,8 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
         base = folded_weights(runtime, state.tensors)
         spec = self.spec(runtime)
         runtime.install(ClientModel(base=base, lora=spec, adapter=adapter_of(state.tensors)), seed=seed)
+        lr = self.cfg.finetune_lr or self.cfg.lr
         runtime.train(
-            client.train,
-            seed=seed,
-            lr=self.cfg.finetune_lr or self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            epochs=self.cfg.finetune_epochs,
+            client.train, TrainArgs(lr=lr, batch_size=self.cfg.batch_size, seed=seed, epochs=self.cfg.finetune_epochs)
         )
         return ClientModel(base=base, lora=spec, adapter=runtime.adapter_state())

@@ -98,7 +98,7 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
     ) -> LoraTraining:
         model = ClientModel(lora=self.spec(runtime), adapter=payload.tensors)
         lr = float(payload.config.get("lr", self.cfg.lr))  # a server-side schedule may set the round's lr
-        return LoraTraining(model, client.train, seed, **local_training(self.cfg, lr=lr))
+        return LoraTraining(model, client.train, local_training(self.cfg, seed, lr=lr))
 
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
@@ -106,7 +106,7 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
         job = self.client_training(runtime, client, payload, client_state, seed)
         runtime.install(job.model, seed=job.seed)
         extra_loss = self.extra_loss(runtime, payload)  # built on the installed adapter (FedProx's anchors)
-        metrics = runtime.train(job.examples, seed=job.seed, extra_loss=extra_loss, **job.settings())
+        metrics = runtime.train(job.examples, dataclasses.replace(job.args, extra_loss=extra_loss))
         return self.trained_update(client, runtime.adapter_state(), metrics, client_state)
 
 

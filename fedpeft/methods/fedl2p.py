@@ -43,6 +43,7 @@ from fedpeft.hypergradient import ift_hypergradient
 from fedpeft.methods.base import Budget, Method, local_schedule
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.settings.methods import FedL2PConfig
+from fedpeft.training import TrainArgs
 
 
 def split_validation(examples: list[Example], fraction: float, key: str) -> tuple[list[Example], list[Example]]:
@@ -122,9 +123,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
             if step == total - 1:
                 before.update({n: p.detach().clone() for n, p in params.items()})
 
-        runtime.train(
-            examples,
-            {},
+        args = TrainArgs(
             lr=0.0,
             batch_size=self.cfg.batch_size,
             seed=seed,
@@ -132,6 +131,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
             optimizer_groups=optimizer_groups,
             after_backward=remember,
         )
+        runtime.train(examples, args, {})
         return params, unit_steps(params, before, groups, values)
 
     def meta_step(

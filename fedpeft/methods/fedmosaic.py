@@ -44,6 +44,7 @@ from fedpeft.methods.families.branched import (
 )
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import FedMosaicConfig
+from fedpeft.training import TrainArgs
 
 
 class Upload(TypedDict):
@@ -246,9 +247,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
             finally:
                 adapter.enabled = True
 
-        metrics = runtime.train(
-            client.train,
-            other,
+        args = TrainArgs(
             lr=cfg.lr,
             batch_size=cfg.batch_size,
             seed=seed,
@@ -257,6 +256,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
             after_backward=relevance_gradient,
             optimizer_groups=[{"params": pq_params, "lr": cfg.pq_lr or cfg.lr}] if pq_params else None,
         )
+        metrics = runtime.train(client.train, args, other)
         runtime.detach_extension()
         previous = client_state["decayed"] if client_state else None
         decayed = rela.ema(previous, torch.stack(gradients).mean(0), cfg.ema)

@@ -40,7 +40,7 @@ class FedSALora(Method[FedSALoraConfig, ServerState, StateDict]):
         self, runtime: ModelRuntime, client: ClientData, adapter: StateDict, seed: int, steps: int | None
     ) -> Metrics:
         install_partial(runtime, self.spec(runtime), adapter, seed)
-        return runtime.train(client.train, seed=seed, **local_training(self.cfg, steps=steps))
+        return runtime.train(client.train, local_training(self.cfg, seed, steps=steps))
 
     def client_update(
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int

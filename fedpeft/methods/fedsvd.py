@@ -69,7 +69,7 @@ class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
     ) -> tuple[ClientUpdate, None]:
         runtime.install(ClientModel(lora=self.spec(runtime), adapter=payload.tensors), seed=seed)
         trainable = {n: p for n, p in runtime.adapter_parameters().items() if self.trained(n)}
-        metrics = runtime.train(client.train, trainable, seed=seed, **local_training(self.cfg))
+        metrics = runtime.train(client.train, local_training(self.cfg, seed), trainable)
         upload = {k: v for k, v in runtime.adapter_state().items() if self.trained(k)}
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), None
 

@@ -57,7 +57,7 @@ class FFALora(Method[FFALoraConfig, FFALoraState, None]):
         # The shared init seed recreates A; the payload overwrites B and the head.
         install_partial(runtime, self.spec(runtime), payload.tensors, payload.config["init_seed"])
         trainable = {n: p for n, p in runtime.adapter_parameters().items() if ".lora_A." not in n}
-        metrics = runtime.train(client.train, trainable, seed=seed, **local_training(self.cfg))
+        metrics = runtime.train(client.train, local_training(self.cfg, seed), trainable)
         tensors = only(runtime.adapter_state(), lambda k: not is_lora_a(k))
         return ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics), client_state
 

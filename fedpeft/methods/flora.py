@@ -49,6 +49,7 @@ from fedpeft.methods.families.folding import (
 )
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.settings.methods import FloraConfig
+from fedpeft.training import TrainArgs
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
@@ -124,7 +125,7 @@ class Flora(Method[FloraConfig, FloraState, None]):
         base = folded_weights(runtime, payload.tensors)
         head = {k: payload.tensors[k] for k in head_keys(payload.tensors)}
         runtime.install(ClientModel(base=base, lora=self.spec(runtime, rank), adapter=head), seed=seed)
-        metrics = runtime.train(client.train, seed=seed, **local_training(self.cfg))
+        metrics = runtime.train(client.train, local_training(self.cfg, seed))
         return ClientUpdate(client.client_id, runtime.adapter_state(), float(len(client.train)), metrics), None
 
     def aggregate(self, state: FloraState, updates: Iterable[ClientUpdate]) -> tuple[FloraState, Metrics]:
@@ -172,11 +173,8 @@ class Flora(Method[FloraConfig, FloraState, None]):
         spec = self.spec(runtime, self.rank_of(client.client_id))
         head = {k: state.tensors[k] for k in head_keys(state.tensors)}
         runtime.install(ClientModel(base=base, lora=spec, adapter=head), seed=seed)
+        lr = self.cfg.finetune_lr or self.cfg.lr
         runtime.train(
-            client.train,
-            seed=seed,
-            lr=self.cfg.finetune_lr or self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            epochs=self.cfg.finetune_epochs,
+            client.train, TrainArgs(lr=lr, batch_size=self.cfg.batch_size, seed=seed, epochs=self.cfg.finetune_epochs)
         )
         return ClientModel(base=base, lora=spec, adapter=runtime.adapter_state())

@@ -140,7 +140,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
             metrics.update(beta=beta, similarity=similarity)
             if beta > 0:
                 extra_loss = self._guidance_loss(runtime, spec, global_, beta, seed)
-        metrics.update(runtime.train(client.train, seed=seed, extra_loss=extra_loss, **local_training(cfg)))
+        metrics.update(runtime.train(client.train, local_training(cfg, seed, extra_loss=extra_loss)))
         adapter = runtime.adapter_state()
         update = ClientUpdate(client.client_id, adapter, float(len(client.train)), metrics)
         return update, {"adapter": adapter, "folds": len(folds)}

@@ -15,6 +15,7 @@ from fedpeft.methods.base import Budget, Method, lora_spec
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import LocalConfig
+from fedpeft.training import TrainArgs
 
 
 @METHODS.register(
@@ -41,6 +42,5 @@ class Local(Method[LocalConfig, ServerState, None]):
     ) -> LoraTraining:
         spec = lora_spec(runtime, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.targets)
         steps = self.cfg.rounds * self.cfg.local_steps
-        return LoraTraining(
-            ClientModel(lora=spec), client.train, seed, lr=self.cfg.lr, batch_size=self.cfg.batch_size, steps=steps
-        )
+        args = TrainArgs(lr=self.cfg.lr, batch_size=self.cfg.batch_size, seed=seed, steps=steps)
+        return LoraTraining(ClientModel(lora=spec), client.train, args)

@@ -16,6 +16,7 @@ from fedpeft.methods.base import Budget, Method, lora_spec
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import LoraBaselineConfig
+from fedpeft.training import TrainArgs
 
 
 @METHODS.register(
@@ -42,6 +43,5 @@ class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
         rank = int(budget or 8)
         spec = lora_spec(runtime, rank, self.cfg.alpha_multiplier * rank, self.cfg.dropout)
         cfg = self.cfg
-        return LoraTraining(
-            ClientModel(lora=spec), client.train, seed, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs
-        )
+        args = TrainArgs(lr=cfg.lr, batch_size=cfg.batch_size, seed=seed, epochs=cfg.epochs)
+        return LoraTraining(ClientModel(lora=spec), client.train, args)

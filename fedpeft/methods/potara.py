@@ -28,7 +28,7 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import Budget, local_schedule, reporting_hook
+from fedpeft.methods.base import Budget, local_schedule, local_training, reporting_hook
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedITBase, FedITState
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
@@ -143,14 +143,8 @@ class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
         batch = cfg.batch_size * runtime.grad_accum_steps
         per_round = runtime.steps_for(len(fit), batch, schedule["epochs"], schedule["steps"])
         if cfg.local_rounds > 0:
-            runtime.train(
-                fit,
-                lr=cfg.lr,
-                batch_size=cfg.batch_size,
-                seed=seed,
-                steps=cfg.local_rounds * per_round,
-                weight_decay=cfg.weight_decay,
-            )
+            steps = cfg.local_rounds * per_round
+            runtime.train(fit, local_training(cfg, seed, steps=steps))
         return runtime.adapter_state()
 
     def gradients(

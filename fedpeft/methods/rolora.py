@@ -77,7 +77,7 @@ class RoLora(Method[RoLoraConfig, RoLoraState, None]):
         factor = str(payload.config["factor"])
         runtime.install(ClientModel(lora=self.spec(runtime), adapter=payload.tensors), seed=seed)
         trainable = {n: p for n, p in runtime.adapter_parameters().items() if not frozen_in(factor, n)}
-        metrics = runtime.train(client.train, trainable, seed=seed, **local_training(self.cfg))
+        metrics = runtime.train(client.train, local_training(self.cfg, seed), trainable)
         upload = {k: v for k, v in runtime.adapter_state().items() if not frozen_in(factor, k)}
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), None
 

@@ -29,7 +29,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.training import Batch, train_clients_loop
+from fedpeft.training import Batch, TrainArgs, train_clients_loop
 
 
 @dataclass
@@ -38,50 +38,38 @@ class LoraTraining:
     (:attr:`fedpeft.methods.base.Method.batchable_clients`), alone or together with other clients'.
 
     Attributes:
-        model: installed before training (fresh LoRA weights from ``seed`` where it gives no adapter); only its
-            ``lora`` and ``adapter`` may be set.
+        model: installed before training (fresh LoRA weights from ``args.seed`` where it gives no adapter); only
+            its ``lora`` and ``adapter`` may be set.
         examples: the training examples.
-        seed: the seed of the fresh LoRA weights and of the minibatch order.
-        lr, batch_size, epochs, steps, weight_decay: as :meth:`ModelRuntime.train` reads them.
+        args: how it trains (:meth:`ModelRuntime.train`'s); its seed also draws the fresh LoRA weights.
     """
 
     model: ClientModel
     examples: list[Example]
-    seed: int
-    lr: float
-    batch_size: int
-    epochs: float | None = None
-    steps: int | None = None
-    weight_decay: float = 0.0
+    args: TrainArgs
 
-    def settings(self) -> dict[str, Any]:
-        """The keyword arguments of :meth:`ModelRuntime.train` (besides the examples and the seed)."""
-        return {
-            "lr": self.lr,
-            "batch_size": self.batch_size,
-            "epochs": self.epochs,
-            "steps": self.steps,
-            "weight_decay": self.weight_decay,
-        }
+    @property
+    def seed(self) -> int:
+        """The seed of the fresh LoRA weights and of the minibatch order."""
+        return self.args.seed
 
 
 def train_alone(runtime: ModelRuntime, job: LoraTraining) -> tuple[StateDict, Metrics]:
     """Run ``job`` on its own: install its model, train its adapter; returns the trained adapter's tensors
     (:meth:`ModelRuntime.adapter_state`) and the training metrics."""
     runtime.install(job.model, seed=job.seed)
-    metrics = runtime.train(job.examples, seed=job.seed, **job.settings())
+    metrics = runtime.train(job.examples, job.args)
     return runtime.adapter_state(), metrics
 
 
-def train_together(
-    runtime: ModelRuntime, jobs: Sequence[LoraTraining], *, max_grad_norm: float | None = 1.0
-) -> list[tuple[StateDict, Metrics]]:
+def train_together(runtime: ModelRuntime, jobs: Sequence[LoraTraining]) -> list[tuple[StateDict, Metrics]]:
     """Run ``jobs`` together, one forward/backward per step for the jobs of each adapter shape; returns each job's
     trained adapter and metrics, as :func:`train_alone` gives them within float rounding.
 
     Raises:
         UserError: the model or an adapter cannot be routed per client (:func:`batching_refusal`).
-        ValueError: a job has no examples, or its model sets more than a LoRA adapter.
+        ValueError: a job has no examples or hooks (:attr:`TrainArgs.hooked`), or its model sets more than a LoRA
+            adapter.
     """
     problem = batching_refusal(runtime)
     if problem is not None:
@@ -92,34 +80,32 @@ def train_together(
         model = job.model
         if model.lora is None or model.base is not None or model.routing is not None or model.extension is not None:
             raise ValueError("a client trained together with others installs a LoRA adapter and nothing else")
+        if job.args.hooked:
+            raise ValueError("a client trained together with others runs the plain loop, without hooks")
         if not job.examples:
             raise ValueError("no training examples")
         shapes.setdefault(model.lora, []).append(index)
     for spec, indices in shapes.items():
-        trained = _train_shape(runtime, spec, [jobs[i] for i in indices], max_grad_norm)
+        trained = _train_shape(runtime, spec, [jobs[i] for i in indices])
         results.update(zip(indices, trained, strict=True))
     return [results[index] for index in range(len(jobs))]
 
 
-def _train_shape(
-    runtime: ModelRuntime, spec: LoraSpec, jobs: list[LoraTraining], max_grad_norm: float | None
-) -> list[tuple[StateDict, Metrics]]:
+def _train_shape(runtime: ModelRuntime, spec: LoraSpec, jobs: list[LoraTraining]) -> list[tuple[StateDict, Metrics]]:
     starts = []
     for job in jobs:  # each client's starting weights, installed exactly as training it alone installs them
         runtime.install(job.model, seed=job.seed)
         starts.append({name: p.detach().clone() for name, p in runtime.adapter_parameters().items()})
     routed = RoutedLora(runtime, spec, starts)
-    streams = [runtime.batches(job.examples, job.batch_size, job.seed) for job in jobs]
-    steps = [runtime.steps_for(len(job.examples), job.batch_size, job.epochs, job.steps) for job in jobs]
+    streams = [runtime.batches(job.examples, job.args.batch_size, job.seed) for job in jobs]
+    steps = [runtime.steps_for(len(job.examples), job.args.batch_size, job.args.epochs, job.args.steps) for job in jobs]
     with routed.attached(), torch.random.fork_rng(devices=[]):
         metrics = train_clients_loop(
             routed.losses,
             streams,
             routed.params,
+            [job.args for job in jobs],
             steps=steps,
-            lr=[job.lr for job in jobs],
-            weight_decay=[job.weight_decay for job in jobs],
-            max_grad_norm=max_grad_norm,
             autocast=None if runtime.dtype == torch.float32 else runtime.autocast,
         )
     runtime.activate(spec)

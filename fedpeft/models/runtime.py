@@ -34,7 +34,7 @@ from fedpeft.models.precision import DTYPES
 from fedpeft.models.text import TextEncoder
 from fedpeft.models.trainer import Trainer
 from fedpeft.models.weights import LoraSpec, ModelWeights, unload_adapters
-from fedpeft.training import Batch, EpochHook, LossHook, StepHook
+from fedpeft.training import Batch, TrainArgs
 
 __all__ = [
     "ClientModel",
@@ -421,43 +421,11 @@ class ModelRuntime:
         return self.trainer.accumulated_batches(examples, batch_size, accumulation, seed)
 
     def train(
-        self,
-        examples: list[Example],
-        params: dict[str, torch.nn.Parameter] | str = "adapter",
-        *,
-        lr: float,
-        batch_size: int,
-        seed: int,
-        epochs: float | None = None,
-        steps: int | None = None,
-        weight_decay: float = 0.0,
-        extra_loss: LossHook | None = None,
-        after_backward: StepHook | None = None,
-        optimizer_groups: list[dict[str, Any]] | None = None,
-        after_step: StepHook | None = None,
-        model: torch.nn.Module | None = None,
-        max_grad_norm: float | None = 1.0,
-        after_epoch: EpochHook | None = None,
+        self, examples: list[Example], args: TrainArgs, params: dict[str, torch.nn.Parameter] | str = "adapter"
     ) -> Metrics:
-        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``
-        (:meth:`Trainer.train`)."""
-        return self.trainer.train(
-            examples,
-            params,
-            lr=lr,
-            batch_size=batch_size,
-            seed=seed,
-            epochs=epochs,
-            steps=steps,
-            weight_decay=weight_decay,
-            extra_loss=extra_loss,
-            after_backward=after_backward,
-            optimizer_groups=optimizer_groups,
-            after_step=after_step,
-            model=model,
-            max_grad_norm=max_grad_norm,
-            after_epoch=after_epoch,
-        )
+        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples`` as ``args``
+        says (:meth:`Trainer.train`)."""
+        return self.trainer.train(examples, args, params)
 
     # ------------------------------------------------------------------ evaluation (Evaluator)
     def predict(self, examples: list[Example]) -> list[Any]:

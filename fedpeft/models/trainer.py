@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -18,7 +17,7 @@ from fedpeft.core.types import Metrics
 from fedpeft.data.types import Example
 from fedpeft.models.text import TextEncoder
 from fedpeft.models.weights import ModelWeights
-from fedpeft.training import Batch, EpochHook, LossHook, Step, StepHook, train_loop
+from fedpeft.training import Batch, Step, TrainArgs, train_loop
 
 
 class Trainer:
@@ -73,33 +72,13 @@ class Trainer:
         return {k: v.to(self.weights.device) for k, v in batch.items()}
 
     def train(
-        self,
-        examples: list[Example],
-        params: dict[str, torch.nn.Parameter] | str = "adapter",
-        *,
-        lr: float,
-        batch_size: int,
-        seed: int,
-        epochs: float | None = None,
-        steps: int | None = None,
-        weight_decay: float = 0.0,
-        extra_loss: LossHook | None = None,
-        after_backward: StepHook | None = None,
-        optimizer_groups: list[dict[str, Any]] | None = None,
-        after_step: StepHook | None = None,
-        model: torch.nn.Module | None = None,
-        max_grad_norm: float | None = 1.0,
-        after_epoch: EpochHook | None = None,
+        self, examples: list[Example], args: TrainArgs, params: dict[str, torch.nn.Parameter] | str = "adapter"
     ) -> Metrics:
-        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples``.
+        """Train ``params`` (``"adapter"``, ``"all"`` base weights, or an explicit dict) on ``examples`` as ``args``
+        says (``args.model``: the module to call instead of the weights' own).
 
-        ``model`` is the module to call instead of the weights' own (a PEFT model of another adapter type wrapped
-        around the base model after ``detach_adapters``); ``after_step`` runs after every optimizer step;
-        ``max_grad_norm`` clips the global gradient norm (``None``: no clipping); ``after_epoch`` is told each
-        pass over ``examples`` (progress: :data:`~fedpeft.training.EpochHook`).
-
-        With ``grad_accum_steps`` k above 1 a step accumulates k micro-batches of ``batch_size``: the same step as
-        one batch of ``batch_size * k`` (:meth:`accumulated_batches`), and ``epochs`` count those steps.
+        With ``grad_accum_steps`` k above 1 a step accumulates k micro-batches of ``args.batch_size``: the same step
+        as one batch of ``batch_size * k`` (:meth:`accumulated_batches`), and ``args.epochs`` count those steps.
         """
         if not examples:
             raise ValueError("no training examples")
@@ -120,14 +99,14 @@ class Trainer:
                 "model.dtype float16 trains adapters only (float16 weights cannot be updated with "
                 "loss scaling); use bfloat16 to train the base weights."
             )
-        accumulation = self.grad_accum_steps
-        total = self.steps_for(len(examples), batch_size * accumulation, epochs, steps)
+        accumulation, batch_size, seed = self.grad_accum_steps, args.batch_size, args.seed
+        total = self.steps_for(len(examples), batch_size * accumulation, args.epochs, args.steps)
         stream: Iterator[Step] = (
             self.batches(examples, batch_size, seed)
             if accumulation == 1
             else self.accumulated_batches(examples, batch_size, accumulation, seed)
         )
-        model = model if model is not None else weights.model()
+        model = args.model if args.model is not None else weights.model()
         with weights.adapter_context():
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -135,18 +114,11 @@ class Trainer:
                     model,
                     stream,
                     params,
+                    args,
                     steps=total,
-                    lr=lr,
-                    weight_decay=weight_decay,
-                    extra_loss=extra_loss,
-                    after_backward=after_backward,
-                    optimizer_groups=optimizer_groups,
-                    max_grad_norm=max_grad_norm,
-                    after_step=after_step,
                     autocast=None if weights.dtype == torch.float32 else weights.autocast,
                     scaler=self.scaler,
                     epoch_steps=math.ceil(len(examples) / (batch_size * accumulation)),
-                    after_epoch=after_epoch,
                 )
 
 

@@ -114,6 +114,7 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int) -> 
 
     from fedpeft.core.config import load_config
     from fedpeft.models.weights import LoraSpec
+    from fedpeft.training import TrainArgs
     from fedpeft.worker import build_data, build_runtime
 
     cfg = load_config(str(config_file), [])
@@ -127,9 +128,9 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int) -> 
     client = max(data.clients, key=lambda c: len(c.train))
     examples = (client.train * batch_size)[:batch_size]
     runtime.activate(LoraSpec(rank=8, alpha=16.0, targets=tuple(runtime.loaded.lora_targets)))
-    runtime.train(examples, lr=1e-4, batch_size=batch_size, seed=0, steps=1)  # warm-up
+    runtime.train(examples, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=1))  # warm-up
     start = time.perf_counter()
-    runtime.train(examples, lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS)
+    runtime.train(examples, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS))
     seconds = (time.perf_counter() - start) / MEASURED_STEPS
     return {
         "step_s": seconds,

@@ -23,7 +23,7 @@ from fedpeft.adapters.pq_lora import NUM_BLOCKS, layer_of, plan_sites
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import Example
-from fedpeft.methods.base import Budget, Method
+from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.models.runtime import ClientModel
 from fedpeft.settings.methods import PAPER_COMPUTE_SCALE, HeteroConfig  # noqa: F401  (PAPER_COMPUTE_SCALE: importable here too)
 
@@ -195,16 +195,8 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
         install_adapter(runtime, adapter)
         params = adapter.trainable([f"{b}/" for b in train] + ["head/"])
         try:
-            return runtime.train(
-                examples,
-                params,
-                lr=cfg.lr,
-                batch_size=cfg.batch_size,
-                seed=seed,
-                steps=matched_steps(cfg),
-                weight_decay=cfg.weight_decay,
-                extra_loss=extra_loss,
-            )
+            args = local_training(cfg, seed, steps=matched_steps(cfg), extra_loss=extra_loss)
+            return runtime.train(examples, args, params)
         finally:
             runtime.detach_extension()
 

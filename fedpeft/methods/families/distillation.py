@@ -32,6 +32,7 @@ from fedpeft.methods.families.branched import (
     is_shared_key,
 )
 from fedpeft.settings.methods import DistillationConfig
+from fedpeft.training import TrainArgs
 
 
 def public_indices(size: int, count: int, seed: int, round_: int) -> list[int]:
@@ -120,7 +121,7 @@ def distill(
     install_adapter(runtime, adapter)
     params = adapter.trainable([f"{branch}/"])
     try:
-        return runtime.train(examples, params, lr=lr, batch_size=batch_size, seed=seed, steps=steps)
+        return runtime.train(examples, TrainArgs(lr=lr, batch_size=batch_size, seed=seed, steps=steps), params)
     finally:
         runtime.detach_extension()
 

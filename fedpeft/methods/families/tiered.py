@@ -153,7 +153,7 @@ class TieredMethod(Method[TieredConfigT, TieredState, Any]):
 
     def train_local(self, runtime: ModelRuntime, client: ClientData, seed: int, **hooks: Any) -> Metrics:
         """The one training loop with this method's local-training settings."""
-        return runtime.train(client.train, seed=seed, **local_training(self.cfg), **hooks)
+        return runtime.train(client.train, local_training(self.cfg, seed, **hooks))
 
     def check_model(self, runtime: ModelRuntime) -> None:
         """Refuse tiers the model cannot run (top-k beyond its experts, ranks beyond its layers)."""
