@@ -129,7 +129,7 @@ def run(
     if not rehearsal:  # a rehearsal loads no weights: its models stand in for themselves
         check_raw_model(raw)  # a model nothing could load without the hub ends here, before torch is imported
     cfg = validate(raw)  # and so does a misspelt method or dataset name
-    data = _read_own_files(cfg)  # and so does every problem with a user's own data files
+    data = _read_own_data(cfg)  # and so does every problem with a user's own data
     _quiet_libraries(verbose)
     notes: list[str] = []
     step_batch = 0
@@ -170,16 +170,23 @@ def run(
     console.print(f"Outputs written to [bold]{target}[/bold]", soft_wrap=True)
 
 
-def _read_own_files(cfg: ExperimentConfig) -> FederatedData | None:
-    """The federation of a user's own files (``data.name: files``), read before torch is imported, so that a
-    missing file, a label outside ``data.label_names`` or a client without examples ends the run within a second
-    or two; the local engine's run takes it as read. ``None`` for every other dataset (built by the run) and for
-    data on the sites of a deployment."""
-    if cfg.data.name != "files" or cfg.data.sites is not None:
+def _read_own_data(cfg: ExperimentConfig) -> FederatedData | None:
+    """The federation of a user's own data (``data.name`` ``files`` or ``hub``), built before torch is imported, so
+    that a missing file, a label outside ``data.label_names`` or a client without examples ends the run within a
+    second or two; the local engine's run takes it as read. ``hub`` data is first checked from its metadata, without
+    ``datasets`` (:mod:`fedpeft.data.hub_check`): a hub id or directory that names nothing readable, a missing
+    column or more clients than rows ends the run within a second. ``None`` for every other dataset (built by the
+    run) and for data on the sites of a deployment."""
+    if cfg.data.name not in ("files", "hub") or cfg.data.sites is not None:
         return None
-    from fedpeft.data.files import build_files
+    from fedpeft.data.files import build_files, build_hub
 
-    return build_files(cfg.data)
+    if cfg.data.name == "files":
+        return build_files(cfg.data)
+    from fedpeft.data.hub_check import check_hub_data
+
+    check_hub_data(cfg.data)
+    return build_hub(cfg.data)
 
 
 @app.command("list")

@@ -310,7 +310,7 @@ BAD_INPUT = [
     ({"unseen_fraction": 0.9}, rows(), "leaves no seen client"),
     ({"columns": {"txt": "x"}}, rows(), "Invalid config at data.columns.txt"),
     ({"test_fraction": 0.3}, [{**r, "split": "train"} for r in rows()], "Both data.test_fraction and the split"),
-    ({"name": "hub", "hub_id": "/no/such/local/dataset"}, None, "Could not load /no/such/local/dataset"),
+    ({"name": "hub", "hub_id": "/no/such/local/dataset"}, None, "data.hub_id /no/such/local/dataset is no directory"),
 ]
 
 

@@ -112,8 +112,9 @@ def build_files(cfg: DataConfig) -> FederatedData:
 @DATASETS.register("hub")
 def build_hub(cfg: DataConfig) -> FederatedData:
     """Build a federation from ``datasets.load_dataset(cfg.hub_id, cfg.subset, revision=cfg.revision)``: a hub id
-    (read from the local cache when offline) or a local dataset directory. Every split is read; a ``test`` split
-    gives the test sets when the data has no split column."""
+    (read from the local cache when offline) or a local dataset directory (of data files, or written by
+    ``DatasetDict.save_to_disk``). Every split is read; a ``test`` split gives the test sets when the data has no
+    split column."""
     parse_options(cfg, Options)
     if not cfg.hub_id:
         hint = " (data.path is read by data.name=files)" if cfg.path else ""
@@ -198,14 +199,23 @@ def _read_file(path: Path, encoding: str) -> Table:
     return Table(str(path), columns, rows, lines=lines)
 
 
+def is_saved_dataset_dict(folder: Path) -> bool:
+    """Whether ``folder`` was written by ``DatasetDict.save_to_disk`` (its ``dataset_dict.json`` lists the splits)."""
+    return (folder / "dataset_dict.json").is_file()
+
+
 def load_hub_tables(hub_id: str, subset: str | None, revision: str | None) -> list[Table]:
-    """Every split of a dataset loaded with :func:`datasets.load_dataset`, one :class:`Table` per split."""
+    """Every split of a dataset loaded with :func:`datasets.load_dataset` (a folder written by
+    ``DatasetDict.save_to_disk`` with :func:`datasets.load_from_disk`), one :class:`Table` per split."""
     import datasets
     from datasets.exceptions import DatasetsError
 
     kwargs: dict[str, Any] = {"revision": revision} if revision else {}
     try:
-        loaded = datasets.load_dataset(hub_id, subset, **kwargs)
+        if is_saved_dataset_dict(Path(hub_id)):  # load_dataset would read its state.json files as the rows
+            loaded = datasets.load_from_disk(hub_id)
+        else:
+            loaded = datasets.load_dataset(hub_id, subset, **kwargs)
     # What load_dataset raises when a dataset is neither cached nor reachable, or cannot be read.
     except (OSError, ValueError, RuntimeError, DatasetsError) as err:
         raise UserError(
@@ -235,17 +245,8 @@ def build_federation(cfg: DataConfig, name: str, tables: list[Table], info: dict
     if not any(t.rows for t in tables):
         raise UserError(f"{_describe(tables)} holds no rows; give data with at least one row per client.")
     tables = [t for t in tables if t.rows]
-    task = _task(cfg, tables)
-    scheme = _scheme(cfg, task)
-    columns = _columns(cfg, task, scheme, tables)
-    use_hub_splits = "split" not in columns and any(t.split in TEST_SPLITS for t in tables)
-    if ("split" in columns or use_hub_splits) and "test_fraction" in cfg.model_fields_set:
-        where = f"the split column {columns['split']!r}" if "split" in columns else "the hub's test split"
-        raise UserError(
-            f"Both data.test_fraction and {where} give the test sets; remove data.test_fraction "
-            "(or set data.columns.split: null to use it)."
-        )
-
+    reading = plan_reading(cfg, tables)
+    task, scheme, columns, use_hub_splits = reading.task, reading.scheme, reading.columns, reading.use_hub_splits
     records, label_names, left_out = _records(cfg, task, columns, tables, use_hub_splits)
     if not records:
         raise UserError(f"{_describe(tables)} holds no train or test rows; mark rows train or test.")
@@ -294,6 +295,44 @@ def build_federation(cfg: DataConfig, name: str, tables: list[Table], info: dict
         base_train=[],
         info=info,
     )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a config reads from its sources, decided from their columns alone.
+
+    Attributes:
+        task: ``data.task``, or the task the columns say.
+        scheme: the partition (``data.partition``, or the one ``data.num_clients`` selects).
+        columns: role -> column name of every column read.
+        use_hub_splits: whether the hub's ``test`` split gives the test sets (the data has no split column).
+    """
+
+    task: TaskKind
+    scheme: Scheme
+    columns: dict[str, str]
+    use_hub_splits: bool
+
+
+def plan_reading(cfg: DataConfig, tables: list[Table]) -> Reading:
+    """What ``cfg`` reads from ``tables``, each setting checked against their columns; no row is read, so a look at
+    the data's metadata (:mod:`fedpeft.data.hub_check`) refuses the same settings before any row is loaded.
+
+    Raises:
+        UserError: no task the columns say, a partition setting that does not fit the task, a column a source
+            lacks, or the test sets given twice.
+    """
+    task = _task(cfg, tables)
+    scheme = _scheme(cfg, task)
+    columns = _columns(cfg, task, scheme, tables)
+    use_hub_splits = "split" not in columns and any(t.split in TEST_SPLITS for t in tables)
+    if ("split" in columns or use_hub_splits) and "test_fraction" in cfg.model_fields_set:
+        where = f"the split column {columns['split']!r}" if "split" in columns else "the hub's test split"
+        raise UserError(
+            f"Both data.test_fraction and {where} give the test sets; remove data.test_fraction "
+            "(or set data.columns.split: null to use it)."
+        )
+    return Reading(task, scheme, columns, use_hub_splits)
 
 
 def _describe(tables: list[Table]) -> str:
