@@ -22,13 +22,13 @@ from fedpeft.base_models import ClientBase, client_base_tensors, train_centraliz
 from fedpeft.continual import OthersSample, memory_view
 from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
 from fedpeft.core.config import BASE_STAGE_LABEL, ExperimentConfig, MethodConfig, ModelConfig, method_config
-from fedpeft.core.faults import before_work, corrupt, reaching_faults
+from fedpeft.core.faults import FaultConfig, before_work, corrupt, reaching_faults
 from fedpeft.core.io import relative_path, staged_dir, staged_files, write_text_atomic
 from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.stores import ClientStateStore, make_store
-from fedpeft.core.types import Metrics, Payload, ServerState, TrainResult, on_cpu
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, TrainResult, on_cpu
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.federation import build_federation
 from fedpeft.methods.base import Budget, Method, method_class
@@ -119,6 +119,58 @@ def records_of(
         )
         for name, value in metrics.items()
     ]
+
+
+@dataclasses.dataclass
+class ClientRound:
+    """One client's round of local work, set up by :meth:`Worker.begin_training` and closed by
+    :meth:`Worker.finish_training`; what the method computes between the two is the only part that differs between
+    training one client (:meth:`Worker.train`) and a batch of them (:mod:`fedpeft.engine.batched`).
+
+    Attributes:
+        client: the client as it trains this round (a stream's episodic memory so far).
+        runtime: the runtime of its architecture, its base model in place.
+        payload: what the server sent it.
+        client_state: its own state from earlier rounds (``None``: none yet).
+        seed: its seed of this round.
+        round_: the round (from 0).
+        store: where its new state is kept.
+        faults: the injected faults that strike it this round.
+    """
+
+    client: ClientData
+    runtime: ModelRuntime
+    payload: Payload
+    client_state: Any
+    seed: int
+    round_: int
+    store: ClientStateStore
+    faults: list[FaultConfig]
+
+
+@dataclasses.dataclass
+class Personalizing:
+    """A client ready to be personalized at each of its budgets (:meth:`Worker.begin_personalization`).
+
+    Attributes:
+        client: the client.
+        runtime: the runtime of its architecture, its base model in place.
+        prepared: what :meth:`Method.prepare_personalization` gave it, shared by its budgets.
+        budgets: the budgets it is personalized at.
+        seconds: the time its preparation took.
+    """
+
+    client: ClientData
+    runtime: ModelRuntime
+    prepared: Any
+    budgets: list[Budget]
+    seconds: float
+
+
+def state_at(budget: Budget, state: ServerState, budget_states: dict[int, ServerState] | None) -> ServerState:
+    """The server state a client personalizes from at ``budget``: the budget's own federated phase's, for a method
+    with one per budget (``budget_states``), else ``state``."""
+    return budget_states[budget] if budget_states and isinstance(budget, int) else state
 
 
 class Worker:
@@ -361,6 +413,15 @@ class Worker:
     def train(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> TrainResult:
         """One client's local work in one federated round (with the config's injected faults, if any strike):
         its update, and the faults that struck it."""
+        work = self.begin_training(label, seed, round_, client_id, payload)
+        update, client_state = self.methods[label].client_update(
+            work.runtime, work.client, payload, work.client_state, work.seed
+        )
+        return self.finish_training(work, update, client_state)
+
+    def begin_training(self, label: str, seed: int, round_: int, client_id: str, payload: Payload) -> ClientRound:
+        """Everything of a client's round before its method's work: the injected faults that strike it (one that
+        crashes or delays the client does so here), its base model put in place, its data, state and seed."""
         faults = [fault for fault in self.cfg.faults if fault.applies(label, client_id, round_)]
         before_work(faults)
         method = self.methods[label]
@@ -369,20 +430,25 @@ class Worker:
         else:
             self.use_client_base(seed, client_id)
         store = self.store(label, seed)
-        client = self.client_in_round(client_id, round_, method.rounds)
-        runtime = self.runtime_for(client_id)
-        update, client_state = method.client_update(
-            runtime,
-            client,
-            payload,
-            store.get(client_id),
-            client_seed(seed, method.name, "train", round_, client_id),
+        return ClientRound(
+            client=self.client_in_round(client_id, round_, method.rounds),
+            runtime=self.runtime_for(client_id),
+            payload=payload,
+            client_state=store.get(client_id),
+            seed=client_seed(seed, method.name, "train", round_, client_id),
+            round_=round_,
+            store=store,
+            faults=faults,
         )
-        if runtime.device.type != "cpu":  # what travels and stays between rounds lives on the CPU
+
+    def finish_training(self, work: ClientRound, update: ClientUpdate, client_state: Any) -> TrainResult:
+        """Everything of a client's round after its method's work: its update and new state moved to the CPU, the
+        state kept, the update as the injected faults leave it."""
+        if work.runtime.device.type != "cpu":  # what travels and stays between rounds lives on the CPU
             update, client_state = on_cpu((update, client_state))
         if client_state is not None:
-            store.put(client_id, client_state, round_)
-        return TrainResult(corrupt(faults, update, payload), reaching_faults(faults))
+            work.store.put(work.client.client_id, client_state, work.round_)
+        return TrainResult(corrupt(work.faults, update, work.payload), reaching_faults(work.faults))
 
     def evaluate_base(self, seed: int, client_id: str) -> list[ResultRecord]:
         """The base model (no personalization) on one client's test split (the client's own, if it has one)."""
@@ -408,27 +474,32 @@ class Worker:
         Returns the records and the seconds spent personalizing (evaluation excluded).
         """
         method = self.methods[label]
-        self.use_client_base(seed, client_id)
-        client = self.clients[client_id]
-        budgets = method.budgets_of(client, self.cfg.budgets)
-        runtime = self.runtime_for(client_id)
-        # Work every budget shares (e.g. BayesTune's rank scales), done once per client and timed with the rest.
-        started = time.perf_counter()
-        pseed = client_seed(seed, method.name, "prepare", None, client_id)
-        client_state = method.prepare_personalization(
-            runtime, client, state, self.store(label, seed).get(client_id), pseed
-        )
-        seconds = time.perf_counter() - started
-        method.save_client_artifacts(client_state, client, self.run_dir, label, seed)
+        ready = self.begin_personalization(label, seed, client_id, state)
         records: list[ResultRecord] = []
-        for budget in budgets:
+        seconds = ready.seconds
+        for budget in ready.budgets:
             pseed = client_seed(seed, method.name, "personalize", budget, client_id)
-            budget_state = budget_states[budget] if budget_states and isinstance(budget, int) else state
+            budget_state = state_at(budget, state, budget_states)
             started = time.perf_counter()
-            model = method.personalize(runtime, client, budget_state, client_state, budget, pseed)
+            model = method.personalize(ready.runtime, ready.client, budget_state, ready.prepared, budget, pseed)
             seconds += time.perf_counter() - started
             records += self.personalized_records(label, seed, client_id, budget, budget_state, model, save_adapters)
         return records, seconds
+
+    def begin_personalization(self, label: str, seed: int, client_id: str, state: ServerState) -> Personalizing:
+        """Everything of a client's personalization before its budgets: its base model put in place and the work
+        every budget shares (:meth:`Method.prepare_personalization`, e.g. BayesTune's rank scales), timed, its
+        artifacts saved."""
+        method = self.methods[label]
+        self.use_client_base(seed, client_id)
+        client = self.clients[client_id]
+        runtime = self.runtime_for(client_id)
+        started = time.perf_counter()
+        pseed = client_seed(seed, method.name, "prepare", None, client_id)
+        prepared = method.prepare_personalization(runtime, client, state, self.store(label, seed).get(client_id), pseed)
+        seconds = time.perf_counter() - started
+        method.save_client_artifacts(prepared, client, self.run_dir, label, seed)
+        return Personalizing(client, runtime, prepared, method.budgets_of(client, self.cfg.budgets), seconds)
 
     def personalized_records(
         self,

@@ -2,30 +2,29 @@
 batchable method (:attr:`fedpeft.methods.base.Method.batchable_clients`) in groups of K.
 
 A group's LoRA trainings run in one forward/backward per step (:func:`fedpeft.models.multi_lora.train_together`);
-everything else of a client's work (injected faults, its state, its evaluation, saving its adapter) runs for each
-client as :meth:`fedpeft.worker.Worker.train` and :meth:`~fedpeft.worker.Worker.personalize` run it, and the
-results come back in client-id order, so the records are those of training the clients one by one (within float
-rounding). A client whose work fails before its training fails alone; a failed joint training fails its group.
+everything else of a client's work runs through the worker's own steps, the ones training a client alone runs
+(:meth:`fedpeft.worker.Worker.begin_training` and :meth:`~fedpeft.worker.Worker.finish_training`: injected faults,
+its base model, its state, what it sends and keeps moved to the CPU;
+:meth:`~fedpeft.worker.Worker.begin_personalization` and :meth:`~fedpeft.worker.Worker.personalized_records`: its
+evaluation, saving its adapter), so the two cannot drift apart. The results come back in client-id order, so the
+records are those of training the clients one by one (within float rounding). A client whose work fails before
+its training fails alone; a failed joint training fails its group.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from fedpeft.core.config import BASE_STAGE_LABEL
 from fedpeft.core.errors import UserError
-from fedpeft.core.faults import FaultConfig, before_work, corrupt, reaching_faults
 from fedpeft.core.records import Budget, ResultRecord
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.types import Metrics, Payload, ServerState, StateDict, TrainResult
-from fedpeft.data.types import ClientData
 from fedpeft.engine.rounds import ClientOutcome
 from fedpeft.models.multi_lora import LoraTraining, train_together
-from fedpeft.models.runtime import ClientModel
-from fedpeft.worker import Worker
+from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.worker import ClientRound, Personalizing, Worker, state_at
 
 Personalized = tuple[list[ResultRecord], float]  # what the worker's ``personalize`` returns for a client
 
@@ -36,59 +35,46 @@ def groups(client_ids: list[str], size: int) -> Iterator[list[str]]:
         yield client_ids[start : start + size]
 
 
-def train_group(worker: Worker, jobs: list[LoraTraining]) -> Sequence[tuple[StateDict, Metrics] | Exception]:
+def train_group(runtime: ModelRuntime, jobs: list[LoraTraining]) -> Sequence[tuple[StateDict, Metrics] | Exception]:
     """The trained adapters and metrics of ``jobs``, trained together; if that fails, its error for each of them
     (a :class:`UserError`, a setting that cannot batch, ends the run instead)."""
     if not jobs:
         return []
     try:
-        return train_together(worker.runtime, jobs)
+        return train_together(runtime, jobs)
     except UserError:
         raise
     except Exception as err:
         return [err] * len(jobs)
 
 
-@dataclass
-class _Planned:
-    client: ClientData
-    faults: list[FaultConfig]
-    payload: Payload
-    job: LoraTraining
-
-
 def train_clients(
     worker: Worker, label: str, seed: int, round_: int, client_ids: list[str], payloads: list[Payload]
 ) -> list[TrainResult | Exception]:
-    """:meth:`Worker.train` of each of ``client_ids`` (with its payload), their LoRA trainings in one batch."""
+    """:meth:`Worker.train` of each of ``client_ids`` (with its payload), their LoRA trainings in one batch: each
+    client's round begins and finishes as one client's does (:meth:`Worker.begin_training`,
+    :meth:`Worker.finish_training`), on the one base model they share (the runner refuses a base model per client)."""
     method = worker.methods[label]
-    worker.use_base(None if label == BASE_STAGE_LABEL else seed)  # every client on the one shared base
-    store = worker.store(label, seed)
     results: dict[str, TrainResult | Exception] = {}
-    planned: dict[str, _Planned] = {}
+    planned: dict[str, tuple[ClientRound, LoraTraining]] = {}
     for client_id, payload in zip(client_ids, payloads, strict=True):
         try:
-            faults = [fault for fault in worker.cfg.faults if fault.applies(label, client_id, round_)]
-            before_work(faults)
-            client = worker.client_in_round(client_id, round_, method.rounds)
-            cseed = client_seed(seed, method.name, "train", round_, client_id)
-            job = method.client_training(worker.runtime, client, payload, store.get(client_id), cseed)
+            work = worker.begin_training(label, seed, round_, client_id, payload)
+            job = method.client_training(work.runtime, work.client, payload, work.client_state, work.seed)
             if not job.examples:
                 raise ValueError("no training examples")
-            planned[client_id] = _Planned(client, faults, payload, job)
+            planned[client_id] = (work, job)
         except Exception as err:  # a failing client must not stop the others
             results[client_id] = err
-    trained = train_group(worker, [plan.job for plan in planned.values()])
-    for (client_id, plan), outcome in zip(planned.items(), trained, strict=True):
+    trained = train_group(worker.runtime, [job for _, job in planned.values()])
+    for (client_id, (work, _)), outcome in zip(planned.items(), trained, strict=True):
         if isinstance(outcome, Exception):
             results[client_id] = outcome
             continue
         adapter, metrics = outcome
         try:
-            update, client_state = method.trained_update(plan.client, adapter, metrics, store.get(client_id))
-            if client_state is not None:
-                store.put(client_id, client_state, round_)
-            results[client_id] = TrainResult(corrupt(plan.faults, update, plan.payload), reaching_faults(plan.faults))
+            update, client_state = method.trained_update(work.client, adapter, metrics, work.client_state)
+            results[client_id] = worker.finish_training(work, update, client_state)
         except Exception as err:
             results[client_id] = err
     return [results[client_id] for client_id in client_ids]
@@ -107,10 +93,9 @@ def personalize_clients(
     """:meth:`Worker.personalize` of each of ``client_ids``, the LoRA trainings of each budget in one batch; each
     client's seconds are its own work plus its share of the batches it trained in."""
     group = GroupPersonalization(worker, label, seed, state, budget_states)
-    worker.use_base(seed)
     for client_id in client_ids:
         group.prepare(client_id)
-    for budget in dict.fromkeys(b for own in group.budgets.values() for b in own):
+    for budget in dict.fromkeys(b for ready in group.ready.values() for b in ready.budgets):
         group.train(budget)
     for client_id in client_ids:
         group.evaluate(client_id, save_adapters)
@@ -119,7 +104,8 @@ def personalize_clients(
 
 class GroupPersonalization:
     """The personalization of a group of clients, step by step: each client's preparation, each budget's
-    trainings together, each client's evaluation; a client whose step fails keeps its error and leaves the group."""
+    trainings together, each client's evaluation; a client whose step fails keeps its error and leaves the group.
+    A client begins as one client's personalization does (:meth:`Worker.begin_personalization`)."""
 
     def __init__(
         self,
@@ -133,47 +119,33 @@ class GroupPersonalization:
         self.method = worker.methods[label]
         self.state, self.budget_states = state, budget_states
         self.results: dict[str, Personalized | Exception] = {}
-        self.prepared: dict[str, Any] = {}  # what prepare_personalization gave each client
-        self.budgets: dict[str, list[Budget]] = {}
+        self.ready: dict[str, Personalizing] = {}
         self.seconds: dict[str, float] = {}
         self.models: dict[tuple[str, Budget], ClientModel] = {}
 
-    def state_of(self, budget: Budget) -> ServerState:
-        """The server state a budget personalizes from."""
-        if self.budget_states and isinstance(budget, int):
-            return self.budget_states[budget]
-        return self.state
-
     def prepare(self, client_id: str) -> None:
-        """The work every budget of the client shares (:meth:`Method.prepare_personalization`), timed."""
-        worker, method = self.worker, self.method
+        """The work every budget of the client shares (:meth:`Worker.begin_personalization`), timed."""
         try:
-            client = worker.clients[client_id]
-            started = time.perf_counter()
-            pseed = client_seed(self.seed, method.name, "prepare", None, client_id)
-            own = worker.store(self.label, self.seed).get(client_id)
-            prepared = method.prepare_personalization(worker.runtime, client, self.state, own, pseed)
-            self.seconds[client_id] = time.perf_counter() - started
-            method.save_client_artifacts(prepared, client, worker.run_dir, self.label, self.seed)
-            self.prepared[client_id] = prepared
-            self.budgets[client_id] = method.budgets_of(client, worker.cfg.budgets)
+            ready = self.worker.begin_personalization(self.label, self.seed, client_id, self.state)
+            self.ready[client_id], self.seconds[client_id] = ready, ready.seconds
         except Exception as err:
             self.results[client_id] = err
 
     def train(self, budget: Budget) -> None:
         """Every remaining client's model at ``budget``: the trainings together, a client without one alone."""
-        worker, method = self.worker, self.method
+        method = self.method
+        state = state_at(budget, self.state, self.budget_states)
         jobs: dict[str, LoraTraining] = {}
-        for client_id in [c for c in self.prepared if c not in self.results and budget in self.budgets[c]]:
-            client, state = worker.clients[client_id], self.state_of(budget)
+        for client_id, ready in self.ready.items():
+            if client_id in self.results or budget not in ready.budgets:
+                continue
             pseed = client_seed(self.seed, method.name, "personalize", budget, client_id)
             try:
                 started = time.perf_counter()
-                job = method.personal_training(worker.runtime, client, state, self.prepared[client_id], budget, pseed)
+                job = method.personal_training(ready.runtime, ready.client, state, ready.prepared, budget, pseed)
                 if job is None:  # nothing to train: the method personalizes the client as it does alone
-                    own = self.prepared[client_id]
                     self.models[client_id, budget] = method.personalize(
-                        worker.runtime, client, state, own, budget, pseed
+                        ready.runtime, ready.client, state, ready.prepared, budget, pseed
                     )
                 elif not job.examples:
                     raise ValueError("no training examples")
@@ -183,7 +155,7 @@ class GroupPersonalization:
             except Exception as err:
                 self.results[client_id] = err
         started = time.perf_counter()
-        trained = train_group(worker, list(jobs.values()))
+        trained = train_group(self.worker.runtime, list(jobs.values()))
         share = (time.perf_counter() - started) / max(len(jobs), 1)
         for (client_id, job), outcome in zip(jobs.items(), trained, strict=True):
             if isinstance(outcome, Exception):
@@ -198,8 +170,8 @@ class GroupPersonalization:
             return
         try:
             records: list[ResultRecord] = []
-            for budget in self.budgets[client_id]:
-                model, state = self.models[client_id, budget], self.state_of(budget)
+            for budget in self.ready[client_id].budgets:
+                model, state = self.models[client_id, budget], state_at(budget, self.state, self.budget_states)
                 records += self.worker.personalized_records(
                     self.label, self.seed, client_id, budget, state, model, save_adapters
                 )
