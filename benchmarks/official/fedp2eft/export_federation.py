@@ -47,10 +47,9 @@ QUICK = (
     "data.clients_per_group=2",
     "data.train_per_group=120",
     "data.test_per_group=60",
-    "data.base_samples=60",
 )
 """``--quick``: 3 languages (``cyr1`` unseen only), 2 clients per language and pool (4 seen, 6 unseen), about 60
-training and 30 test pairs per client."""
+training and 30 test pairs per client; the base stage is the preset's."""
 
 
 def federation_dir(root: Path, clients_per_language: int) -> Path:
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set", action="append", default=[], help="fedpeft config override key=value (repeat)")
     parser.add_argument("--base-model", type=Path, help="copy this Hugging Face folder as the base model")
     parser.add_argument("--no-base-stage", action="store_true", help="export the model untrained")
-    parser.add_argument("--quick", action="store_true", help="a tiny federation (QUICK) and the model untrained")
+    parser.add_argument("--quick", action="store_true", help="a tiny federation (QUICK)")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     args = parser.parse_args(argv)
 
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.base_model is not None:
         shutil.copytree(args.base_model, args.out / "model")
     else:
-        base_stage = cfg.base.kind == "centralized" and not args.no_base_stage and not args.quick
+        base_stage = cfg.base.kind == "centralized" and not args.no_base_stage
         export_model(cfg, data, args.out / "model", base_stage)
     portable_tokenizer_config(args.out / "model")
     (args.out / "clients.json").write_text(json.dumps(rows, indent=1) + "\n")
