@@ -1,5 +1,5 @@
-"""The typed settings (fedpeft/settings/): importable without torch, named by the method catalogue, and the one place
-that says whether a method's server step is a weighted mean."""
+"""The typed settings (fedpeft/settings/ and each method's config module beside it): importable without torch, named
+by the method catalogue, and the one place that says whether a method's server step is a weighted mean."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+from fedpeft.catalog.methods import METHODS_DIR
 from fedpeft.core.registry import METHODS
-from fedpeft.settings.methods import FedITConfig, MeanServerConfigMixin
+from fedpeft.methods.fedit_config import FedITConfig
+from fedpeft.settings.methods import MeanServerConfigMixin
 from fedpeft.worker import build_method
 
 SHIPPED = [name for name in METHODS.names() if (METHODS.entry(name).module or "").startswith("fedpeft.methods.")]
@@ -29,8 +31,13 @@ def run_fresh(code: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_the_settings_import_no_torch():
-    out = run_fresh("import json\nimport fedpeft.settings.methods, fedpeft.settings.server\nout = {}")
+CONFIG_MODULES = sorted(f"fedpeft.methods.{path.stem}" for path in METHODS_DIR.glob("*_config.py"))
+
+
+def test_the_settings_and_every_method_config_module_import_no_torch():
+    assert len(CONFIG_MODULES) > 30
+    modules = ", ".join(["fedpeft.settings.methods", "fedpeft.settings.server", *CONFIG_MODULES])
+    out = run_fresh(f"import json\nimport {modules}\nout = {{}}")
     assert out["heavy"] == []
 
 
@@ -38,8 +45,9 @@ def test_the_catalogue_names_the_config_class_of_every_shipped_method():
     assert len(SHIPPED) > 30
     for name in SHIPPED:
         declared = METHODS.entry(name).config
-        assert declared is not None and declared.startswith("fedpeft.settings."), (
-            f"{name}: set `Config = XConfig` in its class, XConfig imported from fedpeft.settings.methods"
+        module = declared.partition(":")[0] if declared is not None else ""
+        assert module in (*CONFIG_MODULES, "fedpeft.settings.methods"), (
+            f"{name}: set `Config = XConfig` in its class, XConfig imported from fedpeft/methods/{name}_config.py"
         )
         assert METHODS.config_class(name) is METHODS.get(name).Config, name
 

@@ -5,9 +5,10 @@ aliases=..., description=...)``. This catalogue reads those decorators from the 
 tree, not their import), so a new method module is listed and found by name with nothing else to edit.
 
 It reads the class's config too: a ``Config = XConfig`` line in the registered class whose ``XConfig`` the module
-imports with ``from M import XConfig`` declares the config class ``M:XConfig`` (a shipped method's lives in
-:mod:`fedpeft.settings`), so a config is validated without importing the method (nor torch). A config class the
-module defines itself, or one it inherits, is left undeclared: the registry then reads it off the imported class.
+imports with ``from M import XConfig`` declares the config class ``M:XConfig`` (a shipped method's lives beside
+it, in ``fedpeft/methods/<name>_config.py``, which imports no torch), so a config is validated without importing
+the method (nor torch). A config class the module defines itself, or one it inherits, is left undeclared: the
+registry then reads it off the imported class.
 """
 
 from __future__ import annotations

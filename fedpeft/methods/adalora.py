@@ -24,9 +24,9 @@ from peft.tuners.adalora import AdaLoraLayer, AdaLoraModel
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState, StateDict
 from fedpeft.data.types import ClientData
+from fedpeft.methods.adalora_config import AdaLoraBaselineConfig
 from fedpeft.methods.base import Budget, Method
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime, unload_adapters
-from fedpeft.settings.methods import AdaLoraBaselineConfig
 from fedpeft.training import TrainArgs
 
 ADAPTER = "adalora"

@@ -19,9 +19,9 @@ from fedpeft.adapters.bayestune import ClientScales, train_scales
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
+from fedpeft.methods.bayestune_lora_config import BayesTuneLoraConfig
 from fedpeft.methods.families.bayestune import BayesTuneMethod
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import BayesTuneLoraConfig
 
 
 @METHODS.register(

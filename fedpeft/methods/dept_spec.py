@@ -20,8 +20,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
+from fedpeft.methods.dept_spec_config import DeptSpecConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.settings.methods import DeptSpecConfig
 
 
 def starting_embeddings(runtime: ModelRuntime) -> StateDict:

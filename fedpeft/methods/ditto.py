@@ -14,9 +14,9 @@ from typing import Any
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
+from fedpeft.methods.ditto_config import DittoConfig
 from fedpeft.methods.families.branched import BranchedLoraMethod
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import DittoConfig
 
 
 @METHODS.register(

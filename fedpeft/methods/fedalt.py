@@ -27,8 +27,8 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.lora_keys import is_lora, only, target_spec
+from fedpeft.methods.fedalt_config import FedALTConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedALTConfig
 
 
 def rest_of_world(individuals: dict[str, tuple[float, StateDict]], client_id: str) -> StateDict:

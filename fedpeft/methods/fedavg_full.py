@@ -14,8 +14,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
+from fedpeft.methods.fedavg_full_config import FedAvgFullConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.settings.methods import FedAvgFullConfig
 
 
 @METHODS.register(

@@ -21,8 +21,8 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.branched import BranchedLoraMethod
+from fedpeft.methods.feddat_config import FedDATConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import FedDATConfig
 
 TEACHER = ("frozen", "local")
 STUDENT = ("global",)

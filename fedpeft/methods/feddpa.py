@@ -35,8 +35,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import Budget, Method, local_schedule
+from fedpeft.methods.feddpa_config import FedDPAConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedDPAConfig
 from fedpeft.training import TrainArgs
 
 

@@ -40,8 +40,8 @@ from fedpeft.methods.families.folding import (
     lora_scaling,
     zero_deltas,
 )
+from fedpeft.methods.fedex_lora_config import FedExLoraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedExLoraConfig
 from fedpeft.training import TrainArgs
 
 

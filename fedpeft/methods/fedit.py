@@ -35,9 +35,9 @@ from fedpeft.methods.base import (
     local_training,
     lora_spec,
 )
+from fedpeft.methods.fedit_config import FedITConfig
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedITConfig
 from fedpeft.training import LossHook
 
 

@@ -23,8 +23,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.fedit import FedIT, FedITState
+from fedpeft.methods.fedit_merged_config import FedITMergedConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedITMergedConfig
 
 
 def cosine_lr(round_: int, rounds: int, lr: float, min_lr: float) -> float:

@@ -41,8 +41,8 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData, Example
 from fedpeft.hypergradient import ift_hypergradient
 from fedpeft.methods.base import Budget, Method, local_schedule
+from fedpeft.methods.fedl2p_config import FedL2PConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedL2PConfig
 from fedpeft.training import TrainArgs
 
 

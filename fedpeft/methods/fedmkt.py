@@ -15,7 +15,7 @@ from typing import Any
 
 from fedpeft.core.registry import METHODS
 from fedpeft.methods.families.distillation import PublicDistillation, lowest_loss
-from fedpeft.settings.methods import FedMKTConfig
+from fedpeft.methods.fedmkt_config import FedMKTConfig
 
 
 @METHODS.register(

@@ -42,8 +42,8 @@ from fedpeft.methods.families.branched import (
     install_adapter,
     matched_steps,
 )
+from fedpeft.methods.fedmosaic_config import FedMosaicConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.settings.methods import FedMosaicConfig
 from fedpeft.training import TrainArgs
 
 

@@ -28,8 +28,8 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.bayestune import BayesTuneMethod
+from fedpeft.methods.fedp2eft_config import FedP2EFTConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import FedP2EFTConfig
 
 PSG_DIR = "psg"
 

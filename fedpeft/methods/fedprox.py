@@ -14,8 +14,8 @@ import torch
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload
 from fedpeft.methods.fedit import FedIT, _state_key
+from fedpeft.methods.fedprox_config import FedProxConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import FedProxConfig
 from fedpeft.training import LossHook
 
 

@@ -17,8 +17,8 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, Stat
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
+from fedpeft.methods.fedsa_lora_config import FedSALoraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedSALoraConfig
 
 
 @METHODS.register("fedsa_lora", description="FedSA-LoRA: the A matrices are averaged, every client keeps its own B")

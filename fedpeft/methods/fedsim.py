@@ -14,8 +14,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.branched import BranchedLoraMethod
+from fedpeft.methods.fedsim_config import FedSimConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import FedSimConfig
 
 
 @METHODS.register("fedsim", description="FedSim: a shared (averaged) and a personal LoRA, summed and trained together")

@@ -30,8 +30,8 @@ from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, fine_tune_if_asked, local_training, lora_spec
 from fedpeft.methods.families.folding import A_SUFFIX, B_SUFFIX, lora_modules, refactor
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_b
+from fedpeft.methods.fedsvd_config import FedSvdConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FedSvdConfig
 
 
 @dataclasses.dataclass

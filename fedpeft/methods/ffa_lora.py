@@ -17,8 +17,8 @@ from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.lora_keys import install_partial, is_lora_a, only, target_spec
+from fedpeft.methods.ffa_lora_config import FFALoraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FFALoraConfig
 
 
 @dataclass

@@ -39,9 +39,9 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.tier_aggregation import PlainMean, mean_metrics
 from fedpeft.methods.families.tiered import TierConfig, TieredMethod, TieredState
+from fedpeft.methods.flame_config import FlameConfig
 from fedpeft.models.moe import MoeControl
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.settings.methods import FlameConfig
 
 COUNTS = "expert_counts"
 TOKENS = "expert_tokens"

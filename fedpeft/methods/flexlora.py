@@ -23,7 +23,7 @@ from fedpeft.core.types import ClientUpdate, Metrics
 from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.methods.families.tiered import TieredState
-from fedpeft.settings.methods import FlexLoraConfig
+from fedpeft.methods.flexlora_config import FlexLoraConfig
 
 
 @METHODS.register(

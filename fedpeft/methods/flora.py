@@ -47,8 +47,8 @@ from fedpeft.methods.families.folding import (
     stack_factors,
     zero_deltas,
 )
+from fedpeft.methods.flora_config import FloraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FloraConfig
 from fedpeft.training import TrainArgs
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")

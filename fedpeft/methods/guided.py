@@ -29,9 +29,9 @@ from fedpeft.merging import lora_pairs, merge_lora_states
 from fedpeft.merging.server_step import MetricMean, metric_mean, weighted_mean
 from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.methods.families.folding import base_weight_key, in_out_weights
+from fedpeft.methods.guided_config import GuidedConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.models.targets import to_weight_layout
-from fedpeft.settings.methods import GuidedConfig
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
 

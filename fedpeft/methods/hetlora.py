@@ -39,8 +39,8 @@ from fedpeft.data.types import ClientData
 from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
 from fedpeft.methods.families.tiered import TieredState
+from fedpeft.methods.hetlora_config import HetLoraConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.settings.methods import HetLoraConfig
 
 Factors = tuple[torch.Tensor, torch.Tensor]
 

@@ -12,9 +12,9 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, lora_spec
+from fedpeft.methods.local_config import LocalConfig
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.settings.methods import LocalConfig
 from fedpeft.training import TrainArgs
 
 

@@ -13,9 +13,9 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, lora_spec
+from fedpeft.methods.lora_config import LoraBaselineConfig
 from fedpeft.models.multi_lora import LoraTraining
 from fedpeft.models.runtime import ClientModel, ModelRuntime
-from fedpeft.settings.methods import LoraBaselineConfig
 from fedpeft.training import TrainArgs
 
 

@@ -17,8 +17,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.distillation import PublicDistillation, vote
+from fedpeft.methods.perada_config import PerAdaConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import PerAdaConfig
 
 
 @METHODS.register(

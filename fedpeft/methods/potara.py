@@ -31,8 +31,9 @@ from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import Budget, local_schedule, local_training, reporting_hook
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedITBase, FedITState
+from fedpeft.methods.potara_config import PotaraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import FederatedLocalConfig, PotaraConfig
+from fedpeft.settings.methods import FederatedLocalConfig
 
 
 def variance_terms(

@@ -27,8 +27,8 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.rolora_config import Factor, RoLoraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.settings.methods import Factor, RoLoraConfig
 
 
 @dataclasses.dataclass

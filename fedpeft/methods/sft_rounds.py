@@ -17,8 +17,8 @@ from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean
 from fedpeft.methods.families.branched import BranchedLoraMethod, BranchedState
+from fedpeft.methods.sft_rounds_config import SftRoundsConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.settings.methods import SftRoundsConfig
 
 
 @METHODS.register(

@@ -15,7 +15,7 @@ from typing import Any
 
 from fedpeft.core.registry import METHODS
 from fedpeft.methods.families.distillation import PublicDistillation, vote
-from fedpeft.settings.methods import TAKFLConfig
+from fedpeft.methods.takfl_config import TAKFLConfig
 
 
 @METHODS.register(

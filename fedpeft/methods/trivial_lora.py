@@ -12,7 +12,7 @@ from __future__ import annotations
 from fedpeft.core.registry import METHODS
 from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tiered import TierConfig
-from fedpeft.settings.methods import TrivialLoraConfig
+from fedpeft.methods.trivial_lora_config import TrivialLoraConfig
 
 
 @METHODS.register(

@@ -1,0 +1,29 @@
+"""The settings of FedIT (:mod:`fedpeft.methods.fedit`), importable without torch."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from fedpeft.settings.methods import FederatedLoraConfig
+from fedpeft.settings.server import MergeConfig
+
+
+class FedITConfig(FederatedLoraConfig):
+    finetune_epochs: float = 0.0
+    finetune_lr: float | None = None
+    merge: MergeConfig | None = None
+
+    @model_validator(mode="after")
+    def _merge_replaces_the_mean(self) -> FedITConfig:
+        if self.merge is not None and (
+            self.dp is not None or self.aggregation.active or self.server_optimizer is not None
+        ):
+            raise ValueError(
+                "`merge` replaces the weighted mean, so it cannot be combined with `aggregation.robust`, `dp` or "
+                "`server_optimizer`"
+            )
+        return self
+
+    def mean_server_step(self) -> bool:
+        """The weighted mean and the config's rules around it, unless ``merge`` replaces the mean."""
+        return self.merge is None
