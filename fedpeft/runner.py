@@ -642,7 +642,7 @@ class Stages:
             in_flight = list(saved.get("in_flight", []))
             store.restore(saved["store"])
             store.rollback(start - 1)
-            meter.__dict__.update(saved["meter"])
+            meter.restore(saved["meter"])
             self._round_records[label, seed] = list(saved.get("round_records", []))
         else:
             state = self.engine.call_worker("init_server", self.worker, label=label, seed=seed, budget=budget)
@@ -843,7 +843,7 @@ class Checkpoint:
             "state": state,
             "round": round_ + 1,
             "store": self.store.snapshot(),
-            "meter": dict(self.meter.__dict__),
+            "meter": self.meter.snapshot(),
             "round_records": self.round_records(),
         }
         if self.in_flight:

@@ -82,7 +82,7 @@ def test_a_round_of_every_federated_method_checkpoints_and_loads_back(name, requ
     assert saved["round"] == 1 and saved["round_records"] == records
     assert_same(saved["state"], state, "state")
     assert_same(saved["store"], store.snapshot(), "store")
-    assert saved["meter"] == dict(meter.__dict__)
+    assert saved["meter"] == meter.snapshot()
 
 
 @dataclasses.dataclass

@@ -6,8 +6,10 @@ import ctypes
 import ctypes.util
 import resource
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from functools import cache
+from typing import Any
 
 from fedpeft.core.faults import INJECTED_ERRORS
 
@@ -85,6 +87,17 @@ class CostMeter:
     # (:meth:`record_failure`), a rejected update, an injected fault, a dropped client, a round that kept the
     # previous state.
     events: list[dict] = field(default_factory=list)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the meter: every field by name (:meth:`restore` takes it back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's :meth:`snapshot`; a field it lacks (a checkpoint of an earlier version)
+        keeps its value."""
+        for f in fields(self):
+            if f.name in snapshot:
+                setattr(self, f.name, snapshot[f.name])
 
     def record_failure(
         self, client_id: str, error: BaseException, round_: int | None = None, message: str | None = None
