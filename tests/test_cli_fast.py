@@ -141,7 +141,8 @@ def test_every_preset_starts_with_a_one_line_description(preset):
 
 def test_catalogues_agree_with_the_registrations():
     """Import every module of the methods, data and models packages: each registration fills a declaration made
-    by the module that registers it, with the declared aliases, and no declaration is left unfilled."""
+    by the module that registers it, with the declared aliases, every method's declaration names its class, and no
+    declaration is left unfilled."""
     for package in ("fedpeft.methods", "fedpeft.data", "fedpeft.models"):
         root = importlib.import_module(package)
         for info in pkgutil.walk_packages(root.__path__, f"{package}."):
@@ -158,4 +159,6 @@ def test_catalogues_agree_with_the_registrations():
                 assert entry.description == obj.summary, f"catalogue and ModelSpec.summary of {name} differ"
             else:
                 assert obj.__module__ == entry.module, f"{name} is registered by {obj.__module__}, not {entry.module}"
+            if registry is METHODS:  # the class a declaration names is the method of that name
+                assert obj.name == name, f"fedpeft/catalog/methods.py declares {name!r} as {obj}, named {obj.name!r}"
     assert "fedprox" in METHODS and METHODS.canonical("sft") == "local" and METHODS.canonical("fedavg") == "fedit"

@@ -176,6 +176,33 @@ def test_declared_entries_answer_without_importing_and_load_on_get(lazy_registry
         registry.get("two")
 
 
+def test_an_entry_declared_as_module_and_name_is_read_there_without_a_register_call(tmp_path, monkeypatch):
+    registry: Registry = Registry("thing")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "lazy_things_named.py").write_text("THING = 'the thing'\n")
+    registry.declare(
+        "named",
+        "lazy_things_named:THING",
+        "Declared with its name",
+        config="lazy_things_named:Config",
+        report_plots="lazy_things_named:plots",
+    )
+    entry = registry.entry("named")
+    assert (entry.module, entry.attribute, entry.report_plots) == (
+        "lazy_things_named",
+        "THING",
+        "lazy_things_named:plots",
+    )
+    assert "lazy_things_named" not in sys.modules
+    assert registry.get("named") == "the thing"
+    registry.declare("missing", "lazy_things_named:NOTHING", "Declared with a name its module lacks")
+    with pytest.raises(LookupError, match="declared as lazy_things_named:NOTHING, which does not exist"):
+        registry.get("missing")
+    with pytest.raises(ValueError, match="the report_sections of thing 'bad' must be given as 'module:Name'"):
+        registry.declare("bad", "lazy_things_named:THING", "A hook without its module", report_sections="plots")
+    sys.modules.pop("lazy_things_named", None)
+
+
 def test_declarations_and_registrations_refuse_duplicates(lazy_registry):
     registry = lazy_registry
     registry.get("one")

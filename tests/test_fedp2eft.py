@@ -235,7 +235,7 @@ def test_run_writes_results_psg_lambdas_and_plots(run_dir):
 
 
 def test_report_of_the_rank_scales_imports_no_torch(run_dir, tmp_path):
-    # The BayesTune methods' report_plots hook is read from their source and called without importing them.
+    # The BayesTune methods' declared report_plots hook is called without importing them.
     out = tmp_path / "report"
     assert report_in_a_fresh_process(run_dir, out) == []
     for method in ("fedp2eft", "bayestune_lora"):

@@ -330,9 +330,9 @@ def test_write_plots(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_methods_report_through_their_class_hooks(tmp_path):
-    # Classes come from config.yaml (label defaults to the name; an alias resolves; an unknown name is skipped),
-    # never from building a method; Potara and FisherMerge (which inherits Potara's hooks) share one table.
+def test_methods_report_through_their_declared_hooks(tmp_path):
+    # Methods come from config.yaml (label defaults to the name; an alias resolves; an unknown name is skipped),
+    # never from building or importing a method; Potara and Fisher merging declare the same hooks: one table.
     run = write_run(tmp_path / "run", classification_records())
     (run / "config.yaml").write_text(
         "methods:\n"
@@ -349,7 +349,7 @@ def test_methods_report_through_their_class_hooks(tmp_path):
     records, _ = read_records([run])
     calls = method_hook_calls(records, [run], "report_sections")
     rows_of = {f"{hook.__module__}:{hook.__name__}": sorted({r["method"] for r in rows}) for hook, rows in calls}
-    # Potara's hook is the torch-free function it is set to; lora has Method's empty default: no call.
+    # Potara's hook is the torch-free function its declaration names; lora declares none: no call.
     assert rows_of == {"fedpeft.analysis.mixing:mixing_report_sections": ["fisher_merge", "pot"]}
     text = write_summary([run], tmp_path / "out")
     assert text.count("## Mixing weights") == 1
@@ -357,52 +357,58 @@ def test_methods_report_through_their_class_hooks(tmp_path):
     assert "removed_method | en-0" not in text
 
 
-def test_shipped_methods_hooks_are_read_from_their_source_as_their_classes_have_them():
-    # Every shipped method's reporting hook is told from the source without importing the class: the function
-    # its class (or a base) sets with reporting_hook, or Method's empty default; never "import to look".
-    import fedpeft.methods  # noqa: F401  (registers them)
+def test_every_declared_hook_is_a_function_of_analysis_with_the_hooks_parameters():
+    # A shipped method's hooks are named by its declaration, as functions of fedpeft.analysis (no torch), whose
+    # parameters are those of the hook.
+    import inspect
+
     from fedpeft.core.registry import METHODS
-    from fedpeft.methods.base import Method, method_class
-    from fedpeft.report.method_hooks import UNKNOWN, source_hook
+    from fedpeft.report.method_hooks import DECLARED, hook_function
 
+    parameters = {"report_sections": ["records", "run_dirs"], "report_plots": ["records", "run_dirs", "out_dir"]}
     found = {}
-    # The shipped methods (a test elsewhere registers an example method for the session, undeclared).
     for name in (n for n in METHODS.names() if METHODS.entry(n).module is not None):
-        for hook in ("report_sections", "report_plots"):
-            function = getattr(method_class(name), hook).__func__
-            target = getattr(function, "reporting_function", None)
-            if function is getattr(Method, hook).__func__:
-                expected = None
-            else:
-                assert target is not None, f"{name}.{hook}: set shipped hooks with reporting_hook (no torch)"
-                expected = f"{target.__module__}:{target.__name__}"
-            found[name, hook] = source_hook(name, hook)
-            assert found[name, hook] == expected, (name, hook)
-    assert UNKNOWN not in found.values()
-    assert found["fisher_merge", "report_plots"] == "fedpeft.analysis.mixing:mixing_report_plots"
-    assert found["fedp2eft", "report_plots"] == "fedpeft.analysis.scale_plots:rank_scale_plots"
+        for hook in DECLARED:
+            function = hook_function(name, hook)
+            if function is not None:
+                assert function.__module__.startswith("fedpeft.analysis."), (name, hook)
+                assert list(inspect.signature(function).parameters) == parameters[hook], (name, hook)
+                found[name, hook] = f"{function.__module__}:{function.__name__}"
+    assert found == {
+        ("bayestune_lora", "report_plots"): "fedpeft.analysis.scale_plots:rank_scale_plots",
+        ("fedp2eft", "report_plots"): "fedpeft.analysis.scale_plots:rank_scale_plots",
+        ("fisher_merge", "report_sections"): "fedpeft.analysis.mixing:mixing_report_sections",
+        ("fisher_merge", "report_plots"): "fedpeft.analysis.mixing:mixing_report_plots",
+        ("potara", "report_sections"): "fedpeft.analysis.mixing:mixing_report_sections",
+        ("potara", "report_plots"): "fedpeft.analysis.mixing:mixing_report_plots",
+    }
 
 
-def test_a_plugins_hook_is_called_on_its_class(tmp_path, monkeypatch):
-    # A class registered in memory (a plugin's) is imported and its hook called as today; one that inherits
-    # Potara's hooks shares Potara's call.
+def test_a_plugins_hooks_are_the_functions_it_registers_with(tmp_path, monkeypatch):
+    # A plugin registers its hooks with its class (functions, or `module:name`); one that names Potara's hook
+    # shares Potara's call.
     from fedpeft.core.registry import METHODS, Entry
     from fedpeft.methods.base import Method
-    from fedpeft.methods.potara import Potara
-    from fedpeft.report.method_hooks import method_hook_calls
+
+    def own_sections(records, run_dirs):
+        return ["## Own", f"{len(records)} records of {sorted({r['method'] for r in records})}"]
 
     class Own(Method):
-        @classmethod
-        def report_sections(cls, records, run_dirs):
-            return ["## Own", f"{len(records)} records of {sorted({r['method'] for r in records})}"]
-
-    class Merging(Potara):
         pass
 
-    for name, cls in (("own_plugin", Own), ("merging_plugin", Merging)):
-        METHODS.names()  # the catalogue first, so that the plugins come on top of it
-        monkeypatch.setitem(METHODS._entries, name, Entry(name, None, ""))
+    class Merging(Method):
+        pass
+
+    plugins = {
+        "own_plugin": (Own, own_sections),
+        "merging_plugin": (Merging, "fedpeft.analysis.mixing:mixing_report_sections"),
+    }
+    METHODS.names()  # the catalogue first, so that the plugins come on top of it
+    for name, (cls, hook) in plugins.items():
+        monkeypatch.setitem(METHODS._entries, name, Entry(name, None, "", report_sections=hook))
         monkeypatch.setitem(METHODS._objects, name, cls)
+    from fedpeft.report.method_hooks import method_hook_calls
+
     run = write_run(tmp_path / "run", classification_records())
     (run / "config.yaml").write_text(
         "methods:\n  - {name: own_plugin, label: own}\n  - {name: merging_plugin}\n  - {name: potara}\n"
@@ -415,6 +421,18 @@ def test_a_plugins_hook_is_called_on_its_class(tmp_path, monkeypatch):
     text = write_summary([run], tmp_path / "out")
     assert "## Own\n\n1 records of ['own']" in text
     assert text.count("## Mixing weights") == 1 and "| merging_plugin | en-0 | 0.200 |" in text
+
+
+def test_register_records_a_plugins_hooks_in_its_entry():
+    from fedpeft.core.registry import Registry
+
+    def plots(records, run_dirs, out_dir):
+        return []
+
+    registry: Registry = Registry("method")
+    registry.register("mine", description="a plugin's method", report_plots=plots)(object)
+    entry = registry.entry("mine")
+    assert (entry.report_plots, entry.report_sections, entry.module) == (plots, None, None)
 
 
 def test_report_of_merging_methods_imports_no_torch(tmp_path):

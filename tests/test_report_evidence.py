@@ -249,8 +249,8 @@ def test_report_imports_no_torch(tmp_path):
         "    main()\n"
         "except SystemExit as stop:\n"
         "    assert not stop.code, stop.code\n"
-        "from fedpeft.report.method_hooks import may_implement\n"
-        "print('hooks:', [n for n in ('lora', 'fedit', 'potara') if may_implement(n, 'report_sections')])\n"
+        "from fedpeft.report.method_hooks import hook_function\n"
+        "print('hooks:', [n for n in ('lora', 'fedit', 'potara') if hook_function(n, 'report_sections')])\n"
         "print('torch imported:', 'torch' in sys.modules)\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}

@@ -7,10 +7,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from fedpeft.catalog.methods import METHODS_DIR
 from fedpeft.core.registry import METHODS
 from fedpeft.methods.fedit_config import FedITConfig
 from fedpeft.settings.methods import MeanServerConfigMixin
@@ -31,6 +31,7 @@ def run_fresh(code: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+METHODS_DIR = Path(__file__).resolve().parents[1] / "fedpeft" / "methods"
 CONFIG_MODULES = sorted(f"fedpeft.methods.{path.stem}" for path in METHODS_DIR.glob("*_config.py"))
 
 
@@ -47,7 +48,7 @@ def test_the_catalogue_names_the_config_class_of_every_shipped_method():
         declared = METHODS.entry(name).config
         module = declared.partition(":")[0] if declared is not None else ""
         assert module in (*CONFIG_MODULES, "fedpeft.settings.methods"), (
-            f"{name}: set `Config = XConfig` in its class, XConfig imported from fedpeft/methods/{name}_config.py"
+            f"{name}: declare its config in fedpeft/catalog/methods.py, the class in fedpeft/methods/{name}_config.py"
         )
         assert METHODS.config_class(name) is METHODS.get(name).Config, name
 

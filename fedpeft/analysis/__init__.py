@@ -6,8 +6,8 @@ matplotlib only, so that ``fedpeft report`` never imports torch, peft or transfo
   rank structures and language distances; :mod:`.scale_plots` draws them;
 - :mod:`.mixing`: the mixing weights of the merging methods (Potara, Fisher merging): their table and plot.
 
-A method's reporting hooks that live here are set in its class with :func:`fedpeft.methods.base.reporting_hook`
-(``report_plots = reporting_hook(rank_scale_plots)``), which the report reads from the method's source and calls
-without importing the method (:mod:`fedpeft.report.method_hooks`). Nothing here imports a fedpeft module outside
-:mod:`fedpeft.core`.
+A method's reporting hooks that live here are named by its registry declaration
+(``report_plots="fedpeft.analysis.scale_plots:rank_scale_plots"``, :mod:`fedpeft.catalog.methods`), and the report
+calls them without importing the method (:mod:`fedpeft.report.method_hooks`). Nothing here imports a fedpeft
+module outside :mod:`fedpeft.core`.
 """

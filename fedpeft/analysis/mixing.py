@@ -1,7 +1,7 @@
 """The report of merging methods (Potara, Fisher merging): the mixing weights per client and the mixing-weight plot.
 
-Their reporting hooks: ``Potara.report_sections`` is :func:`mixing_report_sections`, ``Potara.report_plots``
-:func:`mixing_report_plots` (Fisher merging inherits both). A merging method reports per client the weight
+Their reporting hooks, which both declare: ``report_sections`` is :func:`mixing_report_sections`,
+``report_plots`` :func:`mixing_report_plots`. A merging method reports per client the weight
 it chose (``alpha``, or per factor / module; Fisher merging ``fisher_weight_mean``) as ``personalize`` records of
 ``results.jsonl``; run with ``grid_search: true`` it also reports the test metric of the merged model at every grid
 weight (``test_<metric>@<alpha>``) and the weight the grid search picked on held-out data (``alpha_grid``). The plot

@@ -1,7 +1,7 @@
 """The plots of the clients' BayesTune rank scales (FedP2EFT paper, Section 4.5), for ``fedp2eft`` and
 ``bayestune_lora``: the rank structure per budget and the language-distance matrix.
 
-The reporting hook of both methods (``BayesTuneMethod.report_plots`` is :func:`rank_scale_plots`); the data
+The reporting hook both methods declare (their ``report_plots`` is :func:`rank_scale_plots`); the data
 come from :mod:`fedpeft.analysis.scales`. numpy and matplotlib only, no torch.
 """
 

@@ -1,12 +1,13 @@
 """Named registries of methods, datasets and models, with loud failures and lazy imports.
 
 An entry of a registry is either *registered*, its object attached at once (``@REGISTRY.register(name)`` or
-``REGISTRY.add(name, obj)``), or *declared*: its name, the module that registers it, a one-line description, its
-aliases and, where known, its config class (``REGISTRY.declare``), which costs nothing. ``get`` imports a
-declared entry's module on first use; the module's own ``register`` call then fills the declaration. Names,
-aliases, descriptions and membership come from the declarations alone, so listing what exists imports no method,
-dataset or model code (nor torch); ``config_class`` imports only the module of a declared config class (a
-method's: in :mod:`fedpeft.settings`), so a config is checked without torch too.
+``REGISTRY.add(name, obj)``), or *declared* (``REGISTRY.declare``), which costs nothing: its name, where its object
+is (a module whose ``register`` call fills the declaration, or the object itself as ``module:Name``), a one-line
+description, its aliases and, for a method, its config class and its reporting hooks as ``module:name``. ``get``
+imports a declared entry's module on first use. Names, aliases, descriptions and membership come from the
+declarations alone, so listing what exists imports no method, dataset or model code (nor torch); ``config_class``
+imports only the module of a declared config class (a method's: ``fedpeft/methods/<name>_config.py``), so a config
+is checked without torch too, and a report imports a declared hook without the method.
 
 :data:`METHODS`, :data:`DATASETS` and :data:`MODELS` read their catalogue (``fedpeft.catalog.methods``,
 ``.datasets``, ``.models``: declarations only) on first use, so every shipped entry is known wherever the registry
@@ -17,6 +18,7 @@ names modules to import before its methods are read (:func:`import_plugins`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 from collections.abc import Callable, Iterator
@@ -29,19 +31,29 @@ from fedpeft.core.method_class import MethodClass
 T = TypeVar("T")
 
 
+Hook = str | Callable[..., Any]
+"""A reporting hook of a method: the function, or where it is as ``module:name`` (imported when it is called)."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """What a registry knows of a name before (or without) importing it."""
 
     name: str
     module: str | None
-    """The module whose import registers the object; None for an object registered directly (undeclared)."""
+    """The module to import for the object; None for an object registered directly (undeclared)."""
     description: str
     aliases: tuple[str, ...] = ()
     plugin: str | None = None
     """The distribution whose entry point declared it (its registration may add aliases); None for fedpeft's own."""
     config: str | None = None
     """Its config class as ``module:Name``, importable without importing ``module``; None: read off the object."""
+    attribute: str | None = None
+    """The object's name in ``module`` (declared as ``module:Name``); None: ``module``'s ``register`` call gives it."""
+    report_sections: Hook | None = None
+    """A method's ``report_sections`` hook: (records, run_dirs) -> markdown blocks of ``summary.md``."""
+    report_plots: Hook | None = None
+    """A method's ``report_plots`` hook: (records, run_dirs, out_dir) -> the plot files it wrote."""
 
 
 class Registry(Generic[T]):
@@ -78,29 +90,80 @@ class Registry(Generic[T]):
     # -------------------------------------------------------------------------------------------- filling
 
     def declare(
-        self, name: str, module: str, description: str, *, aliases: tuple[str, ...] = (), config: str | None = None
+        self,
+        name: str,
+        module: str,
+        description: str,
+        *,
+        aliases: tuple[str, ...] = (),
+        config: str | None = None,
+        report_sections: str | None = None,
+        report_plots: str | None = None,
     ) -> None:
-        """Promise that importing ``module`` registers ``name`` (with exactly these aliases), without importing it;
-        ``config`` (``module:Name``) names its config class where it is known without importing ``module``."""
-        if config is not None and not _is_reference(config):
-            raise ValueError(f"the config of {self.kind} {name!r} must be given as 'module:Name', not {config!r}")
+        """Declare ``name`` without importing anything: ``module`` is the module whose import registers it (with
+        exactly these aliases), or ``module:Name``, the object itself, which ``get`` reads there. ``config``
+        (``module:Name``) names its config class where it is known without importing ``module``; a method's
+        ``report_sections`` and ``report_plots`` (``module:name``) name its reporting hooks (:class:`Entry`)."""
+        for what, reference in (
+            ("config", config),
+            ("report_sections", report_sections),
+            ("report_plots", report_plots),
+        ):
+            if reference is not None and not _is_reference(reference):
+                raise ValueError(
+                    f"the {what} of {self.kind} {name!r} must be given as 'module:Name', not {reference!r}"
+                )
+        module, _, attribute = module.partition(":")
         self._load_catalog()
         with self._lock:
             self._claim(name, aliases)
-            self._entries[name] = Entry(name, module, description, tuple(aliases), config=config)
+            self._entries[name] = Entry(
+                name,
+                module,
+                description,
+                tuple(aliases),
+                config=config,
+                attribute=attribute or None,
+                report_sections=report_sections,
+                report_plots=report_plots,
+            )
             for alias in aliases:
                 self._aliases[alias] = name
 
-    def register(self, name: str, *, aliases: tuple[str, ...] = (), description: str = "") -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name`` (and optional aliases)."""
+    def register(
+        self,
+        name: str,
+        *,
+        aliases: tuple[str, ...] = (),
+        description: str = "",
+        report_sections: Hook | None = None,
+        report_plots: Hook | None = None,
+    ) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name`` (and optional aliases); a method's reporting hooks with it."""
 
         def decorator(obj: T) -> T:
-            self.add(name, obj, aliases=aliases, description=description)
+            self.add(
+                name,
+                obj,
+                aliases=aliases,
+                description=description,
+                report_sections=report_sections,
+                report_plots=report_plots,
+            )
             return obj
 
         return decorator
 
-    def add(self, name: str, obj: T, *, aliases: tuple[str, ...] = (), description: str = "") -> None:
+    def add(
+        self,
+        name: str,
+        obj: T,
+        *,
+        aliases: tuple[str, ...] = (),
+        description: str = "",
+        report_sections: Hook | None = None,
+        report_plots: Hook | None = None,
+    ) -> None:
         """Register ``obj`` under ``name``: it fills the declaration of ``name`` or becomes a new entry.
 
         Raises:
@@ -112,7 +175,13 @@ class Registry(Generic[T]):
             entry = self._entries.get(name)
             if entry is not None and entry.plugin is not None and name not in self._objects:
                 self._objects[name] = obj  # a plugin's entry point names the module, its register call the rest
-                self._entries[name] = Entry(name, entry.module, description, tuple(aliases), entry.plugin, entry.config)
+                self._entries[name] = dataclasses.replace(
+                    entry,
+                    description=description,
+                    aliases=tuple(aliases),
+                    report_sections=report_sections,
+                    report_plots=report_plots,
+                )
                 for alias in aliases:
                     self._claim(alias, ())
                     self._aliases[alias] = name
@@ -126,7 +195,9 @@ class Registry(Generic[T]):
                 self._objects[name] = obj
                 return
             self._claim(name, aliases)
-            self._entries[name] = Entry(name, None, description, tuple(aliases))
+            self._entries[name] = Entry(
+                name, None, description, tuple(aliases), report_sections=report_sections, report_plots=report_plots
+            )
             self._objects[name] = obj
             for alias in aliases:
                 self._aliases[alias] = name
@@ -180,14 +251,22 @@ class Registry(Generic[T]):
         raise UserError(f"Unknown {self.kind} {name!r}; choose one of: {known}.")
 
     def get(self, name: str) -> T:
-        """The object of ``name`` (or an alias), importing the module that registers it on first use."""
+        """The object of ``name`` (or an alias), importing the module that registers it (or holds it) on first use."""
         name = self.canonical(name)
         if name not in self._objects:
-            module = self._entries[name].module
-            importlib.import_module(str(module))
+            entry = self._entries[name]
+            module = importlib.import_module(str(entry.module))
+            with self._lock:
+                if entry.attribute is not None and name not in self._objects:
+                    if entry.attribute not in vars(module):
+                        raise LookupError(
+                            f"the {self.kind} {name!r} is declared as {entry.module}:{entry.attribute}, which does not "
+                            "exist; fix its declaration"
+                        )
+                    self._objects[name] = vars(module)[entry.attribute]
             if name not in self._objects:
                 raise LookupError(
-                    f"{module} is declared to register the {self.kind} {name!r}, but importing it did not; "
+                    f"{entry.module} is declared to register the {self.kind} {name!r}, but importing it did not; "
                     "fix its register call or its declaration"
                 )
         return self._objects[name]
@@ -203,8 +282,7 @@ class Registry(Generic[T]):
         """
         entry = self.entry(name)
         if entry.config is not None:
-            module, _, attribute = entry.config.partition(":")
-            found = getattr(importlib.import_module(module), attribute, None)
+            found = imported(entry.config)
             if not isinstance(found, type):
                 raise LookupError(
                     f"the {self.kind} {entry.name!r} declares the config {entry.config}, which is no class"
@@ -238,6 +316,12 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def imported(reference: str) -> Any:
+    """What ``module:name`` names, importing ``module``; None where ``module`` has no ``name``."""
+    module, _, attribute = reference.partition(":")
+    return vars(importlib.import_module(module)).get(attribute)
 
 
 def _is_reference(text: str) -> bool:

@@ -21,7 +21,6 @@ import torch
 from peft import AdaLoraConfig, PeftModel, get_peft_model
 from peft.tuners.adalora import AdaLoraLayer, AdaLoraModel
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.adalora_config import AdaLoraBaselineConfig
@@ -85,10 +84,6 @@ def to_lora(model: PeftModel, head_modules: list[str], dropout: float) -> tuple[
     return spec, tensors
 
 
-@METHODS.register(
-    "adalora",
-    description="AdaLoRA (PEFT's): each client alone, its total rank shrinking adaptively to the budget; no federation",
-)
 class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
     """Each client fine-tunes an AdaLoRA adapter whose total rank shrinks to r per layer (r = the budget)."""
 

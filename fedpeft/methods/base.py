@@ -9,7 +9,8 @@ the worker and the engines call only what :class:`Method` declares here, each ho
 - personalization: ``budgets_of``, ``check_budgets``, ``prepare_personalization``, ``personalize``,
   ``evaluate``;
 - base stage: ``export_base``, ``client_base``;
-- outputs: ``save_server_artifacts``, ``save_client_artifacts``, ``compute_costs``, and the reporting hooks;
+- outputs: ``save_server_artifacts``, ``save_client_artifacts``, ``compute_costs`` (a method's reporting hooks are
+  no part of the class: its registry declaration names them, ``fedpeft.catalog.methods``);
 - the server's view of the federation: ``bind_federation``, ``bind_pool`` (the clients rounds sample from).
 
 The default server step (``server_step``, :mod:`fedpeft.merging.server_step`) is the weighted mean of the uploads,
@@ -23,9 +24,9 @@ Methods never choose how clients are executed (sequentially, in Flower, in paral
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -321,64 +322,6 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
         """Extra ``costs.jsonl`` records (e.g. per-budget FLOPs and forward time)."""
         return []
-
-    # ---- reporting hooks
-    # Called by fedpeft.report on the class (never on an instance) found from the runs' config.yaml. Classes that
-    # inherit a hook unchanged share one call, with the records of all their methods. A shipped method sets its
-    # hooks with `reporting_hook` to a function of fedpeft.analysis (no torch), which the report calls without
-    # importing the method; a hook defined otherwise works too, but the report then imports the method (torch).
-    @classmethod
-    def report_sections(cls, records: Sequence[dict], run_dirs: Sequence[Path]) -> list[str]:
-        """Extra markdown sections of ``summary.md``, placed after the gain over base (e.g. Potara's mixing weights).
-
-        Args:
-            records: the ``results.jsonl`` records (every split) of this method's rows, merged over ``run_dirs``.
-            run_dirs: the run directories of the report, for files beside the records.
-
-        Returns:
-            Markdown blocks (headings, text, tables), joined with blank lines; ``[]`` adds nothing.
-        """
-        return []
-
-    @classmethod
-    def report_plots(cls, records: Sequence[dict], run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
-        """Extra plots of this method's rows, written into ``out_dir`` (e.g. BayesTune-LoRA's rank structures).
-
-        Args:
-            records: as for :meth:`report_sections`.
-            run_dirs: the run directories of the report (e.g. for the clients' saved rank scales).
-            out_dir: the report's ``plots/`` directory, which exists.
-
-        Returns:
-            The paths of the files written.
-        """
-        return []
-
-
-HookParams = ParamSpec("HookParams")
-HookResult = TypeVar("HookResult")
-
-
-def reporting_hook(function: Callable[HookParams, HookResult]) -> classmethod[Any, HookParams, HookResult]:
-    """A reporting hook (:meth:`Method.report_sections`, :meth:`Method.report_plots`) that is ``function``, a
-    module-level function with the hook's parameters after ``cls``, in a module that imports no torch
-    (:mod:`fedpeft.analysis`)::
-
-        from fedpeft.analysis.scale_plots import rank_scale_plots
-
-        class BayesTuneMethod(Method[...]):
-            report_plots = reporting_hook(rank_scale_plots)
-
-    The report reads that line from the class's source (with ``function`` imported at the module's top, ``from M
-    import function``) and calls ``function`` without importing the method, nor torch
-    (:mod:`fedpeft.report.method_hooks`); mypy checks ``function`` against the hook's signature."""
-
-    def hook(cls: Any, /, *args: HookParams.args, **kwargs: HookParams.kwargs) -> HookResult:
-        return function(*args, **kwargs)
-
-    hook.reporting_function = function  # type: ignore[attr-defined]  # what the report calls (method_hooks)
-    hook.__doc__ = function.__doc__
-    return classmethod(hook)
 
 
 def contract() -> dict[str, Any]:

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from fedpeft.adapters.bayestune import ClientScales, train_scales
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.bayestune_lora_config import BayesTuneLoraConfig
@@ -24,11 +23,6 @@ from fedpeft.methods.families.bayestune import BayesTuneMethod
 from fedpeft.models.runtime import ModelRuntime
 
 
-@METHODS.register(
-    "bayestune_lora",
-    aliases=("bayestune",),
-    description="BayesTune-LoRA: each client learns its own LoRA rank structure, pruned to every budget; no federation",
-)
 class BayesTuneLora(BayesTuneMethod[BayesTuneLoraConfig, ServerState]):
     """Each client trains its own rank scales (Eq. 1, ``stage1_epochs`` epochs) and prunes them to every budget."""
 

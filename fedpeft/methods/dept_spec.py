@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from fedpeft.base_models import ClientBase, embedding_keys
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
@@ -30,11 +29,6 @@ def starting_embeddings(runtime: ModelRuntime) -> StateDict:
     return {k: runtime.base_params[k].detach().clone() for k in embedding_keys(runtime)}
 
 
-@METHODS.register(
-    "dept_spec",
-    aliases=("dept",),
-    description="DEPT(SPEC): FedAvg of every weight but the token and position embeddings, which each client keeps",
-)
 class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
     """FedAvg of every weight but the token and position embeddings, which stay with their client."""
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.ditto_config import DittoConfig
@@ -19,9 +18,6 @@ from fedpeft.methods.families.branched import BranchedLoraMethod
 from fedpeft.models.runtime import ModelRuntime
 
 
-@METHODS.register(
-    "ditto", description="Ditto: a global LoRA by FedAvg and a personal LoRA pulled toward it by a proximal term"
-)
 class Ditto(BranchedLoraMethod[DittoConfig]):
     """Global LoRA by FedAvg; personal LoRA with a proximal term toward the received global one."""
 

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from peft.tuners.lora import LoraLayer
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -113,9 +112,6 @@ class FedALTState(ServerState):
     individual: dict[str, tuple[float, StateDict]] = field(default_factory=dict)
 
 
-@METHODS.register(
-    "fedalt", description="FedALT: an individual LoRA trained beside a frozen rest-of-world LoRA, mixed per input"
-)
 class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
     """Individual LoRA + frozen rest-of-world LoRA, combined by a learned per-input mixer."""
 

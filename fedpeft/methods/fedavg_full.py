@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
@@ -18,10 +17,6 @@ from fedpeft.methods.fedavg_full_config import FedAvgFullConfig
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 
 
-@METHODS.register(
-    "fedavg_full",
-    description="FedAvg of all weights (full fine-tuning, Standard FL); also a federated base-model stage",
-)
 class FedAvgFull(Method[FedAvgFullConfig, ServerState, None]):
     """FedAvg of all model weights."""
 

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from fedpeft.adapters.hooked import HookedAdapter
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
@@ -54,9 +53,6 @@ def distillation(adapter: HookedAdapter, teacher: tuple[str, ...], weight: float
     return term
 
 
-@METHODS.register(
-    "feddat", description="FedDAT: a dual-adapter teacher (frozen global + client adapter) and mutual distillation"
-)
 class FedDAT(BranchedLoraMethod[FedDATConfig]):
     """Frozen global + client-specific adapter (the teacher) and a global student, distilled both ways."""
 

@@ -31,7 +31,6 @@ from fedpeft.adapters.instance_mixing import (
     representations,
 )
 from fedpeft.base_models import ClientBase, merged_base, resolve_targets
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import Budget, Method, local_schedule
@@ -48,11 +47,6 @@ class DualAdapterModel(ClientModel):
     local_adapter: StateDict = field(default_factory=dict)
 
 
-@METHODS.register(
-    "feddpa",
-    aliases=("feddpa_t",),
-    description="FedDPA-T: a federated global LoRA and a kept local LoRA, mixed per test instance",
-)
 class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
     """Global LoRA federated, local LoRA kept; instance-wise mixing of the two at inference."""
 

@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -58,10 +57,6 @@ def adapter_of(tensors: StateDict) -> StateDict:
     return {k: v for k, v in tensors.items() if not is_delta(k)}
 
 
-@METHODS.register(
-    "fedex_lora",
-    description="FedEX-LoRA: FedAvg of A and B plus the residual folded into the frozen weights (exact aggregation)",
-)
 class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
     """FedAvg of LoRA factors; the mean of the products minus the product of the means goes into the weights."""
 

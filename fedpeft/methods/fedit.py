@@ -20,7 +20,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -110,11 +109,6 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
         return self.trained_update(client, runtime.adapter_state(), metrics, client_state)
 
 
-@METHODS.register(
-    "fedit",
-    aliases=("fedavg",),
-    description="FedIT: FedAvg of the LoRA factors A and B (and the task head), weighted by data size",
-)
 class FedIT(FedITBase[FedITConfigT, FedITState]):
     """FedAvg of LoRA A and B (and the task head) over the seen pool."""
 

@@ -19,7 +19,6 @@ from typing import Any
 
 from fedpeft.base_models import merged_base, resolve_targets
 from fedpeft.core.records import Budget
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.fedit import FedIT, FedITState
@@ -33,11 +32,6 @@ def cosine_lr(round_: int, rounds: int, lr: float, min_lr: float) -> float:
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-@METHODS.register(
-    "fedit_merged",
-    aliases=("standard_fl_lora",),
-    description="Standard FL with LoRA: FedIT on q and v with a cosine learning rate, merged into the weights",
-)
 class FedITMerged(FedIT[FedITMergedConfig]):
     """FedIT with q,v LoRA and a cosine learning-rate schedule; every client keeps the merged global model."""
 

@@ -35,7 +35,6 @@ from fedpeft.adapters.learning_rates import (
     through_last_step,
     unit_steps,
 )
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
@@ -65,9 +64,6 @@ class FedL2PState(ServerState):
     since_best: int = 0
 
 
-@METHODS.register(
-    "fedl2p", description="FedL2P: a federated MLP maps client statistics to per-LoRA-module learning rates"
-)
 class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
     """A federated MLP from client statistics to per-LoRA-module learning rates, meta-learned with IFT."""
 

@@ -13,15 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.methods.families.distillation import PublicDistillation, lowest_loss
 from fedpeft.methods.fedmkt_config import FedMKTConfig
 
 
-@METHODS.register(
-    "fedmkt",
-    description="FedMKT: FedAvg per architecture and min-loss mutual distillation across architectures on public data",
-)
 class FedMKT(PublicDistillation[FedMKTConfig]):
     """Per-group FedAvg and min-loss mutual distillation across architectures."""
 

@@ -25,7 +25,6 @@ import torch
 from fedpeft.adapters.alignment import AlignmentSettings, align_federation
 from fedpeft.adapters.hooked import HookedAdapter, frame_tensors
 from fedpeft.adapters.weights import layer_weight
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -83,10 +82,6 @@ class FedMosaicState(ServerState):
     relevance: Relevance | None = None
 
 
-@METHODS.register(
-    "fedmosaic",
-    description="FedMosaic: relevance-guided aggregation (RELA) of PQ-LoRA adapters across heterogeneous clients",
-)
 class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
     """RELA + PQ-LoRA with a gated local/global dual adapter on every client."""
 

@@ -23,7 +23,6 @@ import torch
 from fedpeft.adapters.bayestune import ClientScales, initial_spec, train_scales
 from fedpeft.adapters.psg import StrategyGenerator, make_generator, regress_toward, save_generator
 from fedpeft.adapters.statistics import feature_statistics
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -48,9 +47,6 @@ class FedP2EFTState(ServerState):
     modules: list[str] = field(default_factory=list)
 
 
-@METHODS.register(
-    "fedp2eft", description="FedP2EFT: a federated PSG gives every client its LoRA rank structure for every budget"
-)
 class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
     """Federated PSG training on the seen pool; per-client rank structures for every budget from one PSG."""
 

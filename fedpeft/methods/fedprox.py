@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Payload
 from fedpeft.methods.fedit import FedIT, _state_key
 from fedpeft.methods.fedprox_config import FedProxConfig
@@ -19,9 +18,6 @@ from fedpeft.models.runtime import ModelRuntime
 from fedpeft.training import LossHook
 
 
-@METHODS.register(
-    "fedprox", description="FedProx: FedIT plus a proximal term pulling the local adapter toward the global one"
-)
 class FedProx(FedIT[FedProxConfig]):
     """FedIT with a proximal term pulling the local adapter toward the global one."""
 

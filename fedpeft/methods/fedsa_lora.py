@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -21,7 +20,6 @@ from fedpeft.methods.fedsa_lora_config import FedSALoraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
 
-@METHODS.register("fedsa_lora", description="FedSA-LoRA: the A matrices are averaged, every client keeps its own B")
 class FedSALora(Method[FedSALoraConfig, ServerState, StateDict]):
     """Federated A (averaged), personal B (kept in the client-state store)."""
 

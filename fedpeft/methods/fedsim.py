@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.branched import BranchedLoraMethod
@@ -18,7 +17,6 @@ from fedpeft.methods.fedsim_config import FedSimConfig
 from fedpeft.models.runtime import ModelRuntime
 
 
-@METHODS.register("fedsim", description="FedSim: a shared (averaged) and a personal LoRA, summed and trained together")
 class FedSim(BranchedLoraMethod[FedSimConfig]):
     """Shared + personal LoRA summed, trained together; the shared one is averaged."""
 

@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -39,9 +38,6 @@ class FedSvdState(ServerState):
     """The global adapter (``tensors``: A, B and the head)."""
 
 
-@METHODS.register(
-    "fedsvd", description="FedSVD: clients train B only; the server averages B and re-factorizes B A by SVD (new A)"
-)
 class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
     """B trained and averaged with A frozen; the server's SVD of B A gives the next orthonormal A."""
 

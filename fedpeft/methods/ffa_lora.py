@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
 from fedpeft.data.types import ClientData
@@ -28,10 +27,6 @@ class FFALoraState(ServerState):
     init_seed: int = 0
 
 
-@METHODS.register(
-    "ffa_lora",
-    description="FFA-LoRA: A frozen at the shared random initialization; only B (and the head) trained and averaged",
-)
 class FFALora(Method[FFALoraConfig, FFALoraState, None]):
     """Federated LoRA with A frozen at the shared random init; B (and the head) averaged."""
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from fedpeft.adapters.gradients import per_sample_gradients
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.methods.potara import Potara
@@ -28,10 +27,6 @@ def fisher_weighted_merge(
     return (weight * fed.double() + (1 - weight) * local.double()).to(fed.dtype)
 
 
-@METHODS.register(
-    "fisher_merge",
-    description="Fisher merging: FedIT and a local LoRA merged per coordinate with diagonal Fisher weights",
-)
 class FisherMerge(Potara[FederatedLocalConfig]):
     """FedIT and local LoRA merged per coordinate with diagonal Fisher weights."""
 

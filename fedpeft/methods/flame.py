@@ -33,7 +33,6 @@ from fedpeft.adapters.expert_lora import (
 )
 from fedpeft.core.errors import UserError
 from fedpeft.core.records import Budget
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
@@ -47,10 +46,6 @@ COUNTS = "expert_counts"
 TOKENS = "expert_tokens"
 
 
-@METHODS.register(
-    "flame",
-    description="FLAME: federated LoRA on a sparse MoE, each tier at its top-k, rescaled, activation-aware averaging",
-)
 class Flame(TieredMethod[FlameConfig]):
     """Full-rank expert LoRA at each tier's top-k, rescaled MoE output, activation-aware averaging."""
 

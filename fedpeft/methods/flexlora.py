@@ -18,7 +18,6 @@ import dataclasses
 from collections.abc import Iterable
 
 from fedpeft.adapters.expert_lora import svd_factors
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics
 from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tier_aggregation import collect_factors, mean_metrics
@@ -26,9 +25,6 @@ from fedpeft.methods.families.tiered import TieredState
 from fedpeft.methods.flexlora_config import FlexLoraConfig
 
 
-@METHODS.register(
-    "flexlora", description="FlexLoRA: heterogeneous ranks by SVD truncation of the averaged full-size update"
-)
 class FlexLora(RankTieredMethod[FlexLoraConfig]):
     """Data-size-weighted average of the clients' B_i A_i, redistributed by SVD truncation to each rank."""
 

@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean, weighted_mean
@@ -62,10 +61,6 @@ class FloraState(ServerState):
     stacked_rank: int = 0
 
 
-@METHODS.register(
-    "flora",
-    description="FLoRA: stacking of heterogeneous-rank LoRA factors, folded into the base weights every round",
-)
 class Flora(Method[FloraConfig, FloraState, None]):
     """Stacked A (rows) and B (columns) of the clients' fresh LoRAs, their product folded into the weights."""
 

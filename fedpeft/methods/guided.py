@@ -21,7 +21,6 @@ from typing import Any, Literal
 import torch
 
 from fedpeft import guidance
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -45,10 +44,6 @@ class GuidedState(ServerState):
     folds: list[StateDict] = field(default_factory=list)
 
 
-@METHODS.register(
-    "guided",
-    description="Aggregation to guidance: merge operators on the server, guidance (hard init, l2, kd) on clients",
-)
 class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
     """Merge operator and space on the server, hard-init / l2 / kd guidance on the clients."""
 

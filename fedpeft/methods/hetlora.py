@@ -33,7 +33,6 @@ from fedpeft.adapters.expert_lora import (
     zero_pad,
 )
 from fedpeft.core.records import Budget
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.rank_tiered import RankTieredMethod
@@ -60,9 +59,6 @@ def hetlora_mean(factors: list[Factors], experts: int, rank: int, previous: Fact
     return join_a(mean_a.result(split_a(a_prev, experts))), join_b(mean_b.result(split_b(b_prev, experts)))
 
 
-@METHODS.register(
-    "hetlora", description="HetLoRA: heterogeneous ranks by truncation, zero-padding and norm-weighted averaging"
-)
 class HetLora(RankTieredMethod[HetLoraConfig]):
     """Truncated downloads, zero-padded uploads, ||B A||_F-weighted averaging; optional rank self-pruning."""
 

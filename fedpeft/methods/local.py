@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, lora_spec
@@ -18,11 +17,6 @@ from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.training import TrainArgs
 
 
-@METHODS.register(
-    "local",
-    aliases=("sft",),
-    description="Local: each client trains a fixed-rank LoRA alone, as many steps as a federated run; no communication",
-)
 class Local(Method[LocalConfig, ServerState, None]):
     """Each client trains a fixed-rank LoRA alone, as many steps as a federated run would give it."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, lora_spec
@@ -19,9 +18,6 @@ from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.training import TrainArgs
 
 
-@METHODS.register(
-    "lora", description="LoRA baseline: each client alone fine-tunes a LoRA of rank = budget; no federation"
-)
 class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
     """Each client fine-tunes a LoRA of rank = budget on its own data."""
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.distillation import PublicDistillation, vote
@@ -21,9 +20,6 @@ from fedpeft.methods.perada_config import PerAdaConfig
 from fedpeft.models.runtime import ModelRuntime
 
 
-@METHODS.register(
-    "perada", description="PerAda: personal adapters regularized toward a global adapter improved by distillation"
-)
 class PerAda(PublicDistillation[PerAdaConfig]):
     """Ditto-style personal adapters around a global adapter distilled from the clients' ensemble."""
 

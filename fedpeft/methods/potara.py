@@ -23,12 +23,10 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from fedpeft.adapters.gradients import per_sample_gradients
-from fedpeft.analysis.mixing import mixing_report_plots, mixing_report_sections
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
-from fedpeft.methods.base import Budget, local_schedule, local_training, reporting_hook
+from fedpeft.methods.base import Budget, local_schedule, local_training
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_a, module_of, target_spec
 from fedpeft.methods.fedit import FedITBase, FedITState
 from fedpeft.methods.potara_config import PotaraConfig
@@ -88,10 +86,6 @@ class PotaraState(FedITState):
 FederatedLocalConfigT = TypeVar("FederatedLocalConfigT", bound=FederatedLocalConfig)
 
 
-@METHODS.register(
-    "potara",
-    description="Potara: FedIT and a local LoRA from the same init, merged per client with closed-form weights",
-)
 class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
     """FedIT for T_F rounds, a local LoRA from the same init, and their closed-form merge per client."""
 
@@ -238,8 +232,3 @@ class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
             if score > best_score:
                 best, best_score = alpha, score
         return best, scores
-
-    # ---- reporting hooks: the ``Mixing weights`` section (the weights chosen per client, also Fisher merging's)
-    # and ``mixing_weight_<label>.png`` of every row run with ``grid_search: true`` (paper Fig. 3c)
-    report_sections = reporting_hook(mixing_report_sections)
-    report_plots = reporting_hook(mixing_report_plots)

@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -42,9 +41,6 @@ def frozen_in(factor: str, key: str) -> bool:
     return f".lora_{other}." in key
 
 
-@METHODS.register(
-    "rolora", description="RoLoRA: alternating rounds train and average only B, then only A (exact aggregation)"
-)
 class RoLora(Method[RoLoraConfig, RoLoraState, None]):
     """Alternating optimization of LoRA: even rounds train B (A frozen), odd rounds A (B frozen)."""
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, Payload
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean
@@ -21,10 +20,6 @@ from fedpeft.methods.sft_rounds_config import SftRoundsConfig
 from fedpeft.models.runtime import ModelRuntime
 
 
-@METHODS.register(
-    "sft_rounds",
-    description="SFT in rounds: every client trains its own LoRA on its task stream, round by round; shares nothing",
-)
 class SftRounds(BranchedLoraMethod[SftRoundsConfig]):
     """Each client alone, one LoRA, trained on its memory every round; nothing is uploaded."""
 

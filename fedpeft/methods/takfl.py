@@ -13,14 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.core.registry import METHODS
 from fedpeft.methods.families.distillation import PublicDistillation, vote
 from fedpeft.methods.takfl_config import TAKFLConfig
 
 
-@METHODS.register(
-    "takfl", description="TAKFL: each architecture group's knowledge distilled separately and merged by task arithmetic"
-)
 class TAKFL(PublicDistillation[TAKFLConfig]):
     """Per-group FedAvg, per-group distillation into every architecture, merged by task arithmetic."""
 

@@ -9,15 +9,11 @@ and each client is evaluated at its tier's compute: its tier's top-k.
 
 from __future__ import annotations
 
-from fedpeft.core.registry import METHODS
 from fedpeft.methods.families.rank_tiered import RankTieredMethod
 from fedpeft.methods.families.tiered import TierConfig
 from fedpeft.methods.trivial_lora_config import TrivialLoraConfig
 
 
-@METHODS.register(
-    "trivial_lora", description="Trivial LoRA: FedAvg of one small LoRA that every compute tier can afford"
-)
 class TrivialLora(RankTieredMethod[TrivialLoraConfig]):
     """One rank for every tier (the smallest tier's unless ``rank`` is set); FedAvg of the adapter."""
 

@@ -3,9 +3,9 @@
 Everything here reads the run directory contract (``results.jsonl``, ``costs.jsonl``, ``config.yaml``,
 ``data.json``; docs/outputs.md) and nothing else, so a report can be rebuilt from finished runs, and several runs
 (e.g. one per seed or per method) can be merged into one report. Methods add their own sections and plots through
-the reporting hooks of their class (``Method.report_sections``, ``Method.report_plots``; :mod:`.method_hooks`).
+the reporting hooks their registry declarations name (``report_sections``, ``report_plots``; :mod:`.method_hooks`).
 Importing the package imports no torch, and a report of the methods fedpeft ships never does: their hooks are
-functions of :mod:`fedpeft.analysis`, found from the methods' source (:mod:`.method_hooks`).
+functions of :mod:`fedpeft.analysis`, imported without the methods.
 
 Modules: :mod:`.records` (reading and merging runs, orders, labels), :mod:`.tables` (statistics over seeds,
 per-group tables, Wins, gain over base), :mod:`.intervals` (paired differences over clients and their 95 % t

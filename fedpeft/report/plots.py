@@ -194,7 +194,7 @@ def write_plots(
     Per pool, ``mean_<pool>.png``: bars of the pool mean of each metric per method and budget, with
     SD-over-seeds error bars. Per pool and metric, ``groups_<pool>_<metric>.png``: a heatmap of every method
     (and budget) by group, mean over seeds. Per sweep, ``sweep_<method>_<field>.png``
-    (:func:`~fedpeft.report.sweeps.write_sweep_plots`). Then each method's own plots, from ``Method.report_plots``
+    (:func:`~fedpeft.report.sweeps.write_sweep_plots`). Then each method's own plots, from its declared ``report_plots``
     (e.g. Potara's ``mixing_weight_<method>.png``, BayesTune-LoRA's and FedP2EFT's rank structures).
 
     Args:

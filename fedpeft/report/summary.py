@@ -293,7 +293,7 @@ def write_summary(
     against the next best method lies above 0; a table of more than ``MAX_GROUP_COLUMNS`` groups as the
     distribution over its groups, every client's value then in ``clients.csv`` beside the summary). Methods add
     sections of their own (e.g.
-    Potara's mixing weights) through ``Method.report_sections``
+    Potara's mixing weights) through their declared ``report_sections``
     (:func:`~fedpeft.report.method_hooks.method_hook_calls`), after the result tables.
 
     Args:

@@ -1,6 +1,6 @@
 """What both BayesTune-LoRA methods share (``bayestune_lora`` and ``fedp2eft``): the settings (stage 1's budget
-included), one set of rank scales per client pruned to every budget, the scales kept for the reports, and their
-plots."""
+included), one set of rank scales per client pruned to every budget, and the scales kept for the reports (their
+plots, :func:`fedpeft.analysis.scale_plots.rank_scale_plots`, are both methods' declared ``report_plots``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fedpeft.adapters.bayestune import ClientScales, PrunedAdapters, check_budget, finetune_pruned
-from fedpeft.analysis.scale_plots import rank_scale_plots
 from fedpeft.analysis.scales import ScaleRecord, save_client_scales, scales_path
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, reporting_hook
+from fedpeft.methods.base import Budget, Method
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import BayesTuneSettings
 
@@ -70,7 +69,3 @@ class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
             label, seed, client.client_id, client.group, client.pool, prepared.modules, self.cfg.r_max, scales
         )
         save_client_scales(scales_path(run_dir, label, seed, client.client_id), record)
-
-    # ---- reporting hooks: ``rank_structure_<label>.png`` and ``lambda_distance_<label>.png`` from the clients'
-    # saved scales
-    report_plots = reporting_hook(rank_scale_plots)
