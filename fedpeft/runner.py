@@ -46,7 +46,15 @@ from fedpeft.engine.pool import visible_gpus
 from fedpeft.engine.resources import EngineSettings, asked_processes, check_gpu_workers, resolve_engine
 from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
 from fedpeft.engine.validation import UpdateChecks
-from fedpeft.methods.base import DropoutConfig, FederatedConfig, MeanServerConfigMixin, Method, method_class
+from fedpeft.methods.base import (
+    DropoutConfig,
+    FederatedConfig,
+    MeanServerConfigMixin,
+    Method,
+    method_class,
+    method_server_step,
+    serves_as_base_stage,
+)
 from fedpeft.models.runtime import check_device, resolve_device
 from fedpeft.report.loggers import MetricLog, check_loggers
 from fedpeft.rundir import DATA_FILE, RunDirectory
@@ -99,8 +107,8 @@ class Experiment:
             raise UserError(f"Methods {duplicated} appear twice; give each entry a distinct `label`.")
         if BASE_LABEL in labels or BASE_STAGE_LABEL in labels:
             raise UserError(f"`{BASE_LABEL}` and `{BASE_STAGE_LABEL}` are reserved; give that method another `label`.")
-        if cfg.base.kind == "federated" and not METHODS.get(cfg.base.method.name).serves_as_base_stage():
-            usable = ", ".join(n for n in METHODS.names() if METHODS.get(n).serves_as_base_stage())
+        if cfg.base.kind == "federated" and not serves_as_base_stage(method_class(cfg.base.method.name)):
+            usable = ", ".join(n for n in METHODS.names() if serves_as_base_stage(method_class(n)))
             raise UserError(
                 f"base.method {cfg.base.method.name!r} cannot produce a base model (its personalized models do not "
                 f"merge into base weights, or it needs a budget); use one of: {usable}."
@@ -296,7 +304,7 @@ class Experiment:
         if self.cfg.base.kind == "federated":
             federated.append(worker.methods[BASE_STAGE_LABEL])
         for method in federated:
-            if method.server_step() is None:
+            if method_server_step(method) is None:
                 raise UserError(
                     f"Method {method.label!r} cannot run under secure aggregation (engine.secagg): its server step "
                     "is not a weighted mean of the uploads, and the server would see only their sum."

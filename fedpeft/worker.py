@@ -31,7 +31,7 @@ from fedpeft.core.stores import ClientStateStore, make_store
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, TrainResult, on_cpu
 from fedpeft.data.types import ClientData, FederatedData
 from fedpeft.federation import build_federation
-from fedpeft.methods.base import Budget, Method, method_class
+from fedpeft.methods.base import Budget, Method, method_class, per_client_base_stage
 from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.models.text import warn_unknown_text
@@ -281,7 +281,7 @@ class Worker:
     @property
     def per_client_base(self) -> bool:
         """Whether the base stage gives every client a base model of its own (FedDPA-T, DEPT(SPEC))."""
-        return self.cfg.base.kind == "federated" and self.methods[BASE_STAGE_LABEL].per_client_base_stage()
+        return self.cfg.base.kind == "federated" and per_client_base_stage(self.methods[BASE_STAGE_LABEL])
 
     def client_base_path(self, seed: int, client_id: str) -> Path:
         """Where one client's own changes to the shared base model of ``seed`` live."""

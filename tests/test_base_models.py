@@ -18,6 +18,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.types import ServerState, num_bytes
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.local import LocalEngine
+from fedpeft.methods.base import serves_as_base_stage
 from fedpeft.methods.fedit_merged import cosine_lr
 from fedpeft.models.runtime import ClientModel
 from fedpeft.runner import Experiment
@@ -261,7 +262,7 @@ def test_a_federated_lora_method_as_base_stage_gives_each_client_its_model_merge
     cfg = ExperimentConfig(base={"kind": "federated", "method": stage}, methods=[{"name": "lora"}], budgets=[2])
     worker = Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
     method = worker.methods[BASE_STAGE_LABEL]
-    assert worker.per_client_base and method.serves_as_base_stage()
+    assert worker.per_client_base and serves_as_base_stage(method)
     worker.use_base(None)
     ids = [c.client_id for c in toy_clients]
     state = LocalEngine(worker).run_rounds(
@@ -333,7 +334,7 @@ def test_the_docs_name_every_method_usable_as_the_base_stage(doc, start):
     text = (Path(__file__).resolve().parents[1] / doc).read_text()
     paragraph = text[text.index(start) :].split("\n\n")[0]
     named = {name for name in re.findall(r"`([a-z_0-9]+)`", paragraph) if name in METHODS.names()}
-    assert named == {name for name in METHODS.names() if METHODS.get(name).serves_as_base_stage()}
+    assert named == {name for name in METHODS.names() if serves_as_base_stage(METHODS.get(name))}
 
 
 # ---------------------------------------------------------------------------------------------- centralized per seed

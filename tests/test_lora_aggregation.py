@@ -13,6 +13,7 @@ from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.engine.local import LocalEngine
+from fedpeft.methods.base import per_client_base_stage, serves_as_base_stage
 from fedpeft.methods.families.folding import (
     base_weight_key,
     delta_key,
@@ -280,7 +281,7 @@ def _modules(update: ClientUpdate) -> list[str]:
 def test_as_base_stage_the_shared_base_is_the_global_model(toy_runtime, toy_clients, toy_worker_factory):
     for name in ("flora", "fedex_lora"):
         method = build_method({"name": name, **FAST})
-        assert method.serves_as_base_stage() and not method.per_client_base_stage()
+        assert serves_as_base_stage(method) and not per_client_base_stage(method)
     worker = toy_worker_factory([{"name": "flora", **FAST}])
     method, state, _ = run_one_round("flora", worker, toy_clients)
     base = method.export_base(toy_runtime, state)

@@ -18,14 +18,15 @@ from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import ExperimentConfig, validate
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate, Metrics, ServerState
-from fedpeft.methods.base import Method, contract
+from fedpeft.methods.base import FINAL, Method, contract, serves_as_base_stage
 from fedpeft.methods.families.per_architecture import ArchitectureGroups, ArchitectureGroupsState
 from fedpeft.runner import Experiment
 from fedpeft.worker import build_data
 
 # ---------------------------------------------------------------------------------------------- the contract
-# The contract as its class defines it (read here, not through the wrapper's own list).
-CONTRACT = {name: member for name, member in vars(Method).items() if not name.startswith("_")}
+# The contract as its class defines it (read here, not through the wrapper's own list): its public members but the
+# final methods, which are the same for every method and never handed to the wrapped one.
+CONTRACT = {name: member for name, member in vars(Method).items() if not name.startswith("_") and name not in FINAL}
 
 
 def _hook(member: Any) -> Any:
@@ -60,6 +61,10 @@ class Recorder:
 def test_the_contract_lists_every_public_member_of_method():
     assert contract() == CONTRACT
     assert {"update_spec", "evaluate", "should_stop", "init_server_for_budget", "federated_per_budget"} <= set(CONTRACT)
+    # What no method overrides is a function of methods.base, or a final method, not a hook.
+    gone = {"trained_update", "server_step", "refused_server_settings", "serves_as_base_stage", "per_client_base_stage"}
+    assert not gone & set(vars(Method)) and not {"report_sections", "report_plots"} & set(vars(Method))
+    assert FINAL <= set(vars(Method)) and not FINAL & set(CONTRACT)
 
 
 @pytest.mark.parametrize("name", sorted(CONTRACT))
@@ -97,7 +102,7 @@ def test_the_wrapper_answers_for_the_wrapped_methods_class():
     assert fedl2p.federated_per_budget and fedl2p.uses_budget and fedl2p.Config is METHODS.get("fedl2p").Config
     fedit = ArchitectureGroups(build_method({"name": "fedit"}))
     assert METHODS.get("fedit").batchable_clients and not fedit.batchable_clients  # one runtime per batch
-    assert fedit.architecture_aware and fedit.serves_as_base_stage()
+    assert fedit.architecture_aware and serves_as_base_stage(fedit)
 
 
 class StopsAfterOneRound(Method[Any, ServerState, None]):

@@ -28,14 +28,15 @@ from fedpeft.merging.robust import (
     trimmed_mean,
 )
 from fedpeft.merging.server_step import metric_mean, weighted_mean
+from fedpeft.methods.base import method_server_step
 from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.methods.fedit import FedITState
 from fedpeft.worker import build_method
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "local_epochs": None, "lr": 1e-2, "local_rounds": 2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
-MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is not None]
-NOT_MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is None]
+MEAN = [n for n in FEDERATED if method_server_step(build_method({"name": n})) is not None]
+NOT_MEAN = [n for n in FEDERATED if method_server_step(build_method({"name": n})) is None]
 # Methods whose server step re-factorizes the mean (FedSVD: B A by SVD), so it keeps the product B A.
 REFACTORED = {"fedsvd"}
 

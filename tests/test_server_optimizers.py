@@ -23,6 +23,7 @@ from fedpeft.core.types import ClientUpdate, ServerState
 from fedpeft.engine.flower import GridEngine, decode, encode, flower_config
 from fedpeft.merging.server_opt import ServerOptimizerConfig, server_step
 from fedpeft.merging.server_step import weighted_mean
+from fedpeft.methods.base import method_server_step
 from fedpeft.methods.fedit import FedITState
 from fedpeft.runner import Experiment
 from fedpeft.worker import build_method
@@ -33,8 +34,8 @@ __all__ = ["one_torch_thread", "task_identity"]  # fixtures used here
 
 FAST = {"rounds": 2, "fraction": 0.5, "local_steps": 2, "local_epochs": None, "lr": 1e-2, "local_rounds": 2}
 FEDERATED = [n for n in METHODS.names() if METHODS.get(n).federated]
-MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is not None]
-NOT_MEAN = [n for n in FEDERATED if build_method({"name": n}).server_step() is None]
+MEAN = [n for n in FEDERATED if method_server_step(build_method({"name": n})) is not None]
+NOT_MEAN = [n for n in FEDERATED if method_server_step(build_method({"name": n})) is None]
 # Methods whose server step re-factorizes the averaged LoRA (B A kept, the factors rotated).
 REFACTORED = {"fedsvd"}
 KEYS = {"a.lora_A.weight": (2, 3), "a.lora_B.weight": (3, 2), "head.bias": (4,)}

@@ -18,6 +18,7 @@ from fedpeft.merging.dp import DifferentialPrivacy, DPConfig, dp_mean, noise_gen
 from fedpeft.merging.robust import AggregationConfig, RobustRule, robust_aggregate
 from fedpeft.merging.server_opt import ServerOptimizer, ServerOptimizerConfig, server_step
 from fedpeft.merging.server_step import MetricMean, WeightedMean, float_uploads, metric_mean, weighted_mean
+from fedpeft.methods.base import method_server_step
 from fedpeft.methods.families.per_architecture import for_architectures
 from fedpeft.methods.fedit import FedITState
 from fedpeft.runner import Experiment
@@ -237,7 +238,7 @@ def test_the_composed_step_is_the_mean_then_the_rule_then_the_optimizer(rule):
     entry = {"name": "fedit", "fraction": 0.5, **RULES[rule], "server_optimizer": {"name": "adam", "lr": 0.05}}
     method = build_method(entry)
     method.bind_pool([f"c{i}" for i in range(10)])  # m = 5: one sampled client failed
-    step = method.server_step()
+    step = method_server_step(method)
     assert isinstance(step, ServerOptimizer)
     assert isinstance(step.inner, DifferentialPrivacy if rule == "dp" else RobustRule)
     assert isinstance(step.inner.inner, WeightedMean)
@@ -277,21 +278,21 @@ def test_the_order_matters_the_optimizer_steps_along_the_released_aggregate():
 
 
 def test_fedit_reports_the_server_step_its_config_gives():
-    assert isinstance(build_method({"name": "fedit"}).server_step(), WeightedMean)
-    optimized = build_method({"name": "fedit", "server_optimizer": {"name": "yogi"}}).server_step()
+    assert isinstance(method_server_step(build_method({"name": "fedit"})), WeightedMean)
+    optimized = method_server_step(build_method({"name": "fedit", "server_optimizer": {"name": "yogi"}}))
     assert isinstance(optimized, ServerOptimizer) and isinstance(optimized.inner, WeightedMean)
-    robust = build_method({"name": "fedit", "aggregation": {"robust": "median"}}).server_step()
+    robust = method_server_step(build_method({"name": "fedit", "aggregation": {"robust": "median"}}))
     assert isinstance(robust, RobustRule) and isinstance(robust.inner, WeightedMean)
     merged = build_method({"name": "fedit", "merge": {"operator": "ties"}})
-    assert merged.server_step() is None  # `merge` replaces the mean: no dp, robust rule or secure aggregation
-    assert isinstance(build_method({"name": "fedprox"}).server_step(), WeightedMean)
+    assert method_server_step(merged) is None  # `merge` replaces the mean: no dp, robust rule or secure aggregation
+    assert isinstance(method_server_step(build_method({"name": "fedprox"})), WeightedMean)
 
 
 def test_a_method_run_per_architecture_answers_with_its_inner_step():
     plain = for_architectures(build_method({"name": "fedit"}), heterogeneous=True)
-    assert isinstance(plain.server_step(), WeightedMean)
+    assert isinstance(method_server_step(plain), WeightedMean)
     merged = for_architectures(build_method({"name": "fedit", "merge": {"operator": "ties"}}), heterogeneous=True)
-    assert merged.server_step() is None
+    assert method_server_step(merged) is None
 
 
 def test_secure_aggregation_refuses_fedit_with_merge(tmp_path):

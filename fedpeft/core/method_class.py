@@ -90,7 +90,3 @@ class MethodClass(Protocol):
     def trains_base_weights(self) -> bool:
         """Whether it fine-tunes the base model's own weights (refused on a float16 base)."""
         ...
-
-    def serves_as_base_stage(self) -> bool:
-        """Whether ``base: {kind: federated, method: <this>}`` works."""
-        ...

@@ -22,6 +22,7 @@ from fedpeft.core.records import Budget, ResultRecord
 from fedpeft.core.seeds import client_seed
 from fedpeft.core.types import Metrics, Payload, ServerState, StateDict, TrainResult
 from fedpeft.engine.rounds import ClientOutcome
+from fedpeft.methods.base import trained_update
 from fedpeft.models.multi_lora import LoraTraining, train_together
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.worker import ClientRound, Personalizing, Worker, state_at
@@ -73,8 +74,8 @@ def train_clients(
             continue
         adapter, metrics = outcome
         try:
-            update, client_state = method.trained_update(work.client, adapter, metrics, work.client_state)
-            results[client_id] = worker.finish_training(work, update, client_state)
+            update = trained_update(work.client, adapter, metrics)
+            results[client_id] = worker.finish_training(work, update, work.client_state)
         except Exception as err:
             results[client_id] = err
     return [results[client_id] for client_id in client_ids]

@@ -11,11 +11,17 @@ the worker and the engines call only what :class:`Method` declares here, each ho
 - base stage: ``export_base``, ``client_base``;
 - outputs: ``save_server_artifacts``, ``save_client_artifacts``, ``compute_costs`` (a method's reporting hooks are
   no part of the class: its registry declaration names them, ``fedpeft.catalog.methods``);
-- the server's view of the federation: ``bind_federation``, ``bind_pool`` (the clients rounds sample from).
+- the server's view of the federation: ``bind_federation``.
 
-The default server step (``server_step``, :mod:`fedpeft.merging.server_step`) is the weighted mean of the uploads,
-which a method's config may replace by a robust rule (``aggregation``) or client-level differential privacy
-(``dp``); docs/privacy.md. A ``server_optimizer`` then takes that aggregate as a pseudo-gradient;
+What no method changes is not a hook but a function of this module (or, where the runner calls it on the method,
+a final method, :data:`FINAL`): the server step a config gives (:func:`method_server_step`), the upload of a
+client trained in a batch (:func:`trained_update`), whether a method serves as a base stage
+(:func:`serves_as_base_stage`, :func:`per_client_base_stage`), the pool rounds sample from (``bind_pool``,
+``clients_per_round``).
+
+The default server step (:func:`method_server_step`, :mod:`fedpeft.merging.server_step`) is the weighted mean of
+the uploads, which a method's config may replace by a robust rule (``aggregation``) or client-level differential
+privacy (``dp``); docs/privacy.md. A ``server_optimizer`` then takes that aggregate as a pseudo-gradient;
 docs/server-optimizers.md.
 
 Methods never choose how clients are executed (sequentially, in Flower, in parallel); the engine does.
@@ -26,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, final
 
 import torch
 
@@ -95,13 +101,13 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     # keeps them in float16, and loss scaling cannot update float16 weights): refused at start there.
     trains_base_weights: ClassVar[bool] = False
     # Its clients each train one LoRA with nothing of their own but data and seed (no extra loss, gradient edit or
-    # hook): ``client_update`` runs ``client_training`` and uploads ``trained_update``, ``personalize`` runs
+    # hook): ``client_update`` runs ``client_training`` and uploads :func:`trained_update`, ``personalize`` runs
     # ``personal_training`` (where it gives one), so an engine may train several clients in one batch
     # (``engine.batch_clients``, fedpeft.models.multi_lora). A subclass that changes those hooks sets it False.
     batchable_clients: ClassVar[bool] = False
     # The clients rounds sample from (the seen pool), given by the runner before a federated phase
     # (:meth:`bind_pool`); DP's fixed denominator m is the number of clients sampled from it.
-    pool: list[str] | None = None
+    _pool: list[str] | None = None
 
     def __init__(self, cfg: ConfigT) -> None:
         self.cfg: ConfigT = cfg
@@ -124,15 +130,17 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     def check_budgets(self, budgets: list[int]) -> None:
         """Refuse, before any training, budgets this method cannot serve (raise ``UserError``)."""
 
+    @final
     def bind_pool(self, client_ids: Sequence[str]) -> None:
         """The clients the federated phase samples from, given by the runner before its rounds; DP's release
         divides by the number of clients :meth:`sample` draws from them (:meth:`clients_per_round`)."""
-        self.pool = list(client_ids)
+        self._pool = list(client_ids)
 
+    @final
     def clients_per_round(self, round_: int = 0) -> int | None:
         """m, the number of clients :meth:`sample` draws in round ``round_`` from the bound pool (``None`` before
         :meth:`bind_pool`); the count does not depend on the seed."""
-        return None if self.pool is None else len(self.sample(self.pool, round_, 0))
+        return None if self._pool is None else len(self.sample(self._pool, round_, 0))
 
     # ------------------------------------------------------------------ federated phase
     def init_server(self, runtime: ModelRuntime, seed: int) -> ServerT:
@@ -168,15 +176,8 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: ClientT | None, seed: int
     ) -> LoraTraining:
         """Batchable methods (``batchable_clients``): the LoRA training of ``client``'s :meth:`client_update`, which
-        an engine may run together with other clients' and hand to :meth:`trained_update`."""
+        an engine may run together with other clients' and upload as :func:`trained_update` gives it."""
         raise NotImplementedError(f"{self.name} does not train its clients together")
-
-    def trained_update(
-        self, client: ClientData, adapter: StateDict, metrics: Metrics, client_state: ClientT | None
-    ) -> tuple[ClientUpdate, ClientT | None]:
-        """Batchable methods: the upload of ``client`` whose :meth:`client_training` trained ``adapter`` (by default
-        the adapter, weighted by the client's training examples), and its new client state."""
-        return ClientUpdate(client.client_id, adapter, float(len(client.train)), metrics), client_state
 
     def update_spec(self, payload: Payload) -> dict[str, torch.Size] | None:
         """The keys and shapes of the tensors a client answering ``payload`` uploads; the server rejects an update
@@ -184,46 +185,10 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         check (a method whose uploads are not determined by what it sends)."""
         return {key: tensor.shape for key, tensor in payload.tensors.items()}
 
-    def server_step(self) -> ServerStep | None:
-        """The server step this method's config gives it, or ``None`` when its :meth:`aggregate` is not a weighted
-        mean of the uploads: its config says so (``MeanServerConfigMixin.mean_server_step``, in
-        :mod:`fedpeft.settings.methods`), and then ``core.config.method_config`` refuses ``aggregation``, ``dp`` and
-        ``server_optimizer``, and secure aggregation cannot run it.
-
-        By default the weighted mean (:class:`~fedpeft.merging.server_step.WeightedMean`), wrapped, in this order,
-        by the config's ``dp`` (:class:`~fedpeft.merging.dp.DifferentialPrivacy`) or robust ``aggregation`` rule
-        (:class:`~fedpeft.merging.robust.RobustRule`), then an asynchronous ``schedule``'s staleness weighting
-        and mixing (:class:`~fedpeft.merging.staleness.StalenessMixing`), then its ``server_optimizer``
-        (:class:`~fedpeft.merging.server_opt.ServerOptimizer`). A method whose :meth:`aggregate` does something
-        else sets ``server_is_mean = False`` on its config class; one that overrides :meth:`aggregate` around the
-        mean calls the step this returns.
-        """
-        step: ServerStep = WeightedMean()
-        cfg = self.cfg
-        if not isinstance(cfg, MeanServerConfigMixin):
-            return step
-        if not cfg.mean_server_step():
-            return None
-        if cfg.dp is not None:
-            step = DifferentialPrivacy(step, cfg.dp, self.clients_per_round)
-        elif cfg.aggregation.active:
-            step = RobustRule(step, cfg.aggregation)
-        if cfg.schedule.asynchronous:  # reweights the updates: the rule and the mean inside receive them so
-            step = StalenessMixing(step, cfg.schedule)
-        if cfg.server_optimizer is not None:
-            step = ServerOptimizer(step, cfg.server_optimizer)
-        return step
-
-    def refused_server_settings(self) -> list[str]:
-        """The server-step settings of this method's config that its server step cannot apply, as a config names
-        them (its config's ``refused_server_settings``, which ``core.config.method_config`` reads)."""
-        cfg = self.cfg
-        return cfg.refused_server_settings() if isinstance(cfg, MeanServerConfigMixin) else []
-
     def aggregate(self, state: ServerT, updates: Iterable[ClientUpdate]) -> tuple[ServerT, Metrics]:
         """The next server state from the round's updates (an iterator: aggregate as it streams): by default the
-        new tensors of :meth:`server_step`."""
-        step = self.server_step()
+        new tensors of :func:`method_server_step`."""
+        step = method_server_step(self)
         if step is None:
             raise NotImplementedError(f"{self.name}'s server step is not a weighted mean: it overrides aggregate")
         result = step(state, updates)
@@ -287,17 +252,6 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         the stage started from (each client's own model then comes from :meth:`client_base`)."""
         return runtime.base_state()
 
-    @classmethod
-    def serves_as_base_stage(cls) -> bool:
-        """Whether ``base: {kind: federated, method: <this>}`` works: a base stage of its own, or a federated
-        method without budgets whose personalized models merge into base weights."""
-        return cls.base_stage or (cls.federated and cls.mergeable and not cls.uses_budget)
-
-    @classmethod
-    def per_client_base_stage(cls) -> bool:
-        """Whether, as the base stage, it gives every client a base model of its own."""
-        return cls.per_client_base or not cls.base_stage
-
     def client_base(
         self, runtime: ModelRuntime, client: ClientData, state: ServerT, client_state: Any, seed: int
     ) -> ClientBase | None:
@@ -324,11 +278,64 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         return []
 
 
+FINAL = frozenset({"bind_pool", "clients_per_round"})
+"""The public methods of :class:`Method` that are no hooks: final (mypy refuses an override), the same for every
+method, called on it by the runner; no part of :func:`contract`."""
+
+
 def contract() -> dict[str, Any]:
     """Every public member of the method contract, by name, as :class:`Method` defines it: the hooks (functions,
-    classmethods, properties) and the class flags. What a wrapper of a method (the per-architecture groups) must
-    either answer for itself or hand to the method it wraps."""
-    return {name: member for name, member in vars(Method).items() if not name.startswith("_")}
+    classmethods, properties) and the class flags, not the :data:`FINAL` methods. What a wrapper of a method (the
+    per-architecture groups) must either answer for itself or hand to the method it wraps."""
+    return {name: member for name, member in vars(Method).items() if not name.startswith("_") and name not in FINAL}
+
+
+def method_server_step(method: Method[Any, Any, Any]) -> ServerStep | None:
+    """The server step ``method``'s config gives it, or ``None`` when its ``aggregate`` is not a weighted mean of
+    the uploads: its config says so (``MeanServerConfigMixin.mean_server_step``, in :mod:`fedpeft.settings.methods`),
+    and then ``core.config.method_config`` refuses ``aggregation``, ``dp`` and ``server_optimizer``, and secure
+    aggregation cannot run it.
+
+    By default the weighted mean (:class:`~fedpeft.merging.server_step.WeightedMean`), wrapped, in this order,
+    by the config's ``dp`` (:class:`~fedpeft.merging.dp.DifferentialPrivacy`) or robust ``aggregation`` rule
+    (:class:`~fedpeft.merging.robust.RobustRule`), then an asynchronous ``schedule``'s staleness weighting
+    and mixing (:class:`~fedpeft.merging.staleness.StalenessMixing`), then its ``server_optimizer``
+    (:class:`~fedpeft.merging.server_opt.ServerOptimizer`). A method whose ``aggregate`` does something
+    else sets ``server_is_mean = False`` on its config class; one that overrides ``aggregate`` around the
+    mean calls the step this returns.
+    """
+    step: ServerStep = WeightedMean()
+    cfg = method.cfg
+    if not isinstance(cfg, MeanServerConfigMixin):
+        return step
+    if not cfg.mean_server_step():
+        return None
+    if cfg.dp is not None:
+        step = DifferentialPrivacy(step, cfg.dp, method.clients_per_round)
+    elif cfg.aggregation.active:
+        step = RobustRule(step, cfg.aggregation)
+    if cfg.schedule.asynchronous:  # reweights the updates: the rule and the mean inside receive them so
+        step = StalenessMixing(step, cfg.schedule)
+    if cfg.server_optimizer is not None:
+        step = ServerOptimizer(step, cfg.server_optimizer)
+    return step
+
+
+def trained_update(client: ClientData, adapter: StateDict, metrics: Metrics) -> ClientUpdate:
+    """The upload of a batchable method's ``client`` whose ``client_training`` trained ``adapter``: the adapter,
+    weighted by the client's training examples."""
+    return ClientUpdate(client.client_id, adapter, float(len(client.train)), metrics)
+
+
+def serves_as_base_stage(method: type[Method[Any, Any, Any]] | Method[Any, Any, Any]) -> bool:
+    """Whether ``base: {kind: federated, method: <this>}`` works for ``method`` (a class or an instance): a base
+    stage of its own, or a federated method without budgets whose personalized models merge into base weights."""
+    return method.base_stage or (method.federated and method.mergeable and not method.uses_budget)
+
+
+def per_client_base_stage(method: type[Method[Any, Any, Any]] | Method[Any, Any, Any]) -> bool:
+    """Whether ``method`` (a class or an instance), as the base stage, gives every client a base model of its own."""
+    return method.per_client_base or not method.base_stage
 
 
 def method_class(name: str) -> type[Method[Any, Any, Any]]:

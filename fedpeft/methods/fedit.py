@@ -33,6 +33,7 @@ from fedpeft.methods.base import (
     fine_tuning,
     local_training,
     lora_spec,
+    trained_update,
 )
 from fedpeft.methods.fedit_config import FedITConfig
 from fedpeft.models.multi_lora import LoraTraining
@@ -106,7 +107,7 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
         runtime.install(job.model, seed=job.seed)
         extra_loss = self.extra_loss(runtime, payload)  # built on the installed adapter (FedProx's anchors)
         metrics = runtime.train(job.examples, dataclasses.replace(job.args, extra_loss=extra_loss))
-        return self.trained_update(client, runtime.adapter_state(), metrics, client_state)
+        return trained_update(client, runtime.adapter_state(), metrics), client_state
 
 
 class FedIT(FedITBase[FedITConfigT, FedITState]):

@@ -39,7 +39,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.hypergradient import ift_hypergradient
-from fedpeft.methods.base import Budget, Method, local_schedule
+from fedpeft.methods.base import Budget, Method, local_schedule, method_server_step
 from fedpeft.methods.fedl2p_config import FedL2PConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.training import TrainArgs
@@ -195,7 +195,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), client_state
 
     def aggregate(self, state: FedL2PState, updates: Iterable[ClientUpdate]) -> tuple[FedL2PState, Metrics]:
-        step = self.server_step()
+        step = method_server_step(self)
         assert step is not None  # the PSG's server step is a weighted mean
         result = step(state, updates)
         if not result.tensors:

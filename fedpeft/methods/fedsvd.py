@@ -26,7 +26,7 @@ import torch
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.base import Budget, Method, fine_tune_if_asked, local_training, lora_spec, method_server_step
 from fedpeft.methods.families.folding import A_SUFFIX, B_SUFFIX, lora_modules, refactor
 from fedpeft.methods.families.lora_keys import is_lora, is_lora_b
 from fedpeft.methods.fedsvd_config import FedSvdConfig
@@ -70,7 +70,7 @@ class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), None
 
     def aggregate(self, state: FedSvdState, updates: Iterable[ClientUpdate]) -> tuple[FedSvdState, Metrics]:
-        step = self.server_step()
+        step = method_server_step(self)
         assert step is not None  # the weighted mean of B, then the re-factorization
         result = step(state, updates)
         if not result.tensors:

@@ -25,7 +25,7 @@ import torch
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, fine_tune_if_asked, local_training, lora_spec
+from fedpeft.methods.base import Budget, Method, fine_tune_if_asked, local_training, lora_spec, method_server_step
 from fedpeft.methods.rolora_config import Factor, RoLoraConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 
@@ -78,7 +78,7 @@ class RoLora(Method[RoLoraConfig, RoLoraState, None]):
         return ClientUpdate(client.client_id, upload, float(len(client.train)), metrics), None
 
     def aggregate(self, state: RoLoraState, updates: Iterable[ClientUpdate]) -> tuple[RoLoraState, Metrics]:
-        step = self.server_step()
+        step = method_server_step(self)
         assert step is not None  # the weighted mean of the trained factor
         result = step(state, updates)
         if not result.tensors:

@@ -8,7 +8,7 @@ the bases (:class:`MeanServerConfigMixin`, :class:`FederatedConfig`, :class:`Lor
 FedMosaic baselines, distillation, BayesTune, FedIT-then-local), and the PSG's loss, which the adapters read too.
 
 A config says whether its method's server step is the weighted mean of the uploads
-(:meth:`MeanServerConfigMixin.mean_server_step`): ``Method.server_step`` gives none otherwise, and the config check
+(:meth:`MeanServerConfigMixin.mean_server_step`): ``method_server_step`` gives none otherwise, and the config check
 refuses the server step's settings such a method cannot apply (:meth:`MeanServerConfigMixin.refused_server_settings`).
 """
 
@@ -56,7 +56,7 @@ class MeanServerConfigMixin(BaseModel):
         return self
 
     def mean_server_step(self) -> bool:
-        """Whether the server step this config gives its method is the weighted mean (``Method.server_step`` is
+        """Whether the server step this config gives its method is the weighted mean (``method_server_step`` is
         ``None`` otherwise): :attr:`server_is_mean`, unless a subclass's settings decide (FedIT's ``merge``)."""
         return self.server_is_mean
 
