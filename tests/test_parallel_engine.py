@@ -256,22 +256,8 @@ def test_two_workers_give_the_records_of_one(tmp_path, caplog):
     assert said == ["engine.workers 64: the federation has 4 clients, so 4 worker processes run"], said
 
 
-@pytest.mark.slow
-def test_the_default_runs_on_every_core_with_the_records_of_one_process(tmp_path, monkeypatch, capsys):
-    """`engine.workers: auto` as a user gets it (the suite's FEDPEFT_WORKERS removed): one worker process per core
-    (the smoke preset's one thread each), no more than the 4 clients, said on the run's first line."""
-    monkeypatch.delenv(WORKERS_VARIABLE)
-    one = run_with(tmp_path, "one", TINY, 1)
-    out = tmp_path / "auto"
-    code, _, err = cli(monkeypatch, capsys, "run", "smoke", "--out", str(out), *sets(TINY))
-    assert code == 0, err
-    processes = min(len(os.sched_getaffinity(0)), 4)
-    first = err.splitlines()[0]
-    if processes >= 2:
-        assert first.startswith(f"Running on {processes} worker processes (1 torch thread each"), first
-    else:
-        assert first.startswith("Running in one process (1 torch thread"), first
-    assert comparable(out) == comparable(one)
+# The default (`engine.workers: auto`) as a user gets it, beside one process, with the records of one process:
+# tests/test_benchmarks.py runs benchmarks/parallel.py's quick mode, which checks exactly that.
 
 
 @pytest.mark.slow

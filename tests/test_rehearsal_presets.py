@@ -24,8 +24,8 @@ FAMILIES = {
             "data.train_per_group=40",
             "data.test_per_group=8",
             "budgets=[2]",
-            "methods=[{name: lora, epochs: 2, batch_size: 32}, "
-            "{name: fedp2eft, rounds: 150, fraction: 0.1, batch_size: 32}]",
+            "methods=[{name: lora, epochs: 2, batch_size: 4}, "
+            "{name: fedp2eft, rounds: 150, fraction: 0.1, batch_size: 4}]",
         ],
         8,
     ),
