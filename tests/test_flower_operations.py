@@ -237,7 +237,7 @@ def test_a_worker_ends_when_its_lease_runs_out_or_on_sigterm_and_removes_its_fil
 @pytest.mark.slow
 def test_a_killed_supernode_rejoins_and_a_bad_site_stops_the_run_at_once(tmp_path):
     """A secure deployment as docs/flower.md sets it up (TLS, registered SuperNodes, the SuperLink's database),
-    through three things an operator meets:
+    through two things an operator meets:
 
     1. A SuperNode killed mid-round: the server takes it as lost when Flower marks it offline; restarted then, as
        the docs say, it keeps its node id and takes its clients back at the next step, and every later round has
