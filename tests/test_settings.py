@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 
 from fedpeft.core.registry import METHODS
+from fedpeft.merging.parts import build_server_step
+from fedpeft.merging.robust import RobustRule
+from fedpeft.merging.server_opt import ServerOptimizer
+from fedpeft.merging.server_step import WeightedMean
 from fedpeft.methods.base import method_server_step
 from fedpeft.methods.fedit_config import FedITConfig
-from fedpeft.settings.methods import MeanServerConfigMixin
+from fedpeft.settings.methods import FederatedLoraConfig, MeanServerConfigMixin
+from fedpeft.settings.server import SERVER_PARTS
 from fedpeft.worker import build_method
 
 SHIPPED = [name for name in METHODS.names() if (METHODS.entry(name).module or "").startswith("fedpeft.methods.")]
@@ -69,14 +74,38 @@ def test_config_class_resolves_aliases_and_refuses_unknown_names_like_get():
 def test_the_server_step_is_none_exactly_when_the_config_says_it_is_not_a_mean(name):
     method = build_method({"name": name})
     cfg = method.cfg
-    not_mean = isinstance(cfg, MeanServerConfigMixin) and not cfg.mean_server_step()
+    not_mean = isinstance(cfg, MeanServerConfigMixin) and not cfg.server_step_parts()
     assert (method_server_step(method) is None) == not_mean
 
 
 def test_fedit_with_merge_is_not_a_mean():
     merged = build_method({"name": "fedit", "merge": {"operator": "ties"}})
-    assert not merged.cfg.mean_server_step() and method_server_step(merged) is None
+    assert not merged.cfg.available_server_parts() and method_server_step(merged) is None
     assert method_server_step(build_method({"name": "fedprox"})) is not None
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_config_takes_every_part_of_the_server_step_or_none(name):
+    config = METHODS.config_class(name)
+    if issubclass(config, MeanServerConfigMixin):
+        assert config.server_parts in ((), SERVER_PARTS), name
+
+
+class MeanThenOptimizerConfig(FederatedLoraConfig):
+    server_parts = ("mean", "optimizer")  # a step that takes a server optimizer but no rule
+
+
+def test_the_config_names_the_parts_of_the_server_step_in_their_order():
+    adam = {"name": "adam", "lr": 0.1}
+    full = FedITConfig(name="fedit", aggregation={"robust": "median"}, server_optimizer=adam)
+    assert full.server_step_parts() == ("mean", "robust", "optimizer") and full.refused_server_settings() == []
+    step = build_server_step(full, lambda round_: None)
+    assert isinstance(step, ServerOptimizer) and isinstance(step.inner, RobustRule)
+    assert isinstance(step.inner.inner, WeightedMean)
+    partial = MeanThenOptimizerConfig(name="partial", server_optimizer=adam, dp={"clip_norm": 1.0})
+    assert partial.server_step_parts() == ("mean", "optimizer")
+    assert partial.refused_server_settings() == ["`dp`"]
+    assert build_server_step(FedITConfig(name="fedit", merge={"operator": "ties"}), lambda round_: None) is None
 
 
 VALIDATE = """

@@ -12,7 +12,7 @@ other part wraps the step inside it, each in its own module:
 2. :class:`~fedpeft.merging.server_opt.ServerOptimizer` takes that aggregate as a pseudo-gradient and keeps its
    moments.
 
-``method_server_step`` (fedpeft/methods/base.py) composes them in this order from a method's config. A wrapper
+:func:`fedpeft.merging.parts.build_server_step` builds them in the order a method's config names them. A wrapper
 passes the updates to the step inside it, so a part that changes the updates themselves (e.g. a staleness
 weighting of asynchronous rounds, which rescales each update's weight) wraps the rule, and the rule and the mean
 then both receive what it changed.

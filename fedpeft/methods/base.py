@@ -44,11 +44,8 @@ from fedpeft.core.registry import METHODS
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.merging.dp import DifferentialPrivacy
-from fedpeft.merging.robust import RobustRule
-from fedpeft.merging.server_opt import ServerOptimizer
+from fedpeft.merging.parts import build_server_step
 from fedpeft.merging.server_step import ServerStep, WeightedMean
-from fedpeft.merging.staleness import StalenessMixing
 from fedpeft.models.multi_lora import LoraTraining, train_alone
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.settings.methods import (  # noqa: F401  (the config bases, importable from the contract's module too)
@@ -291,34 +288,24 @@ def contract() -> dict[str, Any]:
 
 
 def method_server_step(method: Method[Any, Any, Any]) -> ServerStep | None:
-    """The server step ``method``'s config gives it, or ``None`` when its ``aggregate`` is not a weighted mean of
-    the uploads: its config says so (``MeanServerConfigMixin.mean_server_step``, in :mod:`fedpeft.settings.methods`),
-    and then ``core.config.method_config`` refuses ``aggregation``, ``dp`` and ``server_optimizer``, and secure
-    aggregation cannot run it.
+    """The server step ``method``'s config gives it (:func:`~fedpeft.merging.parts.build_server_step`), or ``None``
+    when its ``aggregate`` is not a weighted mean of the uploads: its config names the parts of the step, innermost
+    first (``MeanServerConfigMixin.server_parts``, in :mod:`fedpeft.settings.methods`; none for such a method, and
+    then ``core.config.method_config`` refuses ``aggregation``, ``dp``, ``server_optimizer`` and an asynchronous
+    ``schedule``, and secure aggregation cannot run it).
 
     By default the weighted mean (:class:`~fedpeft.merging.server_step.WeightedMean`), wrapped, in this order,
     by the config's ``dp`` (:class:`~fedpeft.merging.dp.DifferentialPrivacy`) or robust ``aggregation`` rule
     (:class:`~fedpeft.merging.robust.RobustRule`), then an asynchronous ``schedule``'s staleness weighting
     and mixing (:class:`~fedpeft.merging.staleness.StalenessMixing`), then its ``server_optimizer``
-    (:class:`~fedpeft.merging.server_opt.ServerOptimizer`). A method whose ``aggregate`` does something
-    else sets ``server_is_mean = False`` on its config class; one that overrides ``aggregate`` around the
-    mean calls the step this returns.
+    (:class:`~fedpeft.merging.server_opt.ServerOptimizer`), each where the config sets it. A method that
+    overrides ``aggregate`` around the mean calls the step this returns; a config without those settings (no
+    federated phase) gives the weighted mean.
     """
-    step: ServerStep = WeightedMean()
     cfg = method.cfg
     if not isinstance(cfg, MeanServerConfigMixin):
-        return step
-    if not cfg.mean_server_step():
-        return None
-    if cfg.dp is not None:
-        step = DifferentialPrivacy(step, cfg.dp, method.clients_per_round)
-    elif cfg.aggregation.active:
-        step = RobustRule(step, cfg.aggregation)
-    if cfg.schedule.asynchronous:  # reweights the updates: the rule and the mean inside receive them so
-        step = StalenessMixing(step, cfg.schedule)
-    if cfg.server_optimizer is not None:
-        step = ServerOptimizer(step, cfg.server_optimizer)
-    return step
+        return WeightedMean()
+    return build_server_step(cfg, method.clients_per_round)
 
 
 def trained_update(client: ClientData, adapter: StateDict, metrics: Metrics) -> ClientUpdate:

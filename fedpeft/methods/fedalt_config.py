@@ -8,7 +8,7 @@ from fedpeft.settings.methods import FederatedLoraConfig
 
 
 class FedALTConfig(FederatedLoraConfig):
-    server_is_mean = False  # the server builds each client's rest-of-world LoRA
+    server_parts = ()  # the server builds each client's rest-of-world LoRA
 
     lr: float = 1e-4
     mixer_lr: float | None = None

@@ -10,7 +10,7 @@ from fedpeft.settings.methods import FederatedLoraConfig
 class FedExLoraConfig(FederatedLoraConfig):
     """FedEX-LoRA's knobs: the LoRA shape, the clients' weights in the means, optional local fine-tuning."""
 
-    server_is_mean = False  # the residual needs the plain mean of the factors and of their products
+    server_parts = ()  # the residual needs the plain mean of the factors and of their products
 
     # uniform: 1/K per client, as the authors' aggregate_models_ours; examples: by training examples (FedAvg).
     weighting: Literal["uniform", "examples"] = "uniform"

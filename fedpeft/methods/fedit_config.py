@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from fedpeft.settings.methods import FederatedLoraConfig
-from fedpeft.settings.server import MergeConfig
+from fedpeft.settings.server import MergeConfig, ServerPart
 
 
 class FedITConfig(FederatedLoraConfig):
@@ -24,6 +24,6 @@ class FedITConfig(FederatedLoraConfig):
             )
         return self
 
-    def mean_server_step(self) -> bool:
-        """The weighted mean and the config's rules around it, unless ``merge`` replaces the mean."""
-        return self.merge is None
+    def available_server_parts(self) -> tuple[ServerPart, ...]:
+        """The weighted mean and every part around it, unless ``merge`` replaces the mean (then none)."""
+        return () if self.merge is not None else self.server_parts

@@ -11,7 +11,7 @@ from fedpeft.settings.methods import (
 
 
 class FedMosaicConfig(HeteroConfig):
-    server_is_mean = False  # relevance-weighted aggregation of PQ-LoRA
+    server_parts = ()  # relevance-weighted aggregation of PQ-LoRA
 
     pq_lr: float | None = None  # learning rate of P and Q (default: lr)
     blocks: int = 4  # N_B

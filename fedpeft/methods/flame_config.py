@@ -10,7 +10,7 @@ from fedpeft.settings.methods import TieredConfig
 
 
 class FlameConfig(TieredConfig):
-    server_is_mean = False  # per-tier rescaled aggregation of the experts' LoRAs
+    server_parts = ()  # per-tier rescaled aggregation of the experts' LoRAs
 
     rank: int = Field(default=20, ge=1)
     temperature: float = Field(default=2.0, ge=0.0)

@@ -8,4 +8,4 @@ from fedpeft.settings.methods import RankTieredConfig
 class FlexLoraConfig(RankTieredConfig):
     """FlexLoRA's settings: those of every rank-tiered baseline."""
 
-    server_is_mean = False  # SVD of the mean of the full-size updates
+    server_parts = ()  # SVD of the mean of the full-size updates

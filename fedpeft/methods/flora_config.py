@@ -10,7 +10,7 @@ from fedpeft.settings.methods import FederatedLoraConfig
 class FloraConfig(FederatedLoraConfig):
     """FLoRA's knobs: the LoRA shape (``rank`` for clients not given another), heterogeneous ranks, fine-tuning."""
 
-    server_is_mean = False  # the server folds the weighted sum of the clients' products, not a mean of their factors
+    server_parts = ()  # the server folds the weighted sum of the clients' products, not a mean of their factors
 
     ranks: list[int] | None = Field(default=None, min_length=1)
     client_ranks: dict[str, int] = Field(default_factory=dict)

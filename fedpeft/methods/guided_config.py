@@ -14,7 +14,7 @@ class GuidedConfig(FederatedLoraConfig):
     """The paper's protocol by default (Section 3): 20 rounds of every client, one local epoch per round,
     batch 32, AdamW at lr 5e-5, LoRA rank 8. ``local_steps`` given without ``local_epochs`` replaces the epoch."""
 
-    server_is_mean = False  # a merge operator (`merge`), with ReLoRA folds
+    server_parts = ()  # a merge operator (`merge`), with ReLoRA folds
 
     rounds: int = 20
     fraction: float = 1.0

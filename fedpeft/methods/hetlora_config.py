@@ -8,7 +8,7 @@ from fedpeft.settings.methods import RankTieredConfig
 
 
 class HetLoraConfig(RankTieredConfig):
-    server_is_mean = False  # zero-padded, sparsity-weighted aggregation across ranks
+    server_parts = ()  # zero-padded, sparsity-weighted aggregation across ranks
 
     self_pruning: bool = False
     prune_gamma: float = Field(default=0.9, gt=0.0, lt=1.0)

@@ -6,4 +6,4 @@ from fedpeft.settings.methods import HeteroConfig
 
 
 class SftRoundsConfig(HeteroConfig):
-    server_is_mean = False  # nothing is aggregated
+    server_parts = ()  # nothing is aggregated

@@ -7,9 +7,10 @@ the bases (:class:`MeanServerConfigMixin`, :class:`FederatedConfig`, :class:`Lor
 :class:`FederatedLoraConfig` and the protocols of config fields), then the family configs (tiers, rank tiers, the
 FedMosaic baselines, distillation, BayesTune, FedIT-then-local), and the PSG's loss, which the adapters read too.
 
-A config says whether its method's server step is the weighted mean of the uploads
-(:meth:`MeanServerConfigMixin.mean_server_step`): ``method_server_step`` gives none otherwise, and the config check
-refuses the server step's settings such a method cannot apply (:meth:`MeanServerConfigMixin.refused_server_settings`).
+A config names the parts its method's server step is built of, in their order
+(:attr:`MeanServerConfigMixin.server_parts`; none for a method whose ``aggregate`` is no weighted mean):
+``method_server_step`` builds those this config sets (:meth:`MeanServerConfigMixin.server_step_parts`) and the
+config check refuses a setting whose part is not among them (:meth:`MeanServerConfigMixin.refused_server_settings`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.core.method_class import MethodConfig
 from fedpeft.settings.schedule import ScheduleConfig
-from fedpeft.settings.server import AggregationConfig, DPConfig, ServerOptimizerConfig
+from fedpeft.settings.server import (
+    SERVER_PARTS,
+    AggregationConfig,
+    DPConfig,
+    ServerOptimizerConfig,
+    ServerPart,
+)
 
 # ================================================================================================== bases
 
@@ -31,10 +38,12 @@ class MeanServerConfigMixin(BaseModel):
     a server optimizer applied to the result (``server_optimizer``, docs/server-optimizers.md), and when the server
     steps (``schedule``: synchronous rounds, or asynchronously, docs/async.md)."""
 
-    server_is_mean: ClassVar[bool] = True
-    """Whether the method's server step is the weighted mean of the uploads; a config class whose method's
-    ``aggregate`` does something else sets it False (then ``aggregation``, ``dp``, ``server_optimizer`` and secure
-    aggregation do not apply)."""
+    server_parts: ClassVar[tuple[ServerPart, ...]] = SERVER_PARTS
+    """The parts its method's server step is built of, innermost first, the weighted mean first
+    (:data:`~fedpeft.settings.server.SERVER_PARTS`: all of them); each but the mean is there where the config sets
+    it. A config class whose method's ``aggregate`` is no weighted mean sets ``()``, with a comment saying why (then
+    ``aggregation``, ``dp``, ``server_optimizer``, an asynchronous ``schedule`` and secure aggregation do not
+    apply)."""
 
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     dp: DPConfig | None = None
@@ -55,26 +64,34 @@ class MeanServerConfigMixin(BaseModel):
             )
         return self
 
-    def mean_server_step(self) -> bool:
-        """Whether the server step this config gives its method is the weighted mean (``method_server_step`` is
-        ``None`` otherwise): :attr:`server_is_mean`, unless a subclass's settings decide (FedIT's ``merge``)."""
-        return self.server_is_mean
+    def available_server_parts(self) -> tuple[ServerPart, ...]:
+        """The parts its method's server step may be built of: :attr:`server_parts`, unless a subclass's settings
+        decide (FedIT's ``merge`` replaces the mean: none)."""
+        return self.server_parts
+
+    def server_step_parts(self) -> tuple[ServerPart, ...]:
+        """The parts of the server step this config gives its method, innermost first: the mean and the available
+        parts this config sets; ``()`` where its method's step is no weighted mean (``method_server_step`` is then
+        ``None``)."""
+        settings = self._part_settings()
+        return tuple(part for part in self.available_server_parts() if part == "mean" or settings[part] is not None)
 
     def refused_server_settings(self) -> list[str]:
         """The server-step settings of this config that its method's server step cannot apply, as a config names
-        them: all that are set (a robust ``aggregation``, ``dp``, ``server_optimizer``, an asynchronous
-        ``schedule``) when :meth:`mean_server_step` is False. ``core.config.method_config`` refuses a config for
-        which this is not empty."""
-        used = []
-        if self.schedule.asynchronous:
-            used.append(f"`schedule.kind: {self.schedule.kind}`")
-        if self.aggregation.active:
-            used.append("`aggregation.robust`")
-        if self.dp is not None:
-            used.append("`dp`")
-        if self.server_optimizer is not None:
-            used.append("`server_optimizer`")
-        return used if used and not self.mean_server_step() else []
+        them: those set (an asynchronous ``schedule``, a robust ``aggregation``, ``dp``, ``server_optimizer``)
+        whose part is not available. ``core.config.method_config`` refuses a config for which this is not empty."""
+        available = self.available_server_parts()
+        return [named for part, named in self._part_settings().items() if named is not None and part not in available]
+
+    def _part_settings(self) -> dict[ServerPart, str | None]:
+        """Each part that wraps the mean -> the setting of this config that asks for it, as a config names it
+        (``None``: not asked for), in the order the config check names them."""
+        return {
+            "staleness": f"`schedule.kind: {self.schedule.kind}`" if self.schedule.asynchronous else None,
+            "robust": "`aggregation.robust`" if self.aggregation.active else None,
+            "privacy": "`dp`" if self.dp is not None else None,
+            "optimizer": "`server_optimizer`" if self.server_optimizer is not None else None,
+        }
 
 
 class FederatedConfig(MethodConfig, MeanServerConfigMixin):
@@ -212,7 +229,7 @@ class HeteroConfig(FederatedLoraConfig):
 class DistillationConfig(HeteroConfig):
     """Knobs of distillation on public data (per round, per architecture)."""
 
-    server_is_mean = False  # the mean is then distilled on the server
+    server_parts = ()  # the mean is then distilled on the server
 
     kd_samples: int = 32
     kd_steps: int = 10

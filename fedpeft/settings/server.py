@@ -11,6 +11,17 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# -------------------------------------------------------------------------------------------------- parts
+
+ServerPart = Literal["mean", "privacy", "robust", "staleness", "optimizer"]
+"""A part of a weighted-mean server step (:mod:`fedpeft.merging.parts` builds each): ``mean`` the data-size weighted
+mean of the uploads, innermost; ``privacy`` the ``dp`` release (clipped updates, noise) or ``robust`` the
+``aggregation`` rule in its place; ``staleness`` an asynchronous ``schedule``'s weighting of stale updates and
+mixing; ``optimizer`` the ``server_optimizer`` taking the result as a pseudo-gradient."""
+
+SERVER_PARTS: tuple[ServerPart, ...] = get_args(ServerPart)
+"""Every part, innermost first: the server step of a method whose ``aggregate`` is the weighted mean."""
+
 # -------------------------------------------------------------------------------------------------- dp
 
 
