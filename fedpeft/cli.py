@@ -129,7 +129,7 @@ def run(
     if not rehearsal:  # a rehearsal loads no weights: its models stand in for themselves
         check_raw_model(raw)  # a model nothing could load without the hub ends here, before torch is imported
     cfg = validate(raw)  # and so does a misspelt method or dataset name
-    data = _read_own_data(cfg)  # and so does every problem with a user's own data
+    data = _read_data_early(cfg)  # and so does every problem with the data, a user's own or a benchmark's
     _quiet_libraries(verbose)
     notes: list[str] = []
     step_batch = 0
@@ -170,14 +170,22 @@ def run(
     console.print(f"Outputs written to [bold]{target}[/bold]", soft_wrap=True)
 
 
-def _read_own_data(cfg: ExperimentConfig) -> FederatedData | None:
+def _read_data_early(cfg: ExperimentConfig) -> FederatedData | None:
     """The federation of a user's own data (``data.name`` ``files`` or ``hub``), built before torch is imported, so
     that a missing file, a label outside ``data.label_names`` or a client without examples ends the run within a
     second or two; the local engine's run takes it as read. ``hub`` data is first checked from its metadata, without
     ``datasets`` (:mod:`fedpeft.data.hub_check`): a hub id or directory that names nothing readable, a missing
-    column or more clients than rows ends the run within a second. ``None`` for every other dataset (built by the
-    run) and for data on the sites of a deployment."""
-    if cfg.data.name not in ("files", "hub") or cfg.data.sites is not None:
+    column or more clients than rows ends the run within a second. A real benchmark's data is checked the same way
+    (:mod:`fedpeft.data.real.early`: its folders, files, columns and cached copy) and built by the run, unless a
+    rehearsal stands in for it. ``None`` for every dataset but ``files`` and ``hub``, and for data on the sites of a
+    deployment."""
+    if cfg.data.sites is not None:
+        return None
+    if cfg.data.name not in ("files", "hub"):
+        if cfg.rehearse is None or _real_data_here(cfg):
+            from fedpeft.data.real.early import check_real_data
+
+            check_real_data(cfg.data)
         return None
     from fedpeft.data.files import build_files, build_hub
 
@@ -187,6 +195,13 @@ def _read_own_data(cfg: ExperimentConfig) -> FederatedData | None:
 
     check_hub_data(cfg.data)
     return build_hub(cfg.data)
+
+
+def _real_data_here(cfg: ExperimentConfig) -> bool:
+    """Whether a rehearsal reads ``cfg``'s real data (it writes a stand-in for data not on this machine)."""
+    from fedpeft.rehearsal.standin_data import real_data_available
+
+    return real_data_available(cfg)
 
 
 @app.command("list")

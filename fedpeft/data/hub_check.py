@@ -49,7 +49,7 @@ _NOT_DATA = {
     "dataset_dict.json",
 }
 # A name load_dataset takes for a hub id rather than a path: ``name`` or ``org/name``.
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+HUB_ID_PATTERN = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 _TRUE = ("1", "ON", "YES", "TRUE")
 
 
@@ -127,9 +127,9 @@ def find_layout(hub_id: str, subset: str | None) -> Layout | None:
             f"data.hub_id {hub_id} is a file, but load_dataset reads a dataset directory or a hub id; give the "
             f"folder that holds it, or read the file with data.name=files and data.path={hub_id}."
         )
-    if os.path.isabs(hub_id) or not _HUB_ID.fullmatch(hub_id):
+    if os.path.isabs(hub_id) or not HUB_ID_PATTERN.fullmatch(hub_id):
         raise UserError(
-            f"data.hub_id {hub_id} is no directory (searched {_searched(local)}) and no hub id; point it at a "
+            f"data.hub_id {hub_id} is no directory (searched {searched_path(local)}) and no hub id; point it at a "
             "local dataset directory or give a hub id such as my-org/my-reviews."
         )
     return cached_layout(hub_id, subset)
@@ -222,7 +222,7 @@ def _arrow_schema_and_rows(path: Path) -> tuple[pa.Schema, int]:
             return file.schema, sum(file.get_batch(i).num_rows for i in range(file.num_record_batches))
 
 
-def _searched(path: Path) -> str:
+def searched_path(path: Path) -> str:
     """``path`` made absolute, and its first part that does not exist: ``/data/x/y: /data holds no x``."""
     absolute = Path(os.path.abspath(path.expanduser()))
     missing = absolute
@@ -258,13 +258,13 @@ def cached_layout(hub_id: str, subset: str | None) -> Layout | None:
     """The splits of ``hub_id``'s prepared copy in the ``datasets`` cache (of configuration ``subset``, else the one
     cached), as ``load_dataset`` reads it offline (its ``packaged_modules.cache``: the latest modified copy);
     ``None`` while the hub answers, since ``load_dataset`` then asks it."""
-    offline = _offline_reason()
+    offline = datasets_offline_reason()
     if offline is None:
         return None
     root = cache_folder(hub_id)
     infos = {}
     for folder in root.glob(f"{subset or '*'}/*/*"):
-        info = _read_info(folder / "dataset_info.json")
+        info = read_info(folder / "dataset_info.json")
         if info is not None and info.get("config_name") == folder.parts[-3]:
             infos[folder] = info
     if not infos:
@@ -276,8 +276,8 @@ def cached_layout(hub_id: str, subset: str | None) -> Layout | None:
                 "with network access."
             )
         raise UserError(
-            f"Dataset {hub_id} is neither a directory (searched {_searched(Path(hub_id))}) nor in the datasets cache "
-            f"(searched {root}), and {offline}; download it once with network access "
+            f"Dataset {hub_id} is neither a directory (searched {searched_path(Path(hub_id))}) nor in the datasets "
+            f"cache (searched {root}), and {offline}; download it once with network access "
             f"(datasets.load_dataset({hub_id!r}), then copy the cache over) or set data.hub_id to a local dataset "
             "directory."
         )
@@ -299,7 +299,8 @@ def cached_layout(hub_id: str, subset: str | None) -> Layout | None:
     return Layout(f"hub:{hub_id} (cached in {latest})", parts)
 
 
-def _read_info(path: Path) -> dict[str, Any] | None:
+def read_info(path: Path) -> dict[str, Any] | None:
+    """A cached copy's ``dataset_info.json`` as a dict; ``None`` where it is missing or not a JSON object."""
     try:
         info = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -307,7 +308,7 @@ def _read_info(path: Path) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def _offline_reason() -> str | None:
+def datasets_offline_reason() -> str | None:
     """Why ``load_dataset`` will not ask the hub, as the end of a sentence (``HF_DATASETS_OFFLINE``, which it reads
     first, or :func:`fedpeft.core.hub.offline_reason`); ``None`` when it asks."""
     flag = os.environ.get("HF_DATASETS_OFFLINE")

@@ -6,8 +6,9 @@ registry does on first use of a name (:mod:`fedpeft.catalog.datasets`); each tak
 :class:`~fedpeft.core.config.DataConfig` and returns a :class:`~fedpeft.data.types.FederatedData`. Directory
 layouts and options are described in docs/real-data.md.
 
-The package imports no loader itself (several import ``datasets``, a second): reading a user's own files
-(:mod:`fedpeft.data.real.readers`) stays quick. The names below are imported from their module when first read.
+The package imports no loader itself, and a loader imports ``datasets`` (a second or two) only when it builds: its
+``check`` (:mod:`fedpeft.data.real.early`) and the reading of a user's own files
+(:mod:`fedpeft.data.real.readers`) stay quick. The names below are imported from their module when first read.
 """
 
 from __future__ import annotations

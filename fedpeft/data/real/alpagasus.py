@@ -30,7 +30,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.data.instruct import instruction_example
 from fedpeft.data.options import DatasetOptions, parse_options, setting
-from fedpeft.data.real.dolly import build_instruction_federation, read_records
+from fedpeft.data.real.dolly import build_instruction_federation, check_max_samples, check_records, read_records
 from fedpeft.data.types import FederatedData
 
 ALPAGASUS_HUB_ID = "mlabonne/alpagasus"
@@ -72,13 +72,26 @@ def instruction_type(instruction: str) -> str:
     return "open_qa" if instruction.strip().endswith("?") else "other"
 
 
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading a record (as
+    :func:`~fedpeft.data.real.dolly.check_records` does)."""
+    opts = _options(cfg)
+    check_max_samples(opts.max_samples)
+    check_records(cfg, "AlpaGasus", ALPAGASUS_HUB_ID, ALPAGASUS_FIELDS)
+
+
+def _options(cfg: DataConfig) -> Options:
+    opts = parse_options(cfg, Options)
+    if opts.category_rule == "none" and setting(cfg, "partition", "iid") != "iid":
+        raise UserError("With data.options.category_rule=none AlpaGasus has no categories; set data.partition=iid.")
+    return opts
+
+
 @DATASETS.register("alpagasus")
 def build(cfg: DataConfig) -> FederatedData:
     """Build the AlpaGasus federation (see the module docstring for sources, options and the category rule)."""
-    opts = parse_options(cfg, Options)
+    opts = _options(cfg)
     rule = opts.category_rule
-    if rule == "none" and setting(cfg, "partition", "iid") != "iid":
-        raise UserError("With data.options.category_rule=none AlpaGasus has no categories; set data.partition=iid.")
     rows, source = read_records(cfg, "AlpaGasus", ALPAGASUS_HUB_ID, ALPAGASUS_FIELDS)
     examples = [
         instruction_example(

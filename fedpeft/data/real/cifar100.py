@@ -12,7 +12,6 @@ model's image processor resizes it (224 x 224 for ViT-B/16).
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,12 +22,19 @@ from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.label_skew import label_skewed_clients
 from fedpeft.data.options import DatasetOptions, parse_options, setting
-from fedpeft.data.real.sources import load_hub_splits, load_local_splits
+from fedpeft.data.real.sources import (
+    check_hub_splits,
+    check_local_splits,
+    load_hub_splits,
+    load_local_splits,
+    require_directory,
+)
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 DEFAULT_HUB_ID = "uoft-cs/cifar100"
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("fine_label", "label")
+EXPECTED = "an image column (img or image) and a label column (fine_label or label)"
 
 
 class Options(DatasetOptions):
@@ -66,7 +72,7 @@ def _split_examples(ds: Any, count: int, seed: int, where: str) -> tuple[list[Ex
     image_column = next((c for c in IMAGE_COLUMNS if c in ds.column_names), None)
     label_column = next((c for c in LABEL_COLUMNS if c in ds.column_names), None)
     if image_column is None or label_column is None:
-        raise UserError(f"{where} needs an image column (img or image) and a label column (fine_label or label).")
+        raise UserError(f"{where} needs {EXPECTED}.")
     feature = ds.features.get(label_column)
     names = list(feature.names) if hasattr(feature, "names") else None
     order = np.random.default_rng(seed).permutation(len(ds))[: min(count, len(ds))]
@@ -75,6 +81,27 @@ def _split_examples(ds: Any, count: int, seed: int, where: str) -> tuple[list[Ex
         {"image": to_array(row[image_column]), "label": int(row[label_column]), "group": "pool"} for row in rows
     ]
     return examples, names
+
+
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading an image: the options, the directory, its split files
+    and their columns (or, offline, a hub id the ``datasets`` cache lacks)."""
+    _options(cfg)
+    schema = (IMAGE_COLUMNS, LABEL_COLUMNS)
+    if cfg.path:
+        folder = require_directory(cfg.path, LAYOUT)
+        check_local_splits(folder, ("train", "test"), "CIFAR-100", LAYOUT, [schema], EXPECTED)
+    else:
+        check_hub_splits(cfg.hub_id or DEFAULT_HUB_ID, None, ("train", "test"), [schema], EXPECTED)
+
+
+def _options(cfg: DataConfig) -> Options:
+    opts = parse_options(cfg, Options)
+    if opts.num_clients < 1:
+        raise UserError("data.options.num_clients must be at least 1.")
+    if cfg.partition == "natural":
+        raise UserError("CIFAR-100 has no natural client ids; set data.partition to dirichlet or iid.")
+    return opts
 
 
 @DATASETS.register("cifar100")
@@ -89,16 +116,10 @@ def build(cfg: DataConfig) -> FederatedData:
     Returns:
         Clients ``client-00`` ... (group = client, so tables have a column per client), no base corpus.
     """
-    opts = parse_options(cfg, Options)
+    opts = _options(cfg)
     num_clients = opts.num_clients
-    if num_clients < 1:
-        raise UserError("data.options.num_clients must be at least 1.")
-    if cfg.partition == "natural":
-        raise UserError("CIFAR-100 has no natural client ids; set data.partition to dirichlet or iid.")
     if cfg.path:
-        path = Path(cfg.path).expanduser()
-        if not path.is_dir():
-            raise UserError(f"data.path {cfg.path} is not a directory; expected {LAYOUT}.")
+        path = require_directory(cfg.path, LAYOUT)
         splits, _ = load_local_splits(path, ("train", "test"), LAYOUT)
         source = str(path)
     else:

@@ -27,7 +27,14 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import DatasetOptions, parse_options, setting
-from fedpeft.data.real.sources import load_hub_splits, load_local_splits
+from fedpeft.data.real.labels import Schema
+from fedpeft.data.real.sources import (
+    check_hub_splits,
+    check_local_splits,
+    load_hub_splits,
+    load_local_splits,
+    require_directory,
+)
 from fedpeft.data.types import ClientData, Example, FederatedData
 
 TASKS = ("arc-c", "arc-e", "boolq", "hellaswag", "obqa", "piqa", "siqa", "winogrande")
@@ -45,6 +52,18 @@ HUB = {
     "siqa": ("allenai/social_i_qa", None, "train", "validation"),
     "winogrande": ("allenai/winogrande", "winogrande_xl", "train", "validation"),
 }
+
+
+# The columns convert() reads: of each task's hub schema, or of LLM-Adapters' (its answer named by option).
+HUB_COLUMNS = {
+    "arc-c": ("question", "choices", "answerKey"), "arc-e": ("question", "choices", "answerKey"),
+    "boolq": ("passage", "question", "answer"), "hellaswag": ("ctx", "endings", "label"),
+    "obqa": ("question_stem", "choices", "answerKey"), "piqa": ("goal", "sol1", "sol2", "label"),
+    "siqa": ("context", "question", "answerA", "answerB", "answerC", "label"),
+    "winogrande": ("sentence", "option1", "option2", "answer"),
+}  # fmt: skip
+LLM_ADAPTERS_COLUMNS = ("instruction", "answer")
+LAYOUT = "<path>/<task>/{train,test}.{json,jsonl,csv,tsv,parquet}"
 
 
 class Options(DatasetOptions):
@@ -124,17 +143,12 @@ def _task_dir(root: Path, task: str) -> Path:
 
 
 def _load(cfg: DataConfig, task: str) -> dict[str, list[Example]]:
-    layout = "<path>/<task>/{train,test}.{json,jsonl,csv,tsv,parquet}"
     if cfg.path:
-        root = Path(cfg.path).expanduser()
-        if not root.is_dir():
-            raise UserError(f"data.path {cfg.path} is not a directory; expected {layout}.")
-        splits, _ = load_local_splits(_task_dir(root, task), ("train", "test"), layout)
+        splits, _ = load_local_splits(_task_dir(require_directory(cfg.path, LAYOUT), task), ("train", "test"), LAYOUT)
         datasets_by_split = {"train": splits["train"], "test": splits["test"]}
     else:
         hub_id, config, train_split, test_split = HUB[task]
-        if cfg.hub_id:
-            raise UserError("data.hub_id does not apply to the commonsense suite (one hub dataset per task).")
+        _refuse_hub_id(cfg)
         loaded = load_hub_splits(hub_id, config, (train_split, test_split))
         datasets_by_split = {"train": loaded[train_split], "test": loaded[test_split]}
     out: dict[str, list[Example]] = {}
@@ -150,6 +164,38 @@ def _load(cfg: DataConfig, task: str) -> dict[str, list[Example]]:
     return out
 
 
+def _refuse_hub_id(cfg: DataConfig) -> None:
+    if cfg.hub_id:
+        raise UserError("data.hub_id does not apply to the commonsense suite (one hub dataset per task).")
+
+
+def _tasks(cfg: DataConfig, opts: Options) -> list[str]:
+    tasks = list(cfg.groups) if cfg.groups else list(TASKS)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or opts.clients_per_task < 1:
+        raise UserError(f"data.groups must be commonsense tasks ({', '.join(TASKS)}); clients_per_task >= 1.")
+    return tasks
+
+
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading a row: the options, the tasks, each task's directory,
+    split files and columns (or, offline, each task's hub dataset in the ``datasets`` cache)."""
+    tasks = _tasks(cfg, parse_options(cfg, Options))
+    root = require_directory(cfg.path, LAYOUT) if cfg.path else None
+    if root is None:
+        _refuse_hub_id(cfg)
+    for task in tasks:
+        hub_schema: Schema = tuple((column,) for column in HUB_COLUMNS[task])
+        expected = f"those of its hub schema, {', '.join(HUB_COLUMNS[task])}"
+        if root is None:
+            hub_id, config, train_split, test_split = HUB[task]
+            check_hub_splits(hub_id, config, (train_split, test_split), [hub_schema], expected)
+            continue
+        schemas = [hub_schema, tuple((column,) for column in LLM_ADAPTERS_COLUMNS)]
+        expected += ", or of LLM-Adapters, instruction, input, output, answer"
+        check_local_splits(_task_dir(root, task), ("train", "test"), f"commonsense {task}", LAYOUT, schemas, expected)
+
+
 @DATASETS.register("commonsense")
 def build(cfg: DataConfig) -> FederatedData:
     """Build the commonsense-8 federation (one task per client).
@@ -160,10 +206,7 @@ def build(cfg: DataConfig) -> FederatedData:
     """
     opts = parse_options(cfg, Options)
     per_task = opts.clients_per_task
-    tasks = list(cfg.groups) if cfg.groups else list(TASKS)
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or per_task < 1:
-        raise UserError(f"data.groups must be commonsense tasks ({', '.join(TASKS)}); clients_per_task >= 1.")
+    tasks = _tasks(cfg, opts)
     n_train = setting(cfg, "train_per_group", DEFAULT_TRAIN)
     n_test = setting(cfg, "test_per_group", DEFAULT_TEST)
     clients = []

@@ -19,16 +19,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import datasets
-
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.hub_check import saved_parts, searched_path
 from fedpeft.data.instruct import category_clients, instruction_example
 from fedpeft.data.options import DatasetOptions, parse_options, setting
+from fedpeft.data.real.labels import require_schema
 from fedpeft.data.real.readers import FILE_EXTENSIONS, find_split_files, read_tables
-from fedpeft.data.real.sources import load_hub_splits
+from fedpeft.data.real.sources import check_file_columns, check_hub_splits, load_hub_splits
 from fedpeft.data.types import Example, FederatedData
 
 DOLLY_HUB_ID = "databricks/databricks-dolly-15k"
@@ -54,12 +54,13 @@ def read_records(cfg: DataConfig, title: str, default_hub_id: str, columns: tupl
     """
     if cfg.path:
         path = Path(cfg.path).expanduser()
-        if not path.exists():
-            raise UserError(f"data.path {cfg.path} does not exist; point it at your copy of {title}.")
+        _require_path(path, title)
         if path.is_dir() and (path / "dataset_dict.json").is_file():
+            import datasets
+
             saved = datasets.load_from_disk(str(path))
             if "train" not in saved:
-                raise UserError(f"{path} (save_to_disk) has no train split; save {title} with its train split.")
+                raise UserError(_NO_TRAIN_SPLIT.format(path=path, title=title))
             table = saved["train"]
             rows, source = table.to_list(), str(path)
         else:
@@ -77,6 +78,43 @@ def read_records(cfg: DataConfig, title: str, default_hub_id: str, columns: tupl
             f"{', '.join(columns)}."
         )
     return rows, source
+
+
+def check_records(cfg: DataConfig, title: str, default_hub_id: str, columns: tuple[str, ...]) -> None:
+    """Refuse what :func:`read_records` would before reading a record: a ``data.path`` that names nothing, a
+    directory without a data file or ``train`` split, a column ``columns`` lists that the files lack (or, offline,
+    a hub id the ``datasets`` cache lacks)."""
+    schema = tuple((column,) for column in columns)
+    expected = f"the columns of {title} records, {', '.join(columns)}"
+    if not cfg.path:
+        check_hub_splits(cfg.hub_id or default_hub_id, None, ["train"], [schema], expected)
+        return
+    path = Path(cfg.path).expanduser()
+    _require_path(path, title)
+    if path.is_dir() and (path / "dataset_dict.json").is_file():
+        parts = {part.split: part for part in saved_parts(path) or []}
+        if parts and "train" not in parts:
+            raise UserError(_NO_TRAIN_SPLIT.format(path=path, title=title))
+        if parts:
+            require_schema(parts["train"].columns, [schema], parts["train"].source, expected)
+        return
+    check_file_columns(_data_files(path, title), [schema], f"{title} records", expected)
+
+
+_NO_TRAIN_SPLIT = "{path} (save_to_disk) has no train split; save {title} with its train split."
+
+
+def _require_path(path: Path, title: str) -> None:
+    if not path.exists():
+        raise UserError(
+            f"data.path {path} does not exist (searched {searched_path(path)}); point it at your copy of {title}."
+        )
+
+
+def check_max_samples(max_samples: int | None) -> None:
+    """Refuse a ``data.options.max_samples`` below 10."""
+    if max_samples is not None and max_samples < 10:
+        raise UserError("data.options.max_samples must be an integer of at least 10, or null for all.")
 
 
 def _data_files(path: Path, title: str) -> list[Path]:
@@ -105,13 +143,9 @@ def build_instruction_federation(
     info: dict[str, Any],
 ) -> FederatedData:
     """Subsample (``max_samples``), split over ``num_clients`` clients by category and wrap as a federation."""
-    if max_samples is not None:
-        if max_samples < 10:
-            raise UserError("data.options.max_samples must be an integer of at least 10, or null for all.")
-        if max_samples < len(examples):
-            examples = random.Random(derive_seed(cfg.seed, name, "subset", stream="files")).sample(
-                examples, max_samples
-            )
+    check_max_samples(max_samples)
+    if max_samples is not None and max_samples < len(examples):
+        examples = random.Random(derive_seed(cfg.seed, name, "subset", stream="files")).sample(examples, max_samples)
     partition = setting(cfg, "partition", "dirichlet")
     alpha = setting(cfg, "dirichlet_alpha", 5.0)
     clients, facts = category_clients(
@@ -132,6 +166,12 @@ def build_instruction_federation(
         **facts,
     }
     return FederatedData(name, "generation", None, groups, clients, [], info)
+
+
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading a record (:func:`check_records`)."""
+    check_max_samples(parse_options(cfg, Options).max_samples)
+    check_records(cfg, "Dolly-15k", DOLLY_HUB_ID, DOLLY_FIELDS)
 
 
 @DATASETS.register("dolly")

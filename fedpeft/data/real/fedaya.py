@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.hub_check import searched_path
 from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.partition import partition_examples, split_train_test
 from fedpeft.data.real.readers import load_json_or_lines, natural_key
@@ -89,35 +91,11 @@ def build(cfg: DataConfig) -> FederatedData:
     names; tried in order otherwise: instruction|inputs|prompt, response|targets|output,
     language|language_code|lang, client_id|user_id|annotator_id).
     """
-    opts = parse_options(cfg, Options)
-    test_fraction = _fraction(opts.test_fraction)
-    if setting(cfg, "partition", "natural") != "natural":
-        raise UserError("Fed-Aya clients are its natural annotator ids; set data.partition=natural or remove it.")
-    if cfg.hub_id and not cfg.path:
-        raise UserError("Fed-Aya is distributed as a file, not a hub dataset; set data.path instead of data.hub_id.")
-    if not cfg.path:
-        raise UserError(f"Fed-Aya needs data.path; set it to {LAYOUT}.")
-    file = _find_file(Path(cfg.path).expanduser(), opts.file)
-    records, layout = _read_records(file, opts)
-
-    languages_present = Counter(r["group"] for r in records)
-    if cfg.groups is not None:
-        wanted = [normalize_language(g) for g in cfg.groups]
-        unknown = [g for g, w in zip(cfg.groups, wanted, strict=True) if w not in languages_present]
-        if not wanted or unknown:
-            raise UserError(
-                f"data.groups names language(s) {', '.join(unknown) or '(none)'} that {file.name} does not "
-                f"contain; choose from: {', '.join(_ordered_languages(languages_present))}."
-            )
-        records = [r for r in records if r["group"] in set(wanted)]
-
-    kept, dropped = _keep_clients(records, opts.num_clients, file)
-    records = [r for r in records if r["client"] in kept]
-    unseen = _unseen_clients(sorted(kept, key=natural_key), opts, cfg)
-
+    selection = _select(cfg)
+    file, records, unseen, test_fraction = selection.file, selection.records, selection.unseen, selection.test_fraction
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        shards = partition_examples(records, len(kept), "natural", natural_column="client")
+        shards = partition_examples(records, len(selection.kept), "natural", natural_column="client")
     clients: list[ClientData] = []
     for shard in sorted(shards, key=lambda s: natural_key(s[0]["client"])):
         client_id = str(shard[0]["client"])
@@ -141,10 +119,10 @@ def build(cfg: DataConfig) -> FederatedData:
         base_train=[],
         info={
             "source": str(file),
-            "layout": layout,
+            "layout": selection.layout,
             "num_clients": len(clients),
             "unseen_clients": sorted(unseen, key=natural_key),
-            "dropped_clients": dropped,
+            "dropped_clients": selection.dropped,
             "test_fraction": test_fraction,
             "samples_per_language": dict(sorted(language_counts.items())),
             "samples_per_client": {c.client_id: len(c.train) + len(c.test) for c in clients},
@@ -152,9 +130,58 @@ def build(cfg: DataConfig) -> FederatedData:
     )
 
 
+@dataclass(frozen=True)
+class _Selection:
+    """What :func:`_select` reads of the file and keeps: the records of the clients kept (``{"prompt", "response",
+    "group", "client"}``), those clients, the ones dropped (fewer than 2 samples), the unseen ones, and the test
+    fraction of each client."""
+
+    file: Path
+    layout: str
+    records: list[Example]
+    kept: set[str]
+    dropped: list[str]
+    unseen: set[str]
+    test_fraction: float
+
+
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before partitioning: the options, the file, its fields, the languages
+    of ``data.groups`` and the clients kept and held out (it reads the file, as the build does)."""
+    _select(cfg)
+
+
+def _select(cfg: DataConfig) -> _Selection:
+    opts = parse_options(cfg, Options)
+    test_fraction = _fraction(opts.test_fraction)
+    if setting(cfg, "partition", "natural") != "natural":
+        raise UserError("Fed-Aya clients are its natural annotator ids; set data.partition=natural or remove it.")
+    if cfg.hub_id and not cfg.path:
+        raise UserError("Fed-Aya is distributed as a file, not a hub dataset; set data.path instead of data.hub_id.")
+    if not cfg.path:
+        raise UserError(f"Fed-Aya needs data.path; set it to {LAYOUT}.")
+    file = _find_file(Path(cfg.path).expanduser(), opts.file)
+    records, layout = _read_records(file, opts)
+    languages_present = Counter(r["group"] for r in records)
+    if cfg.groups is not None:
+        wanted = [normalize_language(g) for g in cfg.groups]
+        unknown = [g for g, w in zip(cfg.groups, wanted, strict=True) if w not in languages_present]
+        if not wanted or unknown:
+            raise UserError(
+                f"data.groups names language(s) {', '.join(unknown) or '(none)'} that {file} does not "
+                f"contain; choose from: {', '.join(_ordered_languages(languages_present))}."
+            )
+        records = [r for r in records if r["group"] in set(wanted)]
+
+    kept, dropped = _keep_clients(records, opts.num_clients, file)
+    records = [r for r in records if r["client"] in kept]
+    unseen = _unseen_clients(sorted(kept, key=natural_key), opts, cfg)
+    return _Selection(file, layout, records, kept, dropped, unseen, test_fraction)
+
+
 def _find_file(path: Path, name: str | None) -> Path:
     if not path.exists():
-        raise UserError(f"data.path {path} does not exist; point it at {LAYOUT}.")
+        raise UserError(f"data.path {path} does not exist (searched {searched_path(path)}); point it at {LAYOUT}.")
     if path.is_file():
         return path
     if name:

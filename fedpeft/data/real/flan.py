@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -27,14 +26,19 @@ from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.labels import text_of
-from fedpeft.data.real.sources import load_local_splits
+from fedpeft.data.real.sources import check_hub_splits, check_local_splits, load_local_splits, require_directory
 from fedpeft.data.types import ClientData, Example, FederatedData
+
+if TYPE_CHECKING:
+    import datasets
 
 TASKS = (
     "arc_challenge", "cosmos_qa", "definite_pronoun_resolution", "glue_qqp", "hellaswag", "mnli", "squad_v1", "sst2",
 )  # fmt: skip
 DEFAULT_HUB_ID = "Muennighoff/flan"
 COLUMN_PAIRS = (("inputs", "targets"), ("input", "output"), ("prompt", "response"))
+SCHEMAS = [((prompt,), (response,)) for prompt, response in COLUMN_PAIRS]
+EXPECTED = "inputs and targets (or input and output, or prompt and response)"
 DEFAULT_TRAIN, DEFAULT_TEST = 2000, 300
 LAYOUT = "<path>/<task>/{train,test}.{jsonl,json,csv,tsv,parquet} with columns inputs and targets"
 
@@ -48,6 +52,8 @@ class Options(DatasetOptions):
 
 
 def _hub_splits(cfg: DataConfig, opts: Options, task: str) -> dict[str, datasets.Dataset]:
+    import datasets
+
     name = opts.hub_task_names.get(task, task)
     hub_id = cfg.hub_id or DEFAULT_HUB_ID
     files = {
@@ -77,6 +83,33 @@ def _examples(ds: datasets.Dataset, task: str, where: str) -> list[Example]:
     return examples
 
 
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading a row: the options, the tasks, each task's directory,
+    split files and columns (or, offline, a hub id the ``datasets`` cache lacks)."""
+    parse_options(cfg, Options)
+    tasks = _tasks(cfg)
+    if not cfg.path:
+        check_hub_splits(cfg.hub_id or DEFAULT_HUB_ID, None)
+        return
+    for task in tasks:
+        check_local_splits(_task_dir(cfg.path, task), ("train", "test"), f"FLAN {task}", LAYOUT, SCHEMAS, EXPECTED)
+
+
+def _tasks(cfg: DataConfig) -> list[str]:
+    tasks = list(cfg.groups) if cfg.groups else list(TASKS)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise UserError(f"Unknown FLAN task(s) {', '.join(unknown)} in data.groups; choose from: {', '.join(TASKS)}.")
+    return tasks
+
+
+def _task_dir(path: str, task: str) -> Path:
+    root = require_directory(path, LAYOUT)
+    if not (root / task).is_dir():
+        raise UserError(f"{root} has no directory {task}/; expected {LAYOUT}.")
+    return root / task
+
+
 @DATASETS.register("flan")
 def build(cfg: DataConfig) -> FederatedData:
     """Build the FLAN-8 federation (one task per client).
@@ -86,19 +119,13 @@ def build(cfg: DataConfig) -> FederatedData:
             300), ``seed``, ``path`` or ``hub_id``; ``options``: ``hub_files``, ``hub_task_names``, ``test_split``.
     """
     opts = parse_options(cfg, Options)
-    tasks = list(cfg.groups) if cfg.groups else list(TASKS)
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise UserError(f"Unknown FLAN task(s) {', '.join(unknown)} in data.groups; choose from: {', '.join(TASKS)}.")
+    tasks = _tasks(cfg)
     n_train = setting(cfg, "train_per_group", DEFAULT_TRAIN)
     n_test = setting(cfg, "test_per_group", DEFAULT_TEST)
     clients = []
     for task in tasks:
         if cfg.path:
-            root = Path(cfg.path).expanduser()
-            if not (root / task).is_dir():
-                raise UserError(f"{root} has no directory {task}/; expected {LAYOUT}.")
-            splits, _ = load_local_splits(root / task, ("train", "test"), LAYOUT)
+            splits, _ = load_local_splits(_task_dir(cfg.path, task), ("train", "test"), LAYOUT)
         else:
             splits = _hub_splits(cfg, opts, task)
         drawn = {}

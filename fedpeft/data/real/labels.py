@@ -1,13 +1,15 @@
-"""Columns of a loaded split: required columns, labels as class ids, cells as text."""
+"""Columns of a split: required columns (of a loaded split, or of its files before loading), labels as class ids,
+cells as text."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
-
-import datasets
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from fedpeft.core.errors import UserError
+
+if TYPE_CHECKING:
+    import datasets
 
 
 def require_columns(ds: datasets.Dataset, columns: Iterable[str], where: str, expected: str) -> None:
@@ -20,12 +22,44 @@ def require_columns(ds: datasets.Dataset, columns: Iterable[str], where: str, ex
         )
 
 
+Schema = tuple[tuple[str, ...], ...]
+"""The columns a split needs, each as the names it may have: ``(("img", "image"), ("fine_label", "label"))``."""
+
+
+def lacking(columns: Collection[str], schemas: Sequence[Schema]) -> list[str]:
+    """The columns that ``columns`` lack for the closest of ``schemas`` (each with its other names: ``img (or
+    image)``); empty when one of the schemas is complete, or none is given."""
+    closest: list[str] | None = None
+    for schema in schemas:
+        missing = [
+            names[0] + (f" (or {', '.join(names[1:])})" if len(names) > 1 else "")
+            for names in schema
+            if not any(name in columns for name in names)
+        ]
+        if closest is None or len(missing) < len(closest):
+            closest = missing
+    return closest or []
+
+
+def require_schema(columns: Sequence[str], schemas: Sequence[Schema], source: str, expected: str) -> None:
+    """Raise when ``columns`` (those of ``source``, a file or cached copy named in the message) complete none of
+    ``schemas``; ``expected`` says what they should be."""
+    missing = lacking(columns, schemas)
+    if missing:
+        raise UserError(
+            f"{source} lacks column(s) {', '.join(missing)} (it has {', '.join(columns) or 'none'}); expected "
+            f"{expected}."
+        )
+
+
 def label_ids(ds: datasets.Dataset, column: str, label_names: Sequence[str]) -> list[int | None]:
     """Every row's label as an index into ``label_names`` (``None`` for rows without a usable label).
 
     Accepts integer ids (through the dataset's ``ClassLabel`` names when it has them), digit strings and
     class names (case-insensitive).
     """
+    import datasets
+
     feature = ds.features.get(column)
     names_in_data = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
     lookup = {name.lower(): i for i, name in enumerate(label_names)}

@@ -16,7 +16,7 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import DatasetOptions, parse_options, setting
 from fedpeft.data.real.labels import count_valid, label_ids, require_columns, text_of
 from fedpeft.data.real.pools import active_pools, build_classification_clients, classification_scheme, draw_pools
-from fedpeft.data.real.sources import load_splits, resolve_source, select_languages
+from fedpeft.data.real.sources import check_splits, load_splits, resolve_source, select_languages
 from fedpeft.data.types import Example, FederatedData
 
 MASAKHANEWS_LANGUAGES = (
@@ -27,6 +27,7 @@ MASAKHANEWS_LABELS = ["business", "entertainment", "health", "politics", "religi
 DEFAULT_HUB_ID = "masakhane/masakhanews"
 DEFAULT_CLIENTS_PER_GROUP = 10
 TEXT_FIELDS = ("headline", "text", "headline_text")
+EXPECTED_COLUMNS = "label, headline, text, headline_text, url"
 LAYOUT = (
     "<path>/<lang>/ saved with DatasetDict.save_to_disk, or "
     "<path>/<lang>/{train,test}.{jsonl,csv,tsv,parquet} "
@@ -41,6 +42,26 @@ class Options(DatasetOptions):
     revision: str | None = None
 
 
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading a row: the options, the source, the languages and
+    each language's split files and columns (or, offline, its configuration in the ``datasets`` cache)."""
+    opts = parse_options(cfg, Options)
+    schema = (("label", "category"), (_text_field(opts),))
+    classification_scheme(cfg, "MasakhaNEWS")
+    source = resolve_source(cfg, "MasakhaNEWS", DEFAULT_HUB_ID, opts.revision)
+    for lang in select_languages(cfg.groups, MASAKHANEWS_LANGUAGES, source, "MasakhaNEWS", LAYOUT):
+        check_splits(source, lang, ("train", "test"), f"MasakhaNEWS {lang}", LAYOUT, [schema], EXPECTED_COLUMNS)
+
+
+def _text_field(opts: Options) -> str:
+    if opts.text_field not in TEXT_FIELDS:
+        raise UserError(
+            f"data.options.text_field={opts.text_field!r} is not a MasakhaNEWS text column; "
+            f"choose one of: {', '.join(TEXT_FIELDS)}."
+        )
+    return opts.text_field
+
+
 @DATASETS.register("masakhanews")
 def build(cfg: DataConfig) -> FederatedData:
     """Build MasakhaNEWS from ``cfg.path`` or ``cfg.hub_id`` (default ``masakhane/masakhanews``).
@@ -48,12 +69,7 @@ def build(cfg: DataConfig) -> FederatedData:
     Options: ``text_field`` (``headline`` (default), ``text`` or ``headline_text``), ``revision``.
     """
     opts = parse_options(cfg, Options)
-    text_field = opts.text_field
-    if text_field not in TEXT_FIELDS:
-        raise UserError(
-            f"data.options.text_field={text_field!r} is not a MasakhaNEWS text column; "
-            f"choose one of: {', '.join(TEXT_FIELDS)}."
-        )
+    text_field = _text_field(opts)
     scheme = classification_scheme(cfg, "MasakhaNEWS")
     source = resolve_source(cfg, "MasakhaNEWS", DEFAULT_HUB_ID, opts.revision)
     languages = select_languages(cfg.groups, MASAKHANEWS_LANGUAGES, source, "MasakhaNEWS", LAYOUT)
@@ -75,7 +91,7 @@ def build(cfg: DataConfig) -> FederatedData:
             ds = splits[split]
             where = f"MasakhaNEWS {lang} {split} split"
             label_column = "label" if "label" in ds.column_names else "category"
-            require_columns(ds, (label_column, text_field), where, "label, headline, text, headline_text, url")
+            require_columns(ds, (label_column, text_field), where, EXPECTED_COLUMNS)
             labels = label_ids(ds, label_column, MASAKHANEWS_LABELS)
             per_pool = count_valid(labels) // len(pool_names)
             if cap is not None:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import random
 import warnings
-from typing import Any, Literal
-
-import datasets
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.partition import partition_examples
 from fedpeft.data.types import POOLS, ClientData, Example
+
+if TYPE_CHECKING:
+    import datasets
 
 
 def draw_pools(

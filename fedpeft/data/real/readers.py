@@ -33,6 +33,8 @@ SPLIT_STEMS: dict[str, tuple[str, ...]] = {
 SAVE_AS_UTF8 = "save it as UTF-8"
 # Metadata files that ``save_to_disk`` writes next to the arrow shards; never data.
 _METADATA_FILES = {"dataset_info.json", "state.json", "dataset_dict.json"}
+# How much of a text file quick_columns reads to find its header or first record.
+_QUICK_BYTES = 1 << 20
 
 
 def natural_key(value: str) -> tuple[Any, ...]:
@@ -65,6 +67,30 @@ def find_split_files(lang_dir: Path, split: str) -> list[Path]:
             if shards:
                 return shards
     return []
+
+
+def quick_columns(path: Path) -> list[str] | None:
+    """The columns of one data file as far as its start tells them, without reading it: a Parquet file's schema, a
+    CSV or TSV file's header, the keys of the first record of JSON Lines or of a JSON list. Every column named is
+    one :func:`read_table` gives; a JSON file's later records may add others. ``None`` where the start tells
+    nothing (a first record longer than :data:`_QUICK_BYTES`, a file that does not parse)."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            return list(pq.read_schema(path).names)
+        with path.open(encoding="utf-8-sig", newline="") as stream:
+            start = stream.read(_QUICK_BYTES)
+        if suffix in (".csv", ".tsv"):
+            header = next(csv.reader(io.StringIO(start, newline=""), delimiter="\t" if suffix == ".tsv" else ","))
+            return header if "\n" in start or len(start) < _QUICK_BYTES else None
+        text = start.lstrip()
+        position = 1 if text.startswith("[") else 0  # the first object of a JSON list, or the first line
+        while position < len(text) and text[position].isspace():
+            position += 1
+        record, _ = json.JSONDecoder().raw_decode(text, position)
+    except (OSError, ValueError, StopIteration, csv.Error, pa.ArrowException):
+        return None
+    return list(record) if isinstance(record, dict) else None
 
 
 def read_tables(files: Sequence[Path]) -> pa.Table:

@@ -23,19 +23,21 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Literal
-
-import datasets
-from datasets.exceptions import DatasetsError
-from datasets.table import InMemoryTable
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
+from fedpeft.data.hub_check import saved_parts, searched_path
 from fedpeft.data.options import DatasetOptions, parse_options
+from fedpeft.data.real.labels import require_schema
 from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_tables
+from fedpeft.data.real.sources import check_file_columns, check_hub_splits
 from fedpeft.data.types import ClientData, Example, FederatedData
+
+if TYPE_CHECKING:
+    import datasets
 
 DEFAULT_HUB_ID = "Muennighoff/natural-instructions"
 LAYOUT = (
@@ -48,6 +50,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "input": ("inputs", "input"),
     "output": ("targets", "output", "outputs"),
 }
+SCHEMA = tuple(FIELDS.values())
+EXPECTED = "the columns task_name, definition, inputs, targets"
 
 
 class Options(DatasetOptions):
@@ -77,13 +81,9 @@ def build(cfg: DataConfig) -> FederatedData:
     held-out split the clients are evaluated on, e.g. to tune alpha or beta without touching the test split),
     ``definition`` (True) and ``positive_examples`` (0).
     """
-    opts = parse_options(cfg, Options)
-    if opts.evaluate_on == "validation" and opts.validation_per_client < 1:
-        raise UserError("data.options.evaluate_on=validation needs data.options.validation_per_client >= 1.")
-    if not cfg.unseen_pool:
-        opts = opts.model_copy(update={"unseen_tasks": 0})
+    opts = _options(cfg)
     tasks, layout, source = _read_tasks(cfg, opts)
-    chosen, unseen = _choose_tasks(tasks, opts)
+    chosen, unseen = _choose_tasks(tasks, opts, source)
     clients = []
     for name in chosen + unseen:
         train, test = _split_task(name, tasks[name], opts, cfg.seed)
@@ -105,20 +105,53 @@ def build(cfg: DataConfig) -> FederatedData:
     )
 
 
-def _choose_tasks(tasks: dict[str, Task], opts: Options) -> tuple[list[str], list[str]]:
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading an instance: the options, a ``data.path`` that names
+    nothing, the release's task files that ``data.options`` asks for (by name or by count), the columns of flat
+    records (or, offline, a hub id the ``datasets`` cache lacks)."""
+    opts = _options(cfg)
+    if not cfg.path:
+        check_hub_splits(cfg.hub_id or DEFAULT_HUB_ID, None, (), [SCHEMA], EXPECTED)
+        return
+    path = _local_path(cfg.path)
+    release = _release_dir(path)
+    if release is not None:
+        _choose_tasks({file.stem: _NO_TASK for file in release.glob("task*.json")}, opts, str(release))
+        return
+    if (path / "dataset_dict.json").is_file():
+        parts = saved_parts(path) or []
+        for part in parts[:1]:  # the splits are concatenated: they share their columns
+            require_schema(part.columns, [SCHEMA], part.source, EXPECTED)
+        return
+    check_file_columns(_record_files(path), [SCHEMA], "SNI records", EXPECTED)
+
+
+_NO_TASK: Task = {"definition": "", "examples": [], "instances": []}  # a task file's name alone: all check reads
+
+
+def _options(cfg: DataConfig) -> Options:
+    opts = parse_options(cfg, Options)
+    if opts.evaluate_on == "validation" and opts.validation_per_client < 1:
+        raise UserError("data.options.evaluate_on=validation needs data.options.validation_per_client >= 1.")
+    if not cfg.unseen_pool:
+        opts = opts.model_copy(update={"unseen_tasks": 0})
+    return opts
+
+
+def _choose_tasks(tasks: dict[str, Task], opts: Options, source: str) -> tuple[list[str], list[str]]:
     ranked = sorted(tasks, key=lambda t: (-len(tasks[t]["instances"]), natural_key(t)))
     unseen_count = opts.unseen_tasks
     if opts.tasks is not None:
         missing = [t for t in opts.tasks if t not in tasks]
         if missing:
-            raise UserError(f"data.options.tasks names task(s) {', '.join(missing)} that the source does not hold.")
+            raise UserError(f"data.options.tasks names task(s) {', '.join(missing)} that {source} does not hold.")
         chosen = list(dict.fromkeys(opts.tasks))
     else:
         chosen = ranked[: opts.num_tasks]
     rest = [t for t in ranked if t not in chosen]
     if (opts.tasks is None and len(chosen) < opts.num_tasks) or len(rest) < unseen_count:
         raise UserError(
-            f"The source holds {len(tasks)} tasks, fewer than the {opts.num_tasks} + {unseen_count} requested; "
+            f"{source} holds {len(tasks)} tasks, fewer than the {opts.num_tasks} + {unseen_count} requested; "
             "lower data.options.num_tasks or data.options.unseen_tasks."
         )
     return chosen, rest[:unseen_count]
@@ -157,14 +190,15 @@ def _prefix(task: Task, opts: Options) -> str:
 
 def _read_tasks(cfg: DataConfig, opts: Options) -> tuple[dict[str, Task], str, str]:
     if cfg.path:
-        path = Path(cfg.path).expanduser()
-        if not path.exists():
-            raise UserError(f"data.path {cfg.path} does not exist; point it at {LAYOUT}.")
-        task_dir = path / "tasks" if (path / "tasks").is_dir() else path
-        if path.is_dir() and any(task_dir.glob("task*.json")):
+        path = _local_path(cfg.path)
+        task_dir = _release_dir(path)
+        if task_dir is not None:
             wanted = opts.tasks if not opts.unseen_tasks else None  # unseen tasks are the next-largest
             return _read_release(task_dir, wanted), "release", str(path)
         return _from_records(_local_records(path), str(path)), "records", str(path)
+    import datasets
+    from datasets.exceptions import DatasetsError
+
     hub_id = cfg.hub_id or DEFAULT_HUB_ID
     try:
         loaded = datasets.load_dataset(hub_id)
@@ -175,6 +209,19 @@ def _read_tasks(cfg: DataConfig, opts: Options) -> tuple[dict[str, Task], str, s
         ) from err
     splits = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
     return _from_records(datasets.concatenate_datasets(splits), f"hub:{hub_id}"), "records", f"hub:{hub_id}"
+
+
+def _local_path(path: str) -> Path:
+    local = Path(path).expanduser()
+    if not local.exists():
+        raise UserError(f"data.path {path} does not exist (searched {searched_path(local)}); point it at {LAYOUT}.")
+    return local
+
+
+def _release_dir(path: Path) -> Path | None:
+    """The release's folder of task files (``<path>/tasks``, or ``path`` itself); ``None`` for flat records."""
+    task_dir = path / "tasks" if (path / "tasks").is_dir() else path
+    return task_dir if path.is_dir() and any(task_dir.glob("task*.json")) else None
 
 
 def _read_release(task_dir: Path, wanted: list[str] | None) -> dict[str, Task]:
@@ -200,9 +247,17 @@ def _read_release(task_dir: Path, wanted: list[str] | None) -> dict[str, Task]:
 
 
 def _local_records(path: Path) -> datasets.Dataset:
+    import datasets
+    from datasets.table import InMemoryTable
+
     if path.is_dir() and (path / "dataset_dict.json").is_file():
         saved = datasets.load_from_disk(str(path))
         return datasets.concatenate_datasets(list(saved.values()))
+    return datasets.Dataset(InMemoryTable(read_tables(_record_files(path))))
+
+
+def _record_files(path: Path) -> list[Path]:
+    """The data files of flat records: ``path`` itself, or every data file under it."""
     if path.is_file():
         files = [path]
     else:
@@ -210,7 +265,7 @@ def _local_records(path: Path) -> datasets.Dataset:
         files = [p for p in files if p.name not in ("dataset_info.json", "state.json")]
     if not files:
         raise UserError(f"{path} holds no task file or data file; expected {LAYOUT}.")
-    return datasets.Dataset(InMemoryTable(read_tables(files)))
+    return files
 
 
 def _from_records(ds: datasets.Dataset, where: str) -> dict[str, Task]:

@@ -33,7 +33,11 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import DatasetOptions, parse_options
+from fedpeft.data.real.sources import require_directory
 from fedpeft.data.types import ClientData, Example, FederatedData
+
+LAYOUT = "<path>/clients.json and <path>/tasks/<task>/{train,test}.jsonl (docs/real-data.md)"
+_EXAMPLE_PLAN = '{"client-01": ["vqa-01", "ocr-02"]}'
 
 
 class Options(DatasetOptions):
@@ -44,28 +48,39 @@ class Options(DatasetOptions):
     test_per_task: int | None = None
 
 
-def _read_lines(path: Path, root: Path, name: str) -> list[dict[str, Any]]:
+def _read_lines(path: Path, root: Path, name: str, *, first_only: bool = False) -> list[dict[str, Any]]:
+    """The rows of a task's (or the public) JSON Lines file, each checked, images made absolute; with
+    ``first_only``, the first row alone (the rest of the file is not read)."""
     if not path.is_file():
         raise UserError(f"{name}: {path} is missing; every task directory needs train.jsonl and test.jsonl.")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise UserError(f"{name}: {path} line {number} is not valid JSON; fix or remove that line.") from None
-        missing = [k for k in ("question", "answer") if k not in row]
-        if missing:
-            raise UserError(f"{name}: {path} line {number} lacks {', '.join(missing)}; see docs/real-data.md.")
-        if "image" in row:
-            images = row["image"] if isinstance(row["image"], list) else [row["image"]]
-            for image in images:
-                if not (root / image).is_file():
-                    raise UserError(f"{name}: image {image} of {path} line {number} does not exist under {root}.")
-            row["image"] = [str(root / i) for i in images] if isinstance(row["image"], list) else str(root / images[0])
-        rows.append(row)
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            rows.append(_row(line, f"{path} line {number}", root, name))
+            if first_only:
+                break
     return rows
+
+
+def _row(line: str, where: str, root: Path, name: str) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        raise UserError(f"{name}: {where} is not valid JSON; fix or remove that line.") from None
+    if not isinstance(row, dict):
+        raise UserError(f"{name}: {where} is not a JSON object; see docs/real-data.md.")
+    missing = [k for k in ("question", "answer") if k not in row]
+    if missing:
+        raise UserError(f"{name}: {where} lacks {', '.join(missing)}; see docs/real-data.md.")
+    if "image" in row:
+        images = row["image"] if isinstance(row["image"], list) else [row["image"]]
+        for image in images:
+            if not (root / image).is_file():
+                raise UserError(f"{name}: image {image} of {where} does not exist under {root}.")
+        row["image"] = [str(root / i) for i in images] if isinstance(row["image"], list) else str(root / images[0])
+    return row
 
 
 def _example(row: dict[str, Any], **fields: Any) -> Example:
@@ -85,16 +100,43 @@ def _capped(rows: list[Example], cap: int | None, seed: int) -> list[Example]:
     return [rows[i] for i in keep]
 
 
-def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
-    """Build a federation from a directory in the layout of the module docstring."""
-    options = parse_options(cfg, Options)
+def check_task_directory(cfg: DataConfig, name: str) -> None:
+    """Refuse what :func:`load_task_directory` would refuse before reading the tasks: the options, the directory,
+    its ``clients.json``, each task's two files and the first row of each (its fields and images)."""
+    parse_options(cfg, Options)
+    root, plan = _plan(cfg, name)
+    for task in dict.fromkeys(task for tasks in plan.values() for task in tasks):
+        for split in ("train", "test"):
+            _read_lines(root / "tasks" / task / f"{split}.jsonl", root, name, first_only=True)
+    if (root / "public.jsonl").is_file():
+        _read_lines(root / "public.jsonl", root, name, first_only=True)
+
+
+def _plan(cfg: DataConfig, name: str) -> tuple[Path, dict[str, list[str]]]:
+    """The directory and its ``clients.json``: each client id's tasks in arrival order."""
     if not cfg.path:
         raise UserError(f"{name} reads a local directory; set data.path (layout: docs/real-data.md).")
-    root = Path(cfg.path).expanduser()
+    root = require_directory(cfg.path, LAYOUT)
     manifest = root / "clients.json"
     if not manifest.is_file():
         raise UserError(f"{name}: {manifest} is missing; it maps each client id to its list of tasks.")
-    plan: dict[str, list[str]] = json.loads(manifest.read_text(encoding="utf-8"))
+    try:
+        plan = json.loads(manifest.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(
+            f"{name}: {manifest} is not valid JSON ({err}); it maps each client id to its list of tasks."
+        ) from None
+    if not isinstance(plan, dict) or not all(
+        isinstance(tasks, list) and all(isinstance(task, str) for task in tasks) for tasks in plan.values()
+    ):
+        raise UserError(f"{name}: {manifest} must map each client id to its list of tasks, e.g. {_EXAMPLE_PLAN}.")
+    return root, plan
+
+
+def load_task_directory(cfg: DataConfig, name: str) -> FederatedData:
+    """Build a federation from a directory in the layout of the module docstring."""
+    options = parse_options(cfg, Options)
+    root, plan = _plan(cfg, name)
     clients = []
     for client_id, tasks in plan.items():
         train: list[Example] = []

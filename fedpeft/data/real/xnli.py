@@ -15,13 +15,14 @@ from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.real.labels import count_valid, label_ids, require_columns, text_of
 from fedpeft.data.real.pools import active_pools, build_classification_clients, classification_scheme, draw_pools
-from fedpeft.data.real.sources import load_splits, resolve_source, select_languages
+from fedpeft.data.real.sources import check_splits, load_splits, resolve_source, select_languages
 from fedpeft.data.types import Example, FederatedData
 
 XNLI_LANGUAGES = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh")
 XNLI_LABELS = ["entailment", "neutral", "contradiction"]
 DEFAULT_HUB_ID = "facebook/xnli"
 COLUMNS = ("premise", "hypothesis", "label")
+SCHEMA = tuple((column,) for column in COLUMNS)
 LAYOUT = (
     "<path>/<lang>/ saved with DatasetDict.save_to_disk, or "
     "<path>/<lang>/{train,test}.{jsonl,csv,tsv,parquet} "
@@ -33,6 +34,16 @@ class Options(DatasetOptions):
     """``data.options`` of ``xnli``."""
 
     revision: str | None = None
+
+
+def check(cfg: DataConfig) -> None:
+    """Refuse what :func:`build` would refuse before reading a row: the options, the source, the languages and
+    each language's split files and columns (or, offline, its configuration in the ``datasets`` cache)."""
+    opts = parse_options(cfg, Options)
+    classification_scheme(cfg, "XNLI")
+    source = resolve_source(cfg, "XNLI", DEFAULT_HUB_ID, opts.revision)
+    for lang in select_languages(cfg.groups, XNLI_LANGUAGES, source, "XNLI", LAYOUT):
+        check_splits(source, lang, ("train", "test"), f"XNLI {lang}", LAYOUT, [SCHEMA], "premise, hypothesis, label")
 
 
 @DATASETS.register("xnli")
