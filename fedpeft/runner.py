@@ -9,7 +9,6 @@ finished units and continues a federated phase from its last completed round. Ev
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import itertools
 import json
@@ -20,7 +19,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -41,10 +40,11 @@ from fedpeft.core.records import ResultRecord, result_record
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import ClientData, FederatedData
-from fedpeft.engine.asynchronous import client_work, flight_sizes, run_asynchronous, virtual_durations
+from fedpeft.engine.asynchronous import AsynchronousSchedule, client_work, flight_sizes, virtual_durations
+from fedpeft.engine.phase import FederatedPhase, PhaseCheckpoint, RoundCallback, Schedule
 from fedpeft.engine.pool import visible_gpus
 from fedpeft.engine.resources import EngineSettings, asked_processes, check_gpu_workers, resolve_engine
-from fedpeft.engine.rounds import AfterRound, Engine, RoundCallback
+from fedpeft.engine.rounds import Engine, SynchronousRounds
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import (
     DropoutConfig,
@@ -432,8 +432,6 @@ class Stages:
         self.metric_log = metric_log
         self.progress = progress
         self._parts: list[str] = []  # the units of this run, in the order a one-at-a-time run lists them
-        # Per-round evaluations of a federated phase (eval.every), by (label, seed), kept in its checkpoints.
-        self._round_records: dict[tuple[str, int], list[ResultRecord]] = {}
 
     def run(self) -> None:
         """Every seed's units, in order; a unit already in ``parts/`` is skipped. Where the seeds share one base
@@ -570,6 +568,7 @@ class Stages:
             return
         self.progress.stage(f"base model ({base.kind}), seed {seed}")
         meter = CostMeter()
+        privacy: list[ResultRecord] = []
         started = time.perf_counter()
         if base.kind == "centralized":
             if not self.data.base_train:
@@ -586,10 +585,10 @@ class Stages:
             save_checkpoint({"tensors": runtime.base_tensors()}, path)
         else:
             method = self.worker.methods[BASE_STAGE_LABEL]
-            state = self._federate(method, BASE_STAGE_LABEL, seed, meter=meter)
-            self.engine.call_worker("export_base", self.worker, seed=seed, state=state)
+            phase = self._federate(method, BASE_STAGE_LABEL, seed, meter=meter)
+            self.engine.call_worker("export_base", self.worker, seed=seed, state=phase.state)
+            privacy = phase.records  # a DP base stage's epsilon per round
         meter.wall_seconds = time.perf_counter() - started
-        privacy = self._round_records.pop((BASE_STAGE_LABEL, seed), [])  # a DP base stage's epsilon per round
         self.directory.write_part(name, privacy, meter.rows(BASE_LABEL, seed, "base"))
         if shared or seed == self.cfg.seeds[0]:
             self.engine.call_worker("save_base_model", self.worker, seed=seed)
@@ -635,86 +634,60 @@ class Stages:
         return records, [r for r in meter.rows(BASE_LABEL, seed, "evaluation") if r["metric"] in failed]
 
     def _federate(
-        self, method: Method, label: str, seed: int, *, meter: CostMeter, budget: int | None = None
-    ) -> ServerState:
+        self,
+        method: Method,
+        label: str,
+        seed: int,
+        *,
+        meter: CostMeter,
+        budget: int | None = None,
+        earlier: Sequence[ResultRecord] = (),
+    ) -> FederatedPhase:
         """The federated phase of ``method`` on the seen pool (for ``budget``, if it runs one per budget),
-        checkpointed every round."""
+        checkpointed every round and continued from its checkpoint; returns it run, with its final state and round
+        records. ``meter`` and ``earlier`` (round records): the unit's so far, which its checkpoints keep too (a
+        method with one phase per budget has them go on from one phase to the next)."""
         name = f"seed{seed}" if budget is None else f"seed{seed}-r{budget}"
         ckpt = self.out / "checkpoints" / label / f"{name}{SUFFIX}"
-        store = self.worker.store(label, seed)
-        start = 0
-        in_flight: list[str] = []  # an asynchronous schedule's clients in flight, listed in the checkpoint
-        if has_checkpoint(ckpt, self.out):
-            saved = load_checkpoint(ckpt)
-            state, start = saved["state"], saved["round"]
-            in_flight = list(saved.get("in_flight", []))
-            store.restore(saved["store"])
-            store.rollback(start - 1)
-            meter.restore(saved["meter"])
-            self._round_records[label, seed] = list(saved.get("round_records", []))
-        else:
-            state = self.engine.call_worker("init_server", self.worker, label=label, seed=seed, budget=budget)
-        per_budget = "" if budget is None else f", r={budget}"
-        self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
-        self.progress.rounds(method.rounds, start)
-        train_records = self._round_records.setdefault((label, seed), [])
-        evaluated: dict[int, float] = {}  # the seconds of the evaluation after a round, for its progress line
-
-        def evaluate(state: ServerState, round_: int, _metrics: Metrics) -> None:
-            seconds = self._evaluate_round(method, label, seed, state, round_ + 1, meter)
-            if seconds is not None:
-                evaluated[round_] = seconds
-
-        callbacks: list[RoundCallback] = [
-            AfterRound(evaluate),
-            AfterRound(
-                lambda _state, round_, metrics: train_records.extend(train_rows(label, budget, seed, round_, metrics))
-            ),
-            AfterRound(lambda _state, round_, metrics: self.metric_log.round(label, budget, seed, round_ + 1, metrics)),
-            Checkpoint(ckpt, store, meter, lambda: self._round_records.get((label, seed), []), in_flight),
-            AfterRound(
-                lambda _state, round_, metrics: self.progress.advance_round(metrics, evaluated.pop(round_, None))
-            ),
-        ]
         seen = [c.client_id for c in self.data.pool("seen")]
         method.bind_pool(seen)  # DP divides by the clients sampled per round from it
-        dp = method.cfg.dp if isinstance(method.cfg, MeanServerConfigMixin) else None
-        if dp is not None:  # epsilon after every round, saved with the checkpoint
-            from fedpeft.report.privacy import EpsilonRecorder
-
-            rate = (method.clients_per_round() or len(seen)) / len(seen)
-            records = self._round_records.setdefault((label, seed), [])
-            callbacks.insert(1, EpsilonRecorder(label, budget, seed, dp, rate, records))
         checks = UpdateChecks({c.client_id: len(c.train) for c in self.data.clients}, self.cfg.validation.max_norm)
+        outputs = RoundOutputs(
+            self, method, label, seed, budget, meter, self._epsilon(method, label, seed, budget, len(seen))
+        )
+        checkpoint = PhaseCheckpoint(ckpt, self.worker.store(label, seed))
+        phase = FederatedPhase(
+            label, method, seen, seed, checks, [outputs], checkpoint, meter=meter, records=[*earlier]
+        )
+        if has_checkpoint(ckpt, self.out):
+            phase.resume(load_checkpoint(ckpt))
+        else:
+            phase.state = self.engine.call_worker("init_server", self.worker, label=label, seed=seed, budget=budget)
+        per_budget = "" if budget is None else f", r={budget}"
+        self.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
+        self.progress.rounds(method.rounds, phase.state.round)
+        phase.run(self._schedule(method, seen, seed))
+        return phase
+
+    @staticmethod
+    def _epsilon(method: Method, label: str, seed: int, budget: int | None, pool: int) -> RoundCallback | None:
+        """Under DP, what gives epsilon after every round (kept with the checkpoint) of ``method``, its pool of
+        ``pool`` clients bound."""
+        dp = method.cfg.dp if isinstance(method.cfg, MeanServerConfigMixin) else None
+        if dp is None:
+            return None
+        from fedpeft.report.privacy import EpsilonRecorder
+
+        return EpsilonRecorder(label, budget, seed, dp, (method.clients_per_round() or pool) / pool)
+
+    def _schedule(self, method: Method, seen: list[str], seed: int) -> Schedule:
+        """How ``method``'s federated phase runs: its asynchronous ``schedule``, or synchronous rounds (on the
+        virtual clock when :meth:`_virtual_clock`)."""
         schedule = method.cfg.schedule if isinstance(method.cfg, MeanServerConfigMixin) else None
         if schedule is not None and schedule.asynchronous:
-            return run_asynchronous(
-                self.engine,
-                label,
-                method,
-                dataclasses.replace(state, round=start),
-                seen,
-                schedule=schedule,
-                durations=self._durations(method, seen, seed),
-                seed=seed,
-                meter=meter,
-                callbacks=callbacks,
-                checks=checks,
-                in_flight=in_flight,
-            )
-        return self.engine.run_rounds(
-            label,
-            method,
-            state,
-            seen,
-            seed=seed,
-            meter=meter,
-            start_round=start,
-            callbacks=callbacks,
-            checks=checks,
-            min_updates=self.cfg.validation.min_updates,
-            durations=self._durations(method, seen, seed) if self._virtual_clock() else None,
-        )
+            return AsynchronousSchedule(self.engine, schedule, self._durations(method, seen, seed))
+        durations = self._durations(method, seen, seed) if self._virtual_clock() else None
+        return SynchronousRounds(self.engine, min_updates=self.cfg.validation.min_updates, durations=durations)
 
     def _virtual_clock(self) -> bool:
         """Whether synchronous rounds also keep the virtual clock: when clients have speeds, or a method of the
@@ -733,17 +706,18 @@ class Stages:
         work = partial(_client_work, None if epochs is not None else steps, epochs, batch)
         return virtual_durations(work, clients, self.cfg.clients.speed, seed)
 
-    def _evaluate_round(
+    def evaluate_round(
         self, method: Method, label: str, seed: int, state: ServerState, completed: int, meter: CostMeter
-    ) -> float | None:
+    ) -> tuple[list[ResultRecord], float | None]:
         """Evaluate every client's current model after ``completed`` rounds, every ``eval.every`` rounds, counting
         its clients in the progress display; a client whose evaluation fails is left out and recorded in ``meter``,
-        which also adds the evaluation's seconds and clients. Returns its seconds (None when no evaluation is due)."""
+        which also adds the evaluation's seconds and clients. Returns its records and seconds (none and None when
+        no evaluation is due)."""
         every = self.cfg.eval.every
         rounds = method.rounds
         if not every or label == BASE_STAGE_LABEL or (completed % every and completed != rounds):
-            return None
-        records = self._round_records.setdefault((label, seed), [])
+            return [], None
+        records: list[ResultRecord] = []
         ids = [c.client_id for c in self.data.clients]
         self.progress.clients(len(ids), step=f"evaluation after round {completed}")
         failed = partial(meter.record_evaluation_failure, round_=completed - 1)
@@ -755,7 +729,7 @@ class Stages:
         seconds = time.perf_counter() - started
         meter.evaluation_seconds += seconds
         meter.evaluated_clients += len(ids)
-        return seconds
+        return records, seconds
 
     def _run_method(self, method: Method, seed: int) -> tuple[list[ResultRecord], list[dict]]:
         costs: list[dict] = []
@@ -765,17 +739,20 @@ class Stages:
         federated_meter = CostMeter()
         if method.federated:
             meter = federated_meter
+            round_records: list[ResultRecord] = []  # every phase's, one phase per budget or one in all
             if method.federated_per_budget:
-                extra["budget_states"] = {
-                    b: self._federate(method, method.label, seed, meter=meter, budget=b) for b in self.cfg.budgets
-                }
+                extra["budget_states"] = {}
+                for b in self.cfg.budgets:
+                    phase = self._federate(method, method.label, seed, meter=meter, budget=b, earlier=round_records)
+                    extra["budget_states"][b], round_records = phase.state, phase.records
             else:
-                state = self._federate(method, method.label, seed, meter=meter)
+                phase = self._federate(method, method.label, seed, meter=meter)
+                state, round_records = phase.state, phase.records
             costs += meter.rows(method.label, seed, "federated")
             costs += meter.evaluation_rows(method.label, seed)
             costs += communication_rows(method.label, seed, meter, len(self.data.pool("seen")))
             method.save_server_artifacts(state, self.out, seed)
-            records += self._round_records.pop((method.label, seed), [])
+            records += round_records
         ids = [c.client_id for c in self.data.clients]
         budgets = len(self.cfg.budgets) if method.uses_budget else 1
         self.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
@@ -826,37 +803,34 @@ class Stages:
         return records
 
 
-class Checkpoint:
-    """After every round, the phase's state, client-state store, cost meter and round records, written atomically
-    to the checkpoint file ``path`` (:mod:`fedpeft.core.checkpoints`: safetensors and JSON, no pickle): what
-    ``--resume`` continues from. ``in_flight``: under an asynchronous schedule, the list of the clients in flight
-    (kept up to date by its loop), saved too: a resume sends them again."""
+class RoundOutputs:
+    """What the runner makes of every round of a federated phase, in this order: the evaluation of every client
+    every ``eval.every`` rounds, epsilon under DP (``epsilon``), the train rows, the metric loggers' scalars and
+    the progress line. The round's records (evaluation, epsilon, train rows) go to the phase, which keeps them in
+    its checkpoints."""
 
     def __init__(
         self,
-        path: Path,
-        store: Any,
+        stages: Stages,
+        method: Method,
+        label: str,
+        seed: int,
+        budget: int | None,
         meter: CostMeter,
-        round_records: Callable[[], list[ResultRecord]],
-        in_flight: list[str] | None = None,
+        epsilon: RoundCallback | None = None,
     ) -> None:
-        self.path = path
-        self.store = store
-        self.meter = meter
-        self.round_records = round_records
-        self.in_flight = in_flight
+        self.stages, self.method, self.label, self.seed, self.budget = stages, method, label, seed, budget
+        self.meter, self.epsilon = meter, epsilon
 
-    def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> None:
-        snapshot = {
-            "state": state,
-            "round": round_ + 1,
-            "store": self.store.snapshot(),
-            "meter": self.meter.snapshot(),
-            "round_records": self.round_records(),
-        }
-        if self.in_flight:
-            snapshot["in_flight"] = list(self.in_flight)
-        save_checkpoint(snapshot, self.path)
+    def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> list[ResultRecord]:
+        stages, label, budget, seed = self.stages, self.label, self.budget, self.seed
+        records, seconds = stages.evaluate_round(self.method, label, seed, state, round_ + 1, self.meter)
+        if self.epsilon is not None:
+            records += self.epsilon.after_round(state, round_, metrics)
+        records += train_rows(label, budget, seed, round_, metrics)
+        stages.metric_log.round(label, budget, seed, round_ + 1, metrics)
+        stages.progress.advance_round(metrics, seconds)
+        return records
 
     def after_phase(self, state: ServerState) -> None:
         return None

@@ -18,10 +18,10 @@ from pydantic import ValidationError
 from test_bad_input_config import refused
 
 from fedpeft.core.config import load_config
-from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import UserError
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
-from fedpeft.engine.asynchronous import client_shares, run_asynchronous
+from fedpeft.engine.asynchronous import AsynchronousSchedule, client_shares
+from fedpeft.engine.phase import FederatedPhase
 from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.merging.server_step import WeightedMean
@@ -317,19 +317,10 @@ def test_the_asynchronous_loop_follows_appfls_aggregator_arrival_by_arrival(sett
     schedule = ScheduleConfig(**settings, client_weights=client_weights, delta_from=delta_from)
     engine = Replies(slow="c0", lag=4)
     initial = _random(7, torch.float64)
-    state = run_asynchronous(
-        engine,
-        "appfl",
-        Mixing(schedule),
-        ServerState(dict(initial)),
-        sorted(SIZES),
-        schedule=schedule,
-        durations={},
-        seed=0,
-        meter=CostMeter(),
-        callbacks=[],
-        checks=UpdateChecks(SIZES),
+    phase = FederatedPhase(
+        "appfl", Mixing(schedule), sorted(SIZES), 0, UpdateChecks(SIZES), state=ServerState(dict(initial))
     )
+    state = phase.run(AsynchronousSchedule(engine, schedule, {}))
     k = settings.get("buffer_size", 1)
     expected, staleness = _appfl(engine.events, initial, schedule, k, Mixing.rounds)
     assert state.round == Mixing.rounds and max(staleness) >= 2  # the slow client's updates arrive stale
@@ -342,19 +333,9 @@ def test_differences_from_the_start_change_nothing_when_every_update_is_fresh():
     finals = []
     for delta_from in ("global", "start"):
         schedule = ScheduleConfig(kind="fedbuff", delta_from=delta_from)
-        state = run_asynchronous(
-            Replies(together=True),
-            "fresh",
-            Mixing(schedule),
-            ServerState(_random(7, torch.float64)),
-            sorted(SIZES),
-            schedule=schedule,
-            durations={},
-            seed=0,
-            meter=CostMeter(),
-            callbacks=[],
-            checks=UpdateChecks(SIZES),
-        )
+        start = ServerState(_random(7, torch.float64))
+        phase = FederatedPhase("fresh", Mixing(schedule), sorted(SIZES), 0, UpdateChecks(SIZES), state=start)
+        state = phase.run(AsynchronousSchedule(Replies(together=True), schedule, {}))
         finals.append(state.tensors)
     assert not torch.equal(finals[0]["w"], _random(7, torch.float64)["w"])
     assert all(torch.equal(finals[0][key], finals[1][key]) for key in finals[0])

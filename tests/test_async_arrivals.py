@@ -1,5 +1,5 @@
-"""Asynchronous schedules in arrival order (the Flower engine's clock): the one loop of
-:func:`fedpeft.engine.asynchronous.run_asynchronous` with a fake engine whose replies come in a given order, and
+"""Asynchronous schedules in arrival order (the Flower engine's clock): the one schedule of
+:class:`fedpeft.engine.asynchronous.AsynchronousSchedule` with a fake engine whose replies come in a given order, and
 the Flower simulation engine running FedBuff."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from flower_helpers import one_torch_thread, read_records, task_identity, tiny_r
 
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
-from fedpeft.engine.asynchronous import run_asynchronous
-from fedpeft.engine.rounds import AfterRound, ClientOutcome, Engine
+from fedpeft.engine.asynchronous import AsynchronousSchedule
+from fedpeft.engine.phase import AfterRound, FederatedPhase
+from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.settings.schedule import ScheduleConfig
 
@@ -90,22 +91,17 @@ class Recording:
         return ServerState({"w": state.tensors["w"] + 1}, state.round), {"train_loss": 0.0}
 
 
-def run_phase(engine: Engine, method: Any, schedule: ScheduleConfig, **options: Any) -> ServerState:
-    """``run_asynchronous`` of ``method`` over clients c0..c5 from a zero state (``options``: meter, callbacks,
-    in_flight)."""
-    defaults: dict[str, Any] = {"meter": CostMeter(), "callbacks": [], "in_flight": None}
-    return run_asynchronous(
-        engine,
-        "buff",
-        method,
-        ServerState({"w": torch.zeros(2)}),
-        [f"c{i}" for i in range(6)],
-        schedule=schedule,
-        durations={},
-        seed=0,
-        checks=UpdateChecks(),
-        **(defaults | options),
+def asynchronous_phase(method: Any, **options: Any) -> FederatedPhase:
+    """A phase of ``method`` over clients c0..c5 from a zero state (``options``: meter, callbacks, in_flight)."""
+    clients = [f"c{i}" for i in range(6)]
+    return FederatedPhase(
+        "buff", method, clients, 0, UpdateChecks(), state=ServerState({"w": torch.zeros(2)}), **options
     )
+
+
+def run_phase(engine: Engine, method: Any, schedule: ScheduleConfig, **options: Any) -> ServerState:
+    """The asynchronous phase of ``method`` under ``schedule`` (:func:`asynchronous_phase`)."""
+    return asynchronous_phase(method, **options).run(AsynchronousSchedule(engine, schedule, {}))
 
 
 def test_the_arrival_order_loop_counts_staleness_steps_every_k_and_records_failures():
@@ -113,11 +109,11 @@ def test_the_arrival_order_loop_counts_staleness_steps_every_k_and_records_failu
     method = Recording()
     meter = CostMeter()
     metrics: list[dict[str, float]] = []
-    flying: list[str] = []
     seen: list[list[str]] = []
     schedule = ScheduleConfig(kind="fedbuff", concurrency=3, buffer_size=2)
-    callbacks = [AfterRound(lambda _s, _r, m: (metrics.append(m), seen.append(list(flying))))]
-    state = run_phase(engine, method, schedule, meter=meter, callbacks=callbacks, in_flight=flying)
+    phase = asynchronous_phase(method, meter=meter)
+    phase.callbacks = [AfterRound(lambda _s, _r, m: (metrics.append(m), seen.append(list(phase.in_flight))))]
+    state = phase.run(AsynchronousSchedule(engine, schedule, {}))
     assert state.round == 6 and len(method.steps) == 6 and all(len(step) == 2 for step in method.steps)
     assert [m["clients"] for m in metrics] == [2.0] * 6
     assert all("virtual_time" not in m for m in metrics)  # arrival order measures no virtual time

@@ -21,7 +21,9 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ServerState
 from fedpeft.engine.local import LocalEngine
-from fedpeft.runner import Checkpoint, Experiment
+from fedpeft.engine.phase import FederatedPhase, PhaseCheckpoint
+from fedpeft.engine.rounds import SynchronousRounds
+from fedpeft.runner import Experiment
 from tests import test_methods as matrix
 
 
@@ -75,9 +77,10 @@ def test_a_round_of_every_federated_method_checkpoints_and_loads_back(name, requ
     state = method.init_server(worker.runtime, seed=0)
     path = tmp_path / "checkpoints" / name / "seed0.safetensors"
     records = [{"method": name, "round": 1, "metric": "loss", "value": 0.25}]
-    checkpoint = Checkpoint(path, store, meter, lambda: records)
     ids = [c.client_id for c in toy_clients]
-    state = LocalEngine(worker).run_rounds(name, method, state, ids, seed=0, meter=meter, callbacks=[checkpoint])
+    checkpoint = PhaseCheckpoint(path, store)
+    phase = FederatedPhase(name, method, ids, 0, checkpoint=checkpoint, state=state, meter=meter, records=list(records))
+    state = phase.run(SynchronousRounds(LocalEngine(worker)))
     saved = load_checkpoint(path)
     assert saved["round"] == 1 and saved["round_records"] == records
     assert_same(saved["state"], state, "state")

@@ -10,7 +10,7 @@ from fedpeft.core.costs import CostMeter
 from fedpeft.core.registry import METHODS
 from fedpeft.core.types import ClientUpdate
 from fedpeft.engine.local import LocalEngine
-from fedpeft.engine.rounds import AfterRound
+from fedpeft.engine.phase import AfterRound
 from fedpeft.models.runtime import ClientModel
 from fedpeft.worker import build_method
 

@@ -1,27 +1,31 @@
-"""The round loop's plumbing (fedpeft.engine.rounds, fedpeft.engine.operations): the engine's outcome type and the
-round tally, the one place the round counter is set, and the table of worker operations both engines dispatch
-through."""
+"""The round loop's plumbing (fedpeft.engine.rounds, fedpeft.engine.phase, fedpeft.engine.operations): the engine's
+outcome type and the round tally, the phase that sets the round counter in one place and checkpoints, and the table
+of worker operations both engines dispatch through."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError
 from fedpeft.core.faults import ClientDroppedError
+from fedpeft.core.stores import MemoryStore
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, TrainResult
 from fedpeft.engine.flower import client as node
 from fedpeft.engine.flower.codec import NodeTask, decode, encode
 from fedpeft.engine.flower.messages import EVALUATE_BASE, OPERATIONS
 from fedpeft.engine.local import LocalEngine
 from fedpeft.engine.operations import SERVER_OPERATIONS, WORKER_OPERATIONS, operation
-from fedpeft.engine.rounds import ClientOutcome, Engine, RoundTally
+from fedpeft.engine.phase import AfterRound, FederatedPhase, PhaseCheckpoint
+from fedpeft.engine.rounds import ClientOutcome, Engine, RoundTally, SynchronousRounds
 from fedpeft.engine.validation import UpdateRejectedError
 
 
@@ -130,7 +134,7 @@ def test_the_loop_sets_the_round_once_and_records_every_outcome():
     metrics: list[Metrics] = []
     start = ServerState(tensors={"w": torch.zeros(2)})
     engine = _ScriptedEngine(script)
-    callback = SimpleNamespace(after_round=lambda s, r, m: metrics.append(m), after_phase=lambda s: None)
+    callback = AfterRound(lambda s, r, m: metrics.append(m))
     state = engine.run_rounds("mean", method, start, ["a", "b", "c", "d"], seed=0, meter=meter, callbacks=[callback])
     assert state.round == 3 and start.round == 0  # set by the loop, on a new state object
     assert torch.equal(state.tensors["w"], torch.full((2,), 6.0))
@@ -151,6 +155,52 @@ def test_a_kept_round_still_counts_and_the_previous_state_is_left_untouched():
     assert torch.equal(state.tensors["w"], torch.zeros(2))
 
 
+class _Recording:
+    """A round callback that gives one record per round and counts the phases it saw end."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+
+    def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> list[Any]:
+        return [{"round": round_ + 1, "clients": metrics["clients"], "state_round": state.round}]
+
+    def after_phase(self, state: ServerState) -> None:
+        self.ended += 1
+
+
+def test_the_phase_keeps_the_records_of_its_rounds_in_its_checkpoint_and_resumes_from_it(tmp_path: Path):
+    engine = _ScriptedEngine(lambda c, p, r: ClientOutcome(c, _update(c, 1.0 + r), 0.5))
+    start = ServerState(tensors={"w": torch.zeros(2)})
+    store, path = MemoryStore(), tmp_path / "phase.safetensors"
+    store.put("a", {"w": torch.ones(1)}, 0)
+    callback = _Recording()
+    earlier = [{"round": 0, "budget": 2}]  # a previous phase's of the same unit: kept in front
+    phase = FederatedPhase(
+        "mean",
+        _MeanMethod(),
+        ["a", "b"],
+        0,
+        callbacks=[callback],
+        checkpoint=PhaseCheckpoint(path, store),
+        state=start,
+        records=list(earlier),
+    )
+    state = phase.run(SynchronousRounds(engine, durations={"a": 2.0, "b": 0.5}))
+    assert state.round == 3 and state.clock == 6.0 and callback.ended == 1
+    assert phase.records == [*earlier, *({"round": r, "clients": 2.0, "state_round": r} for r in (1, 2, 3))]
+    saved = load_checkpoint(path)
+    assert saved["round"] == 3 and saved["round_records"] == phase.records and "in_flight" not in saved
+    assert saved["meter"] == phase.meter.snapshot() and phase.meter.client_rounds == 6
+
+    # A new phase resumed from the checkpoint has every round done: it runs none and ends with the same state.
+    store.put("a", {"w": torch.zeros(1)}, 4)  # written after the checkpoint: the store comes back as saved
+    resumed = FederatedPhase("mean", _MeanMethod(), ["a", "b"], 0, checkpoint=PhaseCheckpoint(path, store))
+    resumed.resume(saved)
+    assert resumed.records == phase.records and resumed.meter == phase.meter and not resumed.running()
+    assert torch.equal(resumed.run(SynchronousRounds(engine)).tensors["w"], state.tensors["w"])
+    assert torch.equal(store.get("a")["w"], torch.ones(1)) and resumed.state.clock == 6.0
+
+
 class _SecureEngine(Engine):
     """Yields one round as a secure sum does: one update, the mean of every sampled client's."""
 
@@ -169,7 +219,7 @@ def test_a_secure_sum_counts_every_client_it_holds():
     method = _MeanMethod()
     method.rounds = 1
     metrics: list[Metrics] = []
-    callback = SimpleNamespace(after_round=lambda s, r, m: metrics.append(m), after_phase=lambda s: None)
+    callback = AfterRound(lambda s, r, m: metrics.append(m))
     start = ServerState(tensors={"w": torch.zeros(2)})
     _SecureEngine().run_rounds("mean", method, start, ["a", "b"], seed=0, meter=meter, callbacks=[callback])
     assert metrics[0]["clients"] == 2.0 and metrics[0]["examples"] == 20.0

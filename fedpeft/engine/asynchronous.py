@@ -4,7 +4,8 @@ updates arrive.
 A client's work takes ``duration`` units of virtual time: its work (local steps, or epochs x batches of its
 training set) times its speed factor (``clients.speed``), both fixed for a seed, so the order in which updates
 arrive, and the records, are the same on every machine and for any number of workers, and a long asynchronous run
-costs the CPU of the clients it trains. The loop (:func:`run_asynchronous`):
+costs the CPU of the clients it trains. The schedule (:class:`AsynchronousSchedule`, whose server steps a
+:class:`~fedpeft.engine.phase.FederatedPhase` counts as it counts synchronous rounds):
 
 1. every free slot gets a client, each with the current global state (``method.payload``) and the number of the
    server step that made it; when no client is in flight and C is the clients a round samples, the slots are
@@ -20,7 +21,8 @@ costs the CPU of the clients it trains. The loop (:func:`run_asynchronous`):
    :func:`fedpeft.merging.staleness.rebase`);
 4. with K updates buffered (K = 1 for FedAsync) the server steps (``method.aggregate``, whose server step weights
    and mixes them, :mod:`fedpeft.merging.staleness`); the step is a round of the records, its metrics with
-   ``virtual_time`` and ``staleness``, and the callbacks run as after a synchronous round.
+   ``virtual_time`` and ``staleness``, counted by the phase as a synchronous round is (its round set, the
+   callbacks, the checkpoint, which lists the clients then in flight).
 
 With every client equally fast and K = C = the clients of a round, all C arrive together, the server steps once
 on all of them, and the next C get the new state: the synchronous rounds, bit for bit.
@@ -28,7 +30,7 @@ on all of them, and the next C get the new state: the synchronous rounds, bit fo
 The virtual clock (:class:`VirtualClock`) is the local engine's; the engine chooses (:attr:`Engine.arrival_order`).
 The Flower engine's :class:`ArrivalClock` sends each client's work as it is dispatched and takes the replies in
 the order they come (step 2): a node's reply, not a virtual duration, decides the order, and the records depend on
-the machines. Everything else (dispatch, staleness, buffering, the server steps, failures) is this one loop.
+the machines. Everything else (dispatch, staleness, buffering, the server steps, failures) is the same schedule.
 """
 
 from __future__ import annotations
@@ -38,21 +40,19 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol, cast
 
 from fedpeft.core.config import SpeedConfig
-from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError, UserError
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Payload, ServerState
+from fedpeft.core.types import ClientUpdate, Payload
 from fedpeft.data.types import ClientData
-from fedpeft.engine.rounds import ClientOutcome, Engine, RoundCallback, RoundTally
-from fedpeft.engine.validation import UpdateChecks
+from fedpeft.engine.phase import FederatedPhase, RoundResult
+from fedpeft.engine.rounds import ClientOutcome, Engine, RoundTally
 from fedpeft.merging.staleness import rebase
-from fedpeft.methods.base import Method
 from fedpeft.settings.schedule import ScheduleConfig
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
@@ -273,136 +273,155 @@ def client_shares(
     return {c: sizes[c] / total for c in client_ids}
 
 
-def run_asynchronous(
-    engine: Engine,
-    label: str,
-    method: Method,
-    state: ServerState,
-    client_ids: list[str],
-    *,
-    schedule: ScheduleConfig,
-    durations: dict[str, float],
-    seed: int,
-    meter: CostMeter,
-    callbacks: Sequence[RoundCallback],
-    checks: UpdateChecks,
-    in_flight: list[str] | None = None,
-) -> ServerState:
-    """Run ``method``'s server steps ``state.round .. method.rounds - 1`` under ``schedule`` (module docstring);
-    returns the final state. The engine's clock (:attr:`Engine.arrival_order`) decides the order of arrivals.
+class AsynchronousSchedule:
+    """FedBuff or FedAsync (module docstring): C clients in flight, a server step every K valid arrivals.
 
-    ``in_flight``: kept up to date, before the callbacks of each server step, with the clients then in flight
-    (the checkpoint lists them); given non-empty, as on a resume, those clients are dispatched first, with the
-    restored state (the updates they were training were lost with the interrupted run). APPFL's ``sample_size``
-    client weights take the clients' training-set sizes the server knows from ``checks``."""
-    per_round = len(method.sample(client_ids, state.round, seed))
-    concurrency, buffer_size = flight_sizes(label, schedule, per_round, len(client_ids))
-    shares = client_shares(label, schedule, client_ids, checks.sizes)
-    flights: list[Flight] = []
-    buffer: list[ClientUpdate] = []
-    dispatches, streak = 0, 0
-    phase_clients = set(client_ids)
-    in_order = sorted(phase_clients)
-    resent = [c for c in dict.fromkeys(in_flight or []) if c in phase_clients][:concurrency]
-    tally = RoundTally(state.round, [], meter)
-    started = time.perf_counter()
-    engine.start_phase(label, seed)
-    clock: AsyncClock = (
-        ArrivalClock(cast(ArrivalEngine, engine), label, seed)
-        if engine.arrival_order
-        else VirtualClock(engine, label, seed, durations, state.clock)
-    )
+    Args:
+        engine: what runs the clients' work; its clock (:attr:`Engine.arrival_order`) decides the order of
+            arrivals.
+        schedule: the method's ``schedule``.
+        durations: each client's virtual duration (the virtual clock's).
+    """
 
-    def too_stale(staleness: int, _update: ClientUpdate) -> str | None:
-        limit = schedule.max_staleness
+    def __init__(self, engine: Engine, schedule: ScheduleConfig, durations: dict[str, float]) -> None:
+        self.engine, self.schedule, self.durations = engine, schedule, durations
+
+    def steps(self, phase: FederatedPhase) -> Generator[RoundResult, None, None]:
+        """The phase's server steps from ``phase.state.round``, one result each, with the clients then in flight.
+        Clients listed in flight on a resume (``phase.in_flight``) are dispatched first, with the restored state
+        (the updates they were training were lost with the interrupted run). APPFL's ``sample_size`` client
+        weights take the clients' training-set sizes the server knows from ``phase.checks``."""
+        engine, label, seed = self.engine, phase.label, phase.seed
+        per_round = len(phase.method.sample(phase.client_ids, phase.state.round, seed))
+        concurrency, buffer_size = flight_sizes(label, self.schedule, per_round, len(phase.client_ids))
+        shares = client_shares(label, self.schedule, phase.client_ids, phase.checks.sizes)
+        buffer: list[ClientUpdate] = []
+        streak = 0
+        tally = RoundTally(phase.state.round, [], phase.meter)
+        started = time.perf_counter()
+        engine.start_phase(label, seed)
+        clock: AsyncClock = (
+            ArrivalClock(cast(ArrivalEngine, engine), label, seed)
+            if engine.arrival_order
+            else VirtualClock(engine, label, seed, self.durations, phase.state.clock)
+        )
+        slots = _Slots(phase, clock, concurrency, per_round)
+        try:
+            while phase.running():
+                slots.fill()
+                if not slots.flights:
+                    raise AllClientsFailedError(
+                        f"server step {phase.state.round + 1}: no client of the seen pool can be reached now (the "
+                        "nodes serving them were lost), so the asynchronous schedule has none to send."
+                    )
+                for flight in clock.arrivals(slots.flights):
+                    slots.flights.remove(flight)
+                    update = self._arrival(phase, flight, tally, shares)
+                    if update is None:
+                        streak += 1
+                        if streak >= max(concurrency, buffer_size) * 2:
+                            first = tally.failures[0] if tally.failures else f"client {flight.client_id} was rejected"
+                            raise AllClientsFailedError(
+                                f"server step {phase.state.round + 1}: the last {streak} clients to arrive under "
+                                f"the asynchronous schedule all failed or were rejected; the first: {first}"
+                            )
+                        continue
+                    streak = 0
+                    buffer.append(update)
+                    if len(buffer) < buffer_size:
+                        continue
+                    yield self._server_step(phase, buffer, clock, started, slots.flights)
+                    buffer, tally, started = [], RoundTally(phase.state.round, [], phase.meter), time.perf_counter()
+                    if not phase.running():
+                        break
+        except BaseException:
+            clock.abort()
+            raise
+        clock.end(slots.flights)
+
+    def _arrival(
+        self, phase: FederatedPhase, flight: Flight, tally: RoundTally, shares: dict[str, float] | None
+    ) -> ClientUpdate | None:
+        """The update ``flight`` brings, ready for the buffer (its staleness, its share, rebased with
+        ``delta_from: start``), or ``None`` when it failed or was rejected (recorded in ``tally``)."""
+        state = phase.state
+        tally.sampled.append(flight.client_id)
+        assert flight.outcome is not None
+        staleness = state.round - flight.version
+        sent = {flight.client_id: flight.payload}
+        too_stale = partial(self._too_stale, staleness)
+        update = self.engine.receive(phase.method, flight.outcome, sent, phase.checks, tally, too_stale)
+        if update is None:
+            return None
+        if self.schedule.delta_from == "start" and staleness > 0:  # the state it trained from is not the current
+            now = phase.method.payload(state, flight.client_id).tensors
+            update = dataclasses.replace(update, tensors=rebase(update.tensors, flight.payload.tensors, now))
+        share = None if shares is None else shares[flight.client_id]
+        return dataclasses.replace(update, staleness=staleness, share=share)
+
+    def _too_stale(self, staleness: int, _update: ClientUpdate) -> str | None:
+        limit = self.schedule.max_staleness
         return None if limit is None or staleness <= limit else f"staleness {staleness} exceeds max_staleness={limit}"
 
-    def dispatch(chosen: list[str]) -> None:
-        for client_id in chosen:
-            flight = Flight(client_id, state.round, method.payload(state, client_id))
-            clock.start(flight)
-            flights.append(flight)
+    @staticmethod
+    def _server_step(
+        phase: FederatedPhase, buffer: list[ClientUpdate], clock: AsyncClock, started: float, flights: list[Flight]
+    ) -> RoundResult:
+        """The server step on the ``buffer`` of K updates, begun at ``started``, with ``flights`` still in flight."""
+        state = phase.state
+        new_state, metrics = phase.method.aggregate(state, iter(buffer))
+        seconds = time.perf_counter() - started
+        metrics = {
+            **metrics,
+            "clients": float(len(buffer)),
+            "examples": sum(float(u.weight) for u in buffer),
+            "seconds": seconds,
+        }
+        if clock.now is not None:
+            metrics["virtual_time"] = clock.now
+        metrics["staleness"] = sum(u.staleness for u in buffer) / len(buffer)
+        now = state.clock if clock.now is None else clock.now
+        return RoundResult(new_state, metrics, seconds, now, [f.client_id for f in flights])
 
-    def fill() -> None:
-        nonlocal dispatches, resent
-        if resent:  # a resume: the clients in flight at the checkpoint go first
-            dispatch(resent)
-            resent = []
-        free = concurrency - len(flights)
+
+class _Slots:
+    """A phase's C slots of clients in flight (module docstring, step 1), each given the phase's current state."""
+
+    def __init__(self, phase: FederatedPhase, clock: AsyncClock, concurrency: int, per_round: int) -> None:
+        self.phase, self.clock, self.concurrency, self.per_round = phase, clock, concurrency, per_round
+        self.flights: list[Flight] = []
+        self.dispatches = 0
+        clients = set(phase.client_ids)
+        self.in_order = sorted(clients)
+        self.resent = [c for c in dict.fromkeys(phase.in_flight) if c in clients][:concurrency]
+
+    def fill(self) -> None:
+        """Give every free slot a client: first those in flight at the checkpoint resumed from, then, with none in
+        flight and C the clients of a round, the round's sample, else a uniform draw from the clients not in
+        flight."""
+        phase = self.phase
+        if self.resent:
+            self._dispatch(self.resent)
+            self.resent = []
+        free = self.concurrency - len(self.flights)
         if free <= 0:
             return
-        busy = {f.client_id for f in flights}
-        if not flights and free == per_round:
-            chosen = sorted(method.sample(client_ids, state.round, seed))
+        if not self.flights and free == self.per_round:
+            chosen = sorted(phase.method.sample(phase.client_ids, phase.state.round, phase.seed))
         else:
-            idle = clock.reachable([c for c in in_order if c not in busy])
-            rng = random.Random(derive_seed(seed, label, "async-dispatch", dispatches))
+            busy = {f.client_id for f in self.flights}
+            idle = self.clock.reachable([c for c in self.in_order if c not in busy])
+            rng = random.Random(derive_seed(phase.seed, phase.label, "async-dispatch", self.dispatches))
             chosen = sorted(rng.sample(idle, min(free, len(idle))))
-        dispatches += 1
-        dispatch(chosen)
+        self.dispatches += 1
+        self._dispatch(chosen)
 
-    try:
-        while state.round < method.rounds and not method.should_stop(state):
-            fill()
-            if not flights:
-                raise AllClientsFailedError(
-                    f"server step {state.round + 1}: no client of the seen pool can be reached now (the nodes serving "
-                    "them were lost), so the asynchronous schedule has none to send."
-                )
-            for flight in clock.arrivals(flights):
-                flights.remove(flight)
-                tally.sampled.append(flight.client_id)
-                assert flight.outcome is not None
-                staleness = state.round - flight.version
-                sent = {flight.client_id: flight.payload}
-                update = engine.receive(method, flight.outcome, sent, checks, tally, partial(too_stale, staleness))
-                if update is None:
-                    streak += 1
-                    if streak >= max(concurrency, buffer_size) * 2:
-                        first = tally.failures[0] if tally.failures else f"client {flight.client_id} was rejected"
-                        raise AllClientsFailedError(
-                            f"server step {state.round + 1}: the last {streak} clients to arrive under the "
-                            f"asynchronous schedule all failed or were rejected; the first: {first}"
-                        )
-                    continue
-                streak = 0
-                if schedule.delta_from == "start" and staleness > 0:  # the state it trained from is not the current
-                    now = method.payload(state, flight.client_id).tensors
-                    update = dataclasses.replace(update, tensors=rebase(update.tensors, flight.payload.tensors, now))
-                share = None if shares is None else shares[flight.client_id]
-                buffer.append(dataclasses.replace(update, staleness=staleness, share=share))
-                if len(buffer) < buffer_size:
-                    continue
-                new_state, metrics = method.aggregate(state, iter(buffer))
-                seconds = time.perf_counter() - started
-                metrics = {
-                    **metrics,
-                    "clients": float(len(buffer)),
-                    "examples": sum(float(u.weight) for u in buffer),
-                    "seconds": seconds,
-                }
-                if clock.now is not None:
-                    metrics["virtual_time"] = clock.now
-                metrics["staleness"] = sum(u.staleness for u in buffer) / len(buffer)
-                step = state.round
-                state = dataclasses.replace(
-                    new_state, round=step + 1, clock=state.clock if clock.now is None else clock.now
-                )
-                meter.wall_seconds += seconds
-                if in_flight is not None:
-                    in_flight[:] = [f.client_id for f in flights]
-                for callback in callbacks:
-                    callback.after_round(state, step, metrics)
-                buffer, tally, started = [], RoundTally(state.round, [], meter), time.perf_counter()
-                if state.round >= method.rounds or method.should_stop(state):
-                    break
-    except BaseException:
-        clock.abort()
-        raise
-    clock.end(flights)
-    for callback in callbacks:
-        callback.after_phase(state)
-    return state
+    def _dispatch(self, chosen: list[str]) -> None:
+        state = self.phase.state
+        for client_id in chosen:
+            flight = Flight(client_id, state.round, self.phase.method.payload(state, client_id))
+            self.clock.start(flight)
+            self.flights.append(flight)
 
 
 def _train(engine: Engine, label: str, seed: int, flights: list[Flight]) -> None:

@@ -1,8 +1,9 @@
-"""The one round loop both engines share: sampling, dispatch, failures, aggregation and callbacks.
+"""Synchronous rounds, and what every schedule shares: the engine, a client's outcome, a round's tally.
 
 An engine only says how a round's client work reaches a worker (:meth:`Engine.train_clients`: in this process,
-or as Flower messages) and how other per-client operations run (:meth:`Engine.map_clients`). Everything else
-about a round happens here, in this order:
+or as Flower messages) and how other per-client operations run (:meth:`Engine.map_clients`). A phase of
+synchronous rounds (:class:`SynchronousRounds`, one schedule of :class:`~fedpeft.engine.phase.FederatedPhase`)
+runs each round in this order:
 
 1. ``method.should_stop(state)`` ends the phase early;
 2. ``method.sample(client_ids, round_, seed)`` picks the round's clients (sorted by id);
@@ -16,10 +17,9 @@ about a round happens here, in this order:
    :class:`~fedpeft.core.errors.AllClientsFailedError` (whatever aggregating nothing gave, or raised, is
    discarded), since going on would report an untrained model as the method's result; otherwise, if fewer than
    ``min_updates`` updates passed the checks, the round keeps the previous server state (recorded as an event);
-6. the loop sets the state's round counter (here only, for aggregated and kept rounds alike), and every
-   callback's ``after_round`` runs (evaluation, checkpoint, progress, in the order given) with the round's
-   metrics: the aggregation's (``train_loss``, ...) and ``clients``, ``examples`` (of the valid updates) and
-   ``seconds``; after the last round every callback's ``after_phase``.
+6. the phase counts the round (:mod:`fedpeft.engine.phase`: it sets the state's round, for aggregated and kept
+   rounds alike, and runs the callbacks and the checkpoint) with the round's metrics: the aggregation's
+   (``train_loss``, ...) and ``clients``, ``examples`` (of the valid updates) and ``seconds``.
 
 An engine yields a :class:`ClientOutcome` per client (the method's update or the error, and the engine's own
 facts: seconds, injected faults, the clients a secure sum holds); a :class:`RoundTally` keeps what became of the
@@ -28,19 +28,19 @@ round's sampled clients.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError
 from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.turns import Turns
-from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, TrainResult, num_bytes, upload_bytes
+from fedpeft.core.types import ClientUpdate, Payload, ServerState, TrainResult, num_bytes, upload_bytes
 from fedpeft.engine.operations import operation
+from fedpeft.engine.phase import FederatedPhase, RoundCallback, RoundResult
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
 from fedpeft.methods.base import Method, SamplingConfig
 
@@ -142,31 +142,6 @@ class RoundTally:
         check_round(self.round_, len(self.sampled), self.failures, min_clients)
 
 
-class RoundCallback(Protocol):
-    """Something that happens after every round of a federated phase, and once after the phase."""
-
-    def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> None:
-        """Called after round ``round_`` (0-based) with the aggregated state and the round's metrics."""
-
-    def after_phase(self, state: ServerState) -> None:
-        """Called once after the last round with the final state."""
-
-
-class AfterRound:
-    """A :class:`RoundCallback` from a plain function of ``(state, round_, metrics)``."""
-
-    def __init__(self, fn: Callable[[ServerState, int, Metrics], None]) -> None:
-        self.fn = fn
-
-    def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> None:
-        """Call the function with the round's state, round (0-based) and metrics."""
-        self.fn(state, round_, metrics)
-
-    def after_phase(self, state: ServerState) -> None:
-        """Nothing: the function is called after rounds only."""
-        return None
-
-
 class Engine:
     """Runs clients' work for the runner. Subclasses implement :meth:`train_clients` and :meth:`map_clients`."""
 
@@ -233,74 +208,17 @@ class Engine:
         *,
         seed: int,
         meter: CostMeter,
-        start_round: int = 0,
         callbacks: Sequence[RoundCallback] = (),
         checks: UpdateChecks | None = None,
         min_updates: int = 1,
         durations: dict[str, float] | None = None,
     ) -> ServerState:
-        """Run rounds ``start_round .. method.rounds - 1`` of ``method`` over ``client_ids`` (see the module
-        docstring for the order of what happens in a round); returns the final server state.
-
-        ``checks``: the server's checks of every update (default: shapes, finite values and positive example
-        counts, no norm bound); ``min_updates``: the fewest valid updates a round needs to change the state.
-        ``durations``: each client's virtual duration (docs/async.md); given, a round lasts as long as its slowest
-        sampled client on the virtual clock, whose time after each round is the metric ``virtual_time`` (for a
-        comparison with asynchronous schedules, which run
-        :func:`fedpeft.engine.asynchronous.run_asynchronous` instead)."""
+        """Run a phase of synchronous rounds of ``method`` over ``client_ids`` from ``state.round``, checkpointed
+        nowhere (:class:`~fedpeft.engine.phase.FederatedPhase` with :class:`SynchronousRounds`); returns the final
+        server state."""
         checks = checks or UpdateChecks()
-        needed = method.cfg.min_clients if isinstance(method.cfg, SamplingConfig) else 1
-        self.start_phase(label, seed)
-        for round_ in range(start_round, method.rounds):
-            if method.should_stop(state):
-                break
-            sampled = sorted(method.sample(client_ids, round_, seed))
-            started = time.perf_counter()
-            tally = RoundTally(round_, sampled, meter)
-            updates = self._updates(label, method, state, seed, checks, tally)
-            try:
-                new_state, metrics = method.aggregate(state, updates)
-            except Exception:
-                tally.check(needed)  # a round of failures explains the error better
-                if tally.valid > 0:
-                    raise
-                new_state, metrics = state, {"clients": 0.0}  # nothing valid to aggregate: kept below
-            tally.check(needed)
-            if tally.valid < min_updates:
-                reason = f"{tally.valid} valid update(s), fewer than min_updates={min_updates}"
-                log.warning("round %d: the server kept its previous state (%s)", round_ + 1, reason)
-                meter.events.append({"metric": "kept_previous_state", "round": round_ + 1, "reason": reason})
-                new_state = state
-            seconds = time.perf_counter() - started
-            metrics = {**metrics, "clients": float(tally.valid), "examples": sum(tally.weights), "seconds": seconds}
-            clock = state.clock
-            if durations is not None and sampled:
-                clock += max(durations.get(c, 1.0) for c in sampled)
-                metrics["virtual_time"] = clock
-            # The loop counts the rounds, aggregated or kept: the one place the state's round is set.
-            state = dataclasses.replace(new_state, round=round_ + 1, clock=clock)
-            meter.wall_seconds += time.perf_counter() - started
-            for callback in callbacks:
-                callback.after_round(state, round_, metrics)
-        for callback in callbacks:
-            callback.after_phase(state)
-        return state
-
-    def _updates(
-        self, label: str, method: Method, state: ServerState, seed: int, checks: UpdateChecks, tally: RoundTally
-    ) -> Iterator[ClientUpdate]:
-        """The round's valid updates, in client-id order, as the engine's outcomes arrive; what became of each
-        sampled client goes into ``tally``."""
-        sent: dict[str, Payload] = {}
-
-        def payload_of(client_id: str) -> Payload:
-            sent[client_id] = method.payload(state, client_id)
-            return sent[client_id]
-
-        for outcome in self.train_clients(label, seed, tally.round_, tally.sampled, payload_of):
-            update = self.receive(method, outcome, sent, checks, tally)
-            if update is not None:
-                yield update
+        phase = FederatedPhase(label, method, client_ids, seed, checks, callbacks, state=state, meter=meter)
+        return phase.run(SynchronousRounds(self, min_updates=min_updates, durations=durations))
 
     def receive(
         self,
@@ -336,6 +254,70 @@ class Engine:
             return None
         tally.accept(update)
         return update
+
+
+class SynchronousRounds:
+    """Synchronous rounds (the module docstring's order): each samples its clients, takes in every one's outcome
+    and aggregates the valid updates.
+
+    Args:
+        engine: what runs the clients' work.
+        min_updates: the fewest valid updates a round needs to change the state.
+        durations: each client's virtual duration (docs/async.md); given, a round lasts as long as its slowest
+            sampled client on the virtual clock, whose time after each round is the metric ``virtual_time`` (for a
+            comparison with asynchronous schedules, :class:`fedpeft.engine.asynchronous.AsynchronousSchedule`).
+    """
+
+    def __init__(self, engine: Engine, *, min_updates: int = 1, durations: dict[str, float] | None = None) -> None:
+        self.engine, self.min_updates, self.durations = engine, min_updates, durations
+
+    def steps(self, phase: FederatedPhase) -> Generator[RoundResult, None, None]:
+        """The phase's rounds from ``phase.state.round``, one result each."""
+        method, meter = phase.method, phase.meter
+        needed = method.cfg.min_clients if isinstance(method.cfg, SamplingConfig) else 1
+        self.engine.start_phase(phase.label, phase.seed)
+        while phase.running():
+            state, round_ = phase.state, phase.state.round
+            sampled = sorted(method.sample(phase.client_ids, round_, phase.seed))
+            started = time.perf_counter()
+            tally = RoundTally(round_, sampled, meter)
+            updates = self._updates(phase, state, tally)
+            try:
+                new_state, metrics = method.aggregate(state, updates)
+            except Exception:
+                tally.check(needed)  # a round of failures explains the error better
+                if tally.valid > 0:
+                    raise
+                new_state, metrics = state, {"clients": 0.0}  # nothing valid to aggregate: kept below
+            tally.check(needed)
+            if tally.valid < self.min_updates:
+                reason = f"{tally.valid} valid update(s), fewer than min_updates={self.min_updates}"
+                log.warning("round %d: the server kept its previous state (%s)", round_ + 1, reason)
+                meter.events.append({"metric": "kept_previous_state", "round": round_ + 1, "reason": reason})
+                new_state = state
+            seconds = time.perf_counter() - started
+            metrics = {**metrics, "clients": float(tally.valid), "examples": sum(tally.weights), "seconds": seconds}
+            clock = state.clock
+            if self.durations is not None and sampled:
+                clock += max(self.durations.get(c, 1.0) for c in sampled)
+                metrics["virtual_time"] = clock
+            yield RoundResult(new_state, metrics, seconds, clock)
+
+    def _updates(self, phase: FederatedPhase, state: ServerState, tally: RoundTally) -> Iterator[ClientUpdate]:
+        """The round's valid updates, in client-id order, as the engine's outcomes arrive; what became of each
+        sampled client goes into ``tally``."""
+        sent: dict[str, Payload] = {}
+        method = phase.method
+
+        def payload_of(client_id: str) -> Payload:
+            sent[client_id] = method.payload(state, client_id)
+            return sent[client_id]
+
+        outcomes = self.engine.train_clients(phase.label, phase.seed, tally.round_, tally.sampled, payload_of)
+        for outcome in outcomes:
+            update = self.engine.receive(method, outcome, sent, phase.checks, tally)
+            if update is not None:
+                yield update
 
 
 def check_round(round_: int, sampled: int, failures: list[str], min_clients: int = 1) -> None:

@@ -57,18 +57,16 @@ def privacy_records(
 
 
 class EpsilonRecorder:
-    """A round callback (``fedpeft.engine.rounds.RoundCallback``) that appends :func:`privacy_records` to
-    ``records`` after every round of one federated phase."""
+    """A round callback (``fedpeft.engine.phase.RoundCallback``) that gives :func:`privacy_records` after every
+    round of one federated phase."""
 
-    def __init__(
-        self, method: str, budget: Budget, seed: int, dp: DPConfig, sample_rate: float, records: list[ResultRecord]
-    ) -> None:
+    def __init__(self, method: str, budget: Budget, seed: int, dp: DPConfig, sample_rate: float) -> None:
         self.method, self.budget, self.seed = method, budget, seed
-        self.dp, self.sample_rate, self.records = dp, sample_rate, records
+        self.dp, self.sample_rate = dp, sample_rate
 
-    def after_round(self, state: Any, round_: int, metrics: Any) -> None:
-        """Record epsilon after round ``round_`` (0-based), i.e. of ``round_ + 1`` rounds."""
-        self.records += privacy_records(self.method, self.budget, self.seed, round_ + 1, self.dp, self.sample_rate)
+    def after_round(self, state: Any, round_: int, metrics: Any) -> list[ResultRecord]:
+        """Epsilon after round ``round_`` (0-based), i.e. of ``round_ + 1`` rounds."""
+        return privacy_records(self.method, self.budget, self.seed, round_ + 1, self.dp, self.sample_rate)
 
     def after_phase(self, state: Any) -> None:
         """Nothing: every round was recorded."""
