@@ -1,0 +1,214 @@
+"""The arithmetic of benchmarks/official/fedp2eft/compare.py on fixture records, without either pipeline: seeds paired
+by position, the authors' client ids mapped to fedpeft's, per-client differences and their t interval, rank
+structures compared module by module, the two protocols' settings on both command lines, and Flower's timestamps
+read into phase times."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import math
+import statistics
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+FOLDER = Path(__file__).resolve().parent.parent / "benchmarks" / "official" / "fedp2eft"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"official_fedp2eft_{name}", FOLDER / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+comparison = load("comparison")
+compare = load("compare")
+
+T_975_2 = 4.302652729749464  # Student's t, 0.975 quantile, 2 degrees of freedom
+
+
+def record(client: str, seed: int, value: float, method: str = "fedp2eft", pool: str = "seen", budget=2) -> dict:
+    return {
+        "method": method,
+        "budget": budget,
+        "pool": pool,
+        "client": client,
+        "seed": seed,
+        "split": "test",
+        "metric": "accuracy",
+        "value": value,
+    }
+
+
+CLIENTS = [
+    {"cid": 0, "client_id": "a-seen-00", "pool": "seen", "language": "a", "train": 60, "test": 30},
+    {"cid": 1, "client_id": "a-seen-01", "pool": "seen", "language": "a", "train": 60, "test": 30},
+    {"cid": 2, "client_id": "b-seen-00", "pool": "seen", "language": "b", "train": 60, "test": 30},
+    {"cid": 3, "client_id": "b-unseen-00", "pool": "unseen", "language": "b", "train": 60, "test": 30},
+]
+
+
+def test_seeds_pair_by_position_with_theirs():
+    assert [comparison.their_seed(p) for p in range(3)] == [42, 52, 62]
+    records = [
+        record("a-seen-00", 1, 0.5),
+        record("a-seen-00", 2, 0.6),
+        record("a-seen-00", 7, 0.9),  # a seed not asked for
+        record("a-seen-00", 1, 0.1, budget=16),
+        record("a-seen-00", 1, 0.1, pool="unseen"),
+        record("a-seen-00", 1, 0.1, method="lora"),
+        {**record("a-seen-00", 1, 0.1), "split": "train"},
+    ]
+    assert comparison.fedpeft_values(records, "fedp2eft", "seen", 2, [1, 2]) == {
+        ("a-seen-00", 0): 0.5,
+        ("a-seen-00", 1): 0.6,
+    }
+
+
+def test_their_client_ids_map_to_fedpeft_clients():
+    metrics = {0: {"client0_accuracy": 0.5, "client2_accuracy": 0.25, "client2_count": 30, "avg_accuracy": 40.0}}
+    assert comparison.authors_values(metrics, CLIENTS) == {("a-seen-00", 0): 0.5, ("b-seen-00", 0): 0.25}
+    with pytest.raises(KeyError, match="client id 9"):
+        comparison.authors_values({0: {"client9_accuracy": 0.5}}, CLIENTS)
+
+
+def test_difference_is_per_client_mean_over_paired_seeds_with_a_t_interval_over_clients():
+    ours = {
+        ("a", 0): 0.60, ("a", 1): 0.70,
+        ("b", 0): 0.50, ("b", 1): 0.40,
+        ("c", 0): 0.90,  # its seed 1 has no partner: left out of c's mean
+        ("c", 1): 0.10,
+        ("d", 0): 0.30,  # a client only fedpeft has
+    }  # fmt: skip
+    theirs = {("a", 0): 0.50, ("a", 1): 0.50, ("b", 0): 0.50, ("b", 1): 0.50, ("c", 0): 0.80, ("e", 0): 0.2}
+    cell = comparison.compare_accuracies(ours, theirs)
+    per_client = [0.15, -0.05, 0.10]  # a: (0.1 + 0.2) / 2; b: (0 - 0.1) / 2; c: 0.1
+    half = T_975_2 * statistics.stdev(per_client) / math.sqrt(3)
+    assert cell["clients"] == 3 and cell["pairs"] == 5
+    assert cell["difference"] == pytest.approx(statistics.fmean(per_client))
+    assert cell["low"] == pytest.approx(statistics.fmean(per_client) - half)
+    assert cell["high"] == pytest.approx(statistics.fmean(per_client) + half)
+    assert cell["fedpeft"] == pytest.approx(statistics.fmean([0.65, 0.45, 0.90]))
+    assert cell["authors"] == pytest.approx(statistics.fmean([0.50, 0.50, 0.80]))
+    assert cell["fedpeft"] - cell["authors"] == pytest.approx(cell["difference"])
+    assert cell["only_fedpeft"] == ["d"] and cell["only_authors"] == ["e"]
+    mean = statistics.fmean(per_client)
+    assert comparison.format_difference(cell) == f"+6.67 [{(mean - half) * 100:+.2f}, {(mean + half) * 100:+.2f}]"
+
+
+def test_intervals_of_few_clients_and_equal_differences():
+    one = comparison.compare_accuracies({("a", 0): 0.6}, {("a", 0): 0.5})
+    assert one["low"] is None and comparison.format_difference(one) == "+10.00"
+    same = comparison.compare_accuracies({("a", 0): 0.6, ("b", 0): 0.7}, {("a", 0): 0.5, ("b", 0): 0.6})
+    assert same["low"] == pytest.approx(0.1) and same["high"] == pytest.approx(0.1)
+    assert comparison.format_difference(same).endswith("*")
+    none = comparison.compare_accuracies({("a", 0): 0.6}, {("b", 0): 0.5})
+    assert none["clients"] == 0 and none["fedpeft"] is None and comparison.format_difference(none) == "—"
+
+
+MODULES = ["m0", "m1", "m2"]
+
+
+def test_rank_structures_are_counted_per_module_and_compared_on_shared_modules():
+    # their model: 3 shared modules and a classifier, 4 ranks each, module-major as their scales are flattened
+    theirs = comparison.scales_by_module(
+        [
+            0.9, 0.1, 0.1, 0.1,  # m0
+            0.8, 0.7, 0.1, 0.1,  # m1
+            0.1, 0.1, 0.1, 0.1,  # m2: ties at the floor go to the earlier module and rank
+            0.95, 0.1, 0.1, 0.1,  # classifier
+        ],
+        ["base_model.model.m0", "base_model.model.m1", "base_model.model.m2", "base_model.model.classifier"],
+    )  # fmt: skip
+    assert list(theirs) == ["m0", "m1", "m2", "classifier"]
+    restricted = comparison.restricted_counts(theirs, MODULES, budget=1)  # top 3 of the shared 12
+    assert restricted == {"m0": 1, "m1": 2, "m2": 0}
+    ours = comparison.kept_counts({"m0": np.array([0.5, 0.4, 0, 0]), "m1": np.array([0.3, 0, 0, 0]),
+                                   "m2": np.zeros(4)}, budget=1)  # fmt: skip
+    assert ours == {"m0": 2, "m1": 1, "m2": 0}
+    agreement = comparison.compare_structures(ours, restricted)
+    assert agreement == {"same": False, "overlap": pytest.approx(2 / 3)}
+    assert comparison.compare_structures(ours, dict(ours)) == {"same": True, "overlap": 1.0}
+    # what their run kept: the positions of the flat scales (patch 06), over all 4 modules (budget 1 -> 4 ranks)
+    actual = comparison.module_counts([0, 4, 5, 12], ["m0", "m1", "m2", "classifier"], ranks_per_module=4)
+    assert actual == {"m0": 1, "m1": 2, "m2": 0, "classifier": 1}
+    assert comparison.outside_share(actual, MODULES) == pytest.approx(0.25)
+    assert comparison.distinct([ours, dict(ours), restricted]) == 2
+    # their budget-1 cut (4 of 16) falls between 0.7 and 0.1: no tie, nor the shared modules' (3 of 12); budget 2
+    # over the shared modules (6 of 12) cuts through the 0.1s
+    assert not comparison.tie_at_cut(theirs, 1)
+    assert not comparison.tie_at_cut({name: theirs[name] for name in MODULES}, 1)
+    assert comparison.tie_at_cut({name: theirs[name] for name in MODULES}, 2)
+    assert not comparison.tie_at_cut({name: theirs[name] for name in MODULES}, 4)  # everything kept
+    with pytest.raises(IndexError):
+        comparison.module_counts([16], ["m0", "m1", "m2", "classifier"], ranks_per_module=4)
+    with pytest.raises(ValueError, match="different sizes"):
+        comparison.compare_structures(ours, {"m0": 1, "m1": 1, "m2": 0})
+    with pytest.raises(KeyError):
+        comparison.restricted_counts(theirs, ["m0", "mx"], budget=1)
+
+
+def test_scales_are_clamped_and_their_module_means_correlated():
+    ours = {"m0": np.array([-1.0, 1.0]), "m1": np.array([2.0, 2.0]), "m2": np.array([3.0, 5.0])}
+    theirs = {"m0": np.array([0.0001, 0.0001]), "m1": np.array([0.5, 0.5]), "m2": np.array([1.0, 1.0])}
+    found = comparison.compare_scales(ours, theirs, MODULES)
+    our_means = [(1e-4 + 1.0) / 2, 2.0, 4.0]
+    assert found["fedpeft_mean"] == pytest.approx(statistics.fmean(our_means))
+    assert found["authors_mean"] == pytest.approx((1e-4 + 0.5 + 1.0) / 3)
+    assert found["module_correlation"] == pytest.approx(np.corrcoef(our_means, [1e-4, 0.5, 1.0])[0, 1])
+    flat = {"m0": np.ones(2), "m1": np.ones(2), "m2": np.ones(2)}
+    assert comparison.compare_scales(flat, theirs, MODULES)["module_correlation"] is None
+    assert comparison.mean_or_none([None, 0.5, float("nan"), 1.0]) == 0.75
+    assert comparison.mean_or_none([None]) is None
+
+
+def test_the_smoke_federation_is_the_exporters():
+    tree = ast.parse((FOLDER / "export_federation.py").read_text())
+    quick = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "QUICK" for t in node.targets)
+    )
+    assert tuple(quick) == compare.QUICK
+
+
+@pytest.mark.parametrize(("protocol", "lr", "batch"), [("aligned", "0.005", "16"), ("authors", "0.0001", "32")])
+def test_each_protocol_sets_the_same_numbers_on_both_sides(tmp_path, protocol, lr, batch):
+    plan = {"protocol": protocol, "rounds": 3, "fraction": 0.5, "budgets": [2, 16], "federation": []}
+    entries = {method: compare.fedpeft_entry(method, plan) for method in compare.METHODS}
+    for entry in entries.values():
+        assert compare.number(entry["lr"]) == lr and str(entry["batch_size"]) == batch
+    assert entries["fedp2eft"]["rounds"] == 3 and entries["fedp2eft"]["psg_lr"] == 0.0001
+    assert entries["bayestune_lora"]["r_init"] == compare.R_INIT == 32
+    (tmp_path / "overrides.txt").write_text("simulation.num_clients=10\n")
+    for method in compare.METHODS:
+        line = compare.their_command(tmp_path, tmp_path, tmp_path, method, 52, plan, ["x=1"], "step")
+        assert f"app.client.args.batch_size={batch}" in line
+        lr_key = "app.client.args.task_lr" if method == "fedp2eft" else "app.on_evaluate.lr"
+        assert f"{lr_key}={lr}" in line
+        assert line[-2:] == ["x=1", "name=step"] and "seed=52" in line and "models.net.args.seed=52" in line
+        assert line[2].endswith(compare.THEIR_CONFIG[method])
+    # clients per round as fedpeft samples them: ceil(fraction x seen), at least 1
+    assert compare.per_round({"fraction": 0.1}, 84) == 9 and compare.per_round({"fraction": 0.5}, 4) == 2
+    assert compare.per_round({"fraction": 0.01}, 4) == 1
+
+
+def test_flower_timestamps_give_round_and_evaluation_times(tmp_path):
+    log = tmp_path / "step.log"
+    log.write_text(
+        "INFO:__main__:Run ID: x\n"
+        "DEBUG flwr 2026-12-06 06:32:10,000 | llm_server.py:128 | fit_round 1: strategy sampled 2 clients (out of 10)\n"
+        "DEBUG:flwr:fit_round 1: strategy sampled 2 clients (out of 10)\n"
+        "DEBUG flwr 2026-12-06 06:32:13,500 | llm_server.py:142 | fit_round 1 received 2 results and 0 failures\n"
+        "DEBUG flwr 2026-12-06 06:32:14,000 | llm_server.py:128 | fit_round 2: strategy sampled 2 clients (out of 10)\n"
+        "DEBUG flwr 2026-12-06 06:32:16,000 | llm_server.py:142 | fit_round 2 received 2 results and 0 failures\n"
+        "INFO flwr 2026-12-06 06:32:17,000 | llm_server.py:82 | configure_evaluate: strategy sampled 4 clients\n"
+        "INFO flwr 2026-12-06 06:32:27,250 | llm_server.py:95 | aggregate_evaluate: received 4 results and 0 failures\n"
+    )
+    assert compare.flower_phases(log) == {"fit_s": 5.5, "rounds": 2, "evaluate_s": 10.2, "evaluated": 4}
+    assert compare.flower_phases(tmp_path / "missing.log") == {}
