@@ -211,24 +211,98 @@ def test_a_rehearsal_is_never_compared_as_a_result(tmp_path):
         compare_runs(real, rehearsal / "results.jsonl")
 
 
-def test_the_plan_times_this_cpu_from_a_rehearsal(tmp_path):
-    """``fedpeft plan --rehearsal``: the run's hours on this CPU are its training examples times the measured
-    seconds per example (evaluation at a third), its memory the measured step's at the true depth."""
+def _step(batch: int, depths: dict[int, float]) -> dict:
+    measured = [{"layers": d, "step_s": t, "peak_rss_mb": 100.0} for d, t in depths.items()]
+    return extrapolate("tiny-bert", measured, 2, batch, 48)
+
+
+def _plan(tmp_path, rehearsal: dict, *more: str) -> dict:
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+
+    (tmp_path / "rehearsal.json").write_text(json.dumps(rehearsal))
+    args = ["plan", "smoke", "--json", "--no-measure-cpu", "--rehearsal", str(tmp_path), "--set", "engine.workers=1",
+            "--set", "threads=null", *more]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_the_plan_times_this_cpu_from_the_measured_step(tmp_path):
+    """``fedpeft plan --rehearsal``: a training example costs the step measured at the depth the config runs, less
+    its fixed part, over its batch and the fixed part's examples (the timed call took ``rehearse.steps`` of the
+    steps it divided by); each phase counts its steps, examples, forward passes and client units from it."""
+    from fedpeft.engine.resources import WORKERS_VARIABLE
+    from fedpeft.planning import cpu_time
+    from fedpeft.planning.architecture import from_config
+    from fedpeft.planning.plan import REGISTERED_SHAPES
+    from fedpeft.planning.rehearsed import MEASURED_STEPS
+    from fedpeft.rehearsal import steps
+
+    assert MEASURED_STEPS == steps.MEASURED_STEPS and cpu_time.WORKERS_VARIABLE == WORKERS_VARIABLE
+    a = from_config({**REGISTERED_SHAPES["tiny-bert"], "vocab_size": 1000})
+    rehearsal = {"config": "smoke", "rehearse": {"steps": 1}, "steps": [_step(8, {1: 0.3, 2: 0.5})], "wall_s": 1.0}
+    data = _plan(tmp_path, rehearsal)
+    # tiny-bert runs at its 2 layers, measured there; one step timed, divided by two.
+    per_example = (0.5 * 2 - cpu_time.step_fixed_s(a)) / (8 + cpu_time.STEP_FIXED_EXAMPLES)
+    (model,) = data["rehearsed"]["models"]
+    assert model["seconds_per_example"] == pytest.approx(per_example) and model["how"] == "measured at 2 layer(s)"
+
+    rows = zip(data["phases"], data["rehearsed"]["phases"], strict=True)
+    phases = {(p["method"], p["phase"]): (p, s) for p, s in rows}
+    lora, seconds = phases[("lora", "personalization")]
+    training = lora["steps"] * cpu_time.step_fixed_s(a)
+    training += (lora["examples"] + cpu_time.STEP_FIXED_EXAMPLES * lora["steps"]) * per_example
+    assert seconds == pytest.approx(training + lora["client_units"] * cpu_time.CLIENT_FIXED_S)
+    evaluation, seconds = phases[("lora", "evaluation")]
+    forward = (evaluation["examples"] + cpu_time.STEP_FIXED_EXAMPLES * evaluation["eval_batches"]) * per_example
+    fixed = evaluation["eval_batches"] * cpu_time.EVAL_BATCH_FIXED_S
+    fixed += evaluation["client_units"] * cpu_time.CLIENT_FIXED_S
+    assert seconds == pytest.approx(forward * cpu_time.FORWARD_SHARE + fixed)
+    fedp2eft, seconds = phases[("fedp2eft", "personalization")]
+    assert fedp2eft["forward_examples"] > 0  # the clients' statistics its rounds did not compute
+    statistics = fedp2eft["forward_examples"] + cpu_time.STEP_FIXED_EXAMPLES * fedp2eft["forward_batches"]
+    assert data["rehearsed"]["parts"][list(phases).index(("fedp2eft", "personalization"))]["forward"] == (
+        pytest.approx(statistics * per_example * cpu_time.FORWARD_SHARE)
+    )
+    total = sum(s * p["times"] for p, s in phases.values()) + data["rehearsed"]["start_s"]
+    assert data["rehearsed"]["total_s"] == pytest.approx(total + data["rehearsed"]["report_s"])
+
+    # Two timed steps: the time as measured. A depth not measured: scaled from the measured ones by the FLOPs.
+    rehearsal["rehearse"]["steps"] = 2
+    data = _plan(tmp_path, rehearsal, "--set", "model.overrides={num_hidden_layers: 4}")
+    deep = cpu_time.at_depth(a, 4)
+    flops = {d: cpu_time.lora_train_flops_per_example(cpu_time.at_depth(a, d), 48) for d in (1, 2)}
+    measured = {1: 0.3 - cpu_time.step_fixed_s(cpu_time.at_depth(a, 1)), 2: 0.5 - cpu_time.step_fixed_s(a)}
+    rate = sum(flops.values()) * (8 + cpu_time.STEP_FIXED_EXAMPLES) / sum(measured.values())
+    (model,) = data["rehearsed"]["models"]
+    assert model["seconds_per_example"] == pytest.approx(cpu_time.lora_train_flops_per_example(deep, 48) / rate)
+    assert model["layers"] == 4 and "scaled by FLOPs" in model["how"]
+
+
+def test_the_plan_of_a_rehearsal_sets_its_phases_beside_the_measured_ones(tmp_path):
     from typer.testing import CliRunner
 
     from fedpeft.cli import app
     from fedpeft.core.errors import UserError
 
-    step = {"model": "tiny", "true_layers": 2, "batch_size": 8, "full_step_s": 0.8, "full_peak_mb": 1024.0}
-    (tmp_path / "rehearsal.json").write_text(json.dumps({"steps": [step], "wall_s": 1.0}))
-    result = CliRunner().invoke(app, ["plan", "smoke", "--json", "--no-measure-cpu", "--rehearsal", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
-    train = sum(p["examples"] * p["times"] for p in data["phases"] if p["phase"] != "evaluation")
-    evaluation = sum(p["examples"] * p["times"] for p in data["phases"] if p["phase"] == "evaluation")
-    assert data["rehearsed"]["cpu_hours"] == pytest.approx((train + evaluation / 3) * 0.1 / 3600)
-    assert data["rehearsed"]["peak_rss_bytes"] == 2**30
-    text = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path)]).output
-    assert "This CPU from the rehearsal" in text
+    measured = [{"method": "base", "seed": 0, "phase": "base", "wall_s": 2.0},
+                {"method": "lora", "seed": 0, "phase": "personalization", "wall_s": 4.0}]  # fmt: skip
+    rehearsal = {"config": "smoke", "rehearse": {"steps": 1}, "steps": [_step(8, {1: 0.3, 2: 0.5})],
+                 "phases": measured}  # fmt: skip
+    data = _plan(tmp_path, rehearsal, "--set", "rehearse.layers=2")  # the smoke's own rehearsal config
+    rows = {(r["method"], r["phase"]): r for r in data["rehearsed"]["against"]}
+    seconds = dict(zip([(p["method"], p["phase"]) for p in data["phases"]], data["rehearsed"]["phases"], strict=True))
+    lora = rows[("lora", "personalization")]
+    assert lora["measured_s"] == 4.0
+    assert lora["planned_s"] == pytest.approx(seconds[("lora", "personalization")] + seconds[("lora", "evaluation")])
+    assert rows[("base", "base")]["planned_s"] == pytest.approx(seconds[("base: centralized", "base stage")])
+    assert not _plan(tmp_path, rehearsal)["rehearsed"]["against"]  # the uncut preset is another run
+
+    text = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path), "--set",
+                                    "rehearse.layers=2"]).output  # fmt: skip
+    assert "This CPU from the rehearsal" in text and "the rehearsal measured 4.0 s" in text
+    assert "CPU (rehearsed)" in text
     missing = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path / "none")])
     assert isinstance(missing.exception, UserError) and "does not exist" in str(missing.exception)  # exit 2

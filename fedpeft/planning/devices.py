@@ -7,6 +7,7 @@ read of the weights at the memory bandwidth. Both are assumptions until a real r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ASSUMED_MFU = 0.30
@@ -58,17 +59,45 @@ def gpu(name: str) -> Gpu | None:
     return GPUS.get(name.strip().lower())
 
 
-def measure_cpu_flops(size: int = 384, repeats: int = 5) -> float:
-    """This machine's float32 matmul rate (FLOPs/s): the best of ``repeats`` ``size`` x ``size`` products, numpy's
-    BLAS on every core (a quick upper bound of what training reaches on it)."""
+def measure_cpu_flops(size: int = 384, seconds: float = 0.3) -> float:
+    """This machine's float32 matmul rate (FLOPs/s): the best of ``size`` x ``size`` products repeated for about
+    ``seconds``, numpy's BLAS on every core (a quick upper bound of what training reaches on it).
+
+    On a machine shared with other jobs the BLAS threads seldom get every core at once (here: from 3 to 290
+    GFLOP/s a few seconds apart), so one thread is timed too and counted at :data:`THREAD_SCALING` of a core each
+    (one thread held 167 to 180 GFLOP/s here, two 287 to 292 when the cores were free); the larger rate is kept."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((size, size), dtype=np.float32), rng.standard_normal((size, size), dtype=np.float32)
     a @ b  # warm the BLAS threads
-    best = float("inf")
-    for _ in range(repeats):
+    flops = 2.0 * size**3
+    every = flops / _best(lambda: a @ b, seconds)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return every
+    with threadpool_limits(1):
+        one = flops / _best(lambda: a @ b, seconds)
+    return max(every, one * THREAD_SCALING * _cores())
+
+
+THREAD_SCALING = 0.8
+"""The share of one thread's matmul rate each further core adds (two threads 0.83 of twice one, here)."""
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _best(work: Callable[[], object], seconds: float, least: int = 3, most: int = 500) -> float:
+    """The shortest of the times ``work`` took, run at least ``least`` times and until ``seconds`` have passed."""
+    best, began, runs = float("inf"), time.perf_counter(), 0
+    while runs < least or (time.perf_counter() - began < seconds and runs < most):
         start = time.perf_counter()
-        a @ b
+        work()
         best = min(best, time.perf_counter() - start)
-    return 2.0 * size**3 / max(best, 1e-9)
+        runs += 1
+    return max(best, 1e-9)

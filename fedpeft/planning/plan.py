@@ -5,8 +5,10 @@ model's evaluation, each for one seed and counted ``times`` (the seeds it runs f
 config's fields: ``rounds``, ``fraction`` (the sampler's ``ceil(fraction x seen clients)``), ``local_steps`` or
 ``local_epochs``, ``batch_size`` x ``train.grad_accum_steps``, ``epochs`` / ``finetune_epochs`` / ``local_rounds`` of
 personalization, the budgets of a method that uses them; tokens are ``max_length`` per example (an upper bound)
-or a ViT's fixed patches. Work a method adds beyond these (distillation, alignment, hypernetwork steps) is not
-counted.
+or a ViT's fixed patches. Beside the training, a phase counts what its time on a CPU needs
+(:mod:`fedpeft.planning.cpu_time`): the forward passes of FedP2EFT's and FedL2P's client statistics, the
+evaluation's batches, the client units (each a model installed, evaluated, its adapter saved) and whether it trains
+the base weights. Work a method adds beyond these (distillation, alignment, hypernetwork steps) is not counted.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from fedpeft.planning.architecture import (
     targeted_roles,
     weight_bytes,
 )
+from fedpeft.planning.cpu_time import machine_of
 from fedpeft.planning.devices import CUDA_CONTEXT_BYTES
 from fedpeft.planning.federation import Federation, federation_of
 
@@ -44,6 +47,10 @@ USES_BUDGET = frozenset({"lora", "adalora", "bayestune_lora", "fedl2p", "fedp2ef
 FEDERATED_PER_BUDGET = frozenset({"fedl2p"})
 TRAINS_BASE_WEIGHTS = frozenset({"fedavg_full", "dept_spec"})
 NOT_COMMUNICATING = frozenset({"sft_rounds"})
+# Methods whose clients compute feature statistics (a forward pass over every training example, fedpeft/adapters/
+# statistics.py): FedP2EFT once per client (kept in its client state), FedL2P at every round and personalization.
+STATISTICS_ONCE = frozenset({"fedp2eft"})
+STATISTICS_EVERY_TIME = frozenset({"fedl2p"})
 # What a round sends of the LoRA, where it is not the whole adapter: FFA-LoRA trains and sends B only, FedSA-LoRA
 # shares A only, RoLoRA sends one factor a round (A and B alternating: half of both on average).
 PAYLOAD_FACTORS: dict[str, tuple[float, float]] = {"ffa_lora": (0.0, 1.0), "fedsa_lora": (1.0, 0.0),
@@ -98,6 +105,11 @@ class Phase:
     disk: float = 0.0
     decode_steps: float = 0.0  # generated tokens' forward passes (batches x new tokens), timed by bandwidth
     parallel_clients: int = 1
+    forward_examples: float | None = 0.0  # forward passes outside training and evaluation (client statistics)
+    forward_batches: float = 0.0  # their batches
+    eval_batches: float = 0.0  # evaluation batches (each client's test set in batches of eval.batch_size)
+    client_units: int = 0  # clients' units of work: a training, a personalization at a budget, an evaluation
+    full: bool = False  # trains the base weights (full fine-tuning)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -116,6 +128,8 @@ class Plan:
     workers: int
     workers_per_gpu: int
     notes: list[str] = field(default_factory=list)
+    cpu: dict[str, int] = field(default_factory=dict)  # this machine as the run uses it: processes, threads, cores
+    rehearsal: bool = False  # the config is a rehearsal's (its compute cut: docs/rehearsal.md)
 
     def total(self, key: str) -> float | None:
         """Sum of ``key`` over the phases, times their seeds (None when one of them is unknown)."""
@@ -367,6 +381,18 @@ class _Planner:
             up = down = (share_a * lora_a + share_b * lora_b) * FLOAT32
         if name in NOT_COMMUNICATING:
             up = down = 0.0
+        train_seen = self.federation.train_per_client("seen")
+        statistics: float | None = 0.0
+        statistics_batches = 0.0
+        if name in STATISTICS_ONCE:  # each sampled client once, its statistics kept for the later rounds
+            sampled = self.sampled_clients(seen, k, rounds)
+            statistics = None if train_seen is None else sampled * train_seen
+            statistics_batches = sampled * self.statistics_batches(method, train_seen)
+        elif name in STATISTICS_EVERY_TIME:  # every client round, over its training split less the validation
+            share = 1.0 - float(_field(method, "val_fraction", 0.0) or 0.0)
+            per_client = None if train_seen is None else train_seen * share
+            statistics = None if per_client is None else k * rounds * repeats * per_client
+            statistics_batches = k * rounds * repeats * self.statistics_batches(method, per_client)
         # A checkpoint of the server state, and (upper bound) one adapter of its own per client on disk.
         state = (self.mean(lambda m: m.weights) + payload) if full else self.adapter_bytes(method) * (1 + seen)
         return Phase(
@@ -385,8 +411,25 @@ class _Planner:
             peak_memory=self.peak(method, full),
             disk=state,
             parallel_clients=k,
+            forward_examples=statistics,
+            forward_batches=statistics_batches,
+            client_units=k * rounds * repeats,
+            full=full,
             notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],
         )
+
+    @staticmethod
+    def statistics_batches(method: MethodConfig, per_client: float | None) -> float:
+        """The forward batches of one client's statistics (``stats_batch_size``, else 64) over ``per_client``."""
+        if not per_client:
+            return 0.0
+        return float(math.ceil(per_client / int(_field(method, "stats_batch_size", 64) or 64) - 1e-9))
+
+    @staticmethod
+    def sampled_clients(seen: int, k: int, rounds: int) -> float:
+        """The clients of a pool of ``seen`` that ``rounds`` rounds of ``k`` drawn at random sample at least once
+        (expected)."""
+        return seen * (1.0 - (1.0 - k / seen) ** rounds) if seen else 0.0
 
     def personal_examples(self, method: MethodConfig, per_client: float | None) -> float | None:
         """Training examples of one client's personalization (every budget of a method that uses them)."""
@@ -403,8 +446,11 @@ class _Planner:
             total += call(int(_field(method, "finetune_steps")) * batch, batch)
         epochs = float(_field(method, "epochs", 0.0) or 0.0)
         finetune = float(_field(method, "finetune_epochs", 0.0) or 0.0)
-        stage1 = float(_field(method, "stage1_epochs", 0.0) or 0.0) if _field(method, "r_init") else 0.0
-        stage1_steps = _field(method, "stage1_steps")
+        # BayesTune's stage 1 in personalization: BayesTune-LoRA's own; FedP2EFT's PSG predicts the scales instead
+        # (its stage 1 runs in the federated rounds).
+        own_stage1 = _field(method, "r_init") and method.name not in STATISTICS_ONCE
+        stage1 = float(_field(method, "stage1_epochs", 0.0) or 0.0) if own_stage1 else 0.0
+        stage1_steps = _field(method, "stage1_steps") if own_stage1 else None
         if epochs or finetune or stage1:
             if per_client is None:
                 return None
@@ -424,6 +470,7 @@ class _Planner:
         batch = int(_field(method, "batch_size", 16)) * self.accum
         budgets = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
         saved = self.adapter_bytes(method) * clients * budgets if self.cfg.output.save_adapters else 0.0
+        statistics = self.personal_statistics(method)
         return Phase(
             method=label,
             phase="personalization",
@@ -436,7 +483,23 @@ class _Planner:
             peak_memory=self.peak(method, False),
             disk=saved,
             parallel_clients=clients,
+            forward_examples=None if per_client is None else statistics * per_client,
+            forward_batches=statistics * self.statistics_batches(method, per_client),
+            client_units=clients * budgets,
         )
+
+    def personal_statistics(self, method: MethodConfig) -> float:
+        """How many client statistics personalization computes: FedP2EFT's for every client the federated rounds
+        did not sample (theirs are kept), FedL2P's for every client and budget."""
+        clients = self.federation.total_clients
+        if method.name in STATISTICS_ONCE:
+            seen = self.federation.clients.get("seen", 0)
+            fraction = float(_field(method, "fraction", 1.0))
+            k = min(seen, max(int(_field(method, "min_clients", 1)), math.ceil(fraction * seen - 1e-9)))
+            return clients - self.sampled_clients(seen, k, int(_field(method, "rounds", 0) or 0))
+        if method.name in STATISTICS_EVERY_TIME:
+            return float(clients * (len(self.budgets) if self.budgets else 1))
+        return 0.0
 
     def evaluation(self, label: str, times: int, evaluations: int, rounds: int = 0) -> Phase:
         """``evaluations`` passes over every client's test set (a budget each), and round evaluations."""
@@ -450,12 +513,13 @@ class _Planner:
         if examples is not None and cut is not None and clients:
             examples = min(examples, float(cut * self.cfg.eval.batch_size * clients * passes))
         new_tokens = self.cfg.eval.max_new_tokens if self.generation else 0
+        batch = self.cfg.eval.batch_size
+        batches = self.eval_batches(passes)
         tokens = None if examples is None else examples * self.mean(lambda m: m.tokens_per_example + new_tokens)
         flops = None if examples is None else examples * self.mean(
             lambda m: (m.tokens_per_example + new_tokens) * forward_flops_per_token(m.architecture)
             + extra_forward_flops(m.architecture))  # fmt: skip
-        batch = self.cfg.eval.batch_size
-        decode = 0.0 if examples is None else math.ceil(examples / batch) * new_tokens
+        decode = 0.0 if examples is None else batches * new_tokens
         return Phase(
             method=label,
             phase="evaluation",
@@ -468,8 +532,23 @@ class _Planner:
             peak_memory=max(eval_memory(m, batch, new_tokens, self.generation) for m in self.models),
             decode_steps=decode,
             parallel_clients=clients,
+            eval_batches=batches,
+            client_units=clients * passes,
             notes=[f"{passes} pass(es) over every client's test set"],
         )
+
+    def eval_batches(self, passes: int) -> float:
+        """The batches of ``passes`` evaluations of every client: each client's test set in batches of
+        ``eval.batch_size`` (its mean size where only a pool's total is known), at most ``eval.max_batches``."""
+        batch, cut = self.cfg.eval.batch_size, self.cfg.eval.max_batches
+        total = 0.0
+        for pool, count in self.federation.clients.items():
+            per_client = self.federation.test_per_client(pool)
+            if per_client is None or not count:
+                continue
+            each = math.ceil(per_client / batch - 1e-9) if per_client else 0
+            total += count * (each if cut is None else min(each, cut))
+        return total * passes
 
     def _mean_train_per_client(self) -> float | None:
         rows = self.federation.train_rows
@@ -491,7 +570,7 @@ class _Planner:
                 method="base: centralized", phase="base stage", times=times, client_trainings=1,
                 examples=examples, tokens=self.tokens(examples), steps=examples / base.batch_size,
                 flops=self.flops(examples, method, True), peak_memory=self.peak(method, True),
-                disk=self.mean(lambda m: m.weights), parallel_clients=1,
+                disk=self.mean(lambda m: m.weights), parallel_clients=1, client_units=1, full=True,
             )]  # fmt: skip
         return []
 
@@ -518,5 +597,7 @@ def make_plan(cfg: ExperimentConfig) -> Plan:
     planner = _Planner(cfg)
     workers = cfg.engine.workers if isinstance(cfg.engine.workers, int) else 0
     notes = list(planner.federation.notes)
+    machine = machine_of(cfg, planner.federation.total_clients, None)
+    cpu = {"processes": machine.processes, "threads": machine.threads, "cores": machine.cores}
     return Plan(cfg.name, len(cfg.seeds), planner.models, planner.federation, planner.phases(), workers,
-                cfg.engine.workers_per_gpu, notes)  # fmt: skip
+                cfg.engine.workers_per_gpu, notes, cpu, cfg.rehearse is not None)  # fmt: skip

@@ -1,12 +1,17 @@
-"""A plan corrected by a rehearsal's measurements on this machine (``rehearsal.json``, docs/rehearsal.md).
+"""A plan timed on this CPU by a rehearsal's measurements (``rehearsal.json``, docs/rehearsal.md).
 
-The plan's own CPU hours are FLOPs over this CPU's matmul rate; a rehearsal measured what a training step of each
-model costs here at its true depth (extrapolated from one and two layers, or measured with
-``rehearse.check_full_depth``), at the batch of the config's first method. With it, the run's hours on this CPU are
-its training examples times the measured seconds per example, and its evaluation examples times a third of that (a
-forward pass of the three a step makes); the peak resident memory per worker process is the measured step's at the
-true depth. A config whose methods train at other batch sizes is counted per example (the step scales with its
-batch), full fine-tuning at the LoRA step's cost (a lower bound), and generated tokens are not counted.
+A rehearsal measured one LoRA training step of each model on this machine at two depths (one layer and the
+rehearsed depth; with ``rehearse.check_full_depth`` also the true one), at the batch of the config's first method.
+The plan takes, per model, the step at the depth the config runs (its stand-in's cut depth for a rehearsal's own
+config, the true depth for a preset): measured there when a measured depth is it, else scaled from the measured
+depths by the step's FLOPs (their pooled rate; a linear fit of two single-step timings on a shared machine gave
+per-layer costs from 0.02 to 1.35 s for the same model). Less the step's fixed part, over its batch, that is the
+seconds of one training example; every phase's time then counts its training, forward passes, generation, client
+units and full fine-tuning's memory work from it as :mod:`fedpeft.planning.cpu_time` says. The peak resident memory
+per worker process is the measured step's at the true depth.
+
+The rehearsal's own phases (``costs.jsonl``'s wall seconds) are set beside the plan's where they match: the base
+stage, each method's federated phase and its personalization with its evaluation (a run times them together).
 """
 
 from __future__ import annotations
@@ -15,7 +20,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-FORWARD_SHARE = 1 / 3  # a forward pass's share of a training step (forward, backward of twice its cost)
+from fedpeft.planning.architecture import Architecture
+from fedpeft.planning.cpu_time import (
+    STEP_FIXED_EXAMPLES,
+    ModelRate,
+    at_depth,
+    lora_train_flops_per_example,
+    step_fixed_s,
+    timed,
+    tokens_of,
+)
+
+MEASURED_STEPS = 2
+"""The steps a rehearsal times per depth after its warm-up step (fedpeft/rehearsal/steps.py), dividing their time by
+this; a rehearsal whose ``train.max_steps`` (``rehearse.steps``) is lower took fewer in that time."""
 
 
 def read_rehearsal(path: Path) -> dict[str, Any] | None:
@@ -32,42 +50,162 @@ def read_rehearsal(path: Path) -> dict[str, Any] | None:
     return {**summary, "steps": steps, "source": str(file)} if steps else None
 
 
-def rehearsed_cpu(data: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, Any]:
-    """This CPU's hours and memory for the planned run ``data`` (:func:`~fedpeft.planning.render.plan_json`) from
-    ``rehearsal``'s measured steps (their mean over the models, for a federation of several architectures)."""
+def timed_steps(step: dict[str, Any], rehearsal: dict[str, Any]) -> int:
+    """The steps the measurement's timed call took: its own count if it says, else :data:`MEASURED_STEPS` cut by
+    the rehearsal's ``train.max_steps`` (``rehearse.steps``)."""
+    if step.get("timed_steps"):
+        return int(step["timed_steps"])
+    cap = (rehearsal.get("rehearse") or {}).get("steps")
+    return min(MEASURED_STEPS, int(cap)) if cap else MEASURED_STEPS
+
+
+def step_of(model: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, Any] | None:
+    """The rehearsal's step measurement of the plan's ``model``: by name (a rehearsal config's stand-in directory
+    stands for the model it was made from), else the only one."""
+    standins = (rehearsal.get("rehearse") or {}).get("models") or {}
+    name = standins.get(model["name"], model["name"])
     steps = rehearsal["steps"]
-    per_example = sum(s["full_step_s"] / s["batch_size"] for s in steps) / len(steps)
-    train = sum((p["examples"] or 0.0) * p["times"] for p in data["phases"] if p["phase"] != "evaluation")
-    evaluation = sum((p["examples"] or 0.0) * p["times"] for p in data["phases"] if p["phase"] == "evaluation")
-    seconds = (train + FORWARD_SHARE * evaluation) * per_example
+    found = [s for s in steps if s["model"] == name]
+    if found:
+        return found[0]
+    return steps[0] if len(steps) == 1 else None
+
+
+def seconds_per_example(model: dict[str, Any], step: dict[str, Any], rehearsal: dict[str, Any]) -> tuple[float, str]:
+    """Seconds of one training example of ``model`` at the depth the config runs (its architecture's layers), less
+    the step's fixed part, and how it was found."""
+    a = Architecture(**model["architecture"])
+    depth, batch = a.layers, int(step["batch_size"])
+    scale = MEASURED_STEPS / timed_steps(step, rehearsal)
+    measured = {int(d["layers"]): float(d["step_s"]) * scale for d in step.get("depths", [])}
+    if not measured:  # an older rehearsal.json: its extrapolated step at the true depth
+        measured = {int(step["true_layers"]): float(step["full_step_s"]) * scale}
+
+    def compute(layers: int, seconds: float) -> float:
+        return max(seconds - step_fixed_s(at_depth(a, layers)), 0.1 * seconds)
+
+    examples = batch + STEP_FIXED_EXAMPLES  # a step of ``batch`` costs this many examples (its fixed part aside)
+    if depth in measured:
+        return compute(depth, measured[depth]) / examples, f"measured at {depth} layer(s)"
+    tokens = tokens_of(model)
+    flops = {d: lora_train_flops_per_example(at_depth(a, d), tokens) for d in measured}
+    rate = sum(flops.values()) * examples / sum(compute(d, t) for d, t in measured.items())
+    depths = " and ".join(str(d) for d in sorted(measured))
+    return lora_train_flops_per_example(a, tokens) / rate, f"scaled by FLOPs from {depths} layer(s)"
+
+
+def rehearsed_cpu(data: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, Any]:
+    """This CPU's time per phase and in all, and the memory per worker process, for the planned run ``data``
+    (:func:`~fedpeft.planning.render.plan_json`) from ``rehearsal``'s measured steps; with the rehearsal's own
+    phases beside the plan's where they match."""
+    rates, models, steps = [], [], []
+    for model in data["models"]:
+        step = step_of(model, rehearsal)
+        if step is None:  # a model the rehearsal did not measure: the mean of the measured ones
+            per = [seconds_per_example(model, s, rehearsal)[0] for s in rehearsal["steps"]]
+            seconds, how = sum(per) / len(per), "the mean of the measured models"
+        else:
+            seconds, how = seconds_per_example(model, step, rehearsal)
+            true = {**model, "architecture": {**model["architecture"], "layers": int(step["true_layers"])}}
+            a = Architecture(**true["architecture"])
+            batch = int(step["batch_size"])
+            steps.append({"model": step["model"], "batch_size": batch, "layers": a.layers,
+                          "step_s": step_fixed_s(a) + seconds_per_example(true, step, rehearsal)[0]
+                          * (batch + STEP_FIXED_EXAMPLES),
+                          "peak_rss_bytes": step["full_peak_mb"] * 2**20})  # fmt: skip
+        layers = int(model["architecture"]["layers"])
+        rates.append(ModelRate(model["label"] or model["name"], seconds, "rehearsal", layers))
+        models.append({"model": model["name"], "layers": layers, "seconds_per_example": seconds, "how": how,
+                       "measured": step["model"] if step else None})  # fmt: skip
+    cpu = timed(data, rates)
+    peak = max(s["full_peak_mb"] for s in rehearsal["steps"]) * 2**20
     return {
         "source": rehearsal["source"],
-        "models": [
-            {
-                "model": s["model"],
-                "step_s": s["full_step_s"],
-                "batch_size": s["batch_size"],
-                "peak_rss_bytes": s["full_peak_mb"] * 2**20,
-                "layers": s["true_layers"],
-            }
-            for s in steps
-        ],  # fmt: skip
-        "seconds_per_example": per_example,
-        "cpu_hours": seconds / 3600,
-        "peak_rss_bytes": max(s["full_peak_mb"] for s in steps) * 2**20,
+        "models": models,
+        "steps": steps,
+        "phases": cpu["seconds"],
+        "parts": cpu["parts"],
+        "start_s": cpu["start_s"],
+        "report_s": cpu["report_s"],
+        "total_s": cpu["total_s"],
+        "cpu_hours": cpu["total_s"] / 3600,
+        "peak_rss_bytes": peak,
+        "against": against_measured(data, cpu["seconds"], rehearsal) if is_rehearsal_of(data, rehearsal) else [],
     }
+
+
+def is_rehearsal_of(data: dict[str, Any], rehearsal: dict[str, Any]) -> bool:
+    """Whether the planned config is the rehearsal's own: a rehearsal's config of the same name whose models are
+    the rehearsal's stand-ins (or, where it stood in for none, its own)."""
+    standins = (rehearsal.get("rehearse") or {}).get("models") or {}
+    if not data.get("rehearsal") or data["name"] != rehearsal.get("config"):
+        return False
+    return all(m["name"] in standins for m in data["models"]) if standins else True
+
+
+def _measured_key(method: str, phase: str) -> tuple[str, str] | None:
+    """The rehearsal phase (``costs.jsonl``'s method and phase) that times the plan's ``method`` / ``phase``."""
+    if phase == "base stage":
+        return ("base", "base")
+    if phase == "federated":
+        return (method, "federated")
+    if phase in ("personalization", "evaluation") and method != "base model":
+        return (method, "personalization")
+    return None
+
+
+def against_measured(data: dict[str, Any], seconds: list[float | None], rehearsal: dict[str, Any]) -> list[dict]:
+    """The plan's seconds of each phase the rehearsal timed (its first seed), beside the measured wall seconds; a
+    method's personalization and evaluation together, as the run times them. Only where the plan is of the
+    rehearsal's own config (the same name and cut) do the two mean the same run."""
+    measured = {(p["method"], p["phase"]): p.get("wall_s") for p in rehearsal.get("phases", []) if p.get("seed", 0)
+                == min((q.get("seed", 0) for q in rehearsal.get("phases", [])), default=0)}  # fmt: skip
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for phase, value in zip(data["phases"], seconds, strict=True):
+        key = _measured_key(phase["method"], phase["phase"])
+        if key is None or key not in measured:
+            continue
+        row = rows.setdefault(key, {"method": key[0], "phase": key[1], "planned_s": 0.0, "measured_s": measured[key]})
+        row["planned_s"] = None if value is None or row["planned_s"] is None else row["planned_s"] + value
+    return list(rows.values())
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a reader takes them in: ``0.4 s``, ``42 s``, ``3.5 min``, ``2.1 h``."""
+    if value < 10:
+        return f"{value:.1f} s"
+    if value < 120:
+        return f"{value:.0f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:,.1f} h"
 
 
 def rehearsed_lines(rehearsed: dict[str, Any]) -> list[str]:
     """The plan's lines about this CPU from the rehearsal."""
     lines = []
+    for s in rehearsed["steps"]:
+        lines.append(
+            f"This CPU, rehearsed ({rehearsed['source']}): one training step of {s['model']} at its {s['layers']} "
+            f"layers, batch {s['batch_size']}: about {_seconds(s['step_s'])}, {s['peak_rss_bytes'] / 2**30:.1f} GiB "
+            "resident."
+        )
     for m in rehearsed["models"]:
         lines.append(
-            f"This CPU, rehearsed ({rehearsed['source']}): one training step of {m['model']} at its {m['layers']} "
-            f"layers, batch {m['batch_size']}: {m['step_s']:.2f} s, {m['peak_rss_bytes'] / 2**30:.1f} GiB resident."
+            f"This CPU from the rehearsal: {m['model']} at {m['layers']} layer(s) trains an example in "
+            f"{m['seconds_per_example']:.3g} s ({m['how']}; a step's fixed part aside)."
         )
     lines.append(
-        f"This CPU from the rehearsal: {rehearsed['cpu_hours']:,.1f} h for the whole run (training examples x the "
-        "measured seconds per example, evaluation at a third; generated tokens not counted)."
+        f"This CPU from the rehearsal: {_seconds(rehearsed['total_s'])} for the whole run (the phases, "
+        f"{_seconds(rehearsed['start_s'])} to start and {_seconds(rehearsed['report_s'])} for the report; training, "
+        "forward passes, generation, client units and full fine-tuning's memory work as docs/plan.md counts them)."
     )
+    for row in rehearsed["against"]:
+        if row["planned_s"] is None or not row["measured_s"]:
+            continue
+        error = row["planned_s"] / row["measured_s"] - 1
+        lines.append(
+            f"  {row['method']} {row['phase']}: planned {_seconds(row['planned_s'])}, the rehearsal measured "
+            f"{_seconds(row['measured_s'])} ({error:+.0%})."
+        )
     return lines

@@ -8,6 +8,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from fedpeft.planning.cpu_time import DEFAULT_BANDWIDTH, flops_rates, timed
 from fedpeft.planning.devices import ASSUMED_MFU, GENERATION_BANDWIDTH_SHARE, MEMORY_ROWS_GIB, Gpu
 from fedpeft.planning.plan import Phase, Plan
 
@@ -24,26 +25,20 @@ def gpu_hours(phase: Phase, gpu: Gpu, gpus: int, weights: float) -> float | None
     return seconds / min(gpus, max(phase.parallel_clients, 1)) / 3600
 
 
-def cpu_hours(phase: Phase, flops_per_s: float | None) -> float | None:
-    """Hours of one seed of ``phase`` on this machine's CPU at its measured matmul rate (None: not measured)."""
-    if phase.flops is None or not flops_per_s:
-        return None
-    return phase.flops / flops_per_s / 3600
-
-
 def workers_that_fit(peak: float, memory_gib: float) -> int:
     """How many workers of ``peak`` bytes one GPU of ``memory_gib`` GiB holds."""
     return int(memory_gib * GIB // peak) if peak else 0
 
 
 def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[str, Any]:
-    """The plan as JSON-ready values: phases with their hours, the totals, the federation, the assumptions."""
+    """The plan as JSON-ready values: phases with their hours, the totals, the federation, the assumptions; the CPU
+    hours (:mod:`fedpeft.planning.cpu_time`) where ``cpu_flops`` (this CPU's measured matmul rate) is given."""
     weights = max(m.weights for m in plan.models)
     phases = []
     for phase in plan.phases:
         row = phase.as_dict()
         row["gpu_hours"] = gpu_hours(phase, gpu, gpus, weights)
-        row["cpu_hours"] = cpu_hours(phase, cpu_flops)
+        row["cpu_hours"] = None
         phases.append(row)
 
     def total(key: str) -> float:
@@ -51,8 +46,9 @@ def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[
         return float(sum(r[key] * r["times"] for r in phases if r[key] is not None))
 
     peak = plan.peak_memory
-    return {
+    data: dict[str, Any] = {
         "name": plan.name,
+        "rehearsal": plan.rehearsal,
         "seeds": plan.seeds,
         "models": [
             {
@@ -70,6 +66,7 @@ def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[
         ],  # fmt: skip
         "federation": {**asdict(plan.federation), "total_clients": plan.federation.total_clients},
         "phases": phases,
+        "cpu": {**plan.cpu, "bandwidth": DEFAULT_BANDWIDTH, "flops_per_s": cpu_flops},
         "total": {
             **{key: total(key) for key in ("client_trainings", "examples", "tokens", "steps", "flops")},
             "bytes_up": sum(p.bytes_up_per_round * p.rounds * p.times for p in plan.phases),
@@ -77,7 +74,7 @@ def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[
             "peak_memory": peak,
             "disk": plan.disk,
             "gpu_hours": total("gpu_hours"),
-            "cpu_hours": total("cpu_hours") if cpu_flops else None,
+            "cpu_hours": None,
             "unknown_phases": sum(1 for r in phases if r["flops"] is None),
         },
         "device": {"gpu": asdict(gpu), "gpus": gpus, "cpu_flops_per_s": cpu_flops},
@@ -94,6 +91,14 @@ def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[
         },  # fmt: skip
         "notes": plan.notes,
     }
+    rates = flops_rates(data["models"], cpu_flops)
+    if rates is not None:
+        cpu = timed(data, rates)
+        for row, seconds in zip(phases, cpu["seconds"], strict=True):
+            row["cpu_hours"] = None if seconds is None else seconds / 3600
+        data["total"]["cpu_hours"] = cpu["total_s"] / 3600
+        data["cpu"]["timed"] = cpu
+    return data
 
 
 def _count(value: float | None) -> str:
@@ -123,12 +128,15 @@ def _traffic(up: float, down: float) -> str:
 
 
 def _duration(hours: float | None) -> str:
-    """``hours`` as the unit a reader takes in at a glance: ``<1 s``, ``42 s``, ``3.5 min``, ``2.1 h``, ``4.2 d``."""
+    """``hours`` as the unit a reader takes in at a glance: ``<0.1 s``, ``4.2 s``, ``42 s``, ``3.5 min``, ``2.1 h``,
+    ``4.2 d``."""
     if hours is None:
         return "unknown"
     seconds = hours * 3600
-    if seconds < 1:
-        return "<1 s"
+    if seconds < 0.1:
+        return "<0.1 s"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 60:
         return f"{seconds:.0f} s"
     if seconds < 3600:
@@ -161,12 +169,18 @@ def plan_tables(data: dict[str, Any], width: int | None = None) -> list[Table]:
     No cell wraps or is cut: a table wider than ``width`` columns leaves out its last columns and says so; the CPU
     time column is there only where it was measured."""
     gpu, gpus, cpu = data["device"]["gpu"], data["device"]["gpus"], data["device"]["cpu_flops_per_s"]
+    rehearsed = data.get("rehearsed")
+    cpu_hours = [p["cpu_hours"] for p in data["phases"]]
+    cpu_total = data["total"]["cpu_hours"]
+    if rehearsed is not None:  # this CPU's time from the rehearsal's measured step
+        cpu, cpu_hours = True, [None if s is None else s / 3600 for s in rehearsed["phases"]]
+        cpu_total = rehearsed["cpu_hours"]
     work_rows, cost_rows = [], []
-    for p in data["phases"]:
+    for p, hours in zip(data["phases"], cpu_hours, strict=True):
         counts = (p[key] for key in ("client_trainings", "examples", "tokens", "steps", "flops"))
         work_rows.append([p["method"], p["phase"], str(p["times"]), *map(_count, counts)])
         traffic = _traffic(p["bytes_up_per_round"], p["bytes_down_per_round"]) if p["rounds"] else "-"
-        cpu_time = [_duration(p["cpu_hours"])] if cpu else []
+        cpu_time = [_duration(hours)] if cpu else []
         cost_rows.append(
             [p["method"], p["phase"], _duration(p["gpu_hours"]), *cpu_time]
             + [_bytes(p["peak_memory"]), _bytes(p["disk"]), traffic]
@@ -175,10 +189,11 @@ def plan_tables(data: dict[str, Any], width: int | None = None) -> list[Table]:
     total = "total (at least)" if t["unknown_phases"] else "total"
     counts = (t[key] for key in ("client_trainings", "examples", "tokens", "steps", "flops"))
     work_total = [total, "", "", *map(_count, counts)]
-    cost_total = [total, "all seeds", _duration(t["gpu_hours"]), *([_duration(t["cpu_hours"])] if cpu else [])]
+    cost_total = [total, "all seeds", _duration(t["gpu_hours"]), *([_duration(cpu_total)] if cpu else [])]
     cost_total += [_bytes(t["peak_memory"]), _bytes(t["disk"]), _traffic(t["bytes_up"], t["bytes_down"]) + " in all"]
     work_headers = ["method", "phase", "x", "trainings", "examples", "tokens", "steps", "FLOPs"]
-    cost_headers = ["method", "phase", f"{gpu['name']} x{gpus}", *(["CPU"] if cpu else [])]
+    cpu_header = "CPU (rehearsed)" if rehearsed is not None else "CPU"
+    cost_headers = ["method", "phase", f"{gpu['name']} x{gpus}", *([cpu_header] if cpu else [])]
     cost_headers += ["peak/worker", "disk", "up / down per round"]
     work_title = f"{data['name']}: each row one seed, x the seeds it runs for"
     return [
@@ -209,7 +224,7 @@ def plan_lines(data: dict[str, Any]) -> list[str]:
         verdict = "fits" if fits["workers_per_gpu"] <= n else "does not fit"
         lines.append(f"{gib} GB GPU: {n} worker(s) of {_bytes(peak)} fit; workers_per_gpu {fits['workers_per_gpu']} "
                      f"{verdict}.")  # fmt: skip
-    if not data["device"]["cpu_flops_per_s"]:
+    if not data["device"]["cpu_flops_per_s"] and "rehearsed" not in data:
         lines.append("CPU time: not measured (--no-measure-cpu).")
     lines.append(
         f"Computed, not measured: {data['assumptions']['mfu']:.0%} of the GPU's peak dense bf16 FLOPs (an assumed "

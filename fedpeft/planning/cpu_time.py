@@ -1,0 +1,310 @@
+"""This CPU's time for each phase of a plan (docs/plan.md, "Time on this CPU").
+
+A phase's time is the sum of what it spends, each part counted from the plan's phase (:class:`~.plan.Phase`):
+
+- **training**: its optimizer steps, each a fixed part (:func:`step_fixed_s`: the Python and dispatch work of one
+  forward, backward and AdamW step, whatever the batch) and its examples at the seconds per example of a LoRA step
+  of the model at the depth the config runs; a full fine-tuning step costs its FLOPs' share more (6 N against
+  4 N + 6 N_LoRA) and, per client training, :data:`FULL_TRAINING_BYTES` per base parameter of memory traffic
+  (AdamW's moments, gradients, the copy the client restores, the update's checks and aggregation);
+- **forward passes**: evaluation's and FedP2EFT's / FedL2P's client statistics, each example at
+  :data:`FORWARD_SHARE` of a training example (statistics stop at the last adapted layer: a causal LM's output
+  layer is not run), each batch at a fixed part;
+- **generation**: the prompt's forward pass (the output layer for its last position only) and every decoding
+  step one read of the weights at this CPU's memory bandwidth;
+- **client units** (a training, a personalization at a budget, an evaluation): :data:`CLIENT_FIXED_S` each for
+  installing the client's model, saving its adapter and its records;
+- **a phase that trains the base weights**: its checkpoint each round and the exported base model,
+  :data:`FULL_PHASE_BYTES` per base parameter.
+
+The seconds per example of a LoRA step come from a rehearsal when one is given (:mod:`.rehearsed`: the measured
+step at the depth the config runs), else from the FLOPs at this CPU's measured matmul rate times
+:data:`TRAINING_EFFICIENCY` of the dtype. The constants were measured on the 2-core Intel Xeon (AVX-512, AMX-bf16)
+this project's rehearsals ran on (docs/results/paper-scale.md, "The plan against a rehearsal"); another CPU
+keeps the structure, and a rehearsal there recalibrates the part that dominates (the step).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fedpeft.planning.architecture import Architecture, active_parameters, forward_flops_per_token, parameters
+
+STEP_FIXED_BASE_S = 0.005
+STEP_FIXED_PER_LAYER_S = 0.003
+"""A training step's fixed part on this CPU: 5 ms plus 3 ms per layer (module calls, autograd bookkeeping, AdamW's
+per-tensor loop), one thread. Measured: tiny-bert (2 layers, 64 wide) 11 to 14 ms a step in the smoke's trainings,
+where the FLOPs are nothing; mBERT cut to one layer 8 to 15 ms (the intercept of its step over batches 1 to 8)."""
+
+STEP_FIXED_EXAMPLES = 1.0
+"""A step's (and a forward batch's) part that does not shrink with its batch, in examples' worth: a batch of b costs
+b + 1 examples. Measured here: mBERT (one layer, float32) trained a batch of one at 0.48 to 0.63 of the time of a
+batch of four in its rehearsals (2 to 4 examples' worth), 0.3 on an idle moment; Llama-3.2-1B (one layer,
+bfloat16) a batch of four in 0.37 s an example against 0.45 to 0.48 s an example in batches of 32, and a batch of
+one in 1.85 s. The part depends on the load of this shared machine and on the kernels' batch; 1 splits the
+difference."""
+
+FORWARD_SHARE = 0.37
+"""A forward pass's share of a LoRA training step, per example: measured 0.34 to 0.39 for mBERT (float32) and 0.30
+to 0.41 for Llama-3.2-1B (bfloat16), both cut to one layer, at batches 1 and 4 (the FLOPs say 0.5: the backward
+pass runs below the forward's rate here)."""
+
+EVAL_BATCH_FIXED_S = 0.004
+"""An evaluation batch's fixed part (tokenizing, the model call, the metric): 4 ms (tiny-bert 4 to 5 ms a client)."""
+
+CLIENT_FIXED_S = 0.01
+"""A client unit's fixed part: installing its model (a fresh or received adapter), saving its adapter, its
+records. Measured 8 to 15 ms per client and budget in the smoke (tiny-bert) and the mBERT rehearsal."""
+
+FULL_TRAINING_BYTES = 1300.0
+"""One client's full fine-tuning (FedAvg of the whole model, DEPT) beside its FLOPs, in bytes per base parameter at
+the measured memory bandwidth: AdamW's two moments created and updated, the gradients, the copy of the weights the
+client restores afterwards, the update's finiteness and norm checks, its aggregation, each a pass over every
+parameter (about 120 bytes a parameter of traffic), and what a machine shared with other jobs makes of them. An
+effective figure: a one-step client round of mBERT (one layer, 100 M parameters, 92 M of them its embeddings) took
+11 to 24 s in three rehearsals here, of which under 1.5 s the step's FLOPs, at 13 GB/s measured by numpy."""
+
+FULL_PHASE_BYTES = 220.0
+"""Per base parameter and round (and once more for the exported base model), what a phase that trains the base
+weights writes and reads besides its clients: its server state checkpointed, the base model exported (an effective
+figure from the same rehearsals: 3 to 5 s of mBERT's stage)."""
+
+DEFAULT_BANDWIDTH = 13e9
+"""This CPU's memory bandwidth (bytes/s) for the parts that read or write every weight (full fine-tuning's passes,
+a decoding step's read of the weights): numpy's copy of 64 MiB reached 13 GB/s on the 2-core machine above when
+its cores were free. Not measured at each plan: on this shared machine the same copy gave 4 to 30 GB/s minutes
+apart (other jobs' traffic, and the cache for smaller copies), which would move those parts 4-fold."""
+
+TRAINING_EFFICIENCY = {"float32": 0.25, "bfloat16": 2.0, "float16": 2.0}
+"""The FLOPs rate a LoRA training step reaches, as a share of numpy's float32 matmul rate
+(:func:`~.devices.measure_cpu_flops`, 250 to 300 GFLOP/s on the machine above), without a rehearsal: mBERT's float32
+step reached 0.1 to 0.3 of it in the rehearsals (the machine shared), 0.8 on an idle moment; Llama-3.2-1B's
+bfloat16 step 0.7 to 3.5 (batches of one to four; AMX's bfloat16 products outrun numpy's float32 ones). The
+examples' tokens are ``max_length``, an upper bound: the SNI prompts of the generation rehearsal held about 150 of
+its 512, so there the FLOPs count three times the work."""
+
+
+@dataclass(frozen=True)
+class ModelRate:
+    """One model's seconds per example of a LoRA training step (its compute, without the step's fixed part) at the
+    depth the config runs, and where that number comes from."""
+
+    label: str
+    seconds_per_example: float
+    source: str  # "rehearsal" or "FLOPs"
+    layers: int
+
+
+@dataclass(frozen=True)
+class Machine:
+    """How the run uses this machine: its worker processes, the torch threads of each, its cores."""
+
+    processes: int  # worker processes (1: the clients run in the run's own process)
+    threads: int  # torch threads per process
+    cores: int
+    bandwidth: float
+
+    @property
+    def compute_share(self) -> float:
+        """The share of the cores one process computes on (the step's rate was measured on all of them)."""
+        return min(1.0, self.threads / max(self.cores, 1))
+
+
+def step_fixed_s(architecture: Architecture) -> float:
+    """A training step's fixed part (:data:`STEP_FIXED_BASE_S`)."""
+    return STEP_FIXED_BASE_S + STEP_FIXED_PER_LAYER_S * architecture.layers
+
+
+def lora_train_flops_per_example(architecture: Architecture, tokens: int, lora_params: float = 0.0) -> float:
+    """FLOPs of one example's LoRA training step: 4 N + 6 N_LoRA per token (docs/plan.md)."""
+    return tokens * (2.0 * forward_flops_per_token(architecture) + 6.0 * lora_params)
+
+
+def at_depth(architecture: Architecture, layers: int) -> Architecture:
+    """``architecture`` with ``layers`` layers (the same width)."""
+    return replace(architecture, layers=layers)
+
+
+def flops_rate(architecture: Architecture, dtype: str, cpu_flops: float | None) -> float | None:
+    """The FLOPs/s a LoRA training step of ``architecture`` in ``dtype`` reaches here without a rehearsal."""
+    if not cpu_flops:
+        return None
+    return cpu_flops * TRAINING_EFFICIENCY.get(dtype, 1.0)
+
+
+def head_share(architecture: Architecture) -> float:
+    """The share of a causal LM's forward FLOPs in its output layer (0 for an encoder)."""
+    if architecture.kind == "encoder":
+        return 0.0
+    return architecture.vocab * architecture.hidden / max(active_parameters(architecture), 1)
+
+
+def machine_of(cfg: Any, clients: int, bandwidth: float | None = None) -> Machine:
+    """The worker processes and threads a local-engine run of ``cfg`` uses on this machine, as the engine resolves
+    them (fedpeft/engine/resources.py; memory aside): a number of ``engine.workers`` as given, ``auto`` one process
+    per ``threads`` cores (or ``FEDPEFT_WORKERS``), one where clients train in batches; at most the clients."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    engine, processes = cfg.engine, 1
+    if engine.name == "local" and cfg.device == "cpu":
+        if engine.workers != "auto":
+            processes = int(engine.workers)
+        elif engine.batch_clients < 2:
+            given = os.environ.get(WORKERS_VARIABLE, "").strip()
+            processes = int(given) if given.isdigit() and int(given) >= 1 else max(1, cores // (cfg.threads or 1))
+        processes = max(1, min(processes, max(clients, 1)))
+    threads = cfg.threads or (max(1, cores // processes) if processes > 1 else cores)
+    return Machine(processes, threads, cores, bandwidth or DEFAULT_BANDWIDTH)
+
+
+WORKERS_VARIABLE = "FEDPEFT_WORKERS"
+"""What ``engine.workers: auto`` resolves to where set (the engine's variable of the same name)."""
+
+
+def phase_seconds(
+    phase: dict[str, Any], models: list[dict[str, Any]], rates: list[ModelRate], machine: Machine, generation: bool
+) -> dict[str, float] | None:
+    """Seconds of one seed of ``phase`` (a row of :func:`~.render.plan_json`) by part, on one worker process
+    (``None``: its size is unknown). ``models``: the plan's models (their architecture, dtype, share, tokens per
+    example, weights), ``rates``: their seconds per training example."""
+    if phase["examples"] is None or phase.get("forward_examples") is None:
+        return None
+    parts = {"training": 0.0, "forward": 0.0, "generation": 0.0, "fixed": 0.0, "memory": 0.0}
+    share = machine.compute_share
+    for model, rate in zip(models, rates, strict=True):
+        weight = model["share"]
+        a = Architecture(**model["architecture"])
+        per_example = rate.seconds_per_example / share
+        fixed = step_fixed_s(a)
+        params = parameters(a)["total"]
+        if phase["phase"] == "evaluation":
+            examples, batches = phase["examples"] * weight, phase["eval_batches"] * weight
+            passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE
+            parts["fixed"] += batches * EVAL_BATCH_FIXED_S
+            if not generation:
+                parts["forward"] += passes
+                continue
+            # The prompt's forward pass, its output layer at the last position only, and one read of the
+            # weights per decoding step (each also one token's compute for the batch).
+            tokens = max(model["tokens_per_example"], 1)
+            parts["forward"] += passes * (1.0 - head_share(a) * (1.0 - 1.0 / tokens))
+            decode = phase["decode_steps"] * weight
+            parts["generation"] += decode * model["weights_bytes"] / machine.bandwidth
+            parts["generation"] += decode * (examples / max(batches, 1.0)) * per_example * FORWARD_SHARE / tokens
+            continue
+        examples, steps = phase["examples"] * weight, (phase["steps"] or 0.0) * weight
+        full_factor = 1.0
+        if phase.get("full"):
+            forward = forward_flops_per_token(a)
+            full_factor = 3.0 * forward / (2.0 * forward)
+            parts["memory"] += phase["client_trainings"] * weight * params * FULL_TRAINING_BYTES / machine.bandwidth
+            rounds = max(phase.get("rounds") or 0, 1)
+            parts["memory"] += (rounds + 1) * weight * params * FULL_PHASE_BYTES / machine.bandwidth
+        parts["training"] += steps * fixed + (examples + STEP_FIXED_EXAMPLES * steps) * per_example * full_factor
+        statistics = (phase.get("forward_examples") or 0.0) * weight
+        batches = phase.get("forward_batches", 0.0) * weight
+        parts["forward"] += (
+            (statistics + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE * (1.0 - head_share(a))
+        )
+    parts["fixed"] += phase.get("client_units", 0) * CLIENT_FIXED_S
+    return parts
+
+
+def client_operations(phases: list[dict[str, Any]]) -> list[float]:
+    """Each phase's client operations the engine sends to a worker: a federated phase's client rounds, the base
+    model's evaluation of every client, and a method's personalization of every client (its evaluation and budgets
+    within: on its personalization row, or its evaluation row where it trains nothing for it)."""
+    operations, personalized = [], set()
+    for p in phases:
+        count = 0.0
+        if p["phase"] in ("federated", "base stage"):
+            count = float(p["client_trainings"])
+        elif p["method"] == "base model" and p["phase"] == "evaluation":
+            count = float(p["parallel_clients"])
+        elif p["phase"] in ("personalization", "evaluation") and p["method"] not in personalized:
+            count = float(p["parallel_clients"])
+            personalized.add(p["method"])
+        operations.append(count)
+    return operations
+
+
+def run_seconds(
+    phases: list[dict[str, float] | None], processes: int, parallel: list[int], operations: list[float]
+) -> list[float | None]:
+    """Each phase's wall seconds: its parts and, on worker processes, its client operations' messaging, spread over
+    the processes (as many as the clients that may run at once)."""
+    out: list[float | None] = []
+    for parts, clients, count in zip(phases, parallel, operations, strict=True):
+        if parts is None:
+            out.append(None)
+            continue
+        spread = max(1, min(processes, clients))
+        messaging = count * WORKER_OP_S if processes > 1 else 0.0
+        out.append((sum(parts.values()) + messaging) / spread)
+    return out
+
+
+WORKER_OP_S = 0.5
+"""On worker processes (``engine.workers`` of 2 or more, or ``auto`` on several cores), each client's operation (a
+round's training, a personalization with its evaluation, the base model's evaluation) is a message to a process
+that reads the client's state from disk and writes it back: 0.5 s of a process here (the smoke, tiny-bert: 0.15 to
+0.5 s more per operation than in one process, its clients two at a time)."""
+
+WORKER_START_S = 6.0
+"""Starting the worker processes: each imports torch, builds the data and loads the model (about 6 s, side by side
+on the cores)."""
+
+START_S = 1.0
+"""A run's start on this CPU before its first phase: building the data and loading the model (plus its weights'
+bytes at the memory bandwidth; 0.2 to 3.6 s here); Python's and torch's own start (3 to 10 s) comes before the
+run's clock."""
+
+REPORT_S = 0.8
+REPORT_PER_METHOD_S = 0.15
+"""The run's end: merging its parts, the summary and the plots, per method and the base model's rows (the smoke's
+6 methods: 1.9 s, two methods 1.0 to 1.9 s)."""
+
+
+def tokens_of(model: dict[str, Any]) -> int:
+    """Tokens of one example of a model of :func:`~.render.plan_json` (a ViT's patches, else ``max_length``)."""
+    return int(model["architecture"].get("tokens") or model["max_length"])
+
+
+def flops_rates(models: list[dict[str, Any]], cpu_flops: float | None) -> list[ModelRate] | None:
+    """Each model's seconds per training example from its FLOPs at this CPU's measured rate (None: not measured)."""
+    rates = []
+    for model in models:
+        a = Architecture(**model["architecture"])
+        rate = flops_rate(a, model["dtype"], cpu_flops)
+        if rate is None:
+            return None
+        seconds = lora_train_flops_per_example(a, tokens_of(model)) / rate
+        rates.append(ModelRate(model["label"] or model["name"], seconds, "FLOPs", a.layers))
+    return rates
+
+
+def timed(data: dict[str, Any], rates: list[ModelRate]) -> dict[str, Any]:
+    """Every phase's seconds on this CPU (one seed; None where a size is unknown), its parts, the run's start and
+    report, and the whole run's seconds (every phase times its seeds)."""
+    cpu = data["cpu"]
+    machine = Machine(cpu["processes"], cpu["threads"], cpu["cores"], cpu["bandwidth"])
+    generation = data["federation"]["task"] == "generation"
+    models = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
+    parts = [phase_seconds(p, models, rates, machine, generation) for p in data["phases"]]
+    parallel = [p["parallel_clients"] for p in data["phases"]]
+    seconds = run_seconds(parts, machine.processes, parallel, client_operations(data["phases"]))
+    start = START_S + max(m["weights_bytes"] for m in models) / machine.bandwidth
+    start += WORKER_START_S if machine.processes > 1 else 0.0
+    report = REPORT_S + REPORT_PER_METHOD_S * len({p["method"] for p in data["phases"]})
+    known = [s * p["times"] for s, p in zip(seconds, data["phases"], strict=True) if s is not None]
+    return {
+        "seconds": seconds,
+        "parts": parts,
+        "start_s": start,
+        "report_s": report,
+        "total_s": sum(known) + start + report,
+        "unknown_phases": sum(1 for s in seconds if s is None),
+        "rates": [vars(r) for r in rates],
+        "machine": vars(machine),
+    }
