@@ -32,11 +32,12 @@ from typing import Any
 
 from fedpeft.planning.architecture import Architecture, active_parameters, forward_flops_per_token, parameters
 
-STEP_FIXED_BASE_S = 0.005
+STEP_FIXED_BASE_S = 0.003
 STEP_FIXED_PER_LAYER_S = 0.003
-"""A training step's fixed part on this CPU: 5 ms plus 3 ms per layer (module calls, autograd bookkeeping, AdamW's
+"""A training step's fixed part on this CPU: 3 ms plus 3 ms per layer (module calls, autograd bookkeeping, AdamW's
 per-tensor loop), one thread. Measured: tiny-bert (2 layers, 64 wide) 11 to 14 ms a step in the smoke's trainings,
-where the FLOPs are nothing; mBERT cut to one layer 8 to 15 ms (the intercept of its step over batches 1 to 8)."""
+its FLOPs included (about 3 ms a step at the rate below); mBERT cut to one layer 8 to 15 ms (the intercept of its
+step over batches 1 to 8)."""
 
 STEP_FIXED_EXAMPLES = 1.0
 """A step's (and a forward batch's) part that does not shrink with its batch, in examples' worth: a batch of b costs
