@@ -609,7 +609,11 @@ def report(run: Path) -> dict:
     result = {
         "plan": plan,
         "machine": machine(),
-        "fedpeft_commit": git_commit(),
+        "report_commit": git_commit(),  # the checkout that wrote this report
+        # the commits of the checkout each fedpeft run ran from (+changes: with uncommitted changes)
+        "fedpeft_run_commits": sorted(
+            {json.loads(p.read_text()).get("git_commit") or "?" for p in (run / "fedpeft").glob("*/seed*/env.json")}
+        ),
         "fedpeft_env": next(
             (json.loads(p.read_text()) for p in sorted((run / "fedpeft").glob("*/seed*/env.json"))), None
         ),
