@@ -67,6 +67,7 @@ def extrapolate(
     entry: dict[str, Any] = {
         "model": name,
         "true_layers": full,
+        "timed_steps": MEASURED_STEPS,
         "batch_size": batch_size,
         "length": length,
         "depths": measured,
@@ -117,7 +118,8 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int) -> 
     from fedpeft.training import TrainArgs
     from fedpeft.worker import build_data, build_runtime
 
-    cfg = load_config(str(config_file), [])
+    # The rehearsal caps every training at rehearse.steps (train.max_steps); the timed call takes all its steps.
+    cfg = load_config(str(config_file), ["train.max_steps=null"])
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     model = (cfg.models[key] if key else cfg.model).model_copy(update={"name": directory})
