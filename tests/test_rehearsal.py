@@ -13,7 +13,7 @@ from fedpeft.core.config import ExperimentConfig, RehearseConfig, dump_config, l
 from fedpeft.methods.base import lora_spec
 from fedpeft.rehearsal.config import cut_method, is_round_count, rehearsal_config
 from fedpeft.rehearsal.standin_model import cut_depth, true_depth
-from fedpeft.rehearsal.steps import extrapolate
+from fedpeft.rehearsal.steps import MEASURED_STEPS, extrapolate
 from fedpeft.training import TrainArgs
 
 # ------------------------------------------------------------------------------------------------ the cut knobs
@@ -212,8 +212,12 @@ def test_a_rehearsal_is_never_compared_as_a_result(tmp_path):
 
 
 def _step(batch: int, depths: dict[int, float]) -> dict:
+    """A step measured as a rehearsal.json written before its measurement recorded the steps it timed (its timed
+    call then took ``rehearse.steps`` of them)."""
     measured = [{"layers": d, "step_s": t, "peak_rss_mb": 100.0} for d, t in depths.items()]
-    return extrapolate("tiny-bert", measured, 2, batch, 48)
+    entry = extrapolate("tiny-bert", measured, 2, batch, 48)
+    assert entry.pop("timed_steps") == MEASURED_STEPS  # a measurement now says how many steps it timed
+    return entry
 
 
 def _plan(tmp_path, rehearsal: dict, *more: str) -> dict:
@@ -237,10 +241,10 @@ def test_the_plan_times_this_cpu_from_the_measured_step(tmp_path):
     from fedpeft.planning import cpu_time
     from fedpeft.planning.architecture import from_config
     from fedpeft.planning.plan import REGISTERED_SHAPES
-    from fedpeft.planning.rehearsed import MEASURED_STEPS
+    from fedpeft.planning.rehearsed import MEASURED_STEPS as PLANNED_STEPS
     from fedpeft.rehearsal import steps
 
-    assert MEASURED_STEPS == steps.MEASURED_STEPS and cpu_time.WORKERS_VARIABLE == WORKERS_VARIABLE
+    assert PLANNED_STEPS == steps.MEASURED_STEPS and cpu_time.WORKERS_VARIABLE == WORKERS_VARIABLE
     a = from_config({**REGISTERED_SHAPES["tiny-bert"], "vocab_size": 1000})
     rehearsal = {"config": "smoke", "rehearse": {"steps": 1}, "steps": [_step(8, {1: 0.3, 2: 0.5})], "wall_s": 1.0}
     data = _plan(tmp_path, rehearsal)
@@ -268,6 +272,11 @@ def test_the_plan_times_this_cpu_from_the_measured_step(tmp_path):
     )
     total = sum(s * p["times"] for p, s in phases.values()) + data["rehearsed"]["start_s"]
     assert data["rehearsed"]["total_s"] == pytest.approx(total + data["rehearsed"]["report_s"])
+
+    # A measurement that says it timed all its steps: the time as measured, whatever rehearse.steps was.
+    recorded = {**rehearsal, "steps": [{**rehearsal["steps"][0], "timed_steps": MEASURED_STEPS}]}
+    (model,) = _plan(tmp_path, recorded)["rehearsed"]["models"]
+    assert model["seconds_per_example"] == pytest.approx((0.5 - cpu_time.step_fixed_s(a)) / (8 + 1))
 
     # Two timed steps: the time as measured. A depth not measured: scaled from the measured ones by the FLOPs.
     rehearsal["rehearse"]["steps"] = 2
