@@ -207,8 +207,11 @@ def test_async_deployment_quick_runs_sync_and_fedasync_on_two_nodes_of_two_tiers
     assert result["nodes"] == 2 and result["tiers"] == [1.0, 2.0]
     rows = {row["method"]: row for row in result["rows"]}
     assert set(rows) == {"sync", "fedasync"}
-    assert all(row["server_steps"] == 2 and row["phase_seconds"] > 0 for row in rows.values())
-    assert rows["sync"]["mean_staleness"] == 0.0 and rows["fedasync"]["final_rougeL"] is not None
+    assert (rows["sync"]["server_steps"], rows["fedasync"]["server_steps"]) == (1, 2)
+    assert all(row["phase_seconds"] > 0 for row in rows.values())
+    # both clients in flight at once: FedAsync's second step applies an update computed on the global before the first
+    assert rows["sync"]["mean_staleness"] == 0.0 and rows["fedasync"]["mean_staleness"] > 0
+    assert rows["fedasync"]["final_rougeL"] is not None
 
 
 def test_async_deployment_gives_the_slow_fault_to_the_clients_of_each_node_above_tier_1():
