@@ -225,6 +225,7 @@ def test_fedmosaic_costs_quick_counts_flops_against_sft_and_bytes_against_fedit(
     results = benchmark("fedmosaic_costs").main(["--quick", "--out", str(out)])
     assert json.loads(out.read_text()) == results
     methods = results["cpu_scale"]["methods"]
+    assert results["cpu_scale"]["clients"] == 5  # the first client of each of the federation's five tiny models
     assert list(methods) == ["sft_rounds", "fedit", "fedmosaic"] and methods["sft_rounds"]["compute_vs_sft"] == 1.0
     assert methods["fedmosaic"]["flops"] > methods["sft_rounds"]["flops"] > 0
     assert 0 < results["cpu_scale"]["upload_fedmosaic_vs_fedit"] < 1
