@@ -224,14 +224,19 @@ def adam_eps(psg_lr: float = 0.01) -> None:
 
 QUICK = [
     "seeds=[0]",
+    # one seen and one unseen client per language, 8 training and 4 test rows each, a base stage of 100 rows
     "data.groups=[lat1, lat4]",
+    "data.clients_per_group=1",
+    "data.train_per_group=16",
+    "data.test_per_group=8",
+    "data.base_samples=100",
     f"budgets={list(BUDGETS)}",
     "output.plots=false",
     "methods=[{name: lora, lr: 0.005, epochs: 1}, "
     "{name: bayestune_lora, r_max: 16, r_init: 16, stage1_epochs: 1, lr: 0.005, finetune_epochs: 1}, "
-    "{name: fedp2eft, rounds: 1, fraction: 0.5, r_max: 16, r_init: 16, stage1_steps: 2, psg_steps: 2, lr: 0.005, "
+    "{name: fedp2eft, rounds: 1, fraction: 1.0, r_max: 16, r_init: 16, stage1_steps: 2, psg_steps: 2, lr: 0.005, "
     "finetune_epochs: 1}, "
-    f"{{name: fedp2eft, label: {OLD}, rounds: 1, fraction: 0.5, r_max: 16, r_init: 16, stage1_steps: 2, "
+    f"{{name: fedp2eft, label: {OLD}, rounds: 1, fraction: 1.0, r_max: 16, r_init: 16, stage1_steps: 2, "
     "psg_steps: 2, psg_loss: mean, lr: 0.005, finetune_epochs: 1}]",
 ]
 
