@@ -37,9 +37,19 @@ PAPER_PRESETS = [
     "fedmosaic-hflb",
     "fedmosaic-fedscope",
 ]
-QUICK = ("smoke", ["seeds=[0]", "engine.workers=1"])
+QUICK = (
+    "smoke",
+    [
+        "seeds=[0]",
+        "engine.workers=1",
+        "data.groups=[lat1]",
+        "methods=[{name: fedit, rounds: 1, fraction: 1.0, local_steps: 1, lr: 0.005}]",
+        "output.plots=false",
+    ],
+)
 """The quick mode's rehearsal: the smoke preset (fedpeft's own tiny models and synthetic data: nothing to stand in
-for), to check this script's plumbing; tests/test_rehearsal_presets.py rehearses one paper preset per family."""
+for) cut to one language and one FedIT round, to check this script's plumbing; tests/test_rehearsal_presets.py
+rehearses one paper preset per family."""
 
 
 def rehearse(preset: str, out: Path, overrides: list[str]) -> dict[str, Any]:
