@@ -1,9 +1,9 @@
 """The evaluation between rounds (``eval.every``) and the disk client-state store at many clients.
 
 ``--eval N ...``: for each N, ``fedpeft run smoke`` on synthetic XNLI with N clients of one language (4 train and
-2 test rows each), FedIT for 2 rounds of 10 clients on the pretrained tiny BERT, once with ``eval.every=1`` and
-once without; the difference of the two runs' CPU seconds is what the evaluations between rounds cost, and a run
-that writes the ``round_evaluation`` rows of ``costs.jsonl`` also gives their wall seconds.
+2 test rows each), FedIT for 2 rounds of 10 clients (all N below 10) on the pretrained tiny BERT, once with
+``eval.every=1`` and once without; the difference of the two runs' CPU seconds is what the evaluations between
+rounds cost, and a run that writes the ``round_evaluation`` rows of ``costs.jsonl`` also gives their wall seconds.
 
 ``--store N ...``: for each N, a disk store (:class:`fedpeft.core.stores.DiskStore`) in a fresh directory: two
 passes of ``put`` over N clients (tiny states, rounds 0 and 1), then one pass of ``get``; the seconds of each.
@@ -38,7 +38,7 @@ def run_overrides(clients: int, every: bool) -> list[str]:
         "data.partition=iid",
         "base.kind=pretrained",
         "budgets=[4]",
-        f"methods=[{{name: fedit, rounds: 2, fraction: {10 / clients}, local_steps: 1, lr: 0.005}}]",
+        f"methods=[{{name: fedit, rounds: 2, fraction: {min(1.0, 10 / clients)}, local_steps: 1, lr: 0.005}}]",
         "output.save_adapters=false",
         "output.plots=false",
     ]
@@ -100,10 +100,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--eval", type=int, nargs="*", default=[])
     parser.add_argument("--store", type=int, nargs="*", default=[])
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (12 clients each): checks that it runs")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (4 clients each): checks that it runs")
     args = parser.parse_args(argv)
     if args.quick:
-        args.eval, args.store = [12], [12]
+        args.eval, args.store = [4], [4]
     import fedpeft
 
     results: dict[str, object] = {"fedpeft": str(Path(fedpeft.__file__).parent), "eval": [], "store": []}
