@@ -146,16 +146,25 @@ def measure(model: str, workers: int) -> dict:
         command = [sys.executable, "-c", CHILD, json.dumps(overrides), str(Path(tmp) / "run")]
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         main = psutil.Process(child.pid)
+        gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
         while child.poll() is None:
             try:
-                for process in main.children(recursive=True):
+                # The worker processes are the run's own children; a worker's own child (a library's subprocess
+                # call, forked with the worker's command line until it execs) is not one.
+                children = main.children()
+            except gone:
+                children = []
+            for process in children:
+                # One process at a time: a child that has just ended (a `git` call not yet reaped, a zombie for a
+                # while) must not keep the worker processes listed after it from being read.
+                try:
                     if "fedpeft.engine.pool" not in process.cmdline():  # a worker process, not a `git` call
                         continue
-                    peak = hwm_mb(process.pid)
-                    if peak is not None:
-                        peaks[process.pid] = max(peak, peaks.get(process.pid, 0.0))
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
+                except gone:
+                    continue
+                peak = hwm_mb(process.pid)
+                if peak is not None:
+                    peaks[process.pid] = max(peak, peaks.get(process.pid, 0.0))
             time.sleep(0.05)
         stdout, stderr = child.communicate()
         if child.returncode != 0:
