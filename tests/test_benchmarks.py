@@ -53,12 +53,13 @@ def test_model_memory_quick_measures_the_main_process_and_each_worker_process(tm
     out = tmp_path / "model_memory.json"
     result = benchmark("model_memory").main(["--quick", "--out", str(out)])
     assert json.loads(out.read_text()) == result
-    one, two = result["rows"]
-    assert (one["workers"], two["workers"]) == (1, 2)
-    assert one["worker_peak_rss_mb"] == [] and len(two["worker_peak_rss_mb"]) == 2  # each worker process its own
-    for row in (one, two):
-        assert row["main_peak_rss_mb"] >= row["libraries_rss_mb"] > 0 and row["setup_rss_mb"] > 0
-    assert all(peak > two["libraries_rss_mb"] for peak in two["worker_peak_rss_mb"])
+    (row,) = result["rows"]
+    assert row["model"] == "tiny-bert" and row["workers"] == 2
+    assert len(row["worker_peak_rss_mb"]) == 2 and min(row["worker_peak_rss_mb"]) > 0  # each worker process its own
+    assert row["main_peak_rss_mb"] >= row["libraries_rss_mb"] > 0 and row["setup_rss_mb"] > 0
+    # a worker that trained loaded the model above the libraries; on a busy machine the other may have started after
+    # the first had served every tiny client, and stayed below them
+    assert max(row["worker_peak_rss_mb"]) > row["libraries_rss_mb"]
     assert "| tiny-bert | 2 |" in capsys.readouterr().out
 
 
