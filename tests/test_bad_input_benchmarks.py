@@ -10,7 +10,6 @@ local layout, at a cut size), each copied and then broken; tests/test_rehearsal_
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from entry_point import cli
-from test_bad_input_hub import write_cached  # a hub id's prepared copy in the datasets cache
+from test_bad_input_hub import run_fresh, write_cached  # a fresh `fedpeft run`; a hub id's cached copy
 
 from fedpeft.cli import _read_data_early
 from fedpeft.core.config import DataConfig, load_config
@@ -331,16 +330,6 @@ def test_a_cached_copy_without_a_configuration_split_or_column(tmp_path, offline
 
 # ------------------------------------------------------------------------------------- before torch is imported
 
-FRESH_PROCESS_RUN = """
-import sys
-from fedpeft.cli import main
-sys.argv = ["fedpeft", "run", *sys.argv[1:]]
-try:
-    main()
-except SystemExit as stop:
-    print("exit", stop.code, "torch" in sys.modules, "datasets" in sys.modules)
-"""
-
 EARLY = [BROKEN[0], BROKEN[5], BROKEN[9], BROKEN[18], BROKEN[20], BROKEN[7]]
 
 
@@ -351,12 +340,6 @@ def test_benchmark_data_errors_end_the_run_before_torch_is_imported(case, standi
     data, path = copied(standins, name, tmp_path)
     damage(path)
     data = data.model_copy(update={k: v.format(path=path) if isinstance(v, str) else v for k, v in updates.items()})
-    done = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS_RUN, str(config_file(tmp_path, data)), "--out", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        timeout=120,
-    )
-    assert done.stdout.split() == ["exit", "2", "False", "False"], done.stderr
-    assert expected.format(path=path) in done.stderr
+    said, stderr = run_fresh(config_file(tmp_path, data), tmp_path)
+    assert said == ["exit", "2", "False", "False"], stderr
+    assert expected.format(path=path) in stderr

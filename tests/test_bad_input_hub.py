@@ -275,6 +275,21 @@ except SystemExit as stop:
     print("exit", stop.code, "torch" in sys.modules, "datasets" in sys.modules)
 """
 
+
+def run_fresh(config: Path, tmp_path: Path) -> tuple[list[str], str]:
+    """``fedpeft run CONFIG`` in a fresh interpreter (cwd ``tmp_path``): its exit code and whether torch and
+    ``datasets`` were imported by then, and what it wrote to stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS_RUN, str(config), "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        cwd=tmp_path,
+        timeout=120,
+    )
+    return done.stdout.split(), done.stderr
+
+
 EARLY = [
     ({"hub_id": "org/not-here"}, "nor in the datasets cache", False),
     ({"hub_id": "{tmp}/nope"}, "is no directory", False),
@@ -292,14 +307,6 @@ def test_hub_data_errors_end_the_run_before_torch_is_imported(case, tmp_path: Pa
     write_cached(cache, HUB_ID, splits())
     write_files(tmp_path / "ds", splits())
     data = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in data.items()}
-    config = config_file(tmp_path, **data)
-    done = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS_RUN, str(config), "--out", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert done.stdout.split() == ["exit", "2", "False", str(needs_datasets)], done.stderr
-    assert message in done.stderr
+    said, stderr = run_fresh(config_file(tmp_path, **data), tmp_path)
+    assert said == ["exit", "2", "False", str(needs_datasets)], stderr
+    assert message in stderr
