@@ -17,13 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 from entry_point import cli
-from test_bad_input_hub import run_fresh, write_cached  # a fresh `fedpeft run`; a hub id's cached copy
+from test_bad_input_hub import (  # a fresh `fedpeft run`; a hub id's cached copy
+    empty_offline_cache,
+    run_fresh,
+    write_cached,
+)
 
 from fedpeft.cli import _read_data_early
 from fedpeft.core.config import DataConfig, load_config
@@ -65,13 +68,7 @@ def standins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, DataConfig]:
 @pytest.fixture(autouse=True)
 def offline_empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty ``datasets`` cache, offline, for this process and the processes it starts."""
-    folder = tmp_path / "datasets-cache"
-    folder.mkdir()
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(folder))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", folder)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    return folder
+    return empty_offline_cache(tmp_path, monkeypatch)
 
 
 def copied(standins: dict[str, DataConfig], name: str, tmp_path: Path, **updates: Any) -> tuple[DataConfig, Path]:

@@ -49,6 +49,10 @@ def splits() -> dict[str, list[dict]]:
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return empty_offline_cache(tmp_path, monkeypatch)
+
+
+def empty_offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty ``datasets`` cache, offline, for this process and the processes it starts."""
     folder = tmp_path / "datasets-cache"
     folder.mkdir()
