@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from entry_point import cli
 from test_bad_input_hub import (  # a fresh `fedpeft run`; a hub id's cached copy
     empty_offline_cache,
+    refused,
     run_fresh,
     write_cached,
 )
@@ -86,16 +86,6 @@ def config_file(tmp_path: Path, data: DataConfig) -> Path:
     content = {"name": "bad", "data": data.model_dump(mode="json", exclude_unset=True), "model": {"name": "tiny-bert"}}
     path.write_text(yaml.safe_dump(content))
     return path
-
-
-def refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], config: Path, *expected: str) -> str:
-    code, _, err = cli(monkeypatch, capsys, "run", str(config), "--out", str(config.parent / "run"))
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for part in expected:
-        assert part in err, (part, err)
-    assert not (config.parent / "run").exists()
-    return err
 
 
 def rename_parquet_column(path: Path, old: str, new: str) -> None:
