@@ -345,15 +345,29 @@ def test_generation_gives_the_output_layer_a_contiguous_input():
     the output layer, whose batched product over a strided input would copy the whole weight once per prompt."""
     from fedpeft.methods.base import lora_spec
     from fedpeft.models.runtime import ModelRuntime
+    from fedpeft.models.weights import dense_strides
 
     runtime = ModelRuntime(load("tiny-llama", task="generation"))
     runtime.activate(lora_spec(runtime, 4))
-    seen: list[bool] = []
+    seen: list[tuple[torch.Size, tuple[int, ...]]] = []
     output = runtime.base_model.get_output_embeddings()
-    handle = output.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    handle = output.register_forward_pre_hook(lambda module, args: seen.append((args[0].shape, args[0].stride())))
     try:
-        examples = [{"prompt": text, "response": "x"} for text in TEXTS[:3]]
-        assert len(runtime.predict(examples)) == 3
+        for size in (3, 1):  # one prompt: its last position is a view that is_contiguous() calls contiguous
+            seen.clear()
+            examples = [{"prompt": text, "response": "x"} for text in TEXTS[:size]]
+            assert len(runtime.predict(examples)) == size
+            assert seen and all(stride == dense_strides(shape) for shape, stride in seen), seen
+            assert seen[0][0][0] == size
     finally:
         handle.remove()
-    assert seen and all(seen)
+
+
+def test_dense_strides():
+    from fedpeft.models.weights import dense_strides
+
+    assert dense_strides(torch.Size([2, 3, 4])) == (12, 4, 1)
+    assert dense_strides(torch.Size([1, 1, 8])) == torch.empty(1, 1, 8).stride()
+    assert dense_strides(torch.Size([])) == ()
+    view = torch.empty(1, 5, 8)[:, -1:, :]
+    assert view.is_contiguous() and view.stride() != dense_strides(view.shape)
