@@ -153,10 +153,10 @@ def run(
             Experiment(cfg, target, progress=progress, data=data).run(resume=resume, force=force)
     if cfg.rehearse is not None:
         from fedpeft.rehearsal.driver import summarize, summary_lines
-        from fedpeft.rehearsal.steps import measure_steps
+        from fedpeft.rehearsal.steps import first_batch, measure_steps
 
         steps = (
-            measure_steps(cfg, step_batch, check_full_depth=cfg.rehearse.check_full_depth)
+            measure_steps(cfg, step_batch, check_full_depth=cfg.rehearse.check_full_depth, cut_batch=first_batch(cfg))
             if cfg.rehearse.measure_steps
             else []
         )

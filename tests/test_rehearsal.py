@@ -290,6 +290,24 @@ def test_the_plan_times_this_cpu_from_the_measured_step(tmp_path):
     assert model["layers"] == 4 and "scaled by FLOPs" in model["how"]
 
 
+def test_the_plan_of_a_rehearsal_config_takes_the_step_at_its_cut_batch(tmp_path):
+    """A rehearsal also times its step at its own (cut) batch: the plan of the rehearsal config, whose model is a
+    stand-in, counts that one; the plan of the preset, the step at the preset's batch."""
+    from fedpeft.planning import cpu_time
+    from fedpeft.planning.architecture import from_config
+    from fedpeft.planning.plan import REGISTERED_SHAPES
+
+    a = from_config({**REGISTERED_SHAPES["tiny-bert"], "vocab_size": 1000})
+    step = {**_step(8, {1: 0.3, 2: 0.5}), "timed_steps": MEASURED_STEPS}
+    step["cut"] = {"batch_size": 1, "depths": [{"layers": 2, "step_s": 0.2, "peak_rss_mb": 90.0}]}
+    rehearsal = {"config": "smoke", "rehearse": {"models": {"tiny-bert": "tiny-bert"}}, "steps": [step]}
+    (model,) = _plan(tmp_path, rehearsal)["rehearsed"]["models"]  # tiny-bert stands in for itself here
+    assert model["seconds_per_example"] == pytest.approx((0.2 - cpu_time.step_fixed_s(a)) / (1 + 1))
+    rehearsal["rehearse"]["models"] = {"elsewhere": "tiny-bert"}  # the preset's own model: its batch of 8
+    (model,) = _plan(tmp_path, rehearsal)["rehearsed"]["models"]
+    assert model["seconds_per_example"] == pytest.approx((0.5 - cpu_time.step_fixed_s(a)) / (8 + 1))
+
+
 def test_the_plan_of_a_rehearsal_sets_its_phases_beside_the_measured_ones(tmp_path):
     from typer.testing import CliRunner
 

@@ -1,14 +1,16 @@
 """A plan timed on this CPU by a rehearsal's measurements (``rehearsal.json``, docs/rehearsal.md).
 
-A rehearsal measured one LoRA training step of each model on this machine at two depths (one layer and the
-rehearsed depth; with ``rehearse.check_full_depth`` also the true one), at the batch of the config's first method.
-The plan takes, per model, the step at the depth the config runs (its stand-in's cut depth for a rehearsal's own
-config, the true depth for a preset): measured there when a measured depth is it, else scaled from the measured
-depths by the step's FLOPs (their pooled rate; a linear fit of two single-step timings on a shared machine gave
-per-layer costs from 0.02 to 1.35 s for the same model). Less the step's fixed part, over its batch, that is the
-seconds of one training example; every phase's time then counts its training, forward passes, generation, client
-units and full fine-tuning's memory work from it as :mod:`fedpeft.planning.cpu_time` says. The peak resident memory
-per worker process is the measured step's at the true depth.
+A rehearsal measured one LoRA training step of each model on this machine at two depths (one layer and the rehearsed
+depth; with ``rehearse.check_full_depth`` also the true one), at the batch of the config's first method, and at the
+rehearsal's cut batch when it is another (``"cut"``: a plan of the rehearsal config itself uses it, since a step's
+time is not proportional to its batch). The plan takes, per model, the step at the depth the config runs (its stand-
+in's cut depth for a rehearsal's own config, the true depth for a preset): measured there when a measured depth is
+it, else scaled from the measured depths by the step's FLOPs (their pooled rate; a linear fit of two single-step
+timings on a shared machine gave per-layer costs from 0.02 to 1.35 s for the same model). Less the step's fixed
+part, over its batch, that is the seconds of one training example; every phase's time then counts its training,
+forward passes, generation, client units and full fine-tuning's memory work from it as
+:mod:`fedpeft.planning.cpu_time` says. The peak resident memory per worker process is the measured step's at the
+true depth.
 
 The rehearsal's own phases (``costs.jsonl``'s wall seconds) are set beside the plan's where they match: the base
 stage, each method's federated phase and its personalization with its evaluation (a run times them together).
@@ -75,6 +77,9 @@ def seconds_per_example(model: dict[str, Any], step: dict[str, Any], rehearsal: 
     """Seconds of one training example of ``model`` at the depth the config runs (its architecture's layers), less
     the step's fixed part, and how it was found."""
     a = Architecture(**model["architecture"])
+    standins = (rehearsal.get("rehearse") or {}).get("models") or {}
+    if model["name"] in standins and step.get("cut"):  # the rehearsal config itself: its steps at its cut batch
+        step = {**step, **step["cut"]}
     depth, batch = a.layers, int(step["batch_size"])
     scale = MEASURED_STEPS / timed_steps(step, rehearsal)
     measured = {int(d["layers"]): float(d["step_s"]) * scale for d in step.get("depths", [])}

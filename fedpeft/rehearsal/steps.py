@@ -34,10 +34,15 @@ def first_batch(cfg: ExperimentConfig) -> int:
     return int(getattr(cfg.methods[0], "batch_size", 8) or 8)
 
 
-def measure_steps(cfg: ExperimentConfig, batch_size: int, *, check_full_depth: bool = False) -> list[dict[str, Any]]:
+def measure_steps(
+    cfg: ExperimentConfig, batch_size: int, *, check_full_depth: bool = False, cut_batch: int | None = None
+) -> list[dict[str, Any]]:
     """Per stand-in model of the rehearsal config ``cfg``: its step on ``batch_size`` examples (the uncut
     config's) at depth 1 and at the rehearsed depth (and at its true depth with ``check_full_depth``), the
-    per-layer cost and the extrapolated step at the true depth."""
+    per-layer cost and the extrapolated step at the true depth. With ``cut_batch`` (the rehearsal's own batch)
+    other than ``batch_size``, also the step at that batch at the rehearsed depth (``"cut"``), from which a plan of
+    the rehearsal config itself is timed: a step's time is not proportional to its batch (a batch pads to its
+    longest example, and a step has a part that does not shrink with it)."""
     assert cfg.rehearse is not None
     results: list[dict[str, Any]] = []
     models = cfg.models or {"": cfg.model}
@@ -55,7 +60,11 @@ def measure_steps(cfg: ExperimentConfig, batch_size: int, *, check_full_depth: b
             depths = sorted({1, min(max(2, rehearsed), full)} | ({full} if check_full_depth else set()))
             measured = [_measure(config_file, key, Path(model.name), original, depth, batch_size) for depth in depths]
             length = None if "image_size" in original and "text_config" not in original else model.max_length
-            results.append(extrapolate(name, measured, full, batch_size, length))
+            entry = extrapolate(name, measured, full, batch_size, length)
+            if cut_batch is not None and cut_batch != batch_size:
+                cut = _measure(config_file, key, Path(model.name), original, rehearsed, cut_batch)
+                entry["cut"] = {"batch_size": cut_batch, "depths": [cut]}
+            results.append(entry)
     return results
 
 
