@@ -224,6 +224,22 @@ def test_heatmap_has_a_panel_and_a_labelled_colour_scale_per_budget(tmp_path, mo
     assert figures["mean_seen.png"].axes[0].get_title() == "seen pool: mean over clients, ± SD over seeds"
 
 
+def test_heatmap_makes_room_for_long_group_names(tmp_path, monkeypatch):
+    """Groups named as SNI's tasks (up to 40 characters, set at 45 degrees) with one method and one budget: the
+    panel keeps a height (constrained layout used to collapse it to nothing, with a warning)."""
+    import warnings
+
+    captured = _captured_figures(monkeypatch)
+    long = {"en": "task1342_standin_answer_verification", "fr": "task159_standin_grammar_error_detection"}
+    records = [{**r, "group": long.get(r["group"], r["group"])} for r in classification_records() if r["budget"] != 4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "constrained_layout not applied" is a UserWarning
+        write_plots([write_run(tmp_path / "run", records)], tmp_path / "plots")
+    heatmap = dict(captured)["groups_seen_accuracy.png"]
+    (panel,) = [axes for axes in heatmap.axes if axes.images]
+    assert panel.get_position().height > 0.1
+
+
 def test_plot_titles_promise_no_spread_with_one_seed(tmp_path, monkeypatch):
     captured = _captured_figures(monkeypatch)
     write_plots([one_seed_run(tmp_path)], tmp_path / "plots")

@@ -154,8 +154,11 @@ def _plot_group_heatmap(
         return _plot_group_spread(found, results, metric, path)
     columns = [*first_seen(g for table in found for g in table.groups), MEAN_COLUMN]
     heights = [max(1, len(table.methods)) for table in found]
+    # Each panel's group names stand at 45 degrees below it: about 0.06 in of height per character of the longest
+    # (SNI's task names run to 40), without which the panels of one or two methods collapse to nothing.
+    labels = 0.06 * max(len(str(c)) for c in columns)
     figure = Figure(
-        figsize=(max(5.0, 0.7 * len(columns) + 4.0), 0.4 * sum(heights) + 1.1 * len(found) + 0.8),
+        figsize=(max(5.0, 0.7 * len(columns) + 4.0), 0.4 * sum(heights) + (1.1 + labels) * len(found) + 0.8),
         layout="constrained",
     )
     grid = figure.add_gridspec(len(found), 1, height_ratios=heights)
