@@ -132,13 +132,14 @@ def run(
     data = _read_data_early(cfg)  # and so does every problem with the data, a user's own or a benchmark's
     _quiet_libraries(verbose)
     notes: list[str] = []
-    step_batch = 0
+    step_batch, step_lengths = 0, {}
     started = time.perf_counter()
     if cfg.rehearse is not None:
         from fedpeft.rehearsal.driver import prepare
         from fedpeft.rehearsal.steps import first_batch
 
-        step_batch = first_batch(cfg)  # the step is measured at the uncut batch
+        step_batch = first_batch(cfg)  # the step is measured at the uncut batch and lengths
+        step_lengths = {key: m.max_length for key, m in (cfg.models or {"": cfg.model}).items()}
         cfg, notes = prepare(cfg)
     from fedpeft.runner import Experiment
 
@@ -156,7 +157,13 @@ def run(
         from fedpeft.rehearsal.steps import first_batch, measure_steps
 
         steps = (
-            measure_steps(cfg, step_batch, check_full_depth=cfg.rehearse.check_full_depth, cut_batch=first_batch(cfg))
+            measure_steps(
+                cfg,
+                step_batch,
+                check_full_depth=cfg.rehearse.check_full_depth,
+                cut_batch=first_batch(cfg),
+                lengths=step_lengths,
+            )
             if cfg.rehearse.measure_steps
             else []
         )

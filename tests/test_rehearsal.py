@@ -75,8 +75,12 @@ def test_the_cut_keeps_the_shape_and_cuts_the_compute():
     assert by_name["fedl2p"].outer_batch_size == 4  # every training batch of a method
     assert by_name["fedp2eft"].stats_batch_size == next(e for e in cfg.methods if e.name == "fedp2eft").stats_batch_size
     assert cut.data == cfg.data and cut.budgets == cfg.budgets and cut.engine == cfg.engine
-    kept = rehearsal_config(cfg, RehearseConfig(batch_size=None), [])
+    assert cfg.model.max_length == 128 and cut.model.max_length == 32  # a client's tokens, not its shapes
+    kept = rehearsal_config(cfg, RehearseConfig(batch_size=None, max_length=None), [])
     assert [e.batch_size for e in kept.methods] == [e.batch_size for e in cfg.methods]
+    assert kept.model.max_length == 128
+    mosaic = load_config("fedmosaic-fedscope", [])
+    assert {m.max_length for m in rehearsal_config(mosaic, RehearseConfig(), []).models.values()} == {32}
 
 
 def test_round_counts_are_found_by_name():

@@ -110,8 +110,10 @@ def rehearses_end_to_end(family: str, tmp_path, cache, monkeypatch) -> None:
         (step,) = summary["steps"]
         assert [d["layers"] for d in step["depths"]] == [1, 2] and step["true_layers"] == 12
         assert step["full_step_s"] > 0 and step["per_layer_mb"] is not None
-        # and at the rehearsal's own batch, at the depth it ran, for the plan of the rehearsal config itself
-        assert step["cut"]["batch_size"] == 1 and [d["layers"] for d in step["cut"]["depths"]] == [1]
+        # at the preset's length, and at the rehearsal's own batch and length, at the depth it ran, for the plan of
+        # the rehearsal config itself
+        assert step["length"] == 256 and (step["cut"]["batch_size"], step["cut"]["length"]) == (1, 32)
+        assert [d["layers"] for d in step["cut"]["depths"]] == [1]
 
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     tested = {r["client"] for r in records if r["split"] == "test" and r["client"]}

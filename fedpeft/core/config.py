@@ -669,6 +669,9 @@ class RehearseConfig(_Strict):
         batch_size: the most examples of every batch of the run, training and evaluation (``None``: the
             config's); the per-depth step measurements use the config's own batch.
         new_tokens: the most tokens generated per answer (``eval.max_new_tokens``).
+        max_length: the most tokens of every example in the run (each model's ``max_length``; ``None``: the
+            config's): a client's work grows with its tokens, its shapes do not; the per-depth step measurements
+            use the config's own length.
         seeds: how many of the config's seeds to run (seeds share their shapes).
         device: where the rehearsal runs.
         measure_steps: time one training step per depth after the run (the per-layer cost); off, the run only.
@@ -684,6 +687,7 @@ class RehearseConfig(_Strict):
     eval_batches: int = Field(default=1, ge=1)
     batch_size: int | None = Field(default=4, ge=1)
     new_tokens: int = Field(default=4, ge=1)
+    max_length: int | None = Field(default=32, ge=1)
     seeds: int = Field(default=1, ge=1)
     device: str = "cpu"
     measure_steps: bool = True

@@ -50,9 +50,12 @@ def cut_method(entry: MethodConfig, rounds: int, batch_size: int | None = None) 
     return entry.model_copy(update=updates) if updates else entry
 
 
-def cut_model(model: ModelConfig, device: str, notes: list[str]) -> ModelConfig:
-    """``model`` as it can run on ``device``: float16 and quantization need a GPU."""
+def cut_model(model: ModelConfig, device: str, notes: list[str], max_length: int | None = None) -> ModelConfig:
+    """``model`` as it can run on ``device`` (float16 and quantization need a GPU), its examples at most
+    ``max_length`` tokens."""
     updates: dict[str, Any] = {}
+    if max_length is not None and model.max_length > max_length:
+        updates["max_length"] = max_length
     if device == "cpu" and model.dtype == "float16":
         updates["dtype"] = "bfloat16"
         notes.append(f"{model.name}: model.dtype float16 needs a GPU; rehearsed in bfloat16 (the same bytes).")
@@ -79,8 +82,8 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
         update={
             "seeds": cfg.seeds[: rehearse.seeds],
             "device": device,
-            "model": cut_model(cfg.model, device, notes),
-            "models": {name: cut_model(m, device, notes) for name, m in cfg.models.items()},
+            "model": cut_model(cfg.model, device, notes, rehearse.max_length),
+            "models": {name: cut_model(m, device, notes, rehearse.max_length) for name, m in cfg.models.items()},
             "methods": [cut_method(entry, rehearse.rounds, batch) for entry in cfg.methods],
             "base": base,
             "train": cfg.train.model_copy(update={"max_steps": rehearse.steps}),

@@ -35,14 +35,21 @@ def first_batch(cfg: ExperimentConfig) -> int:
 
 
 def measure_steps(
-    cfg: ExperimentConfig, batch_size: int, *, check_full_depth: bool = False, cut_batch: int | None = None
+    cfg: ExperimentConfig,
+    batch_size: int,
+    *,
+    check_full_depth: bool = False,
+    cut_batch: int | None = None,
+    lengths: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Per stand-in model of the rehearsal config ``cfg``: its step on ``batch_size`` examples (the uncut
     config's) at depth 1 and at the rehearsed depth (and at its true depth with ``check_full_depth``), the
-    per-layer cost and the extrapolated step at the true depth. With ``cut_batch`` (the rehearsal's own batch)
-    other than ``batch_size``, also the step at that batch at the rehearsed depth (``"cut"``), from which a plan of
-    the rehearsal config itself is timed: a step's time is not proportional to its batch (a batch pads to its
-    longest example, and a step has a part that does not shrink with it)."""
+    per-layer cost and the extrapolated step at the true depth; each model's examples at its ``lengths`` entry
+    (the uncut config's ``max_length``; by default the rehearsal's). With ``cut_batch`` (the rehearsal's own
+    batch) other than ``batch_size``, or a rehearsal cut to shorter examples, also the step the rehearsal's
+    clients took, at its batch, length and depth (``"cut"``), from which a plan of the rehearsal config itself is
+    timed: a step's time is not proportional to its batch (a batch pads to its longest example, and a step has a
+    part that does not shrink with it)."""
     assert cfg.rehearse is not None
     results: list[dict[str, Any]] = []
     models = cfg.models or {"": cfg.model}
@@ -58,12 +65,16 @@ def measure_steps(
             rehearsed = true_depth(json.loads((Path(model.name) / "config.json").read_text()))
             # Two depths at least (a model rehearsed at one layer is also measured at two), within the true one.
             depths = sorted({1, min(max(2, rehearsed), full)} | ({full} if check_full_depth else set()))
-            measured = [_measure(config_file, key, Path(model.name), original, depth, batch_size) for depth in depths]
-            length = None if "image_size" in original and "text_config" not in original else model.max_length
-            entry = extrapolate(name, measured, full, batch_size, length)
-            if cut_batch is not None and cut_batch != batch_size:
-                cut = _measure(config_file, key, Path(model.name), original, rehearsed, cut_batch)
-                entry["cut"] = {"batch_size": cut_batch, "depths": [cut]}
+            uncut = (lengths or {}).get(key, model.max_length)
+            measured = [
+                _measure(config_file, key, Path(model.name), original, depth, batch_size, uncut) for depth in depths
+            ]
+            images = "image_size" in original and "text_config" not in original
+            entry = extrapolate(name, measured, full, batch_size, None if images else uncut)
+            batch = cut_batch or batch_size
+            if batch != batch_size or (uncut != model.max_length and not images):
+                cut = _measure(config_file, key, Path(model.name), original, rehearsed, batch, model.max_length)
+                entry["cut"] = {"batch_size": batch, "length": None if images else model.max_length, "depths": [cut]}
             results.append(entry)
     return results
 
@@ -101,7 +112,7 @@ def extrapolate(
 
 
 def _measure(
-    config_file: Path, key: str, standin: Path, original: dict[str, Any], depth: int, batch_size: int
+    config_file: Path, key: str, standin: Path, original: dict[str, Any], depth: int, batch_size: int, length: int
 ) -> dict[str, Any]:
     """One depth's step, in a process of its own: a checkpoint directory whose config has ``depth`` layers and
     whose other files are the stand-in's (layers the weights lack are drawn fresh, as a head is)."""
@@ -110,7 +121,8 @@ def _measure(
             if item.name != "config.json":
                 os.symlink(item, Path(directory) / item.name)
         (Path(directory) / "config.json").write_text(json.dumps(cut_depth(original, depth)))
-        command = [sys.executable, "-m", "fedpeft.rehearsal.steps", str(config_file), key, directory, str(batch_size)]
+        command = [sys.executable, "-m", "fedpeft.rehearsal.steps", str(config_file), key, directory, str(batch_size),
+                   str(length)]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the step at depth {depth} failed:\n{done.stderr[-4000:]}")
@@ -118,8 +130,9 @@ def _measure(
     return {"layers": depth, **result}
 
 
-def _one_depth(config_file: Path, key: str, directory: str, batch_size: int) -> dict[str, float]:
-    """Load the model in ``directory`` as the config's model ``key`` and time its training steps."""
+def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, length: int) -> dict[str, float]:
+    """Load the model in ``directory`` as the config's model ``key``, its examples at most ``length`` tokens, and
+    time its training steps."""
     import torch
 
     from fedpeft.core.config import load_config
@@ -131,7 +144,7 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int) -> 
     cfg = load_config(str(config_file), ["train.max_steps=null"])
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    model = (cfg.models[key] if key else cfg.model).model_copy(update={"name": directory})
+    model = (cfg.models[key] if key else cfg.model).model_copy(update={"name": directory, "max_length": length})
     data = build_data(cfg)
     before = _rss_mb()
     runtime = build_runtime(cfg, data, model)
@@ -165,8 +178,9 @@ def main() -> None:
     parser.add_argument("key")
     parser.add_argument("directory")
     parser.add_argument("batch_size", type=int)
+    parser.add_argument("length", type=int)
     args = parser.parse_args()
-    print(json.dumps(_one_depth(Path(args.config), args.key, args.directory, args.batch_size)))
+    print(json.dumps(_one_depth(Path(args.config), args.key, args.directory, args.batch_size, args.length)))
 
 
 if __name__ == "__main__":
