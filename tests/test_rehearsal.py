@@ -80,7 +80,9 @@ def test_the_cut_keeps_the_shape_and_cuts_the_compute():
     assert [e.batch_size for e in kept.methods] == [e.batch_size for e in cfg.methods]
     assert kept.model.max_length == 128
     mosaic = load_config("fedmosaic-fedscope", [])
-    assert {m.max_length for m in rehearsal_config(mosaic, RehearseConfig(), []).models.values()} == {32}
+    cut = rehearsal_config(mosaic, RehearseConfig(), [])
+    assert {m.max_length for m in cut.models.values()} == {32}
+    assert ExperimentConfig.model_validate(cut.model_dump()).model == mosaic.model  # `models` alone, still valid
 
 
 def test_round_counts_are_found_by_name():

@@ -154,3 +154,16 @@ out = {"names": names, "valid": valid, "problems": problems}
     assert len(out["problems"]) == len(SHIPPED)
     for name, problem in zip(SHIPPED, out["problems"], strict=True):
         assert f"method {name!r}" in problem and "lerning_rate" in problem
+
+
+def test_a_config_error_raised_in_a_worker_process_keeps_its_problems():
+    """Worker processes send their exceptions back pickled: the error is rebuilt from its problems, not from its
+    message (each character of which once counted as a problem)."""
+    import pickle
+
+    from fedpeft.core.config import InvalidConfigError
+
+    for problems in (["one sentence."], ["first.", "second."]):
+        err = InvalidConfigError(problems, "Method 'lora'")
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is InvalidConfigError and back.problems == problems and str(back) == str(err)

@@ -41,11 +41,16 @@ class InvalidConfigError(UserError):
     of a single problem, else a first line counting them and one line per problem."""
 
     def __init__(self, problems: list[str], subject: str = "The config") -> None:
-        self.problems = problems
+        self.problems, self.subject = problems, subject
         if len(problems) == 1:
             super().__init__(problems[0])
         else:
             super().__init__(f"{subject} has {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+
+    def __reduce__(self) -> tuple[type[InvalidConfigError], tuple[list[str], str]]:
+        # Raised in a worker process, it comes back pickled: rebuilt from its problems, not from its message (whose
+        # characters would each count as a problem).
+        return type(self), (self.problems, self.subject)
 
 
 _PROBLEMS = "config_problems"

@@ -82,7 +82,8 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
         update={
             "seeds": cfg.seeds[: rehearse.seeds],
             "device": device,
-            "model": cut_model(cfg.model, device, notes, rehearse.max_length),
+            # A federation of architectures leaves `model` at its default (the config refuses both).
+            "model": cut_model(cfg.model, device, notes, None if cfg.models else rehearse.max_length),
             "models": {name: cut_model(m, device, notes, rehearse.max_length) for name, m in cfg.models.items()},
             "methods": [cut_method(entry, rehearse.rounds, batch) for entry in cfg.methods],
             "base": base,
