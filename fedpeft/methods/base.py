@@ -391,11 +391,8 @@ class ForwardOutputs(Protocol):
     """What an extra-loss hook (:data:`~fedpeft.training.LossHook`) reads of the model's outputs on the batch: a
     ``transformers`` model output with the task loss and the logits."""
 
-    @property
-    def loss(self) -> torch.Tensor: ...
-
-    @property
-    def logits(self) -> torch.Tensor: ...
+    loss: torch.Tensor
+    logits: torch.Tensor
 
 
 def local_schedule(cfg: FederatedConfig, steps: int | None = None) -> Schedule:
