@@ -321,13 +321,23 @@ def trained_update(client: ClientData, adapter: StateDict, metrics: Metrics) -> 
     return ClientUpdate(client.client_id, adapter, float(len(client.train)), metrics)
 
 
-def serves_as_base_stage(method: type[Method[Any, Any, Any]] | Method[Any, Any, Any]) -> bool:
+class BaseStageFlags(Protocol):
+    """The class flags of a method (:class:`Method`, class or instance) that say how it serves as a base stage."""
+
+    base_stage: ClassVar[bool]
+    per_client_base: ClassVar[bool]
+    federated: ClassVar[bool]
+    mergeable: ClassVar[bool]
+    uses_budget: ClassVar[bool]
+
+
+def serves_as_base_stage(method: type[BaseStageFlags] | BaseStageFlags) -> bool:
     """Whether ``base: {kind: federated, method: <this>}`` works for ``method`` (a class or an instance): a base
     stage of its own, or a federated method without budgets whose personalized models merge into base weights."""
     return method.base_stage or (method.federated and method.mergeable and not method.uses_budget)
 
 
-def per_client_base_stage(method: type[Method[Any, Any, Any]] | Method[Any, Any, Any]) -> bool:
+def per_client_base_stage(method: type[BaseStageFlags] | BaseStageFlags) -> bool:
     """Whether ``method`` (a class or an instance), as the base stage, gives every client a base model of its own."""
     return method.per_client_base or not method.base_stage
 
