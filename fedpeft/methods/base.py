@@ -39,6 +39,7 @@ import torch
 from fedpeft.base_models import ClientBase
 from fedpeft.core.config import MethodConfig
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.records import Budget
 from fedpeft.core.registry import METHODS
 from fedpeft.core.sampling import sample_clients
@@ -277,7 +278,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     ) -> None:
         """Write what one client's :meth:`prepare_personalization` leaves for the reports (e.g. rank scales)."""
 
-    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
+    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[JSONObject]:
         """Extra ``costs.jsonl`` records (e.g. per-budget FLOPs and forward time)."""
         return []
 
