@@ -15,7 +15,6 @@ dropped. The converted adapter computes exactly what the AdaLoRA model computes 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from peft import AdaLoraConfig, PeftModel, get_peft_model
@@ -117,7 +116,7 @@ class AdaLoraBaseline(Method[AdaLoraBaselineConfig, ServerState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

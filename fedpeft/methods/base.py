@@ -32,18 +32,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, final
 
 import torch
 
 from fedpeft.base_models import ClientBase
 from fedpeft.core.config import MethodConfig
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.records import Budget
 from fedpeft.core.registry import METHODS
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
-from fedpeft.data.types import ClientData
+from fedpeft.data.types import ClientData, Example
 from fedpeft.merging.parts import build_server_step
 from fedpeft.merging.server_step import ServerStep, WeightedMean
 from fedpeft.models.multi_lora import LoraTraining, train_alone
@@ -57,7 +58,12 @@ from fedpeft.settings.methods import (  # noqa: F401  (the config bases, importa
     MeanServerConfigMixin,
     SamplingConfig,
 )
-from fedpeft.training import TrainArgs
+from fedpeft.training import EpochHook, LossHook, StepHook, TrainArgs
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from fedpeft.federation import Federation
 
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 ServerT = TypeVar("ServerT", bound=ServerState)
@@ -120,7 +126,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         return int(getattr(self.cfg, "rounds", 0))
 
     # ------------------------------------------------------------------ set-up
-    def bind_federation(self, federation: Any) -> None:
+    def bind_federation(self, federation: Federation) -> None:
         """The server's view of the federation (every architecture's runtime, the public data), for methods
         that compute on the server (distillation). Called once when the worker is built."""
 
@@ -201,8 +207,8 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         return list(budgets) if self.uses_budget else [None]
 
     def prepare_personalization(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerT, client_state: Any, seed: int
-    ) -> Any:
+        self, runtime: ModelRuntime, client: ClientData, state: ServerT, client_state: ClientT | None, seed: int
+    ) -> ClientT | None:
         """Work every budget of one client shares (e.g. BayesTune's rank scales), done once before
         :meth:`personalize` runs for each budget; returns the client state those calls receive."""
         return client_state
@@ -212,7 +218,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerT,
-        client_state: Any,
+        client_state: ClientT | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -228,7 +234,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerT,
-        client_state: Any,
+        client_state: ClientT | None,
         budget: Budget,
         seed: int,
     ) -> LoraTraining | None:
@@ -250,7 +256,7 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         return runtime.base_state()
 
     def client_base(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerT, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, state: ServerT, client_state: ClientT | None, seed: int
     ) -> ClientBase | None:
         """One client's own changes to the shared base model, computed on the runtime with the shared base
         installed; ``None`` keeps the shared base.
@@ -267,10 +273,12 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
         """Write what the final server state of ``seed`` leaves besides records (e.g. FedP2EFT's PSG); in a
         heterogeneous federation, once per ``architecture`` with that architecture's state."""
 
-    def save_client_artifacts(self, prepared: Any, client: ClientData, run_dir: Path, label: str, seed: int) -> None:
+    def save_client_artifacts(
+        self, prepared: ClientT | None, client: ClientData, run_dir: Path, label: str, seed: int
+    ) -> None:
         """Write what one client's :meth:`prepare_personalization` leaves for the reports (e.g. rank scales)."""
 
-    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
+    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[JSONObject]:
         """Extra ``costs.jsonl`` records (e.g. per-budget FLOPs and forward time)."""
         return []
 
@@ -280,7 +288,7 @@ FINAL = frozenset({"bind_pool", "clients_per_round"})
 method, called on it by the runner; no part of :func:`contract`."""
 
 
-def contract() -> dict[str, Any]:
+def contract() -> dict[str, object]:
     """Every public member of the method contract, by name, as :class:`Method` defines it: the hooks (functions,
     classmethods, properties) and the class flags, not the :data:`FINAL` methods. What a wrapper of a method (the
     per-architecture groups) must either answer for itself or hand to the method it wraps."""
@@ -314,13 +322,23 @@ def trained_update(client: ClientData, adapter: StateDict, metrics: Metrics) -> 
     return ClientUpdate(client.client_id, adapter, float(len(client.train)), metrics)
 
 
-def serves_as_base_stage(method: type[Method[Any, Any, Any]] | Method[Any, Any, Any]) -> bool:
+class BaseStageFlags(Protocol):
+    """The class flags of a method (:class:`Method`, class or instance) that say how it serves as a base stage."""
+
+    base_stage: ClassVar[bool]
+    per_client_base: ClassVar[bool]
+    federated: ClassVar[bool]
+    mergeable: ClassVar[bool]
+    uses_budget: ClassVar[bool]
+
+
+def serves_as_base_stage(method: type[BaseStageFlags] | BaseStageFlags) -> bool:
     """Whether ``base: {kind: federated, method: <this>}`` works for ``method`` (a class or an instance): a base
     stage of its own, or a federated method without budgets whose personalized models merge into base weights."""
     return method.base_stage or (method.federated and method.mergeable and not method.uses_budget)
 
 
-def per_client_base_stage(method: type[Method[Any, Any, Any]] | Method[Any, Any, Any]) -> bool:
+def per_client_base_stage(method: type[BaseStageFlags] | BaseStageFlags) -> bool:
     """Whether ``method`` (a class or an instance), as the base stage, gives every client a base model of its own."""
     return method.per_client_base or not method.base_stage
 
@@ -360,7 +378,35 @@ def lora_spec(
     )
 
 
-def local_schedule(cfg: FederatedConfig, steps: int | None = None) -> dict[str, Any]:
+class Schedule(TypedDict):
+    """How long a client trains, as :class:`TrainArgs`' ``epochs`` and ``steps`` (one of them ``None``)."""
+
+    epochs: float | None
+    steps: int | None
+
+
+class TrainHooks(TypedDict, total=False):
+    """The fields of :class:`TrainArgs` a method may add to :func:`local_training`: what differs between methods
+    enters the one training loop through these."""
+
+    max_grad_norm: float | None
+    extra_loss: LossHook | None
+    after_backward: StepHook | None
+    after_step: StepHook | None
+    after_epoch: EpochHook | None
+    optimizer_groups: list[dict[str, object]] | None
+    model: torch.nn.Module | None
+
+
+class ForwardOutputs(Protocol):
+    """What an extra-loss hook (:data:`~fedpeft.training.LossHook`) reads of the model's outputs on the batch: a
+    ``transformers`` model output with the task loss and the logits."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
+def local_schedule(cfg: FederatedConfig, steps: int | None = None) -> Schedule:
     """How long a client trains in one round, as :class:`TrainArgs`' ``epochs`` and ``steps``: exactly ``steps``
     steps when given, else ``local_epochs`` epochs when set, else ``local_steps`` steps."""
     if steps is not None:
@@ -369,7 +415,7 @@ def local_schedule(cfg: FederatedConfig, steps: int | None = None) -> dict[str, 
 
 
 def local_training(
-    cfg: FederatedConfig, seed: int, *, steps: int | None = None, lr: float | None = None, **hooks: Any
+    cfg: FederatedConfig, seed: int, *, steps: int | None = None, lr: float | None = None, **hooks: Unpack[TrainHooks]
 ) -> TrainArgs:
     """How a client trains in one round under ``cfg``: its learning rate (or ``lr``), batch size, weight decay and
     :func:`local_schedule`, from ``seed``; ``hooks``: any other field of :class:`TrainArgs` (``extra_loss``, ...)."""
@@ -384,7 +430,7 @@ def local_training(
 
 
 def fine_tune_if_asked(
-    runtime: ModelRuntime, model: ClientModel, examples: list[Any], cfg: FineTuneSettings, *, seed: int
+    runtime: ModelRuntime, model: ClientModel, examples: list[Example], cfg: FineTuneSettings, *, seed: int
 ) -> ClientModel:
     """``model`` as it is, or, with ``cfg.finetune_epochs`` above 0, fine-tuned on ``examples`` for that many epochs
     (at ``cfg.finetune_lr``, else the training ``lr``)."""
@@ -392,7 +438,9 @@ def fine_tune_if_asked(
     return model if job is None else fine_tune_job(runtime, job)
 
 
-def fine_tuning(model: ClientModel, examples: list[Any], cfg: FineTuneSettings, *, seed: int) -> LoraTraining | None:
+def fine_tuning(
+    model: ClientModel, examples: list[Example], cfg: FineTuneSettings, *, seed: int
+) -> LoraTraining | None:
     """The training :func:`fine_tune_if_asked` runs (``None`` without ``cfg.finetune_epochs``)."""
     if cfg.finetune_epochs <= 0:
         return None
@@ -406,7 +454,7 @@ def fine_tune_job(runtime: ModelRuntime, job: LoraTraining) -> ClientModel:
     return ClientModel(lora=job.model.lora, adapter=adapter)
 
 
-def fine_tune(runtime: ModelRuntime, model: ClientModel, examples: list[Any], args: TrainArgs) -> ClientModel:
+def fine_tune(runtime: ModelRuntime, model: ClientModel, examples: list[Example], args: TrainArgs) -> ClientModel:
     """Install ``model`` (fresh LoRA weights from ``args.seed`` where it gives none), train its adapter on
     ``examples`` as ``args`` says and return the trained model."""
     return fine_tune_job(runtime, LoraTraining(model, examples, args))

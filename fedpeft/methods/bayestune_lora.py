@@ -11,8 +11,6 @@ The math is in :mod:`fedpeft.adapters.bayestune`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from fedpeft.adapters.bayestune import ClientScales, train_scales
@@ -23,7 +21,7 @@ from fedpeft.methods.families.bayestune import BayesTuneMethod
 from fedpeft.models.runtime import ModelRuntime
 
 
-class BayesTuneLora(BayesTuneMethod[BayesTuneLoraConfig, ServerState]):
+class BayesTuneLora(BayesTuneMethod[BayesTuneLoraConfig, ServerState, None]):
     """Each client trains its own rank scales (Eq. 1, ``stage1_epochs`` epochs) and prunes them to every budget."""
 
     name = "bayestune_lora"
@@ -31,7 +29,12 @@ class BayesTuneLora(BayesTuneMethod[BayesTuneLoraConfig, ServerState]):
     federated = False
 
     def client_scales(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: ServerState,
+        client_state: ClientScales | None,
+        seed: int,
     ) -> ClientScales:
         modules = [name for name, _ in runtime.target_modules]
         initial = torch.full((len(modules), self.cfg.r_init), self.cfg.lambda_init)

@@ -13,8 +13,6 @@ model of its own.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedpeft.base_models import ClientBase, embedding_keys
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -45,8 +43,8 @@ class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
         return ServerState(tensors={k: v for k, v in runtime.base_state().items() if k not in private})
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: StateDict | None, seed: int
+    ) -> tuple[ClientUpdate, StateDict]:
         embeddings = client_state if client_state is not None else starting_embeddings(runtime)
         runtime.install(ClientModel(base={**payload.tensors, **embeddings}))
         metrics = runtime.train(client.train, local_training(self.cfg, seed), "all")
@@ -59,7 +57,7 @@ class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: StateDict | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -70,6 +68,6 @@ class DeptSpec(Method[DeptSpecConfig, ServerState, StateDict]):
         return {**state.tensors, **starting_embeddings(runtime)}
 
     def client_base(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: StateDict | None, seed: int
     ) -> ClientBase | None:
         return None if client_state is None else ClientBase(tensors=dict(client_state))

@@ -9,9 +9,7 @@ passes per step: ``compute_scale`` 2 (FedMosaic paper, Table 15).
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedpeft.core.types import ClientUpdate, Payload
+from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.ditto_config import DittoConfig
 from fedpeft.methods.families.branched import BranchedLoraMethod
@@ -25,8 +23,13 @@ class Ditto(BranchedLoraMethod[DittoConfig]):
     Config = DittoConfig
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, dict[str, StateDict]]:
         adapter = self.client_adapter(runtime, payload.tensors, client_state)
         metrics = self.train_branches(runtime, adapter, client.train, ("global",), ("global",), seed)
         personal = self.train_personal(runtime, adapter, client.train, payload.tensors, self.cfg.lam, seed)

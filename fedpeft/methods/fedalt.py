@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -149,7 +148,7 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
         runtime: ModelRuntime,
         client: ClientData,
         row: StateDict,
-        saved: dict | None,
+        saved: dict[str, StateDict] | None,
         init_seed: int,
         seed: int,
         steps: int | None,
@@ -167,8 +166,13 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
         return runtime.adapter_state(), mixer_state, metrics
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, dict[str, StateDict]]:
         individual, mixer, metrics = self._train(
             runtime, client, payload.tensors, client_state, payload.config["init_seed"], seed, None
         )
@@ -193,7 +197,7 @@ class FedALT(Method[FedALTConfig, FedALTState, dict[str, StateDict]]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedALTState,
-        client_state: Any,
+        client_state: dict[str, StateDict] | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

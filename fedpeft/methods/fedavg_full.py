@@ -8,8 +8,6 @@ method and as the federated base-model stage that personalization methods start 
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, local_training
@@ -30,8 +28,8 @@ class FedAvgFull(Method[FedAvgFullConfig, ServerState, None]):
         return ServerState(tensors=runtime.base_state())
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: None, seed: int
+    ) -> tuple[ClientUpdate, None]:
         runtime.install(ClientModel(base=payload.tensors))
         metrics = runtime.train(client.train, local_training(self.cfg, seed), "all")
         return ClientUpdate(client.client_id, runtime.base_state(), float(len(client.train)), metrics), client_state
@@ -41,7 +39,7 @@ class FedAvgFull(Method[FedAvgFullConfig, ServerState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

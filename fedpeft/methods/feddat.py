@@ -11,27 +11,27 @@ within each architecture group); the client keeps the DAT. ``compute_scale`` 2.5
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from fedpeft.adapters.hooked import HookedAdapter
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Payload
+from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
+from fedpeft.methods.base import ForwardOutputs
 from fedpeft.methods.families.branched import BranchedLoraMethod
 from fedpeft.methods.feddat_config import FedDATConfig
 from fedpeft.models.runtime import ModelRuntime
+from fedpeft.training import Batch, LossHook
 
 TEACHER = ("frozen", "local")
 STUDENT = ("global",)
 
 
-def distillation(adapter: HookedAdapter, teacher: tuple[str, ...], weight: float, temperature: float) -> Any:
+def distillation(adapter: HookedAdapter, teacher: tuple[str, ...], weight: float, temperature: float) -> LossHook:
     """Extra loss: ``weight * T^2 * KL(p_teacher || p_model)`` on the labelled positions, the teacher being the
     same model with only the ``teacher`` branches active (no gradient)."""
 
-    def term(model: torch.nn.Module, batch: dict[str, torch.Tensor], outputs: Any) -> torch.Tensor:
+    def term(model: torch.nn.Module, batch: Batch, outputs: ForwardOutputs) -> torch.Tensor:
         trained, was_training = adapter.active, model.training
         adapter.active = teacher
         model.eval()  # the teacher without dropout
@@ -61,15 +61,22 @@ class FedDAT(BranchedLoraMethod[FedDATConfig]):
     branches = ("global", "frozen", "local")
     personal_view = TEACHER
 
-    def client_adapter(self, runtime: ModelRuntime, shared: dict, client_state: Any) -> HookedAdapter:
+    def client_adapter(
+        self, runtime: ModelRuntime, shared: StateDict, client_state: dict[str, StateDict] | None
+    ) -> HookedAdapter:
         adapter = super().client_adapter(runtime, shared, client_state)
         if shared:
             adapter.load_branch("frozen", shared)  # the teacher uses the global adapter as received
         return adapter
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, dict[str, StateDict]]:
         cfg = self.cfg
         adapter = self.client_adapter(runtime, payload.tensors, client_state)
         to_student = distillation(adapter, STUDENT, cfg.kd_weight, cfg.kd_temperature)

@@ -84,8 +84,8 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         return {k: v.detach().clone() for k, v in state.items()}
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: StateDict | None, seed: int
+    ) -> tuple[ClientUpdate, StateDict]:
         glob, local = self.specs(runtime)
         a = self.cfg.local_weight
         runtime.install(ClientModel(lora=local, adapter=client_state or {}), seed=seed)
@@ -104,7 +104,7 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: StateDict | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -149,7 +149,7 @@ class FedDPA(Method[FedDPAConfig, ServerState, StateDict]):
         return merged_base(runtime, glob, state.tensors, scale=1.0 - self.cfg.local_weight)
 
     def client_base(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: StateDict | None, seed: int
     ) -> ClientBase:
         _, local = self.specs(runtime)
         local_state = client_state

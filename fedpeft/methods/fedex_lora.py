@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -138,7 +138,7 @@ class FedExLora(Method[FedExLoraConfig, FedExLoraState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedExLoraState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
@@ -94,15 +94,15 @@ class FedITBase(Method[LoraConfigT, FedITStateT, None]):
         return None
 
     def client_training(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: None, seed: int
     ) -> LoraTraining:
         model = ClientModel(lora=self.spec(runtime), adapter=payload.tensors)
         lr = float(payload.config.get("lr", self.cfg.lr))  # a server-side schedule may set the round's lr
         return LoraTraining(model, client.train, local_training(self.cfg, seed, lr=lr))
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: None, seed: int
+    ) -> tuple[ClientUpdate, None]:
         job = self.client_training(runtime, client, payload, client_state, seed)
         runtime.install(job.model, seed=job.seed)
         extra_loss = self.extra_loss(runtime, payload)  # built on the installed adapter (FedProx's anchors)
@@ -129,7 +129,7 @@ class FedIT(FedITBase[FedITConfigT, FedITState]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedITState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -143,7 +143,7 @@ class FedIT(FedITBase[FedITConfigT, FedITState]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedITState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> LoraTraining | None:

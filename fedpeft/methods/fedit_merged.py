@@ -15,7 +15,6 @@ starts from.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from fedpeft.base_models import merged_base, resolve_targets
 from fedpeft.core.records import Budget
@@ -58,7 +57,7 @@ class FedITMerged(FedIT[FedITMergedConfig]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedITState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -69,7 +68,7 @@ class FedITMerged(FedIT[FedITMergedConfig]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedITState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> None:

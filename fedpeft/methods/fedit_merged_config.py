@@ -3,7 +3,7 @@ importable without torch."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import model_validator
 
@@ -21,7 +21,7 @@ class FedITMergedConfig(FedITConfig):
 
     @model_validator(mode="before")
     @classmethod
-    def _lr_schedule_by_its_old_name(cls, data: Any) -> Any:
+    def _lr_schedule_by_its_old_name(cls, data: object) -> object:
         """``schedule: cosine | constant``, the learning-rate schedule's name before ``schedule`` named when the
         server steps, is read as ``lr_schedule``."""
         if isinstance(data, dict) and isinstance(data.get("schedule"), str) and "lr_schedule" not in data:

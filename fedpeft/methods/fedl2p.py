@@ -21,7 +21,6 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -174,8 +173,8 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
 
     # ------------------------------------------------------------------ federated phase
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: None, seed: int
+    ) -> tuple[ClientUpdate, None]:
         spec = self.spec(runtime, int(payload.config.get("budget", self.cfg.default_rank)))
         train, val = split_validation(client.train, self.cfg.val_fraction, client.client_id)
         stats = feature_statistics(runtime, train)
@@ -217,7 +216,7 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedL2PState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

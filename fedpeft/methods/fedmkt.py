@@ -11,9 +11,7 @@ adapter. ``compute_scale`` 1.574 (FedMosaic paper, Table 15).
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedpeft.methods.families.distillation import PublicDistillation, lowest_loss
+from fedpeft.methods.families.distillation import Answer, Knowledge, PublicDistillation, lowest_loss
 from fedpeft.methods.fedmkt_config import FedMKTConfig
 
 
@@ -25,6 +23,6 @@ class FedMKT(PublicDistillation[FedMKTConfig]):
     branches = ("global",)
     personal_view = ("global",)
 
-    def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+    def distill_targets(self, architecture: str, by_architecture: dict[str, list[Knowledge]]) -> list[list[Answer]]:
         others = [u for name, uploads in by_architecture.items() if name != architecture for u in uploads]
         return [lowest_loss(others or [u for uploads in by_architecture.values() for u in uploads])]

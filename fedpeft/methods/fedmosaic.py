@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import torch
 
@@ -82,7 +82,18 @@ class FedMosaicState(ServerState):
     relevance: Relevance | None = None
 
 
-class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
+class FedMosaicClientState(TypedDict):
+    """What a client keeps between rounds: its PQ frames (sent once), local adapter, gates and head, and the EMA of
+    its relevance gradients."""
+
+    frames: StateDict
+    local: StateDict
+    gates: StateDict
+    head: StateDict
+    decayed: torch.Tensor
+
+
+class FedMosaic(Method[FedMosaicConfig, FedMosaicState, FedMosaicClientState]):
     """RELA + PQ-LoRA with a gated local/global dual adapter on every client."""
 
     name = "fedmosaic"
@@ -195,7 +206,11 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
 
     # ------------------------------------------------------------------ client
     def _client_adapter(
-        self, runtime: ModelRuntime, frames: dict[str, torch.Tensor], global_: dict[str, torch.Tensor], own: Any
+        self,
+        runtime: ModelRuntime,
+        frames: dict[str, torch.Tensor],
+        global_: dict[str, torch.Tensor],
+        own: FedMosaicClientState | None,
     ) -> HookedAdapter:
         adapter = self.adapter(runtime, 0)
         adapter.load(frames)
@@ -209,8 +224,13 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
         return adapter
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: FedMosaicClientState | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, FedMosaicClientState]:
         cfg = self.cfg
         frames = {k: v for k, v in payload.tensors.items() if k.startswith("frame/")}
         if not frames and client_state is not None:  # sent once; without PQ-LoRA (pq: false) there are none
@@ -260,7 +280,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
         local = adapter.branch("local")
         extras = {"relevance": sanitized, "architecture": runtime.architecture}
         update = ClientUpdate(client.client_id, local, float(len(client.train)), metrics, extras)
-        new_state = {
+        new_state: FedMosaicClientState = {
             "frames": frames,
             "local": local,
             "gates": adapter.group("gate/"),
@@ -274,7 +294,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, dict[str, Any]]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedMosaicState,
-        client_state: Any,
+        client_state: FedMosaicClientState | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

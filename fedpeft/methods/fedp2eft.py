@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -47,7 +47,13 @@ class FedP2EFTState(ServerState):
     modules: list[str] = field(default_factory=list)
 
 
-class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
+class ClientStatistics(TypedDict):
+    """What a FedP2EFT client keeps between rounds: its data statistics under the frozen base model."""
+
+    statistics: torch.Tensor
+
+
+class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState, ClientStatistics]):
     """Federated PSG training on the seen pool; per-client rank structures for every budget from one PSG."""
 
     name = "fedp2eft"
@@ -64,7 +70,9 @@ class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
             state=state,
         )
 
-    def _statistics(self, runtime: ModelRuntime, client: ClientData, client_state: Any) -> torch.Tensor:
+    def _statistics(
+        self, runtime: ModelRuntime, client: ClientData, client_state: ClientScales | ClientStatistics | None
+    ) -> torch.Tensor:
         # The base model is frozen for the whole run, so a client's statistics are computed once and kept.
         if isinstance(client_state, dict) and "statistics" in client_state:
             return client_state["statistics"]
@@ -77,8 +85,13 @@ class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
         return FedP2EFTState(tensors=tensors, modules=[name for name, _ in runtime.target_modules])
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: ClientScales | ClientStatistics | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, ClientStatistics]:
         statistics = self._statistics(runtime, client, client_state)
         generator = self._generator(runtime, 0, payload.tensors)
         initial = generator.scales(statistics).detach()
@@ -92,7 +105,12 @@ class FedP2EFT(BayesTuneMethod[FedP2EFTConfig, FedP2EFTState]):
         return update, {"statistics": statistics}
 
     def client_scales(
-        self, runtime: ModelRuntime, client: ClientData, state: FedP2EFTState, client_state: Any, seed: int
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: FedP2EFTState,
+        client_state: ClientScales | ClientStatistics | None,
+        seed: int,
     ) -> ClientScales:
         statistics = self._statistics(runtime, client, client_state)
         generator = self._generator(runtime, seed, state.tensors or None)

@@ -7,15 +7,13 @@ included) to the loss; everything else is FedIT (:mod:`fedpeft.methods.fedit`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from fedpeft.core.types import Payload
 from fedpeft.methods.fedit import FedIT, _state_key
 from fedpeft.methods.fedprox_config import FedProxConfig
 from fedpeft.models.runtime import ModelRuntime
-from fedpeft.training import LossHook
+from fedpeft.training import Batch, LossHook
 
 
 class FedProx(FedIT[FedProxConfig]):
@@ -34,7 +32,7 @@ class FedProx(FedIT[FedProxConfig]):
                 anchors[pname] = payload.tensors[key].to(param.device, param.dtype)
         mu = self.cfg.mu
 
-        def proximal(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
+        def proximal(model: torch.nn.Module, batch: Batch, outputs: object) -> torch.Tensor:
             terms = [((params[n] - a) ** 2).sum() for n, a in anchors.items()]
             return 0.5 * mu * torch.stack(terms).sum()
 

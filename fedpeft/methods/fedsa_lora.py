@@ -9,8 +9,6 @@ B. A client without local state (unseen) starts from B = 0 and may train it for 
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
@@ -41,8 +39,8 @@ class FedSALora(Method[FedSALoraConfig, ServerState, StateDict]):
         return runtime.train(client.train, local_training(self.cfg, seed, steps=steps))
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: StateDict | None, seed: int
+    ) -> tuple[ClientUpdate, StateDict]:
         # B = 0 and the base head on a client's first round (reset_adapter), its own B and head afterwards.
         metrics = self._train(runtime, client, {**payload.tensors, **(client_state or {})}, seed, None)
         state = runtime.adapter_state()
@@ -54,7 +52,7 @@ class FedSALora(Method[FedSALoraConfig, ServerState, StateDict]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: StateDict | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -8,9 +8,7 @@ updates both at once. The client keeps both. ``compute_scale`` 1.487 (FedMosaic 
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedpeft.core.types import ClientUpdate, Payload
+from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.methods.families.branched import BranchedLoraMethod
 from fedpeft.methods.fedsim_config import FedSimConfig
@@ -25,8 +23,13 @@ class FedSim(BranchedLoraMethod[FedSimConfig]):
     personal_view = ("global", "local")
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, dict[str, StateDict]]:
         adapter = self.client_adapter(runtime, payload.tensors, client_state)
         both = ("global", "local")
         metrics = self.train_branches(runtime, adapter, client.train, both, both, seed)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -89,7 +89,7 @@ class FedSvd(Method[FedSvdConfig, FedSvdState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FedSvdState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -9,7 +9,6 @@ classification models, averaged like FedIT's); A never travels. Every client kee
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, ServerState
@@ -47,8 +46,8 @@ class FFALora(Method[FFALoraConfig, FFALoraState, None]):
         return Payload(tensors=state.tensors, config={"init_seed": state.init_seed})
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: None, seed: int
+    ) -> tuple[ClientUpdate, None]:
         # The shared init seed recreates A; the payload overwrites B and the head.
         install_partial(runtime, self.spec(runtime), payload.tensors, payload.config["init_seed"])
         trainable = {n: p for n, p in runtime.adapter_parameters().items() if ".lora_A." not in n}
@@ -61,7 +60,7 @@ class FFALora(Method[FFALoraConfig, FFALoraState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FFALoraState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -46,7 +46,13 @@ COUNTS = "expert_counts"
 TOKENS = "expert_tokens"
 
 
-class Flame(TieredMethod[FlameConfig]):
+class FlameClientState(TypedDict):
+    """What a FLAME client keeps between rounds: its rescaler s_i."""
+
+    rescaler: float
+
+
+class Flame(TieredMethod[FlameConfig, FlameClientState]):
     """Full-rank expert LoRA at each tier's top-k, rescaled MoE output, activation-aware averaging."""
 
     name = "flame"
@@ -72,7 +78,7 @@ class Flame(TieredMethod[FlameConfig]):
         runtime.reset_adapter(derive_seed(seed, self.name, "init"))
         return TieredState(tensors=runtime.adapter_state(), lora_layout=self.layout(runtime))
 
-    def rescaler(self, runtime: ModelRuntime, tier: TierConfig, client_state: Any) -> float:
+    def rescaler(self, runtime: ModelRuntime, tier: TierConfig, client_state: FlameClientState | None) -> float:
         """s_i of a client: its learned value when it has one, else the mode's start value."""
         moe = self._require_moe(runtime)
         ratio = moe.default_top_k / (tier.top_k or moe.default_top_k)
@@ -85,8 +91,13 @@ class Flame(TieredMethod[FlameConfig]):
         return ratio if self.cfg.rescaler_init == "ratio" else 1.0
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: FlameClientState | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, FlameClientState]:
         moe = self._require_moe(runtime)
         tier = self.tier_of(client.client_id)
         scale = self.rescaler(runtime, tier, client_state)
@@ -144,7 +155,7 @@ class Flame(TieredMethod[FlameConfig]):
         runtime: ModelRuntime,
         client: ClientData,
         state: TieredState,
-        client_state: Any,
+        client_state: FlameClientState | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -25,7 +25,7 @@ from fedpeft.methods.families.tiered import TieredState
 from fedpeft.methods.flexlora_config import FlexLoraConfig
 
 
-class FlexLora(RankTieredMethod[FlexLoraConfig]):
+class FlexLora(RankTieredMethod[FlexLoraConfig, None]):
     """Data-size-weighted average of the clients' B_i A_i, redistributed by SVD truncation to each rank."""
 
     name = "flexlora"

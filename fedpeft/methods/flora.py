@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -158,7 +158,7 @@ class Flora(Method[FloraConfig, FloraState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: FloraState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -16,21 +16,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 import torch
 
 from fedpeft import guidance
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging import lora_pairs, merge_lora_states
 from fedpeft.merging.server_step import MetricMean, metric_mean, weighted_mean
-from fedpeft.methods.base import Budget, Method, local_training
+from fedpeft.methods.base import Budget, ForwardOutputs, Method, local_training
 from fedpeft.methods.families.folding import base_weight_key, in_out_weights
 from fedpeft.methods.guided_config import GuidedConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.models.targets import to_weight_layout
+from fedpeft.training import Batch, LossHook
 
 FOLD_PREFIX = "fold."  # payload keys of the global updates folded into the backbone (ReLoRA)
 
@@ -44,7 +46,14 @@ class GuidedState(ServerState):
     folds: list[StateDict] = field(default_factory=list)
 
 
-class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
+class GuidedClientState(TypedDict):
+    """What a client keeps between rounds: its last LoRA, and (ReLoRA) the number of folds its backbone had."""
+
+    adapter: StateDict
+    folds: int
+
+
+class Guided(Method[GuidedConfig, GuidedState, GuidedClientState]):
     """Merge operator and space on the server, hard-init / l2 / kd guidance on the clients."""
 
     name = "guided"
@@ -67,7 +76,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
         return GuidedState(tensors=runtime.adapter_state(), seed=seed)
 
     def payload(self, state: GuidedState, client_id: str) -> Payload:
-        config: dict[str, Any] = {"round": state.round}
+        config: JSONObject = {"round": state.round}
         if not self.cfg.relora:
             return Payload(tensors=state.tensors, config=config)
         # The backbone is W0 plus every global update so far; the LoRA restarts from a seed shared by the round.
@@ -111,8 +120,13 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
 
     # ------------------------------------------------------------------ client
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: GuidedClientState | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, GuidedClientState]:
         cfg = self.cfg
         spec = self.spec(runtime)
         folds = _folds(payload.tensors)
@@ -150,7 +164,9 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
         on: Literal["factors", "products"] = "products" if kind == "cosine_products" else "factors"
         return guidance.cosine_similarity(local, global_, on=on, scaling=self.scaling)
 
-    def _guidance_loss(self, runtime: ModelRuntime, spec: LoraSpec, global_: StateDict, beta: float, seed: int):  # noqa: ANN202
+    def _guidance_loss(
+        self, runtime: ModelRuntime, spec: LoraSpec, global_: StateDict, beta: float, seed: int
+    ) -> LossHook:
         """The hook adding beta (L_REG - L_SFT), so that the loop's total is (1 - beta) L_SFT + beta L_REG."""
         if self.cfg.guidance == "l2":
             params = runtime.adapter_parameters()
@@ -158,7 +174,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
             named = {n: _strip(n, suffixes) for n in params}
             anchors = {n: global_[key] for n, key in named.items() if key in global_}
 
-            def regularizer(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
+            def regularizer(model: torch.nn.Module, batch: Batch, outputs: ForwardOutputs) -> torch.Tensor:
                 return guidance.l2_distance(params, anchors)
         else:
             teacher = dataclasses.replace(spec, slot="global")
@@ -168,7 +184,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
             runtime.activate(spec)
             classification = runtime.task == "classification"
 
-            def regularizer(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
+            def regularizer(model: torch.nn.Module, batch: Batch, outputs: ForwardOutputs) -> torch.Tensor:
                 inputs = {k: v for k, v in batch.items() if k != "labels"}
                 with torch.no_grad(), runtime.using_adapter(teacher) as teacher_model:
                     teacher_logits = teacher_model(**inputs).logits
@@ -180,7 +196,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
                     direction=self.cfg.kd_direction,
                 )
 
-        def hook(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
+        def hook(model: torch.nn.Module, batch: Batch, outputs: ForwardOutputs) -> torch.Tensor:
             return beta * (regularizer(model, batch, outputs) - outputs.loss)
 
         return hook
@@ -205,7 +221,7 @@ class Guided(Method[GuidedConfig, GuidedState, dict[str, Any]]):
         runtime: ModelRuntime,
         client: ClientData,
         state: GuidedState,
-        client_state: Any,
+        client_state: GuidedClientState | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

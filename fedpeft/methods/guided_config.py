@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -35,7 +35,7 @@ class GuidedConfig(FederatedLoraConfig):
 
     @model_validator(mode="before")
     @classmethod
-    def _steps_replace_the_epoch(cls, data: Any) -> Any:
+    def _steps_replace_the_epoch(cls, data: object) -> object:
         if isinstance(data, dict) and data.get("local_steps") is not None and "local_epochs" not in data:
             return {**data, "local_epochs": None}
         return data

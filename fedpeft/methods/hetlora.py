@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TypedDict
 
 import torch
 
 from fedpeft.adapters.expert_lora import (
     LogWeightedMean,
+    LoraModule,
     join_a,
     join_b,
     product_norms,
@@ -59,18 +60,31 @@ def hetlora_mean(factors: list[Factors], experts: int, rank: int, previous: Fact
     return join_a(mean_a.result(split_a(a_prev, experts))), join_b(mean_b.result(split_b(b_prev, experts)))
 
 
-class HetLora(RankTieredMethod[HetLoraConfig]):
+class HetLoraClientState(TypedDict):
+    """What a self-pruning HetLoRA client keeps between rounds: its rank, and the tail norm its last round ended
+    with (``None`` right after pruning: the next round compares the tail of the smaller rank)."""
+
+    rank: int
+    tail_norm: float | None
+
+
+class HetLora(RankTieredMethod[HetLoraConfig, HetLoraClientState]):
     """Truncated downloads, zero-padded uploads, ||B A||_F-weighted averaging; optional rank self-pruning."""
 
     name = "hetlora"
     Config = HetLoraConfig
 
-    def _rank(self, tier_rank: int, client_state: Any) -> int:
-        return min(tier_rank, int((client_state or {}).get("rank", tier_rank)))
+    def _rank(self, tier_rank: int, client_state: HetLoraClientState | None) -> int:
+        return min(tier_rank, int(client_state.get("rank", tier_rank) if client_state else tier_rank))
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: HetLoraClientState | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, HetLoraClientState | None]:
         if not self.cfg.self_pruning:
             return super().client_update(runtime, client, payload, client_state, seed)
         tier = self.tier_of(client.client_id)
@@ -95,7 +109,7 @@ class HetLora(RankTieredMethod[HetLoraConfig]):
         metrics = self.train_local(runtime, client, seed, extra_loss=lambda model, batch, out: lam * tail_norm())
         with torch.no_grad():
             after = float(tail_norm())
-        before = (client_state or {}).get("tail_norm")
+        before = client_state.get("tail_norm") if client_state else None
         new_rank = keep if keep < rank and before is not None and after < before else rank
         state = runtime.adapter_state()
         if new_rank < rank:
@@ -126,7 +140,7 @@ class HetLora(RankTieredMethod[HetLoraConfig]):
         runtime: ModelRuntime,
         client: ClientData,
         state: TieredState,
-        client_state: Any,
+        client_state: HetLoraClientState | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -142,7 +156,9 @@ def _tail(a: torch.Tensor, b: torch.Tensor, experts: int, keep: int) -> torch.Te
     return torch.linalg.matrix_norm(b_tail @ a_tail).sum()
 
 
-def _factor_pairs(params: dict[str, torch.nn.Parameter], layout: dict, adapter: str) -> list[tuple[Any, Any, Any]]:
+def _factor_pairs(
+    params: dict[str, torch.nn.Parameter], layout: dict[str, LoraModule], adapter: str
+) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter, LoraModule]]:
     """(lora_A, lora_B, module) parameter pairs of the active adapter."""
     pairs = []
     for key, module in layout.items():

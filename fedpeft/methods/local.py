@@ -6,8 +6,6 @@ run would give it, with no communication.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, lora_spec
@@ -30,7 +28,7 @@ class Local(Method[LocalConfig, ServerState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> LoraTraining:

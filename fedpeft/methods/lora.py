@@ -7,8 +7,6 @@ of the base model, alpha = 2r, 2 epochs, lr 1e-4. There is no federated phase; t
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedpeft.core.types import ServerState
 from fedpeft.data.types import ClientData
 from fedpeft.methods.base import Budget, Method, lora_spec
@@ -32,7 +30,7 @@ class LoraBaseline(Method[LoraBaselineConfig, ServerState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> LoraTraining:

@@ -11,11 +11,9 @@ adapter. ``compute_scale`` 2.294 (FedMosaic paper, Table 15).
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedpeft.core.types import ClientUpdate, Payload
+from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.distillation import PublicDistillation, vote
+from fedpeft.methods.families.distillation import Answer, Knowledge, PublicDistillation, vote
 from fedpeft.methods.perada_config import PerAdaConfig
 from fedpeft.models.runtime import ModelRuntime
 
@@ -27,12 +25,17 @@ class PerAda(PublicDistillation[PerAdaConfig]):
     Config = PerAdaConfig
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, dict[str, StateDict]]:
         adapter, metrics, answers = self.train_shared(runtime, client, payload, client_state, seed)
         personal = self.train_personal(runtime, adapter, client.train, payload.tensors, self.cfg.lam, seed)
         metrics = {**metrics, "personal_loss": personal["loss"]}
         return self.shared_update(client, adapter, metrics, **answers), self.client_state(adapter)
 
-    def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+    def distill_targets(self, architecture: str, by_architecture: dict[str, list[Knowledge]]) -> list[list[Answer]]:
         return [vote([u for uploads in by_architecture.values() for u in uploads])]

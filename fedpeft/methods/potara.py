@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -117,8 +117,8 @@ class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
         return [client.train[i] for i in order[cut:]], [client.train[i] for i in order[:cut]]
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: None, seed: int
+    ) -> tuple[ClientUpdate, None]:
         fit, _ = self.fit_split(client)
         update, client_state = super().client_update(
             runtime, ClientData(client.client_id, client.group, client.pool, fit, []), payload, client_state, seed
@@ -189,7 +189,7 @@ class Potara(FedITBase[FederatedLocalConfigT, PotaraState]):
         runtime: ModelRuntime,
         client: ClientData,
         state: PotaraState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -92,7 +92,7 @@ class RoLora(Method[RoLoraConfig, RoLoraState, None]):
         runtime: ModelRuntime,
         client: ClientData,
         state: RoLoraState,
-        client_state: Any,
+        client_state: None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

@@ -10,9 +10,8 @@ methods. Its compute per round is the reference of compute matching (``compute_s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from fedpeft.core.types import ClientUpdate, Metrics, Payload
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData
 from fedpeft.merging.server_step import metric_mean
 from fedpeft.methods.families.branched import BranchedLoraMethod, BranchedState
@@ -33,8 +32,13 @@ class SftRounds(BranchedLoraMethod[SftRoundsConfig]):
         return state, metric_mean(updates)  # the uploads carry no tensors: only the clients' metrics
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, dict[str, StateDict]]:
         adapter = self.client_adapter(runtime, {}, client_state)
         metrics = self.train_branches(runtime, adapter, client.train, ("local",), ("local",), seed)
         return self.shared_update(client, adapter, metrics), self.client_state(adapter)

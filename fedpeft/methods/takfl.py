@@ -11,9 +11,7 @@ examples. For every architecture the server distils its averaged adapter once fr
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedpeft.methods.families.distillation import PublicDistillation, vote
+from fedpeft.methods.families.distillation import Answer, Knowledge, PublicDistillation, vote
 from fedpeft.methods.takfl_config import TAKFLConfig
 
 
@@ -25,5 +23,5 @@ class TAKFL(PublicDistillation[TAKFLConfig]):
     branches = ("global",)
     personal_view = ("global",)
 
-    def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+    def distill_targets(self, architecture: str, by_architecture: dict[str, list[Knowledge]]) -> list[list[Answer]]:
         return [vote(uploads) for _, uploads in sorted(by_architecture.items())]

@@ -14,7 +14,7 @@ from fedpeft.methods.families.tiered import TierConfig
 from fedpeft.methods.trivial_lora_config import TrivialLoraConfig
 
 
-class TrivialLora(RankTieredMethod[TrivialLoraConfig]):
+class TrivialLora(RankTieredMethod[TrivialLoraConfig, None]):
     """One rank for every tier (the smallest tier's unless ``rank`` is set); FedAvg of the adapter."""
 
     name = "trivial_lora"

@@ -5,7 +5,7 @@ plots, :func:`fedpeft.analysis.scale_plots.rank_scale_plots`, are both methods' 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fedpeft.adapters.bayestune import ClientScales, PrunedAdapters, check_budget, finetune_pruned
 from fedpeft.analysis.scales import ScaleRecord, save_client_scales, scales_path
@@ -17,10 +17,14 @@ from fedpeft.settings.methods import BayesTuneSettings
 
 BayesTuneConfigT = TypeVar("BayesTuneConfigT", bound=BayesTuneSettings)
 BayesTuneStateT = TypeVar("BayesTuneStateT", bound=ServerState)
+KeptT = TypeVar("KeptT")
 
 
-class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
-    """What both BayesTune-LoRA methods share: one set of scales per client, pruned to each budget."""
+class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, ClientScales | KeptT]):
+    """What both BayesTune-LoRA methods share: one set of scales per client, pruned to each budget.
+
+    Its client state is what the method keeps between rounds (``KeptT``; ``None`` without a federated phase), or,
+    from :meth:`prepare_personalization` on, the client's scales."""
 
     uses_budget = True
 
@@ -34,12 +38,23 @@ class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
             check_budget(budget, self.cfg.r_max)
 
     def client_scales(
-        self, runtime: ModelRuntime, client: ClientData, state: BayesTuneStateT, client_state: Any, seed: int
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: BayesTuneStateT,
+        client_state: ClientScales | KeptT | None,
+        seed: int,
     ) -> ClientScales:
+        """The client's scales, from the server ``state`` and what the client kept."""
         raise NotImplementedError
 
     def prepare_personalization(
-        self, runtime: ModelRuntime, client: ClientData, state: BayesTuneStateT, client_state: Any, seed: int
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: BayesTuneStateT,
+        client_state: ClientScales | KeptT | None,
+        seed: int,
     ) -> ClientScales:
         """The client's scales, computed once and handed to :meth:`personalize` for every budget."""
         return self.client_scales(runtime, client, state, client_state, seed)
@@ -49,7 +64,7 @@ class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
         runtime: ModelRuntime,
         client: ClientData,
         state: BayesTuneStateT,
-        client_state: Any,
+        client_state: ClientScales | KeptT | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -61,9 +76,10 @@ class BayesTuneMethod(Method[BayesTuneConfigT, BayesTuneStateT, Any]):
         )
 
     def save_client_artifacts(
-        self, prepared: ClientScales, client: ClientData, run_dir: Path, label: str, seed: int
+        self, prepared: ClientScales | KeptT | None, client: ClientData, run_dir: Path, label: str, seed: int
     ) -> None:
         """Keep the client's scales for the rank-structure and language-distance plots."""
+        assert isinstance(prepared, ClientScales)  # what prepare_personalization gave
         scales = prepared.scales.detach().float().cpu().numpy()
         record = ScaleRecord(
             label, seed, client.client_id, client.group, client.pool, prepared.modules, self.cfg.r_max, scales

@@ -14,18 +14,20 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 
 from fedpeft.adapters.hooked import GATED, SUM, HookedAdapter
 from fedpeft.adapters.pq_lora import NUM_BLOCKS, layer_of, plan_sites
+from fedpeft.adapters.weights import layer_weight
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Metrics, Payload, ServerState, StateDict
-from fedpeft.data.types import Example
+from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import Budget, Method, local_training
-from fedpeft.models.runtime import ClientModel
+from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import PAPER_COMPUTE_SCALE, HeteroConfig  # noqa: F401  (PAPER_COMPUTE_SCALE: importable here too)
+from fedpeft.training import Batch, LossHook
 
 if TYPE_CHECKING:
     from fedpeft.federation import Federation
@@ -46,7 +48,7 @@ def example_batches(count: int, batch_size: int, seed: int) -> Iterator[list[int
 
 
 def hooked_adapter(
-    runtime: Any,
+    runtime: ModelRuntime,
     seed: int,
     *,
     rank: int,
@@ -65,7 +67,7 @@ def hooked_adapter(
     return adapter.add_head(runtime)
 
 
-def gradient_module(runtime: Any, suffix: str) -> str:
+def gradient_module(runtime: ModelRuntime, suffix: str) -> str:
     """The module whose weight gradient RELA reads: the last layer's module ending in ``suffix`` (default the
     MLP ``down_proj``), or the last adapted module of the last layer when no module has that name."""
     names = [name for name, _ in runtime.target_modules]
@@ -75,13 +77,13 @@ def gradient_module(runtime: Any, suffix: str) -> str:
     return (matching or in_last)[-1]
 
 
-def frozen_gradient(runtime: Any, module: str, examples: list[Example]) -> torch.Tensor:
+def frozen_gradient(runtime: ModelRuntime, module: str, examples: list[Example]) -> torch.Tensor:
     """The gradient of the task loss of the runtime's frozen base model w.r.t. ``module``'s weight, flattened.
 
     The caller makes sure no adapter is active on ``runtime`` (``runtime.install(ClientModel())`` or its own
     extension disabled).
     """
-    weight = dict(runtime.target_modules)[module].weight
+    weight = layer_weight(dict(runtime.target_modules)[module])
     model = runtime.activate(None)
     was_training, had_grad = model.training, weight.requires_grad
     batch = {k: v.to(runtime.device) for k, v in runtime.encode(examples).items()}
@@ -96,7 +98,7 @@ def frozen_gradient(runtime: Any, module: str, examples: list[Example]) -> torch
     return grad.detach().reshape(-1).to(torch.float32)
 
 
-def install_adapter(runtime: Any, adapter: HookedAdapter) -> None:
+def install_adapter(runtime: ModelRuntime, adapter: HookedAdapter) -> None:
     """Put ``adapter`` on the runtime's base model (PEFT adapters off)."""
     runtime.install(ClientModel(extension=adapter))
 
@@ -127,12 +129,13 @@ HeteroConfigT = TypeVar("HeteroConfigT", bound=HeteroConfig)
 BranchedStateT = TypeVar("BranchedStateT", bound=BranchedState)
 
 
-class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
+class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, StateDict]]):
     """Base of the baselines: hooked ordinary-LoRA branches named by architecture.
 
     ``branches`` are the adapter's branches; ``shared`` is the one the server aggregates (``None``: nothing is
-    shared); the others are personal and live in the client state. Aggregation is the data-weighted mean per
-    tensor name, which never mixes architectures because ordinary-LoRA names carry the architecture.
+    shared); the others are personal and live in the client state (branch name -> tensors, and ``head``).
+    Aggregation is the data-weighted mean per tensor name, which never mixes architectures because ordinary-LoRA
+    names carry the architecture.
     Subclasses give the server state (:class:`BranchedLoraMethod`: a :class:`BranchedState`).
     """
 
@@ -143,11 +146,11 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
     shared: ClassVar[str | None] = "global"
     personal_view: ClassVar[tuple[str, ...]] = ("local",)  # the branches of the model a client keeps
 
-    def adapter(self, runtime: Any, seed: int) -> HookedAdapter:
+    def adapter(self, runtime: ModelRuntime, seed: int) -> HookedAdapter:
         cfg = self.cfg
         return hooked_adapter(runtime, seed, rank=cfg.rank, alpha=cfg.alpha, pq=False, branches=self.branches, mix=SUM)
 
-    def population(self, runtime: Any, seed: int) -> tuple[StateDict, Federation]:
+    def population(self, runtime: ModelRuntime, seed: int) -> tuple[StateDict, Federation]:
         """The shared branch of every architecture's fresh adapter, and the federation of ``runtime``."""
         from fedpeft.federation import federation_of
 
@@ -164,7 +167,9 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
     def payload(self, state: BranchedStateT, client_id: str) -> Payload:
         return Payload(tensors=architecture_keys(state.tensors, self.architecture(state, client_id)))
 
-    def client_adapter(self, runtime: Any, shared: StateDict, client_state: Any) -> HookedAdapter:
+    def client_adapter(
+        self, runtime: ModelRuntime, shared: StateDict, client_state: dict[str, StateDict] | None
+    ) -> HookedAdapter:
         """The client's adapter: the shared branch from the server, personal ones from its state (or copies of
         the shared one at the start)."""
         adapter = self.adapter(runtime, 0)
@@ -181,13 +186,13 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
 
     def train_branches(
         self,
-        runtime: Any,
+        runtime: ModelRuntime,
         adapter: HookedAdapter,
         examples: list[Example],
         train: tuple[str, ...],
         active: tuple[str, ...],
         seed: int,
-        extra_loss: Any = None,
+        extra_loss: LossHook | None = None,
     ) -> Metrics:
         """Train the branches ``train`` (and the head) with ``active`` computing, for the compute-matched steps."""
         cfg = self.cfg
@@ -201,7 +206,13 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
             runtime.detach_extension()
 
     def train_personal(
-        self, runtime: Any, adapter: HookedAdapter, examples: list[Example], received: StateDict, lam: float, seed: int
+        self,
+        runtime: ModelRuntime,
+        adapter: HookedAdapter,
+        examples: list[Example],
+        received: StateDict,
+        lam: float,
+        seed: int,
     ) -> Metrics:
         """Ditto's personal step: the ``local`` branch alone, with ``lam / 2 ||v - w||^2`` toward the global
         branch ``received`` from the server (its own seed, derived from ``seed``)."""
@@ -211,17 +222,26 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
         personal_seed = derive_seed(seed, "personal")
         return self.train_branches(runtime, adapter, examples, ("local",), ("local",), personal_seed, term)
 
-    def client_state(self, adapter: HookedAdapter) -> dict[str, Any]:
-        state: dict[str, Any] = {b: adapter.branch(b) for b in self.branches if b != self.shared}
+    def client_state(self, adapter: HookedAdapter) -> dict[str, StateDict]:
+        """What the client keeps: its personal branches and its head."""
+        state: dict[str, StateDict] = {b: adapter.branch(b) for b in self.branches if b != self.shared}
         state["head"] = adapter.group("head/")
         return state
 
-    def shared_update(self, client: Any, adapter: HookedAdapter, metrics: Metrics, **extras: Any) -> ClientUpdate:
+    def shared_update(
+        self, client: ClientData, adapter: HookedAdapter, metrics: Metrics, **extras: object
+    ) -> ClientUpdate:
         tensors = adapter.branch(self.shared) if self.shared is not None else {}
         return ClientUpdate(client.client_id, tensors, float(len(client.train)), metrics, dict(extras))
 
     def personalize(
-        self, runtime: Any, client: Any, state: BranchedStateT, client_state: Any, budget: Budget, seed: int
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        state: BranchedStateT,
+        client_state: dict[str, StateDict] | None,
+        budget: Budget,
+        seed: int,
     ) -> ClientModel:
         shared = architecture_keys(state.tensors, runtime.architecture) if state.architectures else {}
         adapter = self.client_adapter(runtime, shared, client_state)
@@ -232,18 +252,18 @@ class BranchedLoraBase(Method[HeteroConfigT, BranchedStateT, dict[str, Any]]):
 class BranchedLoraMethod(BranchedLoraBase[HeteroConfigT, BranchedState]):
     """A :class:`BranchedLoraBase` whose server state is the plain :class:`BranchedState`."""
 
-    def init_server(self, runtime: Any, seed: int) -> BranchedState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> BranchedState:
         population, federation = self.population(runtime, seed)
         return BranchedState(
             tensors=population, assignment=dict(federation.assignment), architectures=list(federation.names)
         )
 
 
-def proximal(params: dict[str, torch.nn.Parameter], anchors: StateDict, lam: float) -> Any:
+def proximal(params: dict[str, torch.nn.Parameter], anchors: StateDict, lam: float) -> LossHook:
     """An extra-loss hook ``lam / 2 * sum ||p - anchor||^2`` over the named parameters that have an anchor."""
     pairs = [(params[k], anchors[k].to(params[k].dtype)) for k in params if k in anchors]
 
-    def term(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
+    def term(model: torch.nn.Module, batch: Batch, outputs: object) -> torch.Tensor:
         if not pairs:
             return torch.zeros(())
         return 0.5 * lam * torch.stack([((p - a) ** 2).sum() for p, a in pairs]).sum()

@@ -14,13 +14,13 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypedDict, TypeVar
 
 import torch
 
 from fedpeft.adapters.hooked import HookedAdapter
 from fedpeft.core.seeds import derive_seed
-from fedpeft.core.types import ClientUpdate, Metrics, Payload
+from fedpeft.core.types import ClientUpdate, Metrics, Payload, StateDict
 from fedpeft.data.types import ClientData, Example
 from fedpeft.federation import federation_of
 from fedpeft.merging.server_step import metric_mean, weighted_mean
@@ -31,8 +31,23 @@ from fedpeft.methods.families.branched import (
     install_adapter,
     is_shared_key,
 )
+from fedpeft.models.runtime import ModelRuntime
 from fedpeft.settings.methods import DistillationConfig
 from fedpeft.training import TrainArgs
+
+if TYPE_CHECKING:
+    from fedpeft.federation import Federation
+
+Answer = int | str
+"""A model's answer to an example: a class label (classification) or a generated response (generation)."""
+
+
+class Knowledge(TypedDict, total=False):
+    """What a client uploads besides its tensors (none in a round without public examples): its answers on the
+    round's public examples and its loss on their reference answers, one per example."""
+
+    answers: list[Answer]
+    losses: torch.Tensor
 
 
 def public_indices(size: int, count: int, seed: int, round_: int) -> list[int]:
@@ -42,7 +57,7 @@ def public_indices(size: int, count: int, seed: int, round_: int) -> list[int]:
 
 
 @torch.no_grad()
-def example_losses(runtime: Any, examples: list[Example], batch_size: int = 16) -> torch.Tensor:
+def example_losses(runtime: ModelRuntime, examples: list[Example], batch_size: int = 16) -> torch.Tensor:
     """The installed model's loss on each example's own reference answer (label or response)."""
     model = runtime._model()
     was_training = model.training
@@ -70,23 +85,23 @@ def example_losses(runtime: Any, examples: list[Example], batch_size: int = 16) 
     return torch.cat(losses).float().cpu()
 
 
-def knowledge(runtime: Any, examples: list[Example]) -> dict[str, Any]:
+def knowledge(runtime: ModelRuntime, examples: list[Example]) -> Knowledge:
     """What a client uploads: its answers on ``examples`` and its loss on their reference answers."""
     return {"answers": list(runtime.predict(examples)), "losses": example_losses(runtime, examples)}
 
 
-def vote(uploads: list[dict[str, Any]]) -> list[Any]:
+def vote(uploads: list[Knowledge]) -> list[Answer]:
     """Per example, the answer most teachers give (ties: the one whose teachers have the lower mean loss)."""
     targets = []
     for index in range(len(uploads[0]["answers"])):
-        given: dict[Any, list[float]] = {}
+        given: dict[Answer, list[float]] = {}
         for upload in uploads:
             given.setdefault(upload["answers"][index], []).append(float(upload["losses"][index]))
         targets.append(max(given, key=lambda answer: (len(given[answer]), -sum(given[answer]) / len(given[answer]))))
     return targets
 
 
-def lowest_loss(uploads: list[dict[str, Any]]) -> list[Any]:
+def lowest_loss(uploads: list[Knowledge]) -> list[Answer]:
     """Per example, the answer of the teacher with the lowest loss on the reference answer."""
     targets = []
     for index in range(len(uploads[0]["answers"])):
@@ -95,18 +110,18 @@ def lowest_loss(uploads: list[dict[str, Any]]) -> list[Any]:
     return targets
 
 
-def _loss_at(index: int, upload: dict[str, Any]) -> float:
+def _loss_at(index: int, upload: Knowledge) -> float:
     return float(upload["losses"][index])
 
 
-def with_targets(examples: list[Example], targets: list[Any], task: str) -> list[Example]:
+def with_targets(examples: list[Example], targets: list[Answer], task: str) -> list[Example]:
     """The public examples with their answers replaced by the distillation targets."""
     key = "label" if task == "classification" else "response"
     return [{**ex, key: target} for ex, target in zip(examples, targets, strict=True)]
 
 
 def distill(
-    runtime: Any,
+    runtime: ModelRuntime,
     adapter: HookedAdapter,
     branch: str,
     examples: list[Example],
@@ -146,13 +161,13 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
     the whole client update unless a subclass adds a personal step."""
 
     shared: ClassVar[str] = "global"  # the branch the server averages and distils (never None here)
-    federation: Any = None
+    federation: Federation | None = None
 
-    def bind_federation(self, federation: Any) -> None:
+    def bind_federation(self, federation: Federation) -> None:
         """The server's federation (runtimes and public data), for distilling in :meth:`aggregate`."""
         self.federation = federation
 
-    def init_server(self, runtime: Any, seed: int) -> DistillationState:
+    def init_server(self, runtime: ModelRuntime, seed: int) -> DistillationState:
         population, federation = self.population(runtime, seed)
         self.federation = federation
         return DistillationState(
@@ -160,7 +175,7 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
             assignment=dict(federation.assignment),
             architectures=list(federation.names),
             seed=seed,
-            public_size=len(self.federation.public),
+            public_size=len(federation.public),
         )
 
     def payload(self, state: DistillationState, client_id: str) -> Payload:
@@ -168,7 +183,7 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
         payload.config["public"] = public_indices(state.public_size, self.cfg.kd_samples, state.seed, state.round)
         return payload
 
-    def public_knowledge(self, runtime: Any, adapter: HookedAdapter, payload: Payload) -> dict[str, Any]:
+    def public_knowledge(self, runtime: ModelRuntime, adapter: HookedAdapter, payload: Payload) -> Knowledge:
         """The client's answers and losses on this round's public examples, with its shared branch."""
         indices = payload.config.get("public") or []
         if not indices:
@@ -182,8 +197,13 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
             runtime.detach_extension()
 
     def train_shared(
-        self, runtime: Any, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[HookedAdapter, Metrics, dict[str, Any]]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[HookedAdapter, Metrics, Knowledge]:
         """The client's adapter with its global branch trained on the client's data, the training metrics, and
         the client's answers on the round's public examples."""
         adapter = self.client_adapter(runtime, payload.tensors, client_state)
@@ -191,13 +211,18 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
         return adapter, metrics, self.public_knowledge(runtime, adapter, payload)
 
     def client_update(
-        self, runtime: Any, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self,
+        runtime: ModelRuntime,
+        client: ClientData,
+        payload: Payload,
+        client_state: dict[str, StateDict] | None,
+        seed: int,
+    ) -> tuple[ClientUpdate, dict[str, StateDict]]:
         """Train the global branch, upload it with the answers on the public examples, keep it."""
         adapter, metrics, answers = self.train_shared(runtime, client, payload, client_state, seed)
         return self.shared_update(client, adapter, metrics, **answers), self.client_state(adapter)
 
-    def distill_targets(self, architecture: str, by_architecture: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+    def distill_targets(self, architecture: str, by_architecture: dict[str, list[Knowledge]]) -> list[list[Answer]]:
         """Target lists to distil ``architecture``'s global adapter from; one list: plain distillation, several:
         one distillation each, merged by averaging their changes (task arithmetic)."""
         raise NotImplementedError
@@ -207,10 +232,11 @@ class PublicDistillation(BranchedLoraBase[DistillationConfigT, DistillationState
         tensors, metrics = weighted_mean(updates), metric_mean(updates)
         if not tensors:
             return state, metrics
-        by_architecture: dict[str, list[dict[str, Any]]] = {}
+        by_architecture: dict[str, list[Knowledge]] = {}
         for update in updates:
             if update.extras.get("answers") is not None:
-                by_architecture.setdefault(self.architecture(state, update.client_id), []).append(update.extras)
+                upload = Knowledge(answers=update.extras["answers"], losses=update.extras["losses"])
+                by_architecture.setdefault(self.architecture(state, update.client_id), []).append(upload)
         if by_architecture and self.federation is not None:
             cfg = self.cfg
             indices = public_indices(state.public_size, cfg.kd_samples, state.seed, state.round)

@@ -41,9 +41,10 @@ class ArchitectureGroupsState(ServerState):
     assignment: dict[str, str] = field(default_factory=dict)
 
 
-class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
+class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, object]):
     """Wraps ``inner`` so that it runs independently within each architecture group; everything of the contract
-    but :attr:`PER_ARCHITECTURE` is the wrapped method's own (delegated below the class)."""
+    but :attr:`PER_ARCHITECTURE` is the wrapped method's own (delegated below the class). A client's state is the
+    wrapped method's, handed to it as it is."""
 
     PER_ARCHITECTURE: ClassVar[dict[str, str]] = {
         "architecture_aware": "the wrapper is what runs the method across architectures (not wrapped again)",
@@ -119,8 +120,8 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         return state.groups[runtime.architecture] if isinstance(state, ArchitectureGroupsState) else state
 
     def prepare_personalization(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
-    ) -> Any:
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: object, seed: int
+    ) -> object:
         return self.inner.prepare_personalization(runtime, client, self._own(runtime, state), client_state, seed)
 
     def personalize(
@@ -128,7 +129,7 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: object,
         budget: Budget,
         seed: int,
     ) -> ClientModel:
@@ -140,7 +141,7 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         runtime: ModelRuntime,
         client: ClientData,
         state: ServerState,
-        client_state: Any,
+        client_state: object,
         budget: Budget,
         seed: int,
     ) -> LoraTraining | None:
@@ -151,7 +152,7 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
         return self.inner.export_base(runtime, self._own(runtime, state))
 
     def client_base(
-        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: Any, seed: int
+        self, runtime: ModelRuntime, client: ClientData, state: ServerState, client_state: object, seed: int
     ) -> ClientBase | None:
         return self.inner.client_base(runtime, client, self._own(runtime, state), client_state, seed)
 
@@ -166,12 +167,12 @@ class ArchitectureGroups(Method[MethodConfig, ArchitectureGroupsState, Any]):
             self.inner.save_server_artifacts(group, run_dir, seed, name)
 
 
-def _delegation(name: str, member: Any) -> Any:
+def _delegation(name: str, member: object) -> Callable[..., object] | property:
     """What the wrapper answers for the contract's ``name``: the wrapped method's own (a hook called on it, a
     property or class flag read from it)."""
     if inspect.isfunction(member) or isinstance(member, (classmethod, staticmethod)):
 
-        def hook(self: ArchitectureGroups, *args: Any, **kwargs: Any) -> Any:
+        def hook(self: ArchitectureGroups, *args: object, **kwargs: object) -> object:
             return getattr(self.inner, name)(*args, **kwargs)
 
         hook.__name__, hook.__qualname__ = name, f"ArchitectureGroups.{name}"

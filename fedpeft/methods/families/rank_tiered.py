@@ -9,21 +9,21 @@ unless ``train_top_k: tier``.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fedpeft.adapters.expert_lora import module_key, truncate
 from fedpeft.core.records import Budget
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import ClientUpdate, Payload, StateDict
 from fedpeft.data.types import ClientData
-from fedpeft.methods.families.tiered import TierConfig, TieredMethod, TieredState
+from fedpeft.methods.families.tiered import TierConfig, TieredClientT, TieredMethod, TieredState
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import RankTieredConfig
 
 RankTieredConfigT = TypeVar("RankTieredConfigT", bound=RankTieredConfig)
 
 
-class RankTieredMethod(TieredMethod[RankTieredConfigT]):
+class RankTieredMethod(TieredMethod[RankTieredConfigT, TieredClientT]):
     """A tiered LoRA baseline: the server keeps a global adapter of the largest rank and each client trains
     the first components up to its tier's rank (the rank-compressing methods); subclasses aggregate."""
 
@@ -55,8 +55,8 @@ class RankTieredMethod(TieredMethod[RankTieredConfigT]):
         return Payload(tensors=self.adapter_for(state, rank), config={"rank": rank})
 
     def client_update(
-        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: Any, seed: int
-    ) -> tuple[ClientUpdate, Any]:
+        self, runtime: ModelRuntime, client: ClientData, payload: Payload, client_state: TieredClientT | None, seed: int
+    ) -> tuple[ClientUpdate, TieredClientT | None]:
         tier = self.tier_of(client.client_id)
         rank = int(payload.config.get("rank", self.rank_for(tier)))
         routing = self.routing(runtime, self.train_top_k(runtime, tier))
@@ -69,7 +69,7 @@ class RankTieredMethod(TieredMethod[RankTieredConfigT]):
         runtime: ModelRuntime,
         client: ClientData,
         state: TieredState,
-        client_state: Any,
+        client_state: TieredClientT | None,
         budget: Budget,
         seed: int,
     ) -> ClientModel:

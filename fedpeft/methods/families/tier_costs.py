@@ -11,19 +11,49 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Protocol, TypedDict
 
 import torch
 
-from fedpeft.models.moe import forward_flops, lora_active_parameters
-from fedpeft.models.runtime import ClientModel, ModelRuntime
+from fedpeft.core.jsontypes import JSONObject
+from fedpeft.models.moe import Routing, forward_flops, lora_active_parameters
+from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.settings.methods import TierConfig, TieredConfig
 
 
-def tier_costs(method: Any, runtime: ModelRuntime, seed: int) -> list[dict]:
-    """``costs.jsonl`` records (phase ``compute``, budget = tier) of every evaluated tier of ``method`` (a
-    :class:`~fedpeft.methods.families.tiered.TieredMethod`)."""
+class ModuleExperts(TypedDict):
+    """What the costs read of one LoRA module of a tiered method's layout: its number of experts."""
+
+    experts: int
+
+
+class TieredModels(Protocol):
+    """What :func:`tier_costs` reads of a tiered method (a :class:`~fedpeft.methods.families.tiered.TieredMethod`):
+    its settings and label, and per tier the LoRA rank, the LoRA, its modules, the experts per token and the
+    routing."""
+
+    @property
+    def cfg(self) -> TieredConfig: ...
+
+    @property
+    def label(self) -> str: ...
+
+    def rank_for(self, tier: TierConfig) -> int: ...
+
+    def spec(self, runtime: ModelRuntime, rank: int) -> LoraSpec: ...
+
+    def layout(self, runtime: ModelRuntime) -> Mapping[str, ModuleExperts]: ...
+
+    def eval_top_k(self, runtime: ModelRuntime, tier: TierConfig) -> int | None: ...
+
+    def routing(self, runtime: ModelRuntime, top_k: int | None, scale: float = 1.0) -> Routing | None: ...
+
+
+def tier_costs(method: TieredModels, runtime: ModelRuntime, seed: int) -> list[JSONObject]:
+    """``costs.jsonl`` records (phase ``compute``, budget = tier) of every evaluated tier of ``method``."""
     cfg = method.cfg
-    rows: list[dict] = []
+    rows: list[JSONObject] = []
     config = runtime.base_model.config
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     tokens = min(cfg.compute_tokens, int(positions)) if positions else cfg.compute_tokens  # what the model can read

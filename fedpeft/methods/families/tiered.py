@@ -22,25 +22,38 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from peft import LoraConfig
 
 from fedpeft.adapters.expert_lora import LoraModule, lora_layout
 from fedpeft.adapters.weights import layer_weight
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.sampling import sample_clients
 from fedpeft.core.seeds import derive_seed
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.data.types import ClientData
-from fedpeft.methods.base import Budget, Method, local_training
+from fedpeft.methods.base import Budget, Method, TrainHooks, local_training
 from fedpeft.methods.families.tier_costs import tier_costs
 from fedpeft.models.moe import Routing
 from fedpeft.models.runtime import LoraSpec, ModelRuntime
 from fedpeft.models.targets import FAMILY_ROUTER_PARAMETERS
 from fedpeft.settings.methods import TierConfig, TieredConfig
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+class LayoutModule(TypedDict):
+    """One LoRA module of :meth:`TieredMethod.layout`, as the server state keeps it (a
+    :class:`~fedpeft.adapters.expert_lora.LoraModule`'s fields)."""
+
+    key: str
+    experts: int
+    block: str | None
 
 
 @dataclass
@@ -48,14 +61,17 @@ class TieredState(ServerState):
     """The global adapter (``tensors``) and its LoRA modules (:meth:`TieredMethod.layout`: key -> experts, MoE
     block)."""
 
-    lora_layout: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lora_layout: dict[str, LayoutModule] = field(default_factory=dict)
 
 
 TieredConfigT = TypeVar("TieredConfigT", bound=TieredConfig)
+TieredClientT = TypeVar("TieredClientT")
 
 
-class TieredMethod(Method[TieredConfigT, TieredState, Any]):
-    """Shared machinery of tiered methods: tier lookup, sampling, LoRA shapes, routing, evaluation, costs."""
+class TieredMethod(Method[TieredConfigT, TieredState, TieredClientT]):
+    """Shared machinery of tiered methods: tier lookup, sampling, LoRA shapes, routing, evaluation, costs.
+
+    Generic over the config and over what a client keeps between rounds (``None``: nothing)."""
 
     mergeable = False  # a client's model is its tier's (rank, experts per token), not one mergeable LoRA
 
@@ -131,14 +147,15 @@ class TieredMethod(Method[TieredConfigT, TieredState, Any]):
             target_parameters=tuple(parameters),
         )
 
-    def layout(self, runtime: ModelRuntime) -> dict[str, dict[str, Any]]:
+    def layout(self, runtime: ModelRuntime) -> dict[str, LayoutModule]:
         """The active adapter's LoRA modules (see :func:`lora_layout`), as plain dicts for the server state."""
         assert runtime.peft is not None and runtime.active is not None
         blocks = [name for name, _, _ in runtime.moe.blocks] if runtime.moe is not None else []
-        return {k: m.to_dict() for k, m in lora_layout(runtime.peft, runtime.active.key, blocks).items()}
+        modules = lora_layout(runtime.peft, runtime.active.key, blocks)
+        return {k: LayoutModule(key=m.key, experts=m.experts, block=m.block) for k, m in modules.items()}
 
     @staticmethod
-    def modules(layout: dict[str, dict[str, Any]]) -> dict[str, LoraModule]:
+    def modules(layout: dict[str, LayoutModule]) -> dict[str, LoraModule]:
         return {k: LoraModule(**v) for k, v in layout.items()}
 
     # ------------------------------------------------------------------ routing
@@ -151,7 +168,7 @@ class TieredMethod(Method[TieredConfigT, TieredState, Any]):
             return None
         return Routing(top_k=top_k, scale=scale)
 
-    def train_local(self, runtime: ModelRuntime, client: ClientData, seed: int, **hooks: Any) -> Metrics:
+    def train_local(self, runtime: ModelRuntime, client: ClientData, seed: int, **hooks: Unpack[TrainHooks]) -> Metrics:
         """The one training loop with this method's local-training settings."""
         return runtime.train(client.train, local_training(self.cfg, seed, **hooks))
 
@@ -177,7 +194,7 @@ class TieredMethod(Method[TieredConfigT, TieredState, Any]):
         """Experts per token at evaluation: the tier's compute."""
         return tier.top_k
 
-    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[dict]:
+    def compute_costs(self, runtime: ModelRuntime, seed: int) -> list[JSONObject]:
         """Per tier: top-k, rank, active parameters, analytic forward FLOPs and measured forward milliseconds of
         one ``compute_tokens``-token sequence, as ``costs.jsonl`` records (phase ``compute``, budget = tier)."""
         return tier_costs(self, runtime, seed)
