@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from fedpeft.core.encoding import TENSOR, Packer, UnknownClassError, known_classes, unpack
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import write_file_atomic
+from fedpeft.core.jsontypes import JSONObject
 
 SUFFIX = ".safetensors"
 """The file suffix of a checkpoint."""
@@ -43,9 +44,9 @@ class _FilePacker(Packer):
         super().__init__("be kept in a checkpoint", extra)
         self._storages: set[int] = set()
 
-    def store(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
+    def store(self, name: str, tensor: torch.Tensor) -> JSONObject:
         tensor = tensor.detach()
-        device = {} if tensor.device.type == "cpu" else {"device": str(tensor.device)}
+        device: JSONObject = {} if tensor.device.type == "cpu" else {"device": str(tensor.device)}
         tensor = tensor.cpu().contiguous()
         storage = tensor.untyped_storage().data_ptr()
         if storage and storage in self._storages:  # a view of a tensor stored already
@@ -55,7 +56,7 @@ class _FilePacker(Packer):
         return device
 
 
-def save_checkpoint(value: Any, path: Path, extra: Iterable[type] = ()) -> None:
+def save_checkpoint(value: object, path: Path, extra: Iterable[type] = ()) -> None:
     """Write ``value`` to the checkpoint file ``path``, atomically and flushed to disk.
 
     Args:
@@ -88,10 +89,10 @@ def load_checkpoint(path: Path, extra: Iterable[type] = ()) -> Any:
         raise UserError(f"{path} is not a fedpeft checkpoint of format {FORMAT} (its metadata lacks {CONTENT_KEY}).")
     placed: dict[str, torch.Tensor] = {}
 
-    def tensor_of(marker: dict[str, Any]) -> torch.Tensor:
-        name = marker[TENSOR]
+    def tensor_of(marker: JSONObject) -> torch.Tensor:
+        name = cast(str, marker[TENSOR])
         if name not in placed:  # a tensor met twice is one tensor, as it was when it was saved
-            device = marker.get("device")
+            device = cast("str | None", marker.get("device"))
             try:
                 placed[name] = tensors[name] if device is None else tensors[name].to(device)
             except (RuntimeError, AssertionError) as err:

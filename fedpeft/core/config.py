@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
@@ -22,6 +22,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import FaultConfig, check_fault_methods
+from fedpeft.core.jsontypes import JSONMapping, JSONObject, JSONValue
 from fedpeft.core.method_class import MethodConfig, ServerStepSettings
 from fedpeft.core.textfiles import codec_of, read_text
 
@@ -63,7 +64,7 @@ def _problems_error(problems: list[str]) -> PydanticCustomError:
     return PydanticCustomError(_PROBLEMS, " ".join(problems), {"problems": problems})
 
 
-def method_config(entry: Any, where: str | None = None) -> MethodConfig:
+def method_config(entry: object, where: str | None = None) -> MethodConfig:
     """Validate one entry of ``methods`` (or ``base.method``) into its method's typed config.
 
     The method's config class is looked up in the registry (a shipped method's lives in :mod:`fedpeft.settings`, so
@@ -111,7 +112,7 @@ def _method_problem(path: str, explained: str, method: str, where: str | None) -
     return _sentence(f"Invalid setting {path!r} of {method}{f' ({where}.{path})' if where else ''}: {explained}")
 
 
-def _method_configs(entries: list[tuple[str, Any]]) -> list[MethodConfig]:
+def _method_configs(entries: list[tuple[str, object]]) -> list[MethodConfig]:
     """The typed configs of method ``entries`` (key path, entry); every problem of every entry in one pydantic
     error."""
     configs: list[MethodConfig] = []
@@ -196,7 +197,7 @@ def _explain(error: ErrorDetails, keys: list[str], holder: type[BaseModel] | Non
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-def _list_items(given: Any, holder: type[BaseModel] | None, key: str) -> str | None:
+def _list_items(given: object, holder: type[BaseModel] | None, key: str) -> str | None:
     """The items of a list to suggest for ``key`` of ``holder``, given ``given`` instead of a list: ``given`` itself
     where ``[given]`` is valid there, else the key's default list; ``None`` when neither is known to be valid."""
     from pydantic import TypeAdapter
@@ -205,7 +206,7 @@ def _list_items(given: Any, holder: type[BaseModel] | None, key: str) -> str | N
     field = holder.model_fields.get(key) if holder is not None else None
     if field is None or field.annotation is None:
         return items
-    adapter: TypeAdapter[Any] = TypeAdapter(field.annotation)
+    adapter: TypeAdapter[object] = TypeAdapter(field.annotation)
     try:
         adapter.validate_python(yaml.safe_load(f"[{items}]"))
         return items
@@ -231,7 +232,7 @@ def _close_to(word: str, known: list[str]) -> list[str]:
     return difflib.get_close_matches(word, known, n=1)
 
 
-def _inline(value: Any) -> str:
+def _inline(value: object) -> str:
     """``value`` as YAML on one line (``[0, 1]``, ``{name: lora}``, ``4``)."""
     return str(yaml.safe_dump(value, default_flow_style=True, width=10**6)).strip().removesuffix("...").strip()
 
@@ -241,7 +242,7 @@ def _shell_word(text: str) -> str:
     return f'"{text}"' if re.fullmatch(r'[^"$`\\!]*', text) else shlex.quote(text)
 
 
-def _members(annotation: Any) -> list[Any]:
+def _members(annotation: object) -> list[object]:
     """The types ``annotation`` admits: unions and ``Optional`` unpacked, ``Annotated`` unwrapped, ``None`` left out."""
     origin = get_origin(annotation)
     if origin is Union or origin is types.UnionType:
@@ -256,7 +257,7 @@ def _locate(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[list[st
     union, such as ``int``, left out), and the model class whose key is the path's last."""
     keys: list[str] = []
     holder: type[BaseModel] | None = None
-    current: list[Any] = [model]
+    current: list[object] = [model]
     for part in loc:
         models = [c for c in current if isinstance(c, type) and issubclass(c, BaseModel)]
         owner = next((m for m in models if part in m.model_fields), None)
@@ -411,7 +412,7 @@ class BaseStageConfig(_Strict):
 
     @field_validator("method", mode="before")
     @classmethod
-    def _typed_method(cls, entry: Any) -> MethodConfig:
+    def _typed_method(cls, entry: object) -> MethodConfig:
         return _method_configs([("base.method", entry)])[0]
 
     @model_validator(mode="after")
@@ -509,7 +510,7 @@ class EngineConfig(_Strict):
 
     @field_validator("workers", mode="before")
     @classmethod
-    def _check_workers(cls, value: Any) -> Any:
+    def _check_workers(cls, value: object) -> object:
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
         raise ValueError(f"got {value!r}; give a number of worker processes, 1 or more, or `auto` (one per CPU core)")
@@ -742,7 +743,7 @@ class ExperimentConfig(_Strict):
 
     @field_validator("methods", mode="before")
     @classmethod
-    def _typed_methods(cls, entries: Any) -> list[MethodConfig]:
+    def _typed_methods(cls, entries: object) -> list[MethodConfig]:
         if not isinstance(entries, list) or not entries:
             raise _problems_error(["`methods` must list at least one method; e.g. `methods: [{name: lora}]`."])
         return _method_configs([(f"methods.{i}", entry) for i, entry in enumerate(entries)])
@@ -827,7 +828,7 @@ def preset_description(name: str) -> str:
 CONFIG_ENCODING_FIX = "a config file must be UTF-8 (a UTF-8 byte order mark is accepted), so save it as UTF-8"
 
 
-def _read_yaml(text: str, source: str) -> dict[str, Any]:
+def _read_yaml(text: str, source: str) -> JSONObject:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -848,7 +849,7 @@ _YAML_OPENERS = ("[", "{", '"', "'")
 """How a value opens that is YAML and nothing else: a flow list or mapping, or a quoted string."""
 
 
-def parse_value(text: str, assignment: str | None = None) -> Any:
+def parse_value(text: str, assignment: str | None = None) -> JSONValue:
     """Parse the right-hand side of ``--set key=value`` as YAML (numbers, lists, booleans, strings).
 
     Text YAML cannot read stays a string (``data.path=*.csv``), unless it opens as only YAML does (``[``, ``{``
@@ -896,14 +897,14 @@ def _closed(text: str) -> str | None:
     return closed
 
 
-def apply_override(raw: dict[str, Any], assignment: str) -> None:
+def apply_override(raw: JSONObject, assignment: str) -> None:
     """Apply one ``dotted.key=value`` override in place; list items are addressed by index."""
     if "=" not in assignment:
         raise UserError(f"Override {assignment!r} must look like key=value, e.g. data.seed=3.")
     key, value = assignment.split("=", 1)
     parsed = parse_value(value, assignment)
     parts = key.strip().split(".")
-    node: Any = raw
+    node: JSONValue = raw
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
@@ -946,7 +947,7 @@ def load_raw(source: str, *, resolve_paths: bool = True) -> dict[str, Any]:
     return _read_yaml(text, f"preset {source}")
 
 
-def resolve_file_paths(raw: dict[str, Any], folder: Path) -> None:
+def resolve_file_paths(raw: JSONObject, folder: Path) -> None:
     """Make the relative paths of a config file's mapping ``raw`` absolute from the file's ``folder``, in place.
 
     ``data.path`` always (a file, directory or glob; one that starts with ``~`` is the user's home's); ``data.hub_id``
@@ -956,7 +957,7 @@ def resolve_file_paths(raw: dict[str, Any], folder: Path) -> None:
     """
     from fedpeft.core.registry import MODELS
 
-    def absolute(value: Any, *, if_exists: bool) -> Any:
+    def absolute(value: JSONValue, *, if_exists: bool) -> JSONValue:
         if not isinstance(value, str) or not value or value.startswith("~") or Path(value).is_absolute():
             return value
         joined = folder / value
@@ -975,7 +976,7 @@ def resolve_file_paths(raw: dict[str, Any], folder: Path) -> None:
             model["name"] = absolute(model["name"], if_exists=True)
 
 
-def validate(raw: dict[str, Any]) -> ExperimentConfig:
+def validate(raw: JSONMapping) -> ExperimentConfig:
     """Validate a raw mapping into an :class:`ExperimentConfig`; the config's ``plugins`` are imported first, so that
     the methods, datasets and models they register are known.
 
@@ -989,7 +990,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         raise UserError("`plugins` must list module names, e.g. `plugins: [my_methods]`.")
     from fedpeft.core.registry import import_plugins
 
-    import_plugins(plugins)
+    import_plugins(cast(list[str], plugins))
     _check_names(raw)
     try:
         return ExperimentConfig.model_validate(raw)
@@ -1001,19 +1002,22 @@ def _config_problem(path: str, what: str) -> str:
     return _sentence(f"Invalid config at {path}: {what}" if path else f"Invalid config: {what}")
 
 
-def _check_names(raw: dict[str, Any]) -> None:
+def _check_names(raw: JSONMapping) -> None:
     """Refuse unknown method and dataset names from the catalogues, before validating the entries imports the
     methods' modules (and torch with them): misspelt names are reported at once, all of them."""
     from fedpeft.core.registry import DATASETS, METHODS
 
     base = raw.get("base")
-    entries = list(enumerate(raw["methods"])) if isinstance(raw.get("methods"), list) else []
-    named: list[tuple[Registry[Any], str, Any]] = [(METHODS, f"methods.{i}.name", entry) for i, entry in entries]
+    methods = raw.get("methods")
+    entries = list(enumerate(methods)) if isinstance(methods, list) else []
+    named: list[tuple[Registry[Any], str, JSONValue | None]] = [
+        (METHODS, f"methods.{i}.name", entry) for i, entry in entries
+    ]
     if isinstance(base, dict):
         named.append((METHODS, "base.method.name", base.get("method")))
     named.append((DATASETS, "data.name", raw.get("data")))
     problems = [
-        _unknown_name(registry, entry["name"], where)
+        _unknown_name(registry, str(entry["name"]), where)
         for registry, where, entry in named
         if isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"] not in registry
     ]
@@ -1065,7 +1069,7 @@ def same_run(config_text: str, other_text: str) -> bool:
     if config_text == other_text:
         return True
 
-    def numbers(text: str) -> Any:
+    def numbers(text: str) -> JSONValue:
         config = yaml.safe_load(text)
         if not isinstance(config, dict):
             return config

@@ -9,7 +9,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
-from typing import Any
 
 from fedpeft.core.faults import INJECTED_ERRORS
 
@@ -88,11 +87,11 @@ class CostMeter:
     # previous state.
     events: list[dict] = field(default_factory=list)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         """What a checkpoint keeps of the meter: every field by name (:meth:`restore` takes it back)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def restore(self, snapshot: Mapping[str, Any]) -> None:
+    def restore(self, snapshot: Mapping[str, object]) -> None:
         """Continue from a checkpoint's :meth:`snapshot`; a field it lacks (a checkpoint of an earlier version)
         keeps its value."""
         for f in fields(self):

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import cast
 
 import numpy as np
 import torch
 
+from fedpeft.core.jsontypes import JSONObject, JSONValue
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, TrainResult
 
 TENSOR, TUPLE, ITEMS, DATACLASS = "__tensor__", "__tuple__", "__items__", "__dataclass__"
@@ -66,9 +67,9 @@ class Packer:
         self.tensors: dict[str, torch.Tensor] = {}
         # id(tensor) -> (the tensor, kept alive so that its id stays its own; its marker): a tensor met twice
         # (a payload every client of a node gets) is stored once
-        self._markers: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
+        self._markers: dict[int, tuple[torch.Tensor, JSONObject]] = {}
 
-    def pack(self, value: Any) -> Any:
+    def pack(self, value: object) -> JSONValue:
         """``value`` as JSON-compatible data (its tensors replaced by markers)."""
         if value is None or isinstance(value, (bool, int, float, str)):  # the most common first: records, metrics
             return value
@@ -95,15 +96,15 @@ class Packer:
             "of them."
         )
 
-    def store(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
+    def store(self, name: str, tensor: torch.Tensor) -> JSONObject:
         """Keep ``tensor`` under ``name``; returns what its marker needs besides the name to read it back."""
         self.tensors[name] = tensor
         return {}
 
 
 def unpack(
-    value: Any, tensor_of: Callable[[dict[str, Any]], torch.Tensor], classes: dict[str, type], source: str
-) -> Any:
+    value: JSONValue, tensor_of: Callable[[JSONObject], torch.Tensor], classes: dict[str, type], source: str
+) -> object:
     """The value :meth:`Packer.pack` turned into ``value``.
 
     Args:
@@ -116,7 +117,7 @@ def unpack(
         UnknownClassError: the data names a class not in ``classes``, or fields that class lacks.
     """
 
-    def read(item: Any) -> Any:
+    def read(item: JSONValue) -> object:
         if isinstance(item, list):
             return [read(v) for v in item]
         if not isinstance(item, dict):
@@ -124,18 +125,19 @@ def unpack(
         if TENSOR in item:
             return tensor_of(item)
         if TUPLE in item:
-            return tuple(read(v) for v in item[TUPLE])
+            return tuple(read(v) for v in cast(list[JSONValue], item[TUPLE]))
         if ITEMS in item:
-            return {read(k): read(v) for k, v in item[ITEMS]}
+            return {read(k): read(v) for k, v in cast(list[list[JSONValue]], item[ITEMS])}
         if DATACLASS in item:
-            cls = classes.get(item[DATACLASS])
+            cls = classes.get(cast(str, item[DATACLASS]))
             if cls is None:
                 raise UnknownClassError(f"{source} names the unknown state class {item[DATACLASS]!r}.")
             known = {f.name for f in fields(cls)}
-            unknown = sorted(set(item["fields"]) - known)
+            packed = cast(JSONObject, item["fields"])
+            unknown = sorted(set(packed) - known)
             if unknown:
                 raise UnknownClassError(f"{source} gives {item[DATACLASS]!r} fields it lacks: {unknown}.")
-            return cls(**{k: read(v) for k, v in item["fields"].items()})
+            return cls(**{k: read(v) for k, v in packed.items()})
         return {k: read(v) for k, v in item.items()}
 
     return read(value)

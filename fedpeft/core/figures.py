@@ -11,9 +11,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fedpeft.core.errors import UserError
+
+if TYPE_CHECKING:  # matplotlib is imported only where a figure is drawn
+    from matplotlib.figure import Figure
 
 PLOT_FORMATS = ("png", "pdf", "svg")
 DEFAULT_FORMATS = ("png",)
@@ -50,7 +53,7 @@ def current_formats() -> tuple[str, ...]:
     return _FORMATS.get()
 
 
-def save_figure(figure: Any, path: Path, *, dpi: int = 120, formats: Sequence[str] | None = None) -> list[Path]:
+def save_figure(figure: Figure, path: Path, *, dpi: int = 120, formats: Sequence[str] | None = None) -> list[Path]:
     """Write a matplotlib ``figure`` as ``path`` with its suffix replaced by each format; returns the files.
 
     Args:

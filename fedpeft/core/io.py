@@ -23,9 +23,10 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject, JSONValue
 
 MARKER_FORMAT = 1
 """Version of the marker files' JSON."""
@@ -68,7 +69,7 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[Any], None], *, fsync: bool = False) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, fsync: bool = False) -> None:
     """Call ``write(binary file)`` on a temporary sibling of ``path``, then rename it over ``path``.
 
     With ``fsync``, the data (and the rename) reach the disk before this returns. The temporary file is removed
@@ -192,7 +193,7 @@ def path_component(name: str) -> str:
     return safe or "run"
 
 
-def read_marker(directory: Path, marker: str) -> dict[str, Any] | None:
+def read_marker(directory: Path, marker: str) -> JSONObject | None:
     """The JSON of ``directory``'s ``marker`` file; ``None`` when there is none (an unreadable one reads ``{}``)."""
     path = Path(directory) / marker
     if not path.is_file():
@@ -204,7 +205,7 @@ def read_marker(directory: Path, marker: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {}
 
 
-def write_marker(directory: Path, marker: str, kind: str, **fields: Any) -> None:
+def write_marker(directory: Path, marker: str, kind: str, **fields: JSONValue) -> None:
     """Write ``directory``'s marker file (format version, kind and ``fields``)."""
     text = json.dumps({"format": MARKER_FORMAT, "kind": kind, **fields}, sort_keys=True) + "\n"
     write_text_atomic(Path(directory) / marker, text)
@@ -286,7 +287,7 @@ def check_no_clash(path: Path, writes: Iterable[str]) -> None:
         )
 
 
-def make_output_dir(path: Path, marker: str, kind: str, **fields: Any) -> bool:
+def make_output_dir(path: Path, marker: str, kind: str, **fields: JSONValue) -> bool:
     """Create ``path`` (and its parents) and write its marker first; returns whether ``path`` was created here.
 
     A place that cannot be written is a :class:`UserError` naming it.

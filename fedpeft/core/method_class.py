@@ -9,12 +9,12 @@ The config check reads a method's config alone (:class:`ServerStepSettings`); th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -55,7 +55,7 @@ class MethodConfig(BaseModel):
 
     @field_validator(*COMMON_RANGES, check_fields=False)
     @classmethod
-    def _check_common_range(cls, value: Any, info: ValidationInfo) -> Any:
+    def _check_common_range(cls, value: object, info: ValidationInfo) -> object:
         key = str(info.field_name)
         valid, wanted = COMMON_RANGES[key]
         if _number(value) and not valid(value):

@@ -31,7 +31,7 @@ from fedpeft.core.method_class import MethodClass
 T = TypeVar("T")
 
 
-Hook = str | Callable[..., Any]
+Hook = str | Callable[..., object]
 """A reporting hook of a method: the function, or where it is as ``module:name`` (imported when it is called)."""
 
 
@@ -318,7 +318,7 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
-def imported(reference: str) -> Any:
+def imported(reference: str) -> object:
     """What ``module:name`` names, importing ``module``; None where ``module`` has no ``name``."""
     module, _, attribute = reference.partition(":")
     return vars(importlib.import_module(module)).get(attribute)

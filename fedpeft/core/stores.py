@@ -15,27 +15,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 from fedpeft.core.checkpoints import SUFFIX, load_checkpoint, save_checkpoint
+
+StoreSnapshot: TypeAlias = dict[str, list[tuple[int, object]]]
+"""A memory store's snapshot: each client's versions, ``(round written, state)``, oldest first."""
 
 
 class ClientStateStore(Protocol):
     """Where per-client state lives between rounds."""
 
-    def get(self, client_id: str) -> Any:
+    def get(self, client_id: str) -> object:
         """The latest state of ``client_id``; None when it has none."""
 
-    def put(self, client_id: str, state: Any, round_: int) -> None:
+    def put(self, client_id: str, state: object, round_: int) -> None:
         """Keep ``state`` as the state of ``client_id`` written in round ``round_``."""
 
     def rollback(self, round_: int) -> None:
         """Forget every write of a round later than ``round_`` (restoring the version before it)."""
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> StoreSnapshot | None:
         """What a checkpoint keeps of the store (``None`` where the store lives on disk already)."""
 
-    def restore(self, snapshot: Any) -> None:
+    def restore(self, snapshot: StoreSnapshot | None) -> None:
         """Restore what :meth:`snapshot` returned."""
 
 
@@ -44,15 +47,15 @@ class MemoryStore:
     them (read when a checkpoint of a run on disk is restored)."""
 
     def __init__(self, root: Path | None = None) -> None:
-        self._data: dict[str, list[tuple[int, Any]]] = {}
+        self._data: StoreSnapshot = {}
         self.root = root
 
-    def get(self, client_id: str) -> Any:
+    def get(self, client_id: str) -> object:
         """The latest state of ``client_id``; None when it has none."""
         versions = self._data.get(client_id)
         return versions[-1][1] if versions else None
 
-    def put(self, client_id: str, state: Any, round_: int) -> None:
+    def put(self, client_id: str, state: object, round_: int) -> None:
         """Keep ``state`` as written in round ``round_`` (replacing one written in that round); of the versions of
         earlier rounds only the newest stays (for rollback)."""
         earlier = [version for version in self._data.get(client_id, []) if version[0] < round_]
@@ -67,11 +70,11 @@ class MemoryStore:
             else:
                 del self._data[client_id]
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> StoreSnapshot:
         """Every client's versions (a shallow copy), for a checkpoint."""
         return dict(self._data)
 
-    def restore(self, snapshot: dict[str, Any] | None) -> None:
+    def restore(self, snapshot: StoreSnapshot | None) -> None:
         """Take the versions in ``snapshot`` (from :meth:`snapshot`) as the store's; ``None`` (the checkpoint of a
         run that kept client states on disk): the versions in the files under ``root``."""
         if snapshot is not None:
@@ -99,14 +102,14 @@ class DiskStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def get(self, client_id: str) -> Any:
+    def get(self, client_id: str) -> object:
         """The latest state of ``client_id``, loaded from its newest file; None when it has none."""
         versions = _versions(self.root / client_id)
         if not versions:
             return None
         return load_checkpoint(versions[-1][1])
 
-    def put(self, client_id: str, state: Any, round_: int) -> None:
+    def put(self, client_id: str, state: object, round_: int) -> None:
         """Save ``state`` as ``<client>/r<round_>.safetensors``, then delete the client's other files but the
         newest of an earlier round (what a rollback to the last checkpoint needs)."""
         directory = self.root / client_id
@@ -128,7 +131,7 @@ class DiskStore:
         """None: the files under ``root`` are already what a checkpoint needs."""
         return None
 
-    def restore(self, snapshot: Any) -> None:
+    def restore(self, snapshot: StoreSnapshot | None) -> None:
         """``None``: nothing to restore, the files under ``root`` are the store (:meth:`rollback` returns them to a
         round). A memory store's snapshot (the checkpoint of a run that kept client states in memory): its versions
         replace every file."""

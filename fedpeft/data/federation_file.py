@@ -16,10 +16,11 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import numpy as np
 
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.data.types import ClientData, FederatedData
 
 FORMAT = "fedpeft-federation"
@@ -46,18 +47,18 @@ class _Arrays:
         return {_ARRAY: [stack, len(self.rows[stack]) - 1]}
 
 
-def _plain(value: Any, arrays: _Arrays) -> Any:
+def _plain(value: object, arrays: _Arrays) -> object:
     """``value`` with its arrays replaced by references; raises TypeError for what JSON would not give back."""
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if kind is list:
+    if type(value) is list:
         return [_plain(v, arrays) for v in value]
-    if kind is dict:
+    if type(value) is dict:
         if any(type(k) is not str for k in value) or _ARRAY in value:
             raise TypeError(f"a dict with keys {list(value)[:5]} is not written as JSON")
         return {k: _plain(v, arrays) for k, v in value.items()}
-    if kind is np.ndarray:
+    if type(value) is np.ndarray:
         return arrays.add(value)
     raise TypeError(f"a {kind.__name__} is not written as JSON")
 
@@ -100,8 +101,8 @@ def load(path: Path) -> FederatedData:
         text = members["federation"].tobytes().decode()
         stacks = [members[f"arrays_{i}"] for i in range(sum(name.startswith("arrays_") for name in members.files))]
 
-    def array(obj: dict[str, Any]) -> Any:
-        reference = obj.get(_ARRAY) if len(obj) == 1 else None
+    def array(obj: JSONObject) -> JSONObject | np.ndarray:
+        reference = cast("list[int] | None", obj.get(_ARRAY) if len(obj) == 1 else None)  # [stack, row]
         return obj if reference is None else stacks[reference[0]][reference[1]]
 
     # Without arrays the document is read by the C parser alone (no hook called for every example).

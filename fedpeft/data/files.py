@@ -36,10 +36,10 @@ import logging
 import os
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeGuard, TypeVar, cast
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -47,10 +47,12 @@ from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import DatasetOptions, parse_options
 from fedpeft.data.partition import split_train_test
-from fedpeft.data.real.readers import FILE_EXTENSIONS, natural_key, read_rows
+from fedpeft.data.real.readers import FILE_EXTENSIONS, Row, natural_key, read_rows
 from fedpeft.data.types import ClientData, Example, FederatedData, TaskKind
 
 Scheme = Literal["natural", "dirichlet", "iid"]
+T = TypeVar("T")
+
 # Split values of the split column (case-insensitive); validation rows are left out.
 TRAIN_SPLITS = ("train",)
 TEST_SPLITS = ("test",)
@@ -79,7 +81,7 @@ class Table:
 
     source: str
     columns: list[str]
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     split: str | None = None
     class_names: dict[str, list[str]] = field(default_factory=dict)
     lines: list[int] | None = None
@@ -210,7 +212,7 @@ def load_hub_tables(hub_id: str, subset: str | None, revision: str | None) -> li
     import datasets
     from datasets.exceptions import DatasetsError
 
-    kwargs: dict[str, Any] = {"revision": revision} if revision else {}
+    kwargs: dict[str, str] = {"revision": revision} if revision else {}
     try:
         if is_saved_dataset_dict(Path(hub_id)):  # load_dataset would read its state.json files as the rows
             loaded = datasets.load_from_disk(hub_id)
@@ -240,7 +242,7 @@ def load_hub_tables(hub_id: str, subset: str | None, revision: str | None) -> li
 # ---------------------------------------------------------------------------------------------- building
 
 
-def build_federation(cfg: DataConfig, name: str, tables: list[Table], info: dict[str, Any]) -> FederatedData:
+def build_federation(cfg: DataConfig, name: str, tables: list[Table], info: Mapping[str, object]) -> FederatedData:
     """Turn the rows of ``tables`` into a federation as ``cfg`` says (see the module docstring)."""
     if not any(t.rows for t in tables):
         raise UserError(f"{_describe(tables)} holds no rows; give data with at least one row per client.")
@@ -412,7 +414,7 @@ def _records(
     cfg: DataConfig, task: TaskKind, columns: dict[str, str], tables: list[Table], use_hub_splits: bool
 ) -> tuple[list[Example], list[str], int]:
     """Every row as an example with ``_client`` and ``_split`` marks; the label names; the rows left out."""
-    raw: list[tuple[Example, Any]] = []
+    raw: list[tuple[Example, object]] = []
     left_out = 0
     class_names: list[str] | None = None
     for table in tables:
@@ -424,7 +426,7 @@ def _records(
             if split is None:
                 left_out += 1
                 continue
-            label: Any = None
+            label: object = None
             if task == "classification":
                 label = row[columns["label"]]
                 if names is not None and isinstance(label, int) and not isinstance(label, bool):
@@ -461,7 +463,9 @@ def _records(
     return records, label_names, left_out
 
 
-def _split_of(row: dict[str, Any], table: Table, columns: dict[str, str], use_hub_splits: bool, where: str) -> Any:
+def _split_of(
+    row: Row, table: Table, columns: dict[str, str], use_hub_splits: bool, where: str
+) -> Literal["train", "test", ""] | None:
     """``"train"``, ``"test"``, ``None`` (a validation row, left out) or ``""`` (no split information)."""
     if "split" in columns:
         value = row[columns["split"]]
@@ -484,7 +488,7 @@ def _split_of(row: dict[str, Any], table: Table, columns: dict[str, str], use_hu
     return ""
 
 
-def check_scalar(value: Any, column: str, where: str, expected: str) -> Any:
+def check_scalar(value: T, column: str, where: str, expected: str) -> T:
     """``value``, unless it is binary data, a list or an object, which no column of examples holds.
 
     Args:
@@ -501,7 +505,7 @@ def check_scalar(value: Any, column: str, where: str, expected: str) -> Any:
     return value
 
 
-def _text(row: dict[str, Any], column: str, where: str) -> str:
+def _text(row: Row, column: str, where: str) -> str:
     """The text of ``column``; a number (or another scalar) is read as its text, as a CSV file holds it."""
     value = row[column]
     if value is None or (isinstance(value, float) and value != value):
@@ -509,7 +513,7 @@ def _text(row: dict[str, Any], column: str, where: str) -> str:
     return str(check_scalar(value, column, where, "text"))
 
 
-def _optional_text(row: dict[str, Any], column: str | None, where: str) -> str | None:
+def _optional_text(row: Row, column: str | None, where: str) -> str | None:
     if column is None:
         return None
     value = row[column]
@@ -518,7 +522,7 @@ def _optional_text(row: dict[str, Any], column: str | None, where: str) -> str |
     return str(check_scalar(value, column, where, "text"))
 
 
-def _client_of(row: dict[str, Any], column: str | None, where: str) -> str:
+def _client_of(row: Row, column: str | None, where: str) -> str:
     if column is None:
         return ""
     value = check_scalar(row[column], column, where, "a client id")
@@ -530,13 +534,13 @@ def _client_of(row: dict[str, Any], column: str | None, where: str) -> str:
     return text
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int | float]:
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
-def _id_of(label: Any) -> int | None:
+def _id_of(label: object) -> int | None:
     """The integer id a label is (a whole number, or digits as a CSV file holds them), else ``None``."""
     if _is_int(label):
         return int(label)
@@ -545,7 +549,7 @@ def _id_of(label: Any) -> int | None:
     return None
 
 
-def _check_names_beside_ids(raw: list[tuple[Example, Any]], column: str) -> None:
+def _check_names_beside_ids(raw: list[tuple[Example, object]], column: str) -> None:
     """Refuse integer ids beside a single class name: they index into the class names, which it cannot list."""
     named = [(example["_where"], label) for example, label in raw if _id_of(label) is None]
     if len({str(label).strip() for _, label in named}) == 1 and len(named) < len(raw):
@@ -556,7 +560,7 @@ def _check_names_beside_ids(raw: list[tuple[Example, Any]], column: str) -> None
         )
 
 
-def _label_names(cfg: DataConfig, labels: list[Any], class_names: list[str] | None) -> list[str]:
+def _label_names(cfg: DataConfig, labels: list[object], class_names: list[str] | None) -> list[str]:
     """``data.label_names``, the ``ClassLabel`` names, or the labels found (ids ``0..max``, else names sorted;
     integer ids beside class names index into the sorted names)."""
     if cfg.label_names is not None:
@@ -567,10 +571,11 @@ def _label_names(cfg: DataConfig, labels: list[Any], class_names: list[str] | No
     if class_names is not None:
         return class_names
     if labels and all(_is_int(v) for v in labels):
-        top = int(max(labels))
-        if min(labels) < 0:
+        ids = cast(list[float], labels)  # whole numbers, as checked
+        top = int(max(ids))
+        if min(ids) < 0:
             raise UserError(
-                f"The label column holds the negative label {int(min(labels))}; labels must be ids from 0 or "
+                f"The label column holds the negative label {int(min(ids))}; labels must be ids from 0 or "
                 "class names (set data.label_names)."
             )
         return [str(i) for i in range(max(top + 1, 2))]
@@ -584,7 +589,7 @@ def _label_names(cfg: DataConfig, labels: list[Any], class_names: list[str] | No
     return names
 
 
-def _label_id(value: Any, lookup: dict[str, int], names: list[str], where: str, column: str, cfg: DataConfig) -> int:
+def _label_id(value: object, lookup: dict[str, int], names: list[str], where: str, column: str, cfg: DataConfig) -> int:
     text = str(value).strip()
     if text in lookup:
         return lookup[text]

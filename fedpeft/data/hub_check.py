@@ -25,7 +25,6 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -35,6 +34,7 @@ import pyarrow.parquet as pq
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.hub import offline_reason
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.data.files import VALIDATION_SPLITS, Table, is_saved_dataset_dict, plan_reading
 
 # The data files read here, by the ``datasets`` builder that reads them (its _EXTENSION_TO_MODULE).
@@ -292,14 +292,14 @@ def cached_layout(hub_id: str, subset: str | None) -> Layout | None:
     if not isinstance(features, dict) or not isinstance(splits, dict):
         return None
     parts = [
-        Part(f"hub:{hub_id} split {name} (cached in {latest})", name, list(features), split["num_examples"])
+        Part(f"hub:{hub_id} split {name} (cached in {latest})", name, list(features), count)
         for name, split in splits.items()
-        if isinstance(split, dict) and isinstance(split.get("num_examples"), int)
+        if isinstance(split, dict) and isinstance(count := split.get("num_examples"), int)
     ]
     return Layout(f"hub:{hub_id} (cached in {latest})", parts)
 
 
-def read_info(path: Path) -> dict[str, Any] | None:
+def read_info(path: Path) -> JSONObject | None:
     """A cached copy's ``dataset_info.json`` as a dict; ``None`` where it is missing or not a JSON object."""
     try:
         info = json.loads(path.read_text())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from typing import Any
 
 from fedpeft.core.errors import UserError
 from fedpeft.data.partition import partition_examples, split_train_test
@@ -52,7 +51,7 @@ def category_clients(
     seed: int,
     split: tuple[float, float, float] = SPLIT,
     where: str = "the dataset",
-) -> tuple[list[ClientData], dict[str, Any]]:
+) -> tuple[list[ClientData], dict[str, object]]:
     """Split categorized examples (``group`` = category) over ``num_clients`` clients, then 80/10/10 each.
 
     Returns the clients and facts for ``FederatedData.info`` (validation examples per client, category counts

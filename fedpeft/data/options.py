@@ -8,7 +8,7 @@ own default for when the user left it unset.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
@@ -23,9 +23,10 @@ class DatasetOptions(BaseModel):
 
 
 OptionsT = TypeVar("OptionsT", bound=DatasetOptions)
+T = TypeVar("T")
 
 
-def _one_or_many(value: Any) -> Any:
+def _one_or_many(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
@@ -60,6 +61,6 @@ def parse_options(cfg: DataConfig, options: type[OptionsT]) -> OptionsT:
         ) from None
 
 
-def setting(cfg: DataConfig, field: str, default: Any) -> Any:
+def setting(cfg: DataConfig, field: str, default: T) -> T:
     """``cfg.<field>`` when the user set it (YAML, override or constructor), else the dataset's own ``default``."""
     return getattr(cfg, field) if field in cfg.model_fields_set else default

@@ -11,16 +11,42 @@ checks, summaries), nothing to read.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
 from fedpeft.data.files import choose_unseen
 from fedpeft.data.real.readers import natural_key
-from fedpeft.data.types import ClientData, FederatedData, RemoteExamples
+from fedpeft.data.types import ClientData, FederatedData, RemoteExamples, TaskKind
 
 GENERIC_DATASETS = ("files", "hub")
 """Datasets whose unseen pool the server draws over the union of the sites' clients (``choose_unseen``)."""
+
+
+class SiteClient(TypedDict):
+    """One client in a site's report: its id, group and pool, and the sizes of its training and test sets."""
+
+    id: str
+    group: str
+    pool: str
+    train: int
+    test: int
+
+
+class SiteReport(TypedDict):
+    """What a site tells the server of its data (:func:`site_report`)."""
+
+    name: str
+    task: TaskKind
+    label_names: list[str] | None
+    groups: list[str]
+    clients: list[SiteClient]
+
+
+class SiteAnswer(SiteReport):
+    """A site's answer to the server's site query: its report, and the ``data-path`` it built its clients from."""
+
+    data_path: str
 
 
 def site_config(cfg: DataConfig, data_path: str) -> DataConfig:
@@ -39,7 +65,7 @@ def node_data_config(cfg: DataConfig, data: FederatedData) -> DataConfig:
     return cfg.model_copy(update={"unseen_clients": unseen, "unseen_fraction": 0.0})
 
 
-def site_report(data: FederatedData) -> dict[str, Any]:
+def site_report(data: FederatedData) -> SiteReport:
     """What a site tells the server: the task, class names and groups, and per client its id, group, pool and
     the sizes of its training and test sets."""
     return {
@@ -54,7 +80,7 @@ def site_report(data: FederatedData) -> dict[str, Any]:
     }
 
 
-def join_sites(cfg: DataConfig, reports: Mapping[int, Mapping[str, Any]]) -> FederatedData:
+def join_sites(cfg: DataConfig, reports: Mapping[int, SiteReport]) -> FederatedData:
     """The server's view of the federation from each node's report (node id -> :func:`site_report`), its clients
     in the order a run over the union of the data has; for the generic datasets the unseen pool is drawn over
     every site's clients (:func:`~fedpeft.data.files.choose_unseen`), so the sites must build theirs from

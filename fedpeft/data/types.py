@@ -7,7 +7,7 @@ Examples are plain dicts so they pickle cheaply and cross process boundaries (Fl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, SupportsIndex
 
@@ -39,7 +39,7 @@ class RemoteExamples(list[Example]):
     def __iter__(self) -> Iterator[Example]:
         self._refuse()
 
-    def __getitem__(self, index: SupportsIndex | slice) -> Any:
+    def __getitem__(self, index: SupportsIndex | slice) -> NoReturn:
         self._refuse()
 
     def __repr__(self) -> str:
@@ -78,7 +78,8 @@ class FederatedData:
         clients: every client of every pool.
         base_train: examples of the base-model stage (the "pretraining" corpus, with the resource imbalance of the
             real pretrained models); empty when the benchmark has none.
-        info: descriptive facts reported in the summary (group sizes, resource levels, generator settings).
+        info: descriptive facts reported in the summary (group sizes, resource levels, generator settings): values
+            JSON holds, as the synthetic-data cache writes them.
     """
 
     name: str
@@ -87,7 +88,7 @@ class FederatedData:
     groups: list[str]
     clients: list[ClientData]
     base_train: list[Example] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
+    info: Mapping[str, object] = field(default_factory=dict)
     _positions: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property

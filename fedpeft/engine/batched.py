@@ -202,7 +202,7 @@ def batched_training(
 
 def batched_personalization(
     worker: Worker, size: int, client_ids: list[str], **kwargs: Any
-) -> Iterator[tuple[str, Any]]:
+) -> Iterator[tuple[str, Personalized | Exception]]:
     """The personalization of ``client_ids``, ``size`` at a time, in client-id order (a failure as its error)."""
     for group in groups(client_ids, size):
         yield from zip(group, personalize_clients(worker, client_ids=group, **kwargs), strict=True)

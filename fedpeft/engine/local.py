@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fedpeft.core.config import dump_given
 from fedpeft.core.costs import release_memory
@@ -20,6 +20,9 @@ from fedpeft.engine.pool import SERVER_TASK, WorkerPool
 from fedpeft.engine.resources import EngineSettings
 from fedpeft.engine.rounds import ClientOutcome, Engine
 from fedpeft.worker import Worker
+
+if TYPE_CHECKING:
+    from fedpeft.data.types import FederatedData
 
 log = logging.getLogger("fedpeft")
 
@@ -36,7 +39,7 @@ class LocalEngine(Engine):
         settings: EngineSettings | None = None,
         *,
         on_client: Callable[[], None] | None = None,
-        data: Any = None,
+        data: FederatedData | None = None,
         batch_clients: int = 1,
     ) -> None:
         """``settings``: the worker processes (their count, threads and GPUs, pinned round-robin:
@@ -66,12 +69,12 @@ class LocalEngine(Engine):
         on worker processes, as soon as one is free."""
         if self.pool is not None:
 
-            def kwargs_of(client_id: str) -> dict[str, Any]:
+            def kwargs_of(client_id: str) -> dict[str, object]:
                 return {"label": label, "seed": seed, "round_": round_, "payload": payload_of(client_id)}
 
             for client_id, outcome, seconds in self.pool.run("train", client_ids, kwargs_of, self._pause):
                 self._after_client(release=False)
-                yield ClientOutcome.of_training(client_id, outcome, seconds)
+                yield ClientOutcome.of_training(client_id, cast("TrainResult | BaseException", outcome), seconds)
             return
         if self._batched(label):
             for outcome in batched_training(
@@ -92,7 +95,7 @@ class LocalEngine(Engine):
                 self._after_client()
             yield ClientOutcome.of_training(client_id, result, time.perf_counter() - started)
 
-    def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
+    def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, object]]:
         """Call the worker operation ``op`` for each client; a failure comes back as the exception."""
         if self.pool is not None:
             for client_id, value, _ in self.pool.run(op, client_ids, lambda _client: kwargs, self._pause):
@@ -111,14 +114,14 @@ class LocalEngine(Engine):
         run = operation(op)
         for client_id in client_ids:
             try:
-                result: Any = run(self.worker, client_id=client_id, **kwargs)
+                result: object = run(self.worker, client_id=client_id, **kwargs)
             except Exception as err:
                 log.warning("client %s failed in %s: %r", client_id, op, err)
                 result = err
             self._after_client()
             yield client_id, result
 
-    def call_worker(self, op: str, worker: Worker, **kwargs: Any) -> Any:
+    def call_worker(self, op: str, worker: Worker, **kwargs: object) -> Any:
         """Run the worker operation ``op`` once, for no client, on this process's worker or, with worker processes,
         on one of them (the model is theirs; this process loads none); what it raises is raised here."""
         if self.pool is None:

@@ -5,9 +5,8 @@ message type). Nothing else of a worker can be called by name."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-Operation = Callable[..., Any]
+Operation = Callable[..., object]
 """Called with the worker (:class:`fedpeft.worker.Worker`), ``client_id`` and the operation's keyword arguments."""
 
 # Each calls the method of the worker it is given (a subclass's, or a stand-in a test patched in).

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from fedpeft.core.checkpoints import save_checkpoint
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.records import ResultRecord
-from fedpeft.core.stores import ClientStateStore
+from fedpeft.core.stores import ClientStateStore, StoreSnapshot
 from fedpeft.core.types import Metrics, ServerState
 from fedpeft.engine.validation import UpdateChecks
 from fedpeft.methods.base import Method
@@ -90,6 +90,21 @@ class Schedule(Protocol):
         ...
 
 
+class _SavedPhase(TypedDict):
+    state: ServerState
+    round: int
+    store: StoreSnapshot | None
+    meter: dict[str, object]
+
+
+class SavedPhase(_SavedPhase, total=False):
+    """A phase's checkpoint (:class:`PhaseCheckpoint`): its state and round, the client-state store's snapshot, the
+    meter's, and the round records and clients in flight (which a checkpoint of an earlier version may lack)."""
+
+    round_records: list[ResultRecord]
+    in_flight: list[str]
+
+
 @dataclass
 class PhaseCheckpoint:
     """Where a phase is checkpointed after every round, and the client-state store saved with it.
@@ -103,7 +118,7 @@ class PhaseCheckpoint:
 
     def save(self, phase: FederatedPhase) -> None:
         """Write ``phase`` after its latest round, atomically."""
-        snapshot = {
+        snapshot: SavedPhase = {
             "state": phase.state,
             "round": phase.state.round,
             "store": self.store.snapshot(),
@@ -149,7 +164,7 @@ class FederatedPhase:
     records: list[ResultRecord] = field(default_factory=list)
     in_flight: list[str] = field(default_factory=list)
 
-    def resume(self, saved: Mapping[str, Any]) -> None:
+    def resume(self, saved: SavedPhase) -> None:
         """Continue from the checkpoint ``saved`` (:class:`PhaseCheckpoint`): its state after its round, the
         client states as they were then, the meter, the round records and the clients in flight."""
         done = saved["round"]

@@ -33,9 +33,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fedpeft.core.logs import LEVELS_VARIABLE, levels_for_children
+
+if TYPE_CHECKING:
+    from fedpeft.data.types import FederatedData
 
 log = logging.getLogger("fedpeft")
 
@@ -151,11 +154,11 @@ class WorkerPool:
     run_dir: Path
     size: int
     threads: int
-    data: Any = None
+    data: FederatedData | None = None
     gpus: list[str] = field(default_factory=list)
     _slots: list[_Slot] = field(default_factory=list)
     _tags: Iterator[int] = field(default_factory=itertools.count)
-    _finished: dict[int, tuple[str, Any, float]] = field(default_factory=dict)  # results not yet taken, by tag
+    _finished: dict[int, tuple[str, object, float]] = field(default_factory=dict)  # results not yet taken, by tag
     _abandoned: set[int] = field(default_factory=set)  # tags whose run ended before their result came
     stopped: threading.Event = field(default_factory=threading.Event)
 
@@ -191,9 +194,9 @@ class WorkerPool:
         self,
         op: str,
         client_ids: list[str],
-        kwargs_of: Callable[[str], dict[str, Any]],
+        kwargs_of: Callable[[str], dict[str, object]],
         pause: Callable[[float], None] | None = None,
-    ) -> Iterator[tuple[str, Any, float]]:
+    ) -> Iterator[tuple[str, object, float]]:
         """Run the worker operation ``op`` for each of ``client_ids`` on the processes; yield ``(client, result or
         the exception its work raised, seconds)`` in the order of ``client_ids``.
 
@@ -258,7 +261,7 @@ class WorkerPool:
                 self._start(slot)
         return None
 
-    def _send(self, slot: _Slot, op: str, client_id: str, kwargs: dict[str, Any]) -> int:
+    def _send(self, slot: _Slot, op: str, client_id: str, kwargs: dict[str, object]) -> int:
         tag = next(self._tags)
         slot.task = (tag, client_id)
         assert slot.connection is not None
@@ -268,7 +271,7 @@ class WorkerPool:
             pass  # the process died: read as end of file by _receive, which fails the task
         return tag
 
-    def _finish(self, tag: int, result: tuple[str, Any, float]) -> None:
+    def _finish(self, tag: int, result: tuple[str, object, float]) -> None:
         if tag in self._abandoned:
             self._abandoned.discard(tag)
         else:
@@ -342,7 +345,7 @@ class WorkerPool:
             slot.process, slot.connection, slot.ready, slot.task = None, None, False, None
 
 
-def _as_error(value: Any) -> BaseException:
+def _as_error(value: object) -> BaseException:
     return value if isinstance(value, BaseException) else WorkerProcessError(repr(value))
 
 

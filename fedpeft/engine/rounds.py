@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError
 from fedpeft.core.faults import ClientDroppedError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.turns import Turns
 from fedpeft.core.types import ClientUpdate, Payload, ServerState, TrainResult, num_bytes, upload_bytes
 from fedpeft.engine.operations import operation
@@ -172,7 +173,7 @@ class Engine:
         else:
             self.turns.wait(seconds)
 
-    def call_worker(self, op: str, worker: Worker, **kwargs: Any) -> Any:
+    def call_worker(self, op: str, worker: Worker, **kwargs: object) -> Any:
         """Run the worker operation ``op`` once, for no client: the server's work that needs the loaded model (a
         method's initial state, the base model's files, costs). By default on ``worker``, this process's; an engine
         whose worker processes hold the model runs it on one of them. What the operation raises is raised here."""
@@ -188,14 +189,14 @@ class Engine:
         that order (from the worker's ``train``: :meth:`ClientOutcome.of_training`)."""
         raise NotImplementedError
 
-    def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
+    def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, object]]:
         """Call the worker operation ``op`` for each client; a failure comes back as the exception."""
         raise NotImplementedError
 
     def close(self) -> None:
         """Release what the engine holds (nothing by default)."""
 
-    def cost_rows(self) -> list[dict[str, Any]]:
+    def cost_rows(self) -> list[JSONObject]:
         """The engine's own cost rows for ``costs.jsonl`` (none by default; the Flower engine's per node)."""
         return []
 

@@ -14,7 +14,16 @@ The package imports no loader itself, and a loader imports ``datasets`` (a secon
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedpeft.data.real import fedaya, masakhanews, sni, xnli
+    from fedpeft.data.real.fedaya import FEDAYA_LANGUAGES
+    from fedpeft.data.real.fedaya import build as build_fedaya
+    from fedpeft.data.real.masakhanews import MASAKHANEWS_LABELS, MASAKHANEWS_LANGUAGES
+    from fedpeft.data.real.masakhanews import build as build_masakhanews
+    from fedpeft.data.real.xnli import XNLI_LABELS, XNLI_LANGUAGES
+    from fedpeft.data.real.xnli import build as build_xnli
 
 _EXPORTS = {
     "FEDAYA_LANGUAGES": ("fedaya", "FEDAYA_LANGUAGES"),
@@ -27,10 +36,23 @@ _EXPORTS = {
     "build_xnli": ("xnli", "build"),
 }
 
-__all__ = [*_EXPORTS, "fedaya", "masakhanews", "sni", "xnli"]
+__all__ = [
+    "FEDAYA_LANGUAGES",
+    "MASAKHANEWS_LABELS",
+    "MASAKHANEWS_LANGUAGES",
+    "XNLI_LABELS",
+    "XNLI_LANGUAGES",
+    "build_fedaya",
+    "build_masakhanews",
+    "build_xnli",
+    "fedaya",
+    "masakhanews",
+    "sni",
+    "xnli",
+]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         module, attribute = _EXPORTS[name]
         return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)

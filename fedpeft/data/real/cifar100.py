@@ -12,7 +12,7 @@ model's image processor resizes it (224 x 224 for ViT-B/16).
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from fedpeft.data.real.sources import (
     require_directory,
 )
 from fedpeft.data.types import ClientData, Example, FederatedData
+
+if TYPE_CHECKING:
+    import datasets
 
 DEFAULT_HUB_ID = "uoft-cs/cifar100"
 IMAGE_COLUMNS = ("img", "image")
@@ -50,7 +53,7 @@ LAYOUT = (
 )
 
 
-def to_array(value: Any) -> np.ndarray:
+def to_array(value: object) -> np.ndarray:
     """An image cell (PIL image, ``{"bytes": ...}``, raw bytes or nested lists) as an H x W x 3 uint8 array."""
     from PIL import Image
 
@@ -68,7 +71,7 @@ def to_array(value: Any) -> np.ndarray:
     return array
 
 
-def _split_examples(ds: Any, count: int, seed: int, where: str) -> tuple[list[Example], list[str] | None]:
+def _split_examples(ds: datasets.Dataset, count: int, seed: int, where: str) -> tuple[list[Example], list[str] | None]:
     image_column = next((c for c in IMAGE_COLUMNS if c in ds.column_names), None)
     label_column = next((c for c in LABEL_COLUMNS if c in ds.column_names), None)
     if image_column is None or label_column is None:

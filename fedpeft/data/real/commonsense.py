@@ -93,7 +93,7 @@ def _example(task: str, question: str, names: list[str], texts: list[str], index
     }
 
 
-def _letter_index(key: Any, labels: list[str]) -> int:
+def _letter_index(key: object, labels: list[str]) -> int:
     key = str(key).strip()
     return labels.index(key) if key in labels else -1
 

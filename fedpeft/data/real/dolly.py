@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -140,7 +140,7 @@ def build_instruction_federation(
     *,
     num_clients: int,
     max_samples: int | None,
-    info: dict[str, Any],
+    info: Mapping[str, object],
 ) -> FederatedData:
     """Subsample (``max_samples``), split over ``num_clients`` clients by category and wrap as a federation."""
     check_max_samples(max_samples)

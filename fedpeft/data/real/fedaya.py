@@ -20,12 +20,13 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, cast
 
 from pydantic import StrictInt
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject, JSONValue
 from fedpeft.core.registry import DATASETS
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.hub_check import searched_path
@@ -75,7 +76,7 @@ class Options(DatasetOptions):
     client_field: str | None = None
 
 
-def normalize_language(value: Any) -> str:
+def normalize_language(value: object) -> str:
     """A language code: Aya's names (``"Standard Arabic"``) and ISO 639-3 codes map to the 2-letter codes."""
     text = str(value).strip()
     return LANGUAGE_ALIASES.get(text.lower(), text.lower())
@@ -205,10 +206,11 @@ def _find_file(path: Path, name: str | None) -> Path:
 def _read_records(file: Path, opts: Options) -> tuple[list[Example], str]:
     """Flatten the file into ``{"prompt", "response", "group", "client"}`` records."""
     data = load_json_or_lines(file)
-    samples: list[tuple[str | None, Any]]
+    samples: list[tuple[str | None, JSONValue]]
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         layout = "fedllm-bench"
-        samples = [(str(client), sample) for client, items in data.items() for sample in items]
+        by_client = cast(dict[str, list[JSONValue]], data)  # every value a list, as checked
+        samples = [(str(client), sample) for client, items in by_client.items() for sample in items]
     elif isinstance(data, list) and data:
         layout = "records"
         samples = [(None, sample) for sample in data]
@@ -216,12 +218,13 @@ def _read_records(file: Path, opts: Options) -> tuple[list[Example], str]:
         raise UserError(f"{file} does not hold Fed-Aya samples; expected {LAYOUT}.")
     if not all(isinstance(s, dict) for _, s in samples):
         raise UserError(f"{file} holds samples that are not JSON objects; expected {LAYOUT}.")
-    first = samples[0][1]
+    objects = cast("list[tuple[str | None, JSONObject]]", samples)
+    first = objects[0][1]
     roles = ("prompt", "response", "language") + (("client",) if layout == "records" else ())
     fields = {role: _field(role, getattr(opts, f"{role}_field"), first, file) for role in roles}
 
     records: list[Example] = []
-    for index, (client, sample) in enumerate(samples):
+    for index, (client, sample) in enumerate(objects):
         for role, field in fields.items():
             if field not in sample:
                 raise UserError(
@@ -251,7 +254,9 @@ def _field(role: str, option: str | None, sample: dict, file: Path) -> str:
     )
 
 
-def _keep_clients(records: list[Example], num_clients: Any, file: Path) -> tuple[set[str], list[str]]:
+def _keep_clients(
+    records: list[Example], num_clients: int | Literal["all"] | None, file: Path
+) -> tuple[set[str], list[str]]:
     """The ``num_clients`` largest clients with at least 2 samples, and the clients dropped for having fewer."""
     all_counts = Counter(r["client"] for r in records)
     counts = {c: n for c, n in all_counts.items() if n >= 2}  # a client needs one train and one test sample
@@ -297,7 +302,7 @@ def _unseen_clients(client_ids: list[str], opts: Options, cfg: DataConfig) -> se
     return chosen
 
 
-def _fraction(value: Any) -> float:
+def _fraction(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise UserError(f"data.options.test_fraction={value!r} must be a number between 0 and 1, e.g. 0.2.")
     return float(value)

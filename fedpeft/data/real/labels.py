@@ -4,7 +4,7 @@ cells as text."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedpeft.core.errors import UserError
 
@@ -64,7 +64,7 @@ def label_ids(ds: datasets.Dataset, column: str, label_names: Sequence[str]) -> 
     names_in_data = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
     lookup = {name.lower(): i for i, name in enumerate(label_names)}
 
-    def convert(value: Any) -> int | None:
+    def convert(value: object) -> int | None:
         if value is None or isinstance(value, bool):
             return None
         if isinstance(value, float):
@@ -88,7 +88,7 @@ def label_ids(ds: datasets.Dataset, column: str, label_names: Sequence[str]) -> 
     return [convert(v) for v in ds[column]]
 
 
-def text_of(value: Any) -> str:
+def text_of(value: object) -> str:
     """A cell as text (missing values become the empty string)."""
     if value is None or (isinstance(value, float) and value != value):
         return ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import warnings
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def draw_pools(
     ds: datasets.Dataset, labels: list[int | None], n_pools: int, per_pool: int, seed: int
-) -> list[list[tuple[dict[str, Any], int]]]:
+) -> list[list[tuple[dict[str, object], int]]]:
     """``n_pools`` disjoint random blocks of ``per_pool`` labelled rows (row dict, label id)."""
     valid = [i for i, label in enumerate(labels) if label is not None]
     random.Random(seed).shuffle(valid)

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, cast
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -20,6 +20,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject, JSONValue
 from fedpeft.core.textfiles import read_text
 
 FILE_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
@@ -36,8 +37,11 @@ _METADATA_FILES = {"dataset_info.json", "state.json", "dataset_dict.json"}
 # How much of a text file quick_columns reads to find its header or first record.
 _QUICK_BYTES = 1 << 20
 
+Row: TypeAlias = dict[str, object]
+"""One row of a data file, column -> value: JSON's values, or the Python values arrow reads from a table."""
 
-def natural_key(value: str) -> tuple[Any, ...]:
+
+def natural_key(value: str) -> tuple[int | str, ...]:
     """Sort key that orders ``"2"`` before ``"10"`` (digit runs compare as numbers)."""
     # re.split with a capturing group alternates text (even positions) and digit runs (odd positions).
     return tuple(int(tok) if i % 2 else tok for i, tok in enumerate(re.split(r"(\d+)", str(value))))
@@ -137,7 +141,7 @@ def read_table(path: Path, encoding: str = "utf-8", fix: str = SAVE_AS_UTF8, opt
 
 def read_rows(
     path: Path, encoding: str = "utf-8", fix: str = SAVE_AS_UTF8, option: str = "the encoding"
-) -> tuple[list[str], list[dict[str, Any]], list[int] | None]:
+) -> tuple[list[str], list[Row], list[int] | None]:
     """The column names, the rows (dicts with every column) and, for JSON Lines, each row's line of one data file.
 
     Unlike :func:`read_table`, JSON values keep their Python types: a column may mix numbers and strings (the caller
@@ -217,7 +221,7 @@ def _check_fields(text: str, path: Path, delimiter: str) -> list[str]:
     return header or []
 
 
-def _mixed_types(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> str | None:
+def _mixed_types(path: Path, columns: list[str], rows: list[Row]) -> str | None:
     """The sentence naming the first row whose value in some column has another type than the column's first."""
     for column in columns:
         first: tuple[int, str] | None = None
@@ -236,7 +240,7 @@ def _mixed_types(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> 
     return None
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
@@ -246,7 +250,7 @@ def _json_kind(value: Any) -> str:
     return "a list" if isinstance(value, list) else "an object"
 
 
-def json_rows(text: str, path: Path) -> tuple[list[str], list[dict[str, Any]], list[int] | None]:
+def json_rows(text: str, path: Path) -> tuple[list[str], list[Row], list[int] | None]:
     """The columns, rows and (for JSON Lines) row lines of a JSON list of objects or of JSON Lines.
 
     Every row gets every column (``None`` where it lacks one); a row that is not an object is a ``UserError``.
@@ -263,23 +267,24 @@ def json_rows(text: str, path: Path) -> tuple[list[str], list[dict[str, Any]], l
             raise UserError(
                 f"{where} is {_json_kind(row)}, not a JSON object; write each example as an object of its columns."
             )
-    columns = list(dict.fromkeys(key for row in data for key in row))
-    return columns, [{column: row.get(column) for column in columns} for row in data], lines
+    objects = cast(list[JSONObject], data)  # every item checked above
+    columns = list(dict.fromkeys(key for row in objects for key in row))
+    return columns, [{column: row.get(column) for column in columns} for row in objects], lines
 
 
-def read_json_records(path: Path) -> list[dict[str, Any]]:
+def read_json_records(path: Path) -> list[Row]:
     """A JSON list of objects or JSON Lines (UTF-8), as a list of dicts."""
     return json_rows(read_text(path, "utf-8", SAVE_AS_UTF8), path)[1]
 
 
-def load_json_or_lines(path: Path) -> Any:
+def load_json_or_lines(path: Path) -> JSONValue:
     """Parse ``path`` (UTF-8) as one JSON document, or as JSON Lines (always for ``.jsonl``)."""
     text = read_text(path, "utf-8", SAVE_AS_UTF8)
     data = _json_document(text, path)
     return json_lines(text, path)[0] if data is None else data
 
 
-def _json_document(text: str, path: Path) -> Any:
+def _json_document(text: str, path: Path) -> JSONValue:
     """``text`` parsed as one JSON document; ``None`` for a ``.jsonl`` path or text that is not one document."""
     if path.suffix.lower() == ".jsonl":
         return None
@@ -289,9 +294,9 @@ def _json_document(text: str, path: Path) -> Any:
         return None
 
 
-def json_lines(text: str, path: Path) -> tuple[list[Any], list[int]]:
+def json_lines(text: str, path: Path) -> tuple[list[JSONValue], list[int]]:
     """The values of the JSON Lines ``text`` (of ``path``; blank lines skipped) and the line of each."""
-    values: list[Any] = []
+    values: list[JSONValue] = []
     numbers: list[int] = []
     # Lines end at "\n" only: splitlines() would also cut at characters JSON strings may hold (U+2028, ...).
     for number, line in enumerate(text.split("\n"), start=1):

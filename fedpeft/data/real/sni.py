@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -68,7 +68,12 @@ class Options(DatasetOptions):
     positive_examples: int = 0
 
 
-Task = dict[str, Any]  # {"definition": str, "examples": [(input, output)], "instances": [(input, output)]}
+class Task(TypedDict):
+    """One task of the release: its definition, its positive examples and its instances, as (input, output)."""
+
+    definition: str
+    examples: list[tuple[str, str]]
+    instances: list[tuple[str, str]]
 
 
 @DATASETS.register("sni", aliases=("super-natural-instructions",))
@@ -285,7 +290,7 @@ def _from_records(ds: datasets.Dataset, where: str) -> dict[str, Task]:
     return tasks
 
 
-def _first(value: Any) -> str:
+def _first(value: object) -> str:
     """The first reference of a list of outputs (or the value itself)."""
     if isinstance(value, list):
         return str(value[0]).strip() if value else ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -120,7 +120,7 @@ def load_hub_splits(
     import datasets
     from datasets.exceptions import DatasetsError
 
-    kwargs: dict[str, Any] = {"revision": revision} if revision else {}
+    kwargs: dict[str, str] = {"revision": revision} if revision else {}
     try:
         try:
             loaded = datasets.load_dataset(hub_id, config_name, **kwargs)

@@ -10,7 +10,6 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -93,7 +92,7 @@ def groups_with_clients(groups: list[str], clients: list[ClientData]) -> list[st
     return [g for g in groups if g in present]
 
 
-def language_info(groups: list[str]) -> dict[str, Any]:
+def language_info(groups: list[str]) -> dict[str, object]:
     """Descriptive facts about the languages for ``FederatedData.info``."""
     langs = [language(g) for g in groups]
     return {
@@ -174,7 +173,7 @@ def classification_pools(
     return clients
 
 
-def federation_info(groups: list[str], clients: list[ClientData], base_per_group: dict[str, int]) -> dict[str, Any]:
+def federation_info(groups: list[str], clients: list[ClientData], base_per_group: dict[str, int]) -> dict[str, object]:
     """The facts every synthetic benchmark reports in ``FederatedData.info``.
 
     Keys: ``resource_level``, ``family`` and ``script`` per language; ``group_sizes`` (per group and pool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import random
 from functools import partial
-from typing import Any
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -109,7 +108,7 @@ def _generate(cfg: DataConfig) -> FederatedData:
     # Seen annotators never write in an unseen-only language, not even as a translation target.
     targets = {"seen": languages([g for g in groups if g not in reserved]), "unseen": languages(groups)}
     examples: list[Example] = []
-    owners: list[dict[str, Any]] = []  # (index, annotator) rows: the partitioner needs only these
+    owners: list[dict[str, int | str]] = []  # (index, annotator) rows: the partitioner needs only these
     plans = [p for p in _plan_clients(cfg, options, groups) if cfg.unseen_pool or p[1] == "seen"]
     for client_id, pool, shares in plans:
         rng = rng_for(cfg.seed, "fedaya", client_id)

@@ -21,7 +21,8 @@ corpus of a centralized base stage.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import random
+from typing import Literal
 
 from fedpeft.core.config import DataConfig
 from fedpeft.core.errors import UserError
@@ -54,7 +55,7 @@ class Options(DatasetOptions):
 BASE_PER_LANGUAGE = 40
 
 
-def _example(rng: Any, lang: Language, task_type: str, targets: list[Language], **fields: Any) -> Example:
+def _example(rng: random.Random, lang: Language, task_type: str, targets: list[Language], **fields: str) -> Example:
     prompt, response, response_lang = make_instruction(rng, lang, task_type, targets)
     prompt_text = " ".join(":" if w == ":" else lang.write(w) for w in prompt)
     return {"prompt": prompt_text, "response": response_lang.text(response), **fields}

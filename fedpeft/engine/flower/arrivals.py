@@ -11,12 +11,12 @@ message per node with the other units' requests due for that node.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from flwr.app import Message
 
 from fedpeft.core.turns import Turns
-from fedpeft.core.types import Payload
+from fedpeft.core.types import Payload, TrainResult
 from fedpeft.engine.flower.codec import ClientTaskError, NodeResult, NodeTask
 from fedpeft.engine.flower.exchange import Exchange
 from fedpeft.engine.flower.membership import Membership
@@ -47,7 +47,7 @@ class ArrivalHost(Protocol):
 
     def outcomes(
         self, node: int, client_ids: list[str], reply: NodeResult | Message | str
-    ) -> Iterator[tuple[str, Any, float]]:
+    ) -> Iterator[tuple[str, object, float]]:
         """Each client's result or error in a node's reply."""
         ...
 
@@ -100,7 +100,8 @@ class PhaseArrivals:
                 for done, outcome, seconds in engine.outcomes(request.node, [client_id], request.reply):
                     if engine.on_client is not None:
                         engine.on_client()
-                    self._ready.append(ClientOutcome.of_training(done, outcome, seconds))
+                    trained = cast("TrainResult | BaseException", outcome)  # what train gives
+                    self._ready.append(ClientOutcome.of_training(done, trained, seconds))
             if self._ready:
                 ready, self._ready = sorted(self._ready, key=lambda o: o.client_id), []
                 return ready

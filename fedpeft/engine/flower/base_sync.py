@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.engine.flower.codec import encode, tensors_digest
 from fedpeft.engine.flower.exchange import Exchange, SharedStep
 from fedpeft.engine.flower.membership import Membership
-from fedpeft.engine.flower.messages import BASE_QUERY
+from fedpeft.engine.flower.messages import BASE_QUERY, BaseQuery
 from fedpeft.engine.flower.outbox import Request
 
 log = logging.getLogger("fedpeft")
@@ -63,7 +62,7 @@ class BaseSync:
         if not path.exists():
             return
         tensors = load_checkpoint(path)["tensors"]
-        request = {
+        request: BaseQuery = {
             "run_dir": self.run_dir,
             "path": str(path.resolve().relative_to(self.run_dir)),
             "digest": tensors_digest(tensors),
@@ -82,5 +81,5 @@ class BaseSync:
                     log.warning("node %s could not store the base model of seed %s (%s)", send.node, seed, reason)
         self._synced.add(seed)
 
-    def _query(self, node: int, request: dict[str, Any]) -> Request:
+    def _query(self, node: int, request: BaseQuery) -> Request:
         return Request(node, BASE_QUERY, encode(request), "base", self.timeout)

@@ -9,10 +9,10 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import yaml
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict, UserConfigValue
 from flwr.clientapp import ClientApp
 
 from fedpeft.core.checkpoints import load_checkpoint, save_checkpoint
@@ -23,6 +23,8 @@ from fedpeft.core.faults import ClientDroppedError, InjectedFaultError
 from fedpeft.data.sites import site_config, site_report
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.flower.codec import (
+    ClientFailure,
+    ClientValue,
     NodeBundle,
     NodeResult,
     NodeTask,
@@ -43,6 +45,7 @@ from fedpeft.engine.flower.messages import (
     PARTITION_QUERY,
     SITE_QUERY,
     TRAIN,
+    BaseQuery,
 )
 from fedpeft.engine.flower.relay import error_reply, partition_answer, serve_every_message
 from fedpeft.engine.flower.secagg import handle_secure_train, is_secure_request
@@ -55,7 +58,7 @@ if TYPE_CHECKING:  # the worker pulls in transformers: imported when first neede
 log = logging.getLogger("fedpeft")
 
 
-def _node_run_dir(task_run_dir: str, node_config: Mapping[str, Any]) -> Path:
+def _node_run_dir(task_run_dir: str, node_config: Mapping[str, UserConfigValue]) -> Path:
     return Path(str(node_config.get(NODE_RUN_DIR) or task_run_dir))
 
 
@@ -75,7 +78,7 @@ class NodeWorkers:
         self.model_loads = 0
         self.load_seconds = 0.0
 
-    def site_data(self, cfg: ExperimentConfig, node_config: Mapping[str, Any]) -> FederatedData | None:
+    def site_data(self, cfg: ExperimentConfig, node_config: Mapping[str, UserConfigValue]) -> FederatedData | None:
         """With site-local data (``data.sites``), this node's clients, built from its node config's ``data-path``
         (the latest build is kept); otherwise None (the worker builds the data from the config)."""
         if cfg.data.sites is None:
@@ -91,7 +94,7 @@ class NodeWorkers:
             self._data[key] = build_data(cfg.model_copy(update={"data": data_cfg}))
         return self._data[key]
 
-    def worker(self, run_dir: Path, config_text: str, node_config: Mapping[str, Any]) -> Worker:
+    def worker(self, run_dir: Path, config_text: str, node_config: Mapping[str, UserConfigValue]) -> Worker:
         """The worker of (run directory, config), built on first use (with the node's own data when the run's
         data lives on sites)."""
         from fedpeft.worker import Worker
@@ -125,7 +128,7 @@ class NodeWorkers:
 
 
 def handle_content(
-    message_type: str, content: RecordDict, node_config: Mapping[str, Any], workers: NodeWorkers
+    message_type: str, content: RecordDict, node_config: Mapping[str, UserConfigValue], workers: NodeWorkers
 ) -> RecordDict:
     """The reply content to a message of ``message_type`` (raises when the node cannot answer it at all).
 
@@ -137,9 +140,9 @@ def handle_content(
         if message_type == PARTITION_QUERY:
             return encode(partition_answer(node_config))
         if message_type == BASE_QUERY:
-            return _base_query(decode(content), node_config, workers)
+            return _base_query(cast(BaseQuery, decode(content)), node_config, workers)
         if message_type == SITE_QUERY:  # site-local data: the clients this node holds, ids and sizes only
-            cfg = validate(yaml.safe_load(decode(content)["config"]))
+            cfg = validate(yaml.safe_load(cast("Mapping[str, str]", decode(content))["config"]))
             return encode(site_answer(cfg, node_config, workers))
         if message_type == CLOSE_QUERY:
             workers.close()
@@ -158,7 +161,9 @@ def handle_content(
         release_memory()
 
 
-def site_answer(cfg: ExperimentConfig, node_config: Mapping[str, Any], workers: NodeWorkers) -> dict[str, Any]:
+def site_answer(
+    cfg: ExperimentConfig, node_config: Mapping[str, UserConfigValue], workers: NodeWorkers
+) -> dict[str, object]:
     """A node's answer to the server's site query: its ``data_path`` (None for a node that is no site), and either
     the report of its clients (:func:`~fedpeft.data.sites.site_report`: ids and sizes, never an example) or, under
     ``error``, the one sentence that says why it cannot build them (a bad data file, say)."""
@@ -182,7 +187,9 @@ def failure_sentence(err: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any], workers: NodeWorkers) -> NodeResult:
+def _node_task(
+    message_type: str, task: NodeTask, node_config: Mapping[str, UserConfigValue], workers: NodeWorkers
+) -> NodeResult:
     """Run the worker operation of a :class:`NodeTask` for each of its clients, one after the other."""
     started, loaded = time.perf_counter(), workers.load_seconds
     if OPERATIONS.get(task.op) != message_type:
@@ -190,7 +197,7 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
     run = operation(task.op)
     worker = workers.worker(_node_run_dir(task.run_dir, node_config), task.config_text, node_config)
     load = workers.load_seconds - loaded
-    results: list[dict[str, Any]] = []
+    results: list[ClientValue | ClientFailure] = []
     work = 0.0
     for client_id, kwargs in task.clients:
         client_started = time.perf_counter()
@@ -209,7 +216,7 @@ def _node_task(message_type: str, task: NodeTask, node_config: Mapping[str, Any]
     return NodeResult(results, stats)
 
 
-def _base_query(request: dict[str, Any], node_config: Mapping[str, Any], workers: NodeWorkers) -> RecordDict:
+def _base_query(request: BaseQuery, node_config: Mapping[str, UserConfigValue], workers: NodeWorkers) -> RecordDict:
     """Say whether this node holds the server's base model of a seed; store it when the message carries it."""
     root = _node_run_dir(request["run_dir"], node_config)
     path = root / request["path"]

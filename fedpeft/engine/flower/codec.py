@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TypedDict, cast, final
 
 import torch  # ArrayRecord.to_torch_state_dict and Array.from_torch_tensor need torch imported
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedpeft.core.encoding import TENSOR, Packer, known_classes, unpack
 from fedpeft.core.faults import INJECTED_ERRORS, ClientDroppedError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.engine.flower.messages import ARRAYS_KEY, CONFIG_KEY, JSON_FIELD
 
 
@@ -25,7 +26,7 @@ class _Packer(Packer):
         super().__init__("travel in a Flower message")
         self.arrays = ArrayRecord()
 
-    def store(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
+    def store(self, name: str, tensor: torch.Tensor) -> JSONObject:
         tensor = tensor.detach().cpu()
         try:
             array = tensor.numpy()
@@ -36,19 +37,19 @@ class _Packer(Packer):
         return {}
 
 
-def _tensor_reader(arrays: ArrayRecord) -> Callable[[dict[str, Any]], torch.Tensor]:
+def _tensor_reader(arrays: ArrayRecord) -> Callable[[JSONObject], torch.Tensor]:
     """The tensor of a marker, read from a message's ``arrays`` (a new tensor for every marker)."""
 
-    def tensor_of(marker: dict[str, Any]) -> torch.Tensor:
-        tensor = torch.from_numpy(arrays[marker[TENSOR]].numpy())
+    def tensor_of(marker: JSONObject) -> torch.Tensor:
+        tensor = torch.from_numpy(arrays[cast(str, marker[TENSOR])].numpy())
         if "dtype" in marker:
-            tensor = tensor.view(getattr(torch, marker["dtype"])).reshape(marker["shape"])
+            tensor = tensor.view(getattr(torch, cast(str, marker["dtype"]))).reshape(cast(list[int], marker["shape"]))
         return tensor
 
     return tensor_of
 
 
-def encode(value: Any) -> RecordDict:
+def encode(value: object) -> RecordDict:
     """Message content of ``value``: its tensors in an ArrayRecord (key order and dtype kept), the rest as JSON.
 
     ``value`` may nest dicts, lists, tuples, numbers, strings, tensors and the dataclasses of
@@ -60,11 +61,22 @@ def encode(value: Any) -> RecordDict:
     return RecordDict({ARRAYS_KEY: packer.arrays, CONFIG_KEY: ConfigRecord({JSON_FIELD: text})})
 
 
-def decode(content: RecordDict) -> Any:
+def decode(content: RecordDict) -> object:
     """The value :func:`encode` turned into ``content``."""
     text = content.config_records[CONFIG_KEY][JSON_FIELD]
     arrays = content.array_records[ARRAYS_KEY] if ARRAYS_KEY in content.array_records else ArrayRecord()
     return unpack(json.loads(str(text)), _tensor_reader(arrays), known_classes(), "A message")
+
+
+ClientCall = tuple[str, dict[str, object]]
+"""A client of a :class:`NodeTask`: its id, and the operation's keyword arguments besides ``client_id``."""
+
+
+class _TaskFields(TypedDict):
+    op: str
+    run_dir: str
+    config_text: str
+    clients: list[ClientCall]
 
 
 @dataclass
@@ -82,7 +94,7 @@ class NodeTask:
     op: str
     run_dir: str
     config_text: str
-    clients: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    clients: list[ClientCall] = field(default_factory=list)
 
     def to_content(self) -> RecordDict:
         """The task as message content (:func:`encode`)."""
@@ -93,8 +105,47 @@ class NodeTask:
     @classmethod
     def from_content(cls, content: RecordDict) -> NodeTask:
         """The task :meth:`to_content` encoded."""
-        value = decode(content)
-        return cls(value["op"], value["run_dir"], value["config_text"], [tuple(c) for c in value["clients"]])
+        value = cast(_TaskFields, decode(content))
+        return cls(
+            value["op"],
+            value["run_dir"],
+            value["config_text"],
+            [(client_id, kwargs) for client_id, kwargs in value["clients"]],
+        )
+
+
+class ErrorDetails(TypedDict, total=False):
+    """What a node reports of an error a client's work raised, beside its repr (:func:`error_details`)."""
+
+    error_type: str
+    message: str
+
+
+@final  # no other keys: a result without ``error`` is a value
+class ClientValue(TypedDict):
+    """A client's result in a :class:`NodeResult`: what its operation returned, and the seconds it took."""
+
+    client: str
+    value: object
+    seconds: float
+
+
+class ClientFailure(ErrorDetails):
+    """A client's failure in a :class:`NodeResult`: the error's repr and details, and whether the client dropped
+    out (an injected fault, not an error of the node)."""
+
+    client: str
+    error: str
+    dropped: bool
+
+
+NodeCounters = dict[str, float]
+"""A node process's counters (:attr:`NodeResult.stats`), by name."""
+
+
+class _ResultFields(TypedDict):
+    results: list[ClientValue | ClientFailure]
+    stats: NodeCounters
 
 
 @dataclass
@@ -109,8 +160,8 @@ class NodeResult:
             operations alone).
     """
 
-    results: list[dict[str, Any]]
-    stats: dict[str, Any] = field(default_factory=dict)
+    results: list[ClientValue | ClientFailure]
+    stats: NodeCounters = field(default_factory=dict)
 
     def to_content(self) -> RecordDict:
         """The result as message content (:func:`encode`)."""
@@ -119,7 +170,7 @@ class NodeResult:
     @classmethod
     def from_content(cls, content: RecordDict) -> NodeResult:
         """The result :meth:`to_content` encoded."""
-        return cls(**decode(content))
+        return cls(**cast(_ResultFields, decode(content)))
 
 
 @dataclass
@@ -136,23 +187,33 @@ class NodeBundle:
     @classmethod
     def from_content(cls, content: RecordDict) -> NodeBundle:
         """The bundle :meth:`to_content` encoded, its tasks in their order."""
-        entries = decode(content)["bundle"]
-        tasks = [NodeTask(e["op"], e["run_dir"], e["config_text"], [tuple(c) for c in e["clients"]]) for e in entries]
+        entries = cast(dict[str, list[_TaskFields]], decode(content))["bundle"]
+        tasks = [
+            NodeTask(
+                e["op"], e["run_dir"], e["config_text"], [(client_id, kwargs) for client_id, kwargs in e["clients"]]
+            )
+            for e in entries
+        ]
         return cls(tasks)
 
 
 def bundle_results(results: list[NodeResult]) -> RecordDict:
     """The reply to a :class:`NodeBundle`: each task's :class:`NodeResult`, and the node's counters summed."""
-    stats: dict[str, Any] = {}
+    stats: NodeCounters = {}
     for result in results:
         for key, value in result.stats.items():
             stats[key] = value if key in ("pid", "model_loads") else stats.get(key, 0.0) + value
     return encode({"bundle": [{"results": r.results, "stats": r.stats} for r in results], "stats": stats})
 
 
-def unbundle_results(content: RecordDict) -> tuple[list[NodeResult], dict[str, Any]]:
+class _BundleResults(TypedDict):
+    bundle: list[_ResultFields]
+    stats: NodeCounters
+
+
+def unbundle_results(content: RecordDict) -> tuple[list[NodeResult], NodeCounters]:
     """Each task's :class:`NodeResult` and the summed counters of a reply to a :class:`NodeBundle`."""
-    value = decode(content)
+    value = cast(_BundleResults, decode(content))
     return [NodeResult(**entry) for entry in value["bundle"]], value["stats"]
 
 
@@ -173,12 +234,12 @@ class ClientTaskError(RuntimeError):
 _FAULT_ERRORS = {cls.__name__: cls for cls in INJECTED_ERRORS}
 
 
-def error_details(err: BaseException) -> dict[str, str]:
+def error_details(err: BaseException) -> ErrorDetails:
     """What a node reports of an error a client's work raised, beside its repr: its class name and message."""
     return {"error_type": type(err).__name__, "message": str(err)}
 
 
-def client_error(reason: str, details: Mapping[str, Any], *, dropped: bool = False) -> Exception:
+def client_error(reason: str, details: ErrorDetails, *, dropped: bool = False) -> Exception:
     """The server's error for a client whose task failed on its node.
 
     Args:

@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from flwr.app import Message
@@ -27,11 +27,12 @@ from flwr.serverapp import Grid
 from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.core.errors import UserError
 from fedpeft.core.faults import ClientDroppedError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.turns import Turns
 from fedpeft.core.types import Payload, TrainResult
 from fedpeft.engine.flower.arrivals import UNSERVED, PhaseArrivals
 from fedpeft.engine.flower.base_sync import BaseSync
-from fedpeft.engine.flower.codec import ClientTaskError, NodeResult, NodeTask, client_error, encode
+from fedpeft.engine.flower.codec import ClientCall, ClientTaskError, NodeResult, NodeTask, client_error, encode
 from fedpeft.engine.flower.exchange import Exchange
 from fedpeft.engine.flower.membership import Membership
 from fedpeft.engine.flower.messages import CLOSE_QUERY, OPERATIONS
@@ -162,7 +163,7 @@ class GridEngine(Engine):
         outcomes: dict[str, tuple[TrainResult | BaseException, float]] = {}
         group = f"{label}-seed{seed}-round{round_ + 1}"  # rounds counted from 1, as in the records
         for client_id, outcome, seconds in self._run_tasks("train", clients, group=group):
-            outcomes[client_id] = (outcome, seconds)
+            outcomes[client_id] = (cast("TrainResult | BaseException", outcome), seconds)  # what train gives
         for client_id in client_ids:
             update, seconds = outcomes[client_id]
             yield ClientOutcome.of_training(client_id, update, seconds)
@@ -172,7 +173,7 @@ class GridEngine(Engine):
         """The clients in flight of one asynchronous phase, sent one by one and answered as the replies come."""
         return PhaseArrivals(self, label, seed)
 
-    def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, Any]]:
+    def map_clients(self, op: str, client_ids: list[str], **kwargs: Any) -> Iterator[tuple[str, object]]:
         """Run the worker operation ``op`` for each client on its node; results come in the order of ``client_ids``.
 
         A failed client's result is its error (:func:`~fedpeft.engine.flower.codec.client_error`).
@@ -182,7 +183,7 @@ class GridEngine(Engine):
         self.membership.refresh()
         if "seed" in kwargs:
             self.sync_base(int(kwargs["seed"]))
-        done: dict[str, Any] = {}
+        done: dict[str, object] = {}
         position = 0
         for client_id, outcome, _ in self._run_tasks(op, [(c, kwargs) for c in client_ids], group=op):
             if isinstance(outcome, BaseException):
@@ -197,7 +198,7 @@ class GridEngine(Engine):
         if self.closes_run and self.membership.mapped:
             end_run_on_nodes(self.grid, self.membership.serving_nodes(), exchange=self.exchange)
 
-    def cost_rows(self) -> list[dict[str, Any]]:
+    def cost_rows(self) -> list[JSONObject]:
         """Per node: messages, model loads and where the seconds of its messages went (:meth:`NodeStats.rows`)."""
         return self.stats.rows()
 
@@ -240,12 +241,10 @@ class GridEngine(Engine):
             return max(self.reply_timeout, self.node_timeout)
         return self.reply_timeout
 
-    def _run_tasks(
-        self, op: str, clients: list[tuple[str, dict[str, Any]]], *, group: str
-    ) -> Iterator[tuple[str, Any, float]]:
+    def _run_tasks(self, op: str, clients: list[ClientCall], *, group: str) -> Iterator[tuple[str, object, float]]:
         """Send each node one message with ``op`` for all of its clients; yield (client id, result or error,
         seconds) for every client as the nodes' replies arrive."""
-        by_node: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        by_node: dict[int, list[ClientCall]] = {}
         for client_id, kwargs in clients:
             node = self.membership.node_of(client_id)
             if node is None:  # its partition's node is lost, and none took its place yet
@@ -272,7 +271,7 @@ class GridEngine(Engine):
 
     def outcomes(
         self, node: int, client_ids: list[str], reply: NodeResult | Message | str
-    ) -> Iterator[tuple[str, Any, float]]:
+    ) -> Iterator[tuple[str, object, float]]:
         """Each client's result or error in a node's reply (all clients fail alike when the message did: an
         error message, or the reason why no reply came; a node that did not answer is lost)."""
         if not isinstance(reply, NodeResult):

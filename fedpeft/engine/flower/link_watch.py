@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any
 
 from flwr.serverapp import Grid
 
@@ -47,7 +46,7 @@ class SuperLinkWatch:
         seconds: float,
         *,
         poll: float = 1.0,
-        end: Callable[[int], Any] = os._exit,
+        end: Callable[[int], object] = os._exit,
     ) -> None:
         self.grid = grid
         self.seconds = seconds
@@ -58,7 +57,7 @@ class SuperLinkWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="fedpeft-superlink-watch", daemon=True)
         self._swallowed = False
-        self._previous: Any = None
+        self._previous: Callable[[int, FrameType | None], object] | int | None = None
 
     def parent_gone(self) -> bool:
         """Whether the process that started this ServerApp (the SuperLink's SuperExec) has ended."""

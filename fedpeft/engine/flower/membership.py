@@ -19,18 +19,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 from flwr.serverapp import Grid
 
 from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.core.errors import UserError
-from fedpeft.data.sites import join_sites, node_data_config
+from fedpeft.data.sites import SiteAnswer, join_sites, node_data_config
 from fedpeft.data.types import FederatedData
 from fedpeft.engine.flower.codec import encode
 from fedpeft.engine.flower.exchange import Exchange, SharedStep
 from fedpeft.engine.flower.messages import NUM_PARTITIONS, PARTITION_ID, PARTITION_QUERY, SITE_QUERY
 from fedpeft.engine.flower.outbox import Request
+from fedpeft.engine.flower.relay import PartitionAnswer
 
 log = logging.getLogger("fedpeft")
 
@@ -166,7 +167,8 @@ class Membership:
                 log.warning("node %s did not say which partition it serves; it gets no clients", query.node)
                 self._answers[query.node] = (-1, None)
                 continue
-            self._answers[query.node] = (answer["partition_id"], answer["num_partitions"])
+            partition = cast(PartitionAnswer, answer)
+            self._answers[query.node] = (partition["partition_id"], partition["num_partitions"])
 
     def _refresh_now(self) -> None:
         if self._owners is not None:
@@ -215,7 +217,7 @@ class Membership:
                     answer["error"],
                 )
             else:
-                claims[query.node] = [entry["id"] for entry in answer["clients"]]
+                claims[query.node] = [entry["id"] for entry in cast(SiteAnswer, answer)["clients"]]
                 self._found_again(query.node)
         before = dict(self._owners)
         for client_id, owner in before.items():
@@ -257,7 +259,7 @@ def register_sites(
     assert expected is not None
     exchange = Exchange(grid)
     request = encode({"config": dump_given(cfg)})
-    reports: dict[int, dict[str, Any]] = {}
+    reports: dict[int, SiteAnswer] = {}
     not_sites: set[int] = set()  # nodes without a data-path
     silent: dict[int, str] = {}  # nodes that gave no answer, and why
 
@@ -272,7 +274,7 @@ def register_sites(
             elif "error" in answer:  # the site's own sentence: nothing to wait for
                 raise UserError(f"SuperNode {query.node} (data-path {answer['data_path']!r}): {answer['error']}")
             else:
-                reports[query.node] = answer
+                reports[query.node] = cast(SiteAnswer, answer)
                 check_distinct_clients(reports)
 
     def every_site() -> bool:
@@ -307,7 +309,7 @@ def register_sites(
     return data, owners, run_cfg
 
 
-def check_distinct_clients(reports: dict[int, dict[str, Any]]) -> None:
+def check_distinct_clients(reports: dict[int, SiteAnswer]) -> None:
     """Refuse a client reported by two sites, naming both nodes and their data-paths (never prefer one: either
     site may be wrong)."""
     owners: dict[str, int] = {}
@@ -322,7 +324,7 @@ def check_distinct_clients(reports: dict[int, dict[str, Any]]) -> None:
                 )
 
 
-def _sites_text(reports: dict[int, dict[str, Any]]) -> str:
+def _sites_text(reports: dict[int, SiteAnswer]) -> str:
     return ", ".join(f"node {n} with data-path {r.get('data_path')!r}" for n, r in sorted(reports.items()))
 
 

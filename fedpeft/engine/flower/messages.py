@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from fedpeft.core.types import StateDict
+
 # Message types ("<category>.<action>", as Flower requires) of the operations a ClientApp serves.
 TRAIN = "train"  # one client's local training in one federated round
 EVALUATE_BASE = "evaluate.base"  # the base model on one client's test split
@@ -35,3 +40,16 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 NODE_RUN_DIR = "run-dir"  # optional: where this node keeps its copy of the run directory
 DATA_PATH = "data-path"  # site-local data (data.sites): the directory (or file, glob, hub id) of this site's data
+
+
+class _BaseQuery(TypedDict):
+    run_dir: str
+    path: str  # the base checkpoint, relative to the run directory
+    digest: str  # of its tensors (codec.tensors_digest)
+
+
+class BaseQuery(_BaseQuery, total=False):
+    """The content of a base query: which base checkpoint the node should hold, and its tensors when the server
+    sends them (the node then stores them)."""
+
+    tensors: StateDict

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flwr.app import Message
 
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.engine.flower.messages import JSON_FIELD, TIMING_KEY
+
+if TYPE_CHECKING:
+    from fedpeft.engine.flower.codec import NodeCounters
 
 
 @dataclass
@@ -16,7 +20,7 @@ class _Counters:
     """One node's sums over the replies to its task messages (seconds unless named otherwise)."""
 
     messages: int = 0
-    loads: dict[Any, int] = field(default_factory=dict)  # node process id -> workers it built for the run
+    loads: dict[float | None, int] = field(default_factory=dict)  # node process id -> workers it built for the run
     round_trip: float = 0.0
     start: float = 0.0
     startup: float = 0.0
@@ -37,7 +41,7 @@ class NodeStats:
         """Whether ``node`` has answered a task message (its worker is up)."""
         return node in self._nodes
 
-    def count(self, node: int, stats: dict[str, Any], reply: Message, round_trip: float) -> None:
+    def count(self, node: int, stats: NodeCounters, reply: Message, round_trip: float) -> None:
         """Add one reply of ``node`` to its counters.
 
         Args:
@@ -47,7 +51,7 @@ class NodeStats:
             round_trip: the seconds the server waited for the reply.
         """
         counters = self._nodes.setdefault(node, _Counters())
-        timing: dict[str, Any] = {}
+        timing: dict[str, float | None] = {}
         if TIMING_KEY in reply.content.config_records:  # a deployment node: its ClientApp relayed the message
             timing = json.loads(str(reply.content.config_records[TIMING_KEY][JSON_FIELD]))
         work = float(stats.get("work_seconds", 0.0))
@@ -62,12 +66,12 @@ class NodeStats:
         counters.overhead += max(0.0, handled - work - startup)
         counters.work += work
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[JSONObject]:
         """Per node: messages, model loads (workers its processes built for the run) and where the seconds of
         its messages went: Flower's start of a ClientApp process per message, the node worker's start and model
         load (once per run), fedpeft's relay and codec, and the clients' work; ``message_seconds`` is the sum of
         the server's waits for the node's replies."""
-        rows = []
+        rows: list[JSONObject] = []
         for node, counters in sorted(self._nodes.items()):
             values = {
                 "messages": counters.messages,

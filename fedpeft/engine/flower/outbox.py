@@ -9,12 +9,13 @@ new ClientApp process), so a node then goes from one unit's step to the next wit
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 from flwr.app import Message, RecordDict
 
-from fedpeft.engine.flower.codec import NodeBundle, NodeResult, NodeTask, decode, unbundle_results
+from fedpeft.engine.flower.codec import NodeBundle, NodeCounters, NodeResult, NodeTask, decode, unbundle_results
 from fedpeft.engine.flower.messages import BUNDLE
 
 
@@ -52,10 +53,10 @@ class Request:
         return None
 
     @property
-    def answer(self) -> Any:
+    def answer(self) -> Mapping[str, object] | None:
         """A query's reply, decoded; None when it failed (:attr:`failure`)."""
         if isinstance(self.reply, Message) and not self.reply.has_error():
-            return decode(self.reply.content)
+            return cast("Mapping[str, object]", decode(self.reply.content))  # every query's answer is a mapping
         return None
 
 
@@ -72,7 +73,7 @@ def message_of(requests: list[Request]) -> Message:
     return Message(NodeBundle(tasks).to_content(), int(first.node), BUNDLE, group_id=group)
 
 
-def replies_of(reply: Message, requests: list[Request]) -> tuple[list[NodeResult | Message], dict[str, Any] | None]:
+def replies_of(reply: Message, requests: list[Request]) -> tuple[list[NodeResult | Message], NodeCounters | None]:
     """Each request's part of ``reply``, the node's answer to the message that carried ``requests``, and the
     counters the node sent with its results (None for a query's reply or an error reply: nothing to count).
 

@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict, UserConfigValue
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
@@ -60,7 +60,14 @@ class RelayError(RuntimeError):
     """The node's worker process could not be started or reached, or it failed to handle the message."""
 
 
-def partition_answer(node_config: Mapping[str, Any]) -> dict[str, int | None]:
+class PartitionAnswer(TypedDict):
+    """A node's answer to the server's partition query (``None``: its node config does not say)."""
+
+    partition_id: int | None
+    num_partitions: int | None
+
+
+def partition_answer(node_config: Mapping[str, UserConfigValue]) -> PartitionAnswer:
     """Which partition of the clients this node serves (from its node config)."""
     return {
         "partition_id": int(node_config[PARTITION_ID]) if PARTITION_ID in node_config else None,
@@ -90,7 +97,7 @@ def failure_reason(err: BaseException) -> str:
     return " ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines)
 
 
-def json_content(value: Any) -> RecordDict:
+def json_content(value: object) -> RecordDict:
     """Message content holding ``value`` (JSON data, no tensors) as :func:`fedpeft.engine.flower.codec.decode`
     reads it."""
     return RecordDict({CONFIG_KEY: ConfigRecord({JSON_FIELD: json.dumps(value)})})
@@ -116,7 +123,7 @@ class WorkerAddress:
     name: str
 
     @classmethod
-    def of(cls, run_id: int, node_id: int, node_config: Mapping[str, Any]) -> WorkerAddress:
+    def of(cls, run_id: int, node_id: int, node_config: Mapping[str, UserConfigValue]) -> WorkerAddress:
         """The address of the worker process of (run, node): in the node config's ``worker-dir``, else in
         ``<tmp>/fedpeft-<uid>``, under a short name hashed from the two ids."""
         directory = node_config.get(WORKER_DIR) or Path(tempfile.gettempdir()) / f"fedpeft-{os.getuid()}"
@@ -212,7 +219,7 @@ def _wait_for_socket(address: WorkerAddress, pid: int) -> None:
         time.sleep(0.05)
 
 
-def prestart(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> None:
+def prestart(run_id: int, node_id: int, node_config: Mapping[str, UserConfigValue]) -> None:
     """Start the worker process of (run, node) without waiting for it, unless one runs or starts already: a
     node's first message (the server's partition query) lets the worker import while the next message travels."""
     address = WorkerAddress.of(run_id, node_id, node_config)
@@ -223,7 +230,7 @@ def prestart(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> None:
             _start(address, node_config, wait=False)
 
 
-def _start(address: WorkerAddress, node_config: Mapping[str, Any], *, wait: bool = True) -> None:
+def _start(address: WorkerAddress, node_config: Mapping[str, UserConfigValue], *, wait: bool = True) -> None:
     """Start the worker process of ``address`` in its own session, so that it outlives this ClientApp process;
     with ``wait``, return once it listens."""
     address.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -248,7 +255,7 @@ def _start(address: WorkerAddress, node_config: Mapping[str, Any], *, wait: bool
         _wait_for_socket(address, process.pid)
 
 
-def connect(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> tuple[Connection, float]:
+def connect(run_id: int, node_id: int, node_config: Mapping[str, UserConfigValue]) -> tuple[Connection, float]:
     """A connection to the worker process of (run, node), started first if none runs (one starts at a time);
     and the seconds spent starting it (0 when it ran already)."""
     address = WorkerAddress.of(run_id, node_id, node_config)
@@ -273,7 +280,7 @@ def connect(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> tuple[
 
 
 def forward(
-    message_type: str, content: RecordDict, node_config: Mapping[str, Any], *, run_id: int, node_id: int
+    message_type: str, content: RecordDict, node_config: Mapping[str, UserConfigValue], *, run_id: int, node_id: int
 ) -> tuple[RecordDict, float]:
     """Have the node's worker process handle one message; returns the reply's content and the seconds spent
     starting the worker process (0 when it ran already).
@@ -290,7 +297,7 @@ def forward(
     return from_bytes(data), start_seconds
 
 
-def close(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> bool:
+def close(run_id: int, node_id: int, node_config: Mapping[str, UserConfigValue]) -> bool:
     """End the worker process of (run, node) if one runs or starts; whether one did. A worker still importing
     (started by the run's first message, no socket yet) is ended with SIGTERM; the files of one that was killed
     are removed."""
@@ -313,7 +320,7 @@ def close(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> bool:
     return pid is not None
 
 
-def renew(run_id: int, node_id: int, node_config: Mapping[str, Any]) -> bool:
+def renew(run_id: int, node_id: int, node_config: Mapping[str, UserConfigValue]) -> bool:
     """Renew the lease of the worker process of (run, node), without reaching it (it may be busy with a long
     message): the server's keepalive. Whether a worker of that run is on this node."""
     address = WorkerAddress.of(run_id, node_id, node_config)

@@ -27,21 +27,25 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.serverapp import Grid
 
 from fedpeft.core.config import SecAggConfig
 from fedpeft.core.faults import ClientDroppedError
 from fedpeft.core.types import ClientUpdate, Payload
-from fedpeft.engine.flower.codec import ClientTaskError, client_error, decode, encode, error_details
+from fedpeft.engine.flower.codec import ClientTaskError, ErrorDetails, client_error, decode, encode, error_details
 from fedpeft.engine.flower.messages import ARRAYS_KEY, CONFIG_KEY
 from fedpeft.engine.rounds import ClientOutcome
 from fedpeft.engine.validation import UpdateChecks, UpdateRejectedError
 
 if TYPE_CHECKING:
+    from flwr.common import FitIns
+    from flwr.server.strategy import Strategy
+
     from fedpeft.worker import Worker
 
 log = logging.getLogger("fedpeft")
@@ -61,7 +65,7 @@ def is_secure_request(content: RecordDict) -> bool:
 class RoundHost(Protocol):
     """What a secure round needs of its engine (:class:`~fedpeft.engine.flower.grid.GridEngine`)."""
 
-    grid: Any
+    grid: Grid
     run_dir: str
     config_text: str
 
@@ -75,26 +79,49 @@ class RoundHost(Protocol):
         """The keys and shapes method ``label`` expects back for ``payload`` (the layout of a secure sum)."""
 
 
+class ClientReport(ErrorDetails, total=False):
+    """What a node reports of one client of a secure round: ``status`` ``ok`` (with its ``weight``, ``metrics`` and
+    the injected ``fault`` that struck it, if any), ``dropped``, ``failed`` or ``rejected`` (with the ``reason``);
+    and the ``seconds`` its work took."""
+
+    client: str
+    status: str
+    reason: str
+    weight: float
+    metrics: dict[str, float]
+    fault: str | None
+    seconds: float
+
+
+class _SecureRequest(TypedDict):
+    run_dir: str
+    config_text: str
+    label: str
+    seed: int
+    round_: int
+    payloads: dict[str, Payload]
+
+
 @dataclass
 class _Round:
     """What the server's strategy hands the workflow, and what it gets back."""
 
-    requests: dict[int, Any]  # node -> FitIns
+    requests: dict[int, FitIns]  # by node
     aggregate: list[np.ndarray] | None = None
-    reports: list[dict] = field(default_factory=list)
+    reports: list[ClientReport] = field(default_factory=list)
     answered: set[int] = field(default_factory=set)
 
 
-def _strategy(round_state: _Round) -> Any:
+def _strategy(round_state: _Round) -> Callable[[Grid], Strategy]:
     """A one-round Flower strategy: it picks the nodes of the round and keeps the securely aggregated vector."""
-    from flwr.common import FitIns, FitRes, Parameters, parameters_to_ndarrays
+    from flwr.common import FitRes, Parameters, parameters_to_ndarrays
     from flwr.server.client_manager import ClientManager
     from flwr.server.client_proxy import ClientProxy
     from flwr.server.compat.grid_client_proxy import GridClientProxy
     from flwr.server.strategy import Strategy
 
     class OneRound(Strategy):
-        def __init__(self, grid: Any) -> None:
+        def __init__(self, grid: Grid) -> None:
             self.grid = grid
 
         def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -106,7 +133,10 @@ def _strategy(round_state: _Round) -> Any:
             return [(GridClientProxy(node, self.grid, 0), ins) for node, ins in round_state.requests.items()]
 
         def aggregate_fit(
-            self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[Any]
+            self,
+            server_round: int,
+            results: list[tuple[ClientProxy, FitRes]],
+            failures: list[tuple[ClientProxy, FitRes] | BaseException],
         ) -> tuple[Parameters | None, dict]:
             for proxy, res in results:
                 round_state.answered.add(int(proxy.node_id))
@@ -230,7 +260,7 @@ def secure_round(
     for client_id in contributors:
         for key, value in reported[client_id]["metrics"].items():
             metrics[key] = metrics.get(key, 0.0) + float(value) / len(contributors)
-    faults = {c: reported[c]["fault"] for c in contributors if reported[c].get("fault")}
+    faults = {c: fault for c in contributors if (fault := reported[c].get("fault"))}
     seconds_of = {c: reported[c]["seconds"] for c in contributors}
     log.info("round %d: secure aggregation of %d clients took %.2f s", round_ + 1, len(contributors), seconds)
     update = ClientUpdate(contributors[0], tensors, weight, metrics)
@@ -238,7 +268,7 @@ def secure_round(
 
 
 # ---------------------------------------------------------------------------------------------- node
-def _request_of(content: RecordDict) -> dict[str, Any]:
+def _request_of(content: RecordDict) -> _SecureRequest:
     from flwr.compat.common import recorddict_compat as compat
 
     fitins = compat.recorddict_to_fitins(content, keep_input=True)
@@ -246,7 +276,7 @@ def _request_of(content: RecordDict) -> dict[str, Any]:
     arrays = compat.parameters_to_arrayrecord(fitins.parameters, keep_input=True)
     record = ArrayRecord(dict(zip(keys, arrays.values(), strict=True)))
     text = str(fitins.config[_REQUEST])
-    return decode(RecordDict({ARRAYS_KEY: record, CONFIG_KEY: ConfigRecord({"json": text})}))
+    return cast(_SecureRequest, decode(RecordDict({ARRAYS_KEY: record, CONFIG_KEY: ConfigRecord({"json": text})})))
 
 
 def handle_secure_train(content: RecordDict, worker_of: Callable[[str, str], Worker]) -> RecordDict:
@@ -269,25 +299,25 @@ def handle_secure_train(content: RecordDict, worker_of: Callable[[str, str], Wor
     reports = []
     for client_id, payload in payloads.items():
         started = time.perf_counter()
-        report: dict[str, Any] = {"client": client_id, "status": "ok", "metrics": {}}
+        report: ClientReport = {"client": client_id, "status": "ok", "metrics": {}}
         try:
             result = worker.train(request["label"], request["seed"], request["round_"], client_id, payload)
         except ClientDroppedError as err:
-            report.update(status="dropped", reason=repr(err), **error_details(err))
+            report.update({"status": "dropped", "reason": repr(err), **error_details(err)})
         except Exception as err:  # reported to the server, which leaves the client out
             log.warning("client %s failed on this node: %r", client_id, err)
-            report.update(status="failed", reason=repr(err), **error_details(err))
+            report.update({"status": "failed", "reason": repr(err), **error_details(err)})
         else:
             update = result.update
             report["fault"] = ",".join(result.faults) or None
             reason = checks.reject_reason(update, payload, method.update_spec(payload))
             if reason is not None:
-                report.update(status="rejected", reason=reason)
+                report.update({"status": "rejected", "reason": reason})
             else:
                 for key in sums:
                     sums[key] += update.tensors[key].detach().to(torch.float64) * update.weight
                 total += update.weight
-                report.update(weight=update.weight, metrics={k: float(v) for k, v in update.metrics.items()})
+                report.update({"weight": update.weight, "metrics": {k: float(v) for k, v in update.metrics.items()}})
         report["seconds"] = time.perf_counter() - started
         reports.append(report)
     if all(r["status"] == "dropped" for r in reports):  # nobody here answers: the node drops out of the protocol
