@@ -348,7 +348,7 @@ def test_with_worker_processes_the_server_process_loads_no_model(tmp_path, monke
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the server's process loaded a model")
 
-    monkeypatch.setattr("fedpeft.worker.build_runtime", refuse)  # worker processes are interpreters of their own
+    monkeypatch.setattr("fedpeft.worker.build.build_runtime", refuse)  # worker processes are interpreters of their own
     two = run_with(tmp_path, "two", overrides, 2)
     assert comparable(two) == comparable(one)
     saved = [p.relative_to(one) for p in sorted((one / "base_model").rglob("*"))]

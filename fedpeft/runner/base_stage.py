@@ -41,7 +41,7 @@ class BaseStage:
             return
         shared = base.shared
         name = "base-stage" if shared else f"base-stage-seed{seed}"
-        path = worker.base_checkpoint(seed)
+        path = worker.bases.base_checkpoint(seed)
         self.units.add(name)
         if has_checkpoint(path, run.out):
             if (shared or seed == run.cfg.seeds[0]) and not self._base_model_saved():
@@ -58,7 +58,7 @@ class BaseStage:
                 )
             # Trained in this process (its model loaded here, also when worker processes run the clients).
             runtime = worker.runtime
-            worker.use_base(None)
+            worker.bases.use_base(None)
             run.progress.epochs(math.ceil(base.epochs))
             train_centralized_base(
                 runtime, run.data.base_train, base, after_epoch=run.progress.advance_epoch, run_seed=seed

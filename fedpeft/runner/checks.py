@@ -210,7 +210,7 @@ def _check_batch_model(cfg: ExperimentConfig, worker: Worker, *, flower: bool) -
     fix = "set engine.batch_clients=1"
     if flower:
         raise UserError(f"engine.batch_clients runs on the local engine, not in a Flower ServerApp; {fix}.")
-    if worker.per_client_base:
+    if worker.bases.per_client_base:
         raise UserError(
             f"engine.batch_clients trains clients that share one base model, and base.method "
             f"{cfg.base.method.name!r} gives every client its own; {fix}."

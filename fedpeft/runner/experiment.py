@@ -143,7 +143,7 @@ class Experiment:
         """Whether this run trains a centralized base stage (in this process) that it has not trained yet."""
         if self.cfg.base.kind != "centralized":
             return False
-        return not all(has_checkpoint(worker.base_checkpoint(seed), self.out) for seed in self.cfg.seeds)
+        return not all(has_checkpoint(worker.bases.base_checkpoint(seed), self.out) for seed in self.cfg.seeds)
 
     def _local_engine(self, worker: Worker, settings: EngineSettings) -> Engine:
         if self.cfg.engine.name == "flower":

@@ -50,11 +50,11 @@ class Stages:
         cfg, worker = self.started.cfg, self.started.worker
         seeds = cfg.seeds
         one_base = cfg.base.kind == "pretrained" or cfg.base.shared
-        for group in [seeds] if one_base and not worker.per_client_base else [[seed] for seed in seeds]:
+        for group in [seeds] if one_base and not worker.bases.per_client_base else [[seed] for seed in seeds]:
             evaluations, methods = [], []
             for seed in group:
                 self.base_stage.produce(seed)
-                if worker.per_client_base:
+                if worker.bases.per_client_base:
                     self.units.run(f"client-base-seed{seed}", lambda s=seed: self.base_stage.client_bases(s))
                 # The base model's evaluation and the methods need nothing of each other (they may run at once).
                 evaluations.append((f"base-seed{seed}", self._base_evaluation_unit(seed)))
