@@ -29,7 +29,7 @@ def run_engine_settings(cfg: ExperimentConfig, data: FederatedData, gpus: Sequen
     their own, the config's store of client states and no worker process here.
     """
     if cfg.engine.name != "local":
-        return EngineSettings(state=cfg.engine.state, asked=cfg.engine.workers)
+        return EngineSettings.as_asked(cfg.engine)
     import psutil
 
     per_process = psutil.Process().memory_info().rss
