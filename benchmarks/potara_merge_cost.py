@@ -46,7 +46,7 @@ def measure(label: str, index: int, run_dir: Path, quick: bool = False) -> dict:
     cfg.methods = [entry.model_copy(update=QUICK_ROUNDS) if quick else entry]
     worker = Worker(cfg, run_dir)
     method = worker.methods[label]
-    worker.use_base(0)
+    worker.bases.use_base(0)
     seen = [c.client_id for c in worker.data.pool("seen")]
     meter = CostMeter()
     state = LocalEngine(worker).run_rounds(

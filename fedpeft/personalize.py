@@ -215,7 +215,7 @@ def personalize_client(
         fedp2eft = fedp2eft.inner
     if not isinstance(fedp2eft, FedP2EFT):
         raise UserError(f"Method {label!r} of run {run_dir} is not fedp2eft.")
-    worker.use_base(seed)
+    worker.bases.use_base(seed)
     runtime = worker.runtime if architecture is None else worker.federation.runtime(architecture)
     model_name = (cfg.models[architecture] if architecture is not None else cfg.model).name
     warn_unknown_text(runtime.text, [client], model_name)

@@ -120,7 +120,7 @@ def test_personalized_adapter_reloads_with_plain_peft(budget, toy_runtime, toy_c
     assert sum(r for _, r in model.lora.rank_pattern) <= budget * len(toy_runtime.target_modules)
     toy_runtime.install(model)
     expected = logits(toy_runtime, client.test)
-    path = worker.save_adapter("adalora", budget, client.client_id)
+    path = worker.adapters.save("adalora", budget, client.client_id)
 
     reloaded = PeftModel.from_pretrained(pristine, path).eval()
     batch = toy_runtime.encode(client.test)

@@ -103,12 +103,14 @@ def test_a_utf8_config_with_a_byte_order_mark_loads(tmp_path):
 # ---------------------------------------------------------------------------------------------- config keys and values
 @pytest.fixture
 def nothing_built(monkeypatch):
-    """Fail the test if a run gets as far as building its data."""
-    from fedpeft import worker
+    """Fail the test if a run gets as far as building its data (where the run and a worker build it)."""
+    from fedpeft.runner import experiment
+    from fedpeft.worker import worker
 
     def never(*_args, **_kwargs):
         raise AssertionError("the data was built")
 
+    monkeypatch.setattr(experiment, "build_data", never)
     monkeypatch.setattr(worker, "build_data", never)
 
 
@@ -304,11 +306,13 @@ def test_misspelt_names_are_told_together_with_a_suggestion():
 
 # ---------------------------------------------------------------------------------------------- faults
 def test_a_fault_aimed_at_no_method_is_refused_before_the_data_is_built(tmp_path, monkeypatch, capsys):
-    from fedpeft import worker
+    from fedpeft.runner import experiment
+    from fedpeft.worker import worker
 
     def never(*_args, **_kwargs):
         raise AssertionError("the data was built")
 
+    monkeypatch.setattr(experiment, "build_data", never)
     monkeypatch.setattr(worker, "build_data", never)
     faults = "faults=[{kind: nan, clients: [lat1-seen-00]}, {kind: raise, methods: [lora, fedtypo]}]"
     line = refused(monkeypatch, capsys, tmp_path, smoke_args(tmp_path / "run", faults))

@@ -207,21 +207,21 @@ def test_every_client_starts_from_its_own_base_model(name, toy_runtime, toy_clie
     cfg = ExperimentConfig(base={"kind": "federated", "method": stage}, methods=[{"name": "lora"}], budgets=[2])
     worker = Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
     method = worker.methods[BASE_STAGE_LABEL]
-    assert worker.per_client_base
-    worker.use_base(None)
+    assert worker.bases.per_client_base
+    worker.bases.use_base(None)
     seen = [c.client_id for c in clients if c.pool == "seen"]
     state = LocalEngine(worker).run_rounds(
         BASE_STAGE_LABEL, method, method.init_server(toy_runtime, 0), seen, seed=0, meter=CostMeter()
     )
     shared = method.export_base(toy_runtime, state)
-    save_checkpoint({"tensors": shared}, worker.base_checkpoint(0))
+    save_checkpoint({"tensors": shared}, worker.bases.base_checkpoint(0))
     for client in clients:
         assert worker.prepare_client_base(0, client.client_id) > 0
         assert worker.prepare_client_base(0, client.client_id) == 0  # kept once computed
 
     bases = {}
     for client in clients:
-        worker.use_client_base(0, client.client_id)
+        worker.bases.use_client_base(0, client.client_id)
         bases[client.client_id] = toy_runtime.base_state()
     differs = [k for k in shared if not torch.equal(bases["c0"][k], bases["c1"][k])]
     assert differs and all(not torch.equal(bases["c0"][k], shared[k]) for k in differs)
@@ -234,14 +234,14 @@ def test_every_client_starts_from_its_own_base_model(name, toy_runtime, toy_clie
         assert all(".query." in k or ".value." in k for k in differs)  # the local LoRA's layers
         assert any(not torch.equal(bases["c3"][k], shared[k]) for k in shared)  # unseen: trained its local LoRA
 
-    worker.use_base(0)  # back to the shared base
+    worker.bases.use_base(0)  # back to the shared base
     assert all(torch.equal(v, shared[k]) for k, v in toy_runtime.base_state().items())
     # The base row of a client is its own base model.
     (record,) = worker.evaluate_base(0, "c1")
     toy_runtime.install(ClientModel(base=bases["c1"]))
     assert record["value"] == toy_runtime.evaluate(toy_clients[1].test)["accuracy"]
     for client in clients:
-        worker.use_client_base(0, client.client_id)
+        worker.bases.use_client_base(0, client.client_id)
         assert all(torch.equal(v, bases[client.client_id][k]) for k, v in toy_runtime.base_state().items())
 
 
@@ -262,28 +262,28 @@ def test_a_federated_lora_method_as_base_stage_gives_each_client_its_model_merge
     cfg = ExperimentConfig(base={"kind": "federated", "method": stage}, methods=[{"name": "lora"}], budgets=[2])
     worker = Worker(cfg, tmp_path, data=data, runtime=toy_runtime)
     method = worker.methods[BASE_STAGE_LABEL]
-    assert worker.per_client_base and serves_as_base_stage(method)
-    worker.use_base(None)
+    assert worker.bases.per_client_base and serves_as_base_stage(method)
+    worker.bases.use_base(None)
     ids = [c.client_id for c in toy_clients]
     state = LocalEngine(worker).run_rounds(
         BASE_STAGE_LABEL, method, method.init_server(toy_runtime, 0), ids, seed=0, meter=CostMeter()
     )
     shared = method.export_base(toy_runtime, state)
-    assert all(torch.equal(v, worker.pretrained[k]) for k, v in shared.items())  # the stage started here
-    save_checkpoint({"tensors": shared}, worker.base_checkpoint(0))
+    assert all(torch.equal(v, worker.bases.pretrained[k]) for k, v in shared.items())  # the stage started here
+    save_checkpoint({"tensors": shared}, worker.bases.base_checkpoint(0))
     for client in toy_clients:
         assert worker.prepare_client_base(0, client.client_id, state) > 0
     for client in toy_clients[:2]:
         # The client's base alone computes what the stage's personalized model computes on the shared base.
-        worker.use_base(0)
+        worker.bases.use_base(0)
         client_state = worker.store(BASE_STAGE_LABEL, 0).get(client.client_id)
         toy_runtime.install(method.personalize(toy_runtime, client, state, client_state, None, seed=1))
         expected = logits(toy_runtime, client.test)
-        worker.use_client_base(0, client.client_id)
+        worker.bases.use_client_base(0, client.client_id)
         torch.testing.assert_close(logits(toy_runtime, client.test), expected, atol=1e-5, rtol=1e-5)
-    worker.use_client_base(0, "c0")
+    worker.bases.use_client_base(0, "c0")
     c0 = toy_runtime.base_state()
-    worker.use_client_base(0, "c1")
+    worker.bases.use_client_base(0, "c1")
     differs = [k for k, v in toy_runtime.base_state().items() if not torch.equal(v, c0[k])]
     if name == "fedsa_lora":  # every client merges its own B (and head) with the shared A
         assert differs

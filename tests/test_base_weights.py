@@ -86,7 +86,7 @@ def test_a_worker_holds_one_copy_of_the_base_weights_after_its_clients(toy_worke
     assert_weights(runtime, loaded)
     del loaded
     assert copies_of(runtime.base_params[EMBEDDING]) == 1  # the parameter itself: no restore copy, no "pretrained"
-    assert worker.pretrained[EMBEDDING].data_ptr() == runtime.base_params[EMBEDDING].data_ptr()
+    assert worker.bases.pretrained[EMBEDDING].data_ptr() == runtime.base_params[EMBEDDING].data_ptr()
 
 
 def test_a_seed_base_model_keeps_of_the_loaded_weights_only_those_it_replaced(toy_runtime, toy_clients, tmp_path):
@@ -98,19 +98,19 @@ def test_a_seed_base_model_keeps_of_the_loaded_weights_only_those_it_replaced(to
     trained = {name: tensor.clone() for name, tensor in loaded.items()}
     query = "bert.encoder.layer.0.attention.self.query.weight"
     trained[query] += 1.0  # a merged LoRA changes the layers it adapts, not the embeddings
-    save_checkpoint({"tensors": trained}, worker.base_checkpoint(0))
+    save_checkpoint({"tensors": trained}, worker.bases.base_checkpoint(0))
     for _ in range(2):
-        worker.use_base(0)
+        worker.bases.use_base(0)
         assert_weights(toy_runtime, trained)
-        assert worker.pretrained.keys() == loaded.keys()
-        assert_weights_equal(worker.pretrained, loaded)
-        worker.use_base(None)
+        assert worker.bases.pretrained.keys() == loaded.keys()
+        assert_weights_equal(worker.bases.pretrained, loaded)
+        worker.bases.use_base(None)
         assert_weights(toy_runtime, loaded)
-    worker.use_base(0)
+    worker.bases.use_base(0)
     del trained
     embedding = toy_runtime.base_params[EMBEDDING]
     assert copies_of(embedding) == 2  # the parameter and the test's own copy in `loaded`: nothing of the worker's
-    assert copies_of(toy_runtime.base_params[query]) == 1 and torch.equal(worker.pretrained[query], loaded[query])
+    assert copies_of(toy_runtime.base_params[query]) == 1 and torch.equal(worker.bases.pretrained[query], loaded[query])
 
 
 def assert_weights_equal(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:

@@ -71,7 +71,9 @@ def runtime(request, tmp_path_factory) -> ModelRuntime:
     return ModelRuntime(loaded, max_length=32, max_new_tokens=3)
 
 
-def make_worker(runtime: ModelRuntime, tmp_path: Path, methods: list[dict]) -> Worker:
+def make_worker(
+    runtime: ModelRuntime, tmp_path: Path, methods: list[dict], faults: list[FaultConfig] | None = None
+) -> Worker:
     rng = random.Random(2)
     clients = [
         ClientData(
@@ -85,7 +87,7 @@ def make_worker(runtime: ModelRuntime, tmp_path: Path, methods: list[dict]) -> W
     ]
     labels = ["x", "y", "z"] if runtime.task == "classification" else None
     data = FederatedData("toy", runtime.task, labels, ["g"], clients)
-    cfg = ExperimentConfig(methods=methods, budgets=[2, 4])
+    cfg = ExperimentConfig(methods=methods, budgets=[2, 4], faults=faults or [])
     return Worker(cfg, tmp_path, data=data, runtime=runtime)
 
 
@@ -124,8 +126,7 @@ def test_a_fedit_round_trains_each_client_as_alone(runtime, tmp_path):
 
 def test_a_client_that_fails_in_a_batch_fails_alone(runtime, tmp_path):
     entry = {"name": "fedit", "rounds": 1, "local_steps": 2, "batch_size": 4, "lr": LR}
-    worker = make_worker(runtime, tmp_path, [entry])
-    worker.cfg = worker.cfg.model_copy(update={"faults": [FaultConfig(kind="raise", clients=["c1"])]})
+    worker = make_worker(runtime, tmp_path, [entry], faults=[FaultConfig(kind="raise", clients=["c1"])])
     method = worker.methods["fedit"]
     state = method.init_server(runtime, 0)
     ids = list(worker.clients)

@@ -270,7 +270,7 @@ def test_exported_adapter_with_removed_modules_loads_with_plain_peft(toy_runtime
 
     data = FederatedData("toy", "classification", ["no", "yes"], ["g"], toy_clients)
     worker = Worker(ExperimentConfig(methods=[{"name": "lora"}], budgets=[1]), tmp_path, data=data, runtime=rt)
-    target = worker.save_adapter("bayestune_lora", 1, "c0")
+    target = worker.adapters.save("bayestune_lora", 1, "c0")
     loaded = PeftModel.from_pretrained(pristine, target).eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch).logits, expected, rtol=1e-5, atol=1e-5)

@@ -563,7 +563,7 @@ def test_flame_pipeline_records_tiers_and_compute(tmp_path):
     control = MoeControl.of(loaded.get_base_model())
     control.configure(routing)
     worker = Worker(cfg, out)
-    worker.use_base(0)
+    worker.bases.use_base(0)
     flame = worker.methods["flame"]
     model = worker.runtime.install(
         ClientModel(

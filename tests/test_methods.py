@@ -171,7 +171,7 @@ def test_saved_adapter_reads_back(name, request, tmp_path):
     fields = {k: v for k, v in {**FAST, **SHORT}.items() if k in METHODS.get(name).Config.model_fields}
     worker = toy_worker_factory([{"name": name, **fields}])
     method = worker.methods[name]
-    worker.use_base(None)
+    worker.bases.use_base(None)
     state = method.init_server(toy_runtime, seed=0)
     client = toy_clients[1]
     budgets = method.budgets_of(client, [2])
@@ -190,7 +190,7 @@ def test_saved_adapter_reads_back(name, request, tmp_path):
         again = _outputs(toy_runtime.install(type(model)(extension=loaded), seed=4), toy_runtime, client.test)
         torch.testing.assert_close(again, expected)
         return
-    target = worker.save_adapter(name, budget, client.client_id)
+    target = worker.adapters.save(name, budget, client.client_id)
     saved = load_file(str(target / "adapter_model.safetensors"))
     for key, tensor in toy_runtime.adapter_state().items():
         torch.testing.assert_close(saved[key], tensor, msg=f"{name}: {key}")

@@ -91,8 +91,8 @@ def test_auto_takes_no_more_processes_than_clients_and_shares_the_cores_among_th
     assert settings_of({}, clients=1) == (0, None, "memory")
     line = resolve_engine(validate({}).engine, threads=None, clients=3).line()
     assert line == (
-        "Running on 3 worker processes (2 torch threads each, as many as the run's clients; --set engine.workers=1 "
-        "for one process)"
+        "Running on 3 worker processes (2 torch threads each, client states on disk, as many as the run's clients; "
+        "--set engine.workers=1 for one process)"
     )
 
 
@@ -134,6 +134,9 @@ def test_worker_processes_keep_client_state_on_disk_and_the_config_keeps_what_it
     two = Experiment(load_config("smoke", [*TINY, "engine.workers=2"]), tmp_path / "a")
     assert two.cfg.engine.state == "memory" and two.cfg.engine.workers == 2
     assert resolve_engine(two.cfg.engine, threads=1, clients=4).state == "disk"
+    assert "client states on disk" in resolve_engine(two.cfg.engine, threads=1, clients=4).line()  # said, not silent
+    on_disk = load_config("smoke", [*TINY, "engine.workers=2", "engine.state=disk"]).engine
+    assert "client states" not in resolve_engine(on_disk, threads=1, clients=4).line()  # as asked: nothing to say
     assert resolve_engine(load_config("smoke", TINY).engine, threads=1, clients=4).state == "memory"
 
 
@@ -348,7 +351,7 @@ def test_with_worker_processes_the_server_process_loads_no_model(tmp_path, monke
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the server's process loaded a model")
 
-    monkeypatch.setattr("fedpeft.worker.build_runtime", refuse)  # worker processes are interpreters of their own
+    monkeypatch.setattr("fedpeft.worker.build.build_runtime", refuse)  # worker processes are interpreters of their own
     two = run_with(tmp_path, "two", overrides, 2)
     assert comparable(two) == comparable(one)
     saved = [p.relative_to(one) for p in sorted((one / "base_model").rglob("*"))]

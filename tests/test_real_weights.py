@@ -121,8 +121,8 @@ def test_pretrained_base_run_saves_base_model_and_the_config_as_given(tmp_path):
     experiment = finished_run(load_config("smoke", overrides), out)
     base = out / "base_model"
     saved = load_file(base / "model.safetensors")
-    assert saved.keys() == experiment.worker.pretrained.keys()
-    for name, tensor in experiment.worker.pretrained.items():
+    assert saved.keys() == experiment.worker.bases.pretrained.keys()
+    for name, tensor in experiment.worker.bases.pretrained.items():
         torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0, msg=name)
     client = experiment.data.clients[0].client_id
     adapter_dir = out / "adapters" / "lora" / "r2" / client

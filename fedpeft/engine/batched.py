@@ -3,9 +3,9 @@ batchable method (:attr:`fedpeft.methods.base.Method.batchable_clients`) in grou
 
 A group's LoRA trainings run in one forward/backward per step (:func:`fedpeft.models.multi_lora.train_together`);
 everything else of a client's work runs through the worker's own steps, the ones training a client alone runs
-(:meth:`fedpeft.worker.Worker.begin_training` and :meth:`~fedpeft.worker.Worker.finish_training`: injected faults,
+(:meth:`fedpeft.worker.ClientTraining.begin` and :meth:`~fedpeft.worker.ClientTraining.finish`: injected faults,
 its base model, its state, what it sends and keeps moved to the CPU;
-:meth:`~fedpeft.worker.Worker.begin_personalization` and :meth:`~fedpeft.worker.Worker.personalized_records`: its
+:meth:`~fedpeft.worker.Personalization.begin` and :meth:`~fedpeft.worker.Personalization.model_records`: its
 evaluation, saving its adapter), so the two cannot drift apart. The results come back in client-id order, so the
 records are those of training the clients one by one (within float rounding). A client whose work fails before
 its training fails alone; a failed joint training fails its group.
@@ -53,14 +53,14 @@ def train_clients(
     worker: Worker, label: str, seed: int, round_: int, client_ids: list[str], payloads: list[Payload]
 ) -> list[TrainResult | Exception]:
     """:meth:`Worker.train` of each of ``client_ids`` (with its payload), their LoRA trainings in one batch: each
-    client's round begins and finishes as one client's does (:meth:`Worker.begin_training`,
-    :meth:`Worker.finish_training`), on the one base model they share (the runner refuses a base model per client)."""
+    client's round begins and finishes as one client's does (:meth:`ClientTraining.begin`,
+    :meth:`ClientTraining.finish`), on the one base model they share (the runner refuses a base model per client)."""
     method = worker.methods[label]
     results: dict[str, TrainResult | Exception] = {}
     planned: dict[str, tuple[ClientRound, LoraTraining]] = {}
     for client_id, payload in zip(client_ids, payloads, strict=True):
         try:
-            work = worker.begin_training(label, seed, round_, client_id, payload)
+            work = worker.training.begin(label, seed, round_, client_id, payload)
             job = method.client_training(work.runtime, work.client, payload, work.client_state, work.seed)
             if not job.examples:
                 raise ValueError("no training examples")
@@ -75,7 +75,7 @@ def train_clients(
         adapter, metrics = outcome
         try:
             update = trained_update(work.client, adapter, metrics)
-            results[client_id] = worker.finish_training(work, update, work.client_state)
+            results[client_id] = worker.training.finish(work, update, work.client_state)
         except Exception as err:
             results[client_id] = err
     return [results[client_id] for client_id in client_ids]
@@ -106,7 +106,7 @@ def personalize_clients(
 class GroupPersonalization:
     """The personalization of a group of clients, step by step: each client's preparation, each budget's
     trainings together, each client's evaluation; a client whose step fails keeps its error and leaves the group.
-    A client begins as one client's personalization does (:meth:`Worker.begin_personalization`)."""
+    A client begins as one client's personalization does (:meth:`Personalization.begin`)."""
 
     def __init__(
         self,
@@ -125,9 +125,9 @@ class GroupPersonalization:
         self.models: dict[tuple[str, Budget], ClientModel] = {}
 
     def prepare(self, client_id: str) -> None:
-        """The work every budget of the client shares (:meth:`Worker.begin_personalization`), timed."""
+        """The work every budget of the client shares (:meth:`Personalization.begin`), timed."""
         try:
-            ready = self.worker.begin_personalization(self.label, self.seed, client_id, self.state)
+            ready = self.worker.personalization.begin(self.label, self.seed, client_id, self.state)
             self.ready[client_id], self.seconds[client_id] = ready, ready.seconds
         except Exception as err:
             self.results[client_id] = err
@@ -166,14 +166,14 @@ class GroupPersonalization:
             self.seconds[client_id] += share
 
     def evaluate(self, client_id: str, save_adapters: bool) -> None:
-        """The client's records at every budget (:meth:`Worker.personalized_records`), unless a step failed."""
+        """The client's records at every budget (:meth:`Personalization.model_records`), unless a step failed."""
         if client_id in self.results:
             return
         try:
             records: list[ResultRecord] = []
             for budget in self.ready[client_id].budgets:
                 model, state = self.models[client_id, budget], state_at(budget, self.state, self.budget_states)
-                records += self.worker.personalized_records(
+                records += self.worker.personalization.model_records(
                     self.label, self.seed, client_id, budget, state, model, save_adapters
                 )
             self.results[client_id] = (records, self.seconds[client_id])

@@ -43,12 +43,13 @@ class EngineSettings:
         threads: torch threads of each worker process (the config's ``threads``, else this machine's cores shared
             out among the processes); in this process, the config's ``threads`` (None: torch's default).
         state: where per-client state lives between rounds: ``disk`` with worker processes (each serves any client),
-            else the config's ``engine.state``.
+            else the config's ``engine.state``; :meth:`line` says so where the config asked ``memory``.
         gpus: the GPUs the worker processes are pinned to, round-robin (empty: those this process sees).
         concurrent_units: how many units run at once, each in a thread of its own: the base model's evaluations
             beside ``engine.concurrent_methods`` methods (else :data:`METHODS_AT_ONCE`), of every seed that shares
             one base model; 1 without worker processes (one unit after the other).
         asked: the config's ``engine.workers``.
+        asked_state: the config's ``engine.state``.
         cores: the CPU cores this process may use.
         limit: what capped an ``auto`` count below the cores or GPUs (the clients, the memory), if anything.
     """
@@ -59,6 +60,7 @@ class EngineSettings:
     gpus: tuple[str, ...] = ()
     concurrent_units: int = 1
     asked: int | Literal["auto"] = 1
+    asked_state: Literal["memory", "disk"] = "memory"
     cores: int = 1
     limit: str = ""
 
@@ -67,13 +69,21 @@ class EngineSettings:
         """The processes that run clients, this one counted when there are no worker processes."""
         return self.processes or 1
 
+    @classmethod
+    def as_asked(cls, engine: EngineConfig) -> EngineSettings:
+        """The settings ``engine`` asks for, resolved against nothing: no worker process here, the config's store
+        of client states (an engine whose clients run elsewhere, the Flower engine's nodes)."""
+        return cls(state=engine.state, asked=engine.workers, asked_state=engine.state)
+
     def line(self) -> str:
-        """The line a run starts with: what it runs on, what capped it, and the setting that changes it."""
+        """The line a run starts with: what it runs on, where client states live when that is not what
+        ``engine.state`` says, what capped it, and the setting that changes it."""
         limit = f", {self.limit}" if self.limit else ""
         if self.processes:
             each = f"{self.threads} torch thread{'' if self.threads == 1 else 's'} each"
+            store = f", client states on {self.state}" if self.state != self.asked_state else ""
             change = "--set engine.workers=1 for one process"
-            return f"Running on {self.processes} worker processes ({each}{limit}; {change})"
+            return f"Running on {self.processes} worker processes ({each}{store}{limit}; {change})"
         threads = "torch's default threads" if self.threads is None else f"{self.threads} torch thread"
         threads += "" if self.threads in (None, 1) else "s"
         return f"Running in one process ({threads}{limit}; --set engine.workers=N for N worker processes)"
@@ -168,6 +178,7 @@ def resolve_engine(
         gpus=tuple(gpus),
         concurrent_units=(engine.concurrent_methods or METHODS_AT_ONCE) + 1 if processes else 1,
         asked=asked,
+        asked_state=engine.state,
         cores=cores,
         limit=limit,
     )

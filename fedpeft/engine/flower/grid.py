@@ -127,7 +127,7 @@ class GridEngine(Engine):
         self.base_sync = BaseSync(
             self.exchange,
             self.membership,
-            lambda seed: self.worker.base_checkpoint(seed),
+            lambda seed: self.worker.bases.base_checkpoint(seed),
             run_dir=self.run_dir,
             reply_timeout=reply_timeout,
             node_timeout=node_timeout,

@@ -1,0 +1,75 @@
+"""A started run as its stages see it: its config, output directory, worker, engine, metric loggers and progress
+display, given once (:class:`StartedRun`), and the one way a stage runs a worker operation for many clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedpeft.core.config import ExperimentConfig
+from fedpeft.core.errors import AllClientsFailedError
+from fedpeft.core.progress import Progress
+from fedpeft.data.types import FederatedData
+from fedpeft.engine.rounds import Engine
+from fedpeft.report.loggers import MetricLog
+from fedpeft.rundir import RunDirectory
+from fedpeft.worker import Worker
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """Everything the stages of a started run use, given at construction.
+
+    Attributes:
+        cfg: the experiment's config.
+        directory: the run's output directory (its ``parts/``, checkpoints and outputs).
+        worker: this process's worker: the data, the methods and, where it runs here, the model.
+        engine: what runs the clients' work.
+        metric_log: the metric loggers (TensorBoard, W&B) of the run.
+        progress: the progress display.
+    """
+
+    cfg: ExperimentConfig
+    directory: RunDirectory
+    worker: Worker
+    engine: Engine
+    metric_log: MetricLog
+    progress: Progress
+
+    @property
+    def out(self) -> Path:
+        """The output directory."""
+        return self.directory.path
+
+    @property
+    def data(self) -> FederatedData:
+        """The federation as this process sees it."""
+        return self.worker.data
+
+    def client_ids(self) -> list[str]:
+        """Every client of every pool, in the data's order."""
+        return [c.client_id for c in self.data.clients]
+
+    def each_client(
+        self,
+        op: str,
+        ids: list[str],
+        record: Callable[[str, BaseException], None],
+        **kwargs: Any,
+    ) -> Iterator[tuple[str, Any]]:
+        """The results of the worker operation ``op`` for clients ``ids``, in client-id order; a client whose
+        work failed is passed to ``record`` (e.g. :meth:`CostMeter.record_failure`) and left out."""
+        for client_id, result in self.engine.map_clients(op, ids, **kwargs):
+            if isinstance(result, BaseException):
+                record(client_id, result)
+            else:
+                yield client_id, result
+
+
+def check_clients(step: str, clients: int, failures: list[str]) -> None:
+    """Stop the run when every one of ``clients`` failed ``step`` (``failures``: one message each): results from
+    nobody would read as a method's result."""
+    if clients and len(failures) >= clients:
+        raise AllClientsFailedError(f"every one of the {clients} clients failed {step}; the first: {failures[0]}")
