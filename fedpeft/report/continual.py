@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from fedpeft.core.jsontypes import JSONValue
 from fedpeft.report.evidence import MIN_SEEDS
 from fedpeft.report.intervals import Interval, PairKey, format_interval, paired_interval
 from fedpeft.report.records import (
@@ -41,7 +41,7 @@ def read_round_records(run_dirs: Sequence[Path]) -> list[Record]:
     return list(merged.values())
 
 
-def _round_key(record: Record) -> tuple[Any, ...]:
+def _round_key(record: Record) -> tuple[JSONValue, ...]:
     return tuple(record.get(name) for name in RESULT_KEY) + (record["round"],)
 
 
@@ -60,7 +60,7 @@ def continual_cells(records: Sequence[Record], metric: str = "accuracy") -> dict
     """
     chosen = [r for r in records if r["metric"] == metric and r.get("split") in CONTINUAL_SPLITS]
     evaluated = {r["method"] for r in chosen if r["split"] == "others"}
-    curves: dict[tuple[str, str, Any], dict[int, list[float]]] = {}
+    curves: dict[tuple[str, str, int], dict[int, list[float]]] = {}
     for record in chosen:
         if record["method"] in evaluated:
             key = (record["method"], record["split"], record["seed"])
@@ -81,7 +81,7 @@ def continual_client_values(
     compare (the methods evaluated during training, as :func:`continual_cells`)."""
     chosen = [r for r in records if r["metric"] == metric and r.get("split") in CONTINUAL_SPLITS]
     evaluated = {r["method"] for r in chosen if r["split"] == "others"}
-    curves: dict[tuple[str, str, str, Any], dict[int, float]] = {}
+    curves: dict[tuple[str, str, str, int], dict[int, float]] = {}
     for record in chosen:
         if record["method"] in evaluated:
             key = (record["method"], record["split"], record["client"], record["seed"])

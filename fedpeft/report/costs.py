@@ -4,10 +4,10 @@ budget (from ``costs.jsonl``)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from fedpeft.core.costs import FAILED_CLIENT, ROUND_EVALUATION
+from fedpeft.core.records import Budget
 from fedpeft.report.records import Record, budget_label, first_seen, method_order
 from fedpeft.report.tables import Cell, markdown_table, over_seeds
 
@@ -73,7 +73,7 @@ def cost_cells(costs: Sequence[Record]) -> dict[tuple[str, str, str], Cell]:
     return {key: over_seeds(values) for key, values in per_seed.items()}
 
 
-def _format_cost(cell: Cell | None, formatter: Any) -> str:
+def _format_cost(cell: Cell | None, formatter: Callable[[float], str]) -> str:
     if cell is None:
         return "—"
     # Byte counts are deterministic, so an SD of 0 would only add noise.
@@ -189,7 +189,7 @@ def render_compute_table(costs: Sequence[Record]) -> str:
     """Markdown of the per-budget compute records (phase ``compute``): per method and budget (a compute tier),
     experts per token, LoRA rank, active parameters, analytic forward FLOPs, their share of the method's first
     budget, and the measured forward milliseconds; mean over seeds. Empty when there are none."""
-    values: dict[tuple[str, Any, str], list[float]] = {}
+    values: dict[tuple[str, Budget, str], list[float]] = {}
     for record in costs:
         if record.get("phase") == "compute" and record.get("value") is not None:
             values.setdefault((record["method"], record.get("budget"), record["metric"]), []).append(record["value"])

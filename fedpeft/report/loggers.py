@@ -20,9 +20,14 @@ import importlib.util
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+    from wandb import Run
 
 
 def check_loggers(tensorboard: str | None, wandb: str | None) -> None:
@@ -37,11 +42,11 @@ class MetricLog:
     """The configured live loggers of one run (none: every call does nothing)."""
 
     def __init__(
-        self, run_dir: Path, name: str, *, tensorboard: str | None, wandb: str | None, config: dict[str, Any]
+        self, run_dir: Path, name: str, *, tensorboard: str | None, wandb: str | None, config: JSONObject
     ) -> None:
         check_loggers(tensorboard, wandb)
-        self._writer: Any = None
-        self._wandb: Any = None
+        self._writer: SummaryWriter | None = None
+        self._wandb: Run | None = None
         if tensorboard is not None:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.registry import METHODS, Entry, Hook, imported
 from fedpeft.report.records import CONFIG_FILE, Record, first_seen
 
@@ -29,7 +30,7 @@ DECLARED: dict[HookName, Callable[[Entry], Hook | None]] = {
 """Each reporting hook as a method's registry entry declares it."""
 
 
-def config_method_entries(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+def config_method_entries(run_dirs: Sequence[Path]) -> list[JSONObject]:
     """The ``methods`` entries of the runs' ``config.yaml``, in run and list order (a run without one gives none)."""
     import yaml
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedpeft.core.records import Budget, ResultRecord, result_record
 from fedpeft.report.records import Record, budget_label, first_seen
 from fedpeft.report.tables import markdown_table
 
 if TYPE_CHECKING:
+    from fedpeft.core.types import Metrics, ServerState
     from fedpeft.merging.dp import DPConfig
 
 PRIVACY_SPLIT = "privacy"
@@ -64,15 +65,15 @@ class EpsilonRecorder:
         self.method, self.budget, self.seed = method, budget, seed
         self.dp, self.sample_rate = dp, sample_rate
 
-    def after_round(self, state: Any, round_: int, metrics: Any) -> list[ResultRecord]:
+    def after_round(self, state: ServerState, round_: int, metrics: Metrics) -> list[ResultRecord]:
         """Epsilon after round ``round_`` (0-based), i.e. of ``round_ + 1`` rounds."""
         return privacy_records(self.method, self.budget, self.seed, round_ + 1, self.dp, self.sample_rate)
 
-    def after_phase(self, state: Any) -> None:
+    def after_phase(self, state: ServerState) -> None:
         """Nothing: every round was recorded."""
 
 
-def _number(value: Any) -> str:
+def _number(value: float | None) -> str:
     return "∞" if value is None else f"{float(value):.4g}"
 
 

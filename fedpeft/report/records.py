@@ -7,17 +7,19 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.records import Budget
 from fedpeft.core.textfiles import decode_text, read_text
 
 Record = dict[str, Any]
 """A record read back from a run's file: a ``results.jsonl`` line (written as a ``core.records.ResultRecord``),
 or a ``costs.jsonl`` row."""
+H = TypeVar("H", bound=Hashable)  # a value that can be a dict key: one of a record's values, or a tuple of them
 
 RESULTS_FILE = "results.jsonl"
 COSTS_FILE = "costs.jsonl"
@@ -161,7 +163,7 @@ REHEARSAL_NOTE = (
 )
 
 
-def rehearsal_of(source: Path) -> dict[str, Any] | None:
+def rehearsal_of(source: Path) -> JSONObject | None:
     """The ``rehearse`` section of the run ``source`` (a run directory or a file in one) when it is a rehearsal,
     else ``None``."""
     run_dir = source if source.is_dir() else source.parent
@@ -187,7 +189,7 @@ def final_results(rows: Iterable[Record]) -> list[Record]:
 # Orders and labels
 
 
-def first_seen(values: Iterable[Any]) -> list[Any]:
+def first_seen(values: Iterable[H]) -> list[H]:
     """The distinct values in first-seen order."""
     return list(dict.fromkeys(values))
 
@@ -243,6 +245,6 @@ def is_test(record: Record) -> bool:
     return record.get("split", "test") == "test" and record.get("value") is not None
 
 
-def file_part(name: Any) -> str:
+def file_part(name: object) -> str:
     """``name`` made safe for a file name: runs of other characters than ``A-Za-z0-9_.-`` become ``-``."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", str(name)).strip("-") or "x"

@@ -27,9 +27,10 @@ import statistics
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONMapping, JSONObject, JSONValue
+from fedpeft.core.records import Budget
 from fedpeft.report.continual import (
     CONTINUAL_SPLITS,
     column_best,
@@ -85,7 +86,7 @@ class Shift:
     median: float
     high: float
     largest: float
-    largest_key: tuple[Any, ...] | None
+    largest_key: tuple[JSONValue, ...] | None
     cell_median: float
     cell_largest: float
     seed_sd: float | None
@@ -162,7 +163,7 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(fraction * len(values)) - 1))]
 
 
-def _test_values(records: Sequence[Record]) -> dict[tuple[Any, ...], float]:
+def _test_values(records: Sequence[Record]) -> dict[tuple[JSONValue, ...], float]:
     return {tuple(r.get(k) for k in RESULT_KEY): float(r["value"]) for r in records if is_test(r)}
 
 
@@ -207,7 +208,7 @@ def paired_tables(reference: Sequence[Record], rerun: Sequence[Record]) -> list[
 
 
 def _paired(reference: Sequence[GroupTable], rerun: Sequence[GroupTable]) -> list[tuple[GroupTable, GroupTable]]:
-    def key(table: GroupTable) -> tuple[Any, ...]:
+    def key(table: GroupTable) -> tuple[str, str, Budget]:
         return table.pool, table.metric, table.budget
 
     found = {key(table): table for table in rerun}
@@ -351,7 +352,7 @@ def compare_results(
 # Markdown
 
 
-def _environment(source: Path) -> dict[str, Any]:
+def _environment(source: Path) -> JSONObject:
     """A run directory's ``env.json`` (or the one beside a results file); empty when there is none or it does not
     parse."""
     folder = source if source.is_dir() else source.parent
@@ -362,12 +363,12 @@ def _environment(source: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _mapping(env: dict[str, Any], name: str) -> dict[str, Any]:
+def _mapping(env: JSONMapping, name: str) -> JSONObject:
     found = env.get(name)
     return found if isinstance(found, dict) else {}
 
 
-def _machine(env: dict[str, Any]) -> str:
+def _machine(env: JSONMapping) -> str:
     cpu = _mapping(env, "cpu")
     parts = [env.get("accelerator") or env.get("device"), cpu.get("model"), cpu.get("kernels")]
     if cpu.get("cores"):
@@ -375,7 +376,7 @@ def _machine(env: dict[str, Any]) -> str:
     return ", ".join(str(p) for p in parts if p) or "—"
 
 
-def _versions(env: dict[str, Any]) -> str:
+def _versions(env: JSONMapping) -> str:
     versions = _mapping(env, "versions")
     found = [f"{name} {versions[name]}" for name in ("torch", "transformers", "peft") if versions.get(name)]
     return ", ".join(found) or "—"
@@ -411,7 +412,7 @@ def _x100(value: float) -> str:
     return f"{value * 100:.2f}"
 
 
-def _key_text(key: tuple[Any, ...]) -> str:
+def _key_text(key: tuple[JSONValue, ...]) -> str:
     named = dict(zip(RESULT_KEY, key, strict=True))
     parts = [
         f"{name} {named[name]}" for name in ("method", "budget", "pool", "client", "seed") if named[name] is not None

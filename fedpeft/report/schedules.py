@@ -14,7 +14,6 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from fedpeft.report.records import Record, first_seen, metric_label, metric_order
 from fedpeft.report.tables import markdown_table
@@ -26,18 +25,18 @@ Curve = dict[int, tuple[float, float]]
 """round -> (virtual time, mean metric over the pool's clients) of one method and seed."""
 
 
-def seed_curves(round_records: Sequence[Record], metric: str, pool: str = "seen") -> dict[tuple[str, Any], Curve]:
+def seed_curves(round_records: Sequence[Record], metric: str, pool: str = "seen") -> dict[tuple[str, int], Curve]:
     """``(method, seed) -> curve`` of the methods that kept the virtual clock and were evaluated during training
     (rounds with both a virtual time and test records of ``metric`` in ``pool``)."""
-    times: dict[tuple[str, Any], dict[int, float]] = defaultdict(dict)
-    values: dict[tuple[str, Any], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    times: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
+    values: dict[tuple[str, int], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for record in round_records:
         key, round_ = (record["method"], record["seed"]), int(record["round"])
         if record.get("split") == "train" and record["metric"] == VIRTUAL_TIME:
             times[key][round_] = float(record["value"])
         elif record.get("split") == "test" and record["metric"] == metric and record.get("pool") == pool:
             values[key][round_].append(float(record["value"]))
-    curves: dict[tuple[str, Any], Curve] = {}
+    curves: dict[tuple[str, int], Curve] = {}
     for key, by_round in values.items():
         clock = times.get(key, {})
         points = {r: (clock[r], statistics.fmean(v)) for r, v in sorted(by_round.items()) if r in clock}

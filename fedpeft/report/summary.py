@@ -9,7 +9,6 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.io import write_text_atomic
@@ -62,7 +61,7 @@ from fedpeft.report.tables import (
 SUMMARY_FILE = "summary.md"
 
 
-def _render_scalar(value: Any) -> str:
+def _render_scalar(value: object) -> str:
     if isinstance(value, Mapping):  # deeper than a table shows: "key: value" pairs, never a Python dict
         return "; ".join(f"{key}: {_render_scalar(inner)}" for key, inner in value.items())
     if isinstance(value, (list, tuple)):
@@ -72,10 +71,10 @@ def _render_scalar(value: Any) -> str:
     return str(value)
 
 
-def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(value: Mapping[str, object], prefix: str = "") -> dict[str, object]:
     """Nested mappings as one level, their keys joined with spaces (``{"seen": {"clients": 2}}`` ->
     ``{"seen clients": 2}``)."""
-    flat: dict[str, Any] = {}
+    flat: dict[str, object] = {}
     for key, inner in value.items():
         name = f"{prefix}{key}"
         if isinstance(inner, Mapping) and inner:
@@ -89,7 +88,7 @@ def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 MAX_INFO_ROWS = 50
 
 
-def _info_spread(key: str, rows: Mapping[str, Mapping[str, Any]]) -> str:
+def _info_spread(key: str, rows: Mapping[str, Mapping[str, object]]) -> str:
     """A table of many rows as the min, median and max over them of each numeric column, the number of distinct
     values of each other one."""
     flat = [_flatten(row) for row in rows.values()]
@@ -109,7 +108,7 @@ def _info_spread(key: str, rows: Mapping[str, Mapping[str, Any]]) -> str:
     return f"**{key}** ({len(rows):,} rows: min, median and max over them; every row in `{DATA_FILE}`)\n\n{table}"
 
 
-def render_info(info: Mapping[str, Any]) -> str:
+def render_info(info: Mapping[str, object]) -> str:
     """Markdown tables of descriptive facts: the scalars and lists in one ``fact | value`` table, then one small
     table per mapping, each under its key in bold.
 
@@ -281,7 +280,7 @@ def _summary_path(out: Path) -> Path:
 
 
 def write_summary(
-    run_dirs: Sequence[Path], out: Path, *, title: str | None = None, info: Mapping[str, Any] | None = None
+    run_dirs: Sequence[Path], out: Path, *, title: str | None = None, info: Mapping[str, object] | None = None
 ) -> str:
     """Write the paper-style ``summary.md`` of one or more runs.
 

@@ -7,7 +7,6 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from fedpeft.core.figures import save_figure
 from fedpeft.report.method_hooks import config_method_entries
@@ -40,7 +39,7 @@ def method_sweeps(run_dirs: Sequence[Path]) -> dict[tuple[str, str], dict[str, f
     listed = [e for e in config_method_entries(run_dirs) if str(e.get("name")) in METHODS]
     # Told from the names alone, and the configs read from fedpeft.settings: no method class (nor torch) imported.
     counts = Counter(METHODS.canonical(str(e["name"])) for e in listed)
-    entries: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    entries: dict[str, list[tuple[str, dict[str, object]]]] = {}
     for entry in (e for e in listed if counts[METHODS.canonical(str(e["name"]))] >= SWEEP_MIN_ENTRIES):
         name = METHODS.canonical(str(entry["name"]))
         config_class = METHODS.config_class(name)  # from fedpeft.settings, without the method (nor torch)
@@ -62,8 +61,9 @@ def method_sweeps(run_dirs: Sequence[Path]) -> dict[tuple[str, str], dict[str, f
             continue
         key = varying[0]
         values = {label: s[key] for label, s in rows}
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
-            sweeps[name, key] = {label: float(v) for label, v in values.items()}
+        numbers = {label: v for label, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if len(numbers) == len(values):
+            sweeps[name, key] = {label: float(v) for label, v in numbers.items()}
     return sweeps
 
 
@@ -90,7 +90,7 @@ def write_sweep_plots(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
             for budget in budget_order(rows) or [None]:
                 points = []
                 for label, x in sorted(values.items(), key=lambda item: item[1]):
-                    per_seed: dict[Any, list[float]] = {}
+                    per_seed: dict[int, list[float]] = {}
                     for r in rows:
                         if r["method"] == label and r["metric"] == metric and r.get("budget") == budget:
                             per_seed.setdefault(r["seed"], []).append(float(r["value"]))

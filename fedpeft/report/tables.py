@@ -9,7 +9,6 @@ import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from fedpeft.report.intervals import ClientDifference, Interval, PairKey, interval_over, paired_clients
 from fedpeft.report.records import (
@@ -173,9 +172,9 @@ def _rows_for_budget(records: Sequence[Record], budget: Budget) -> tuple[dict[st
     return rows, row_budgets
 
 
-def _per_seed_means(records: Sequence[Record]) -> dict[str, dict[Any, float]]:
+def _per_seed_means(records: Sequence[Record]) -> dict[str, dict[int, float]]:
     """``column -> seed -> mean over that column's clients`` for one method."""
-    values: dict[str, dict[Any, list[float]]] = {}
+    values: dict[str, dict[int, list[float]]] = {}
     for record in records:
         for column in (record["group"], MEAN_COLUMN):
             values.setdefault(column, {}).setdefault(record["seed"], []).append(float(record["value"]))
@@ -455,7 +454,7 @@ def gain_over_base(records: Sequence[Record], *, pool: str, metric: str) -> dict
     """
     selected = [r for r in records if r["pool"] == pool and r["metric"] == metric and is_test(r)]
     base = {(r["client"], r["seed"]): float(r["value"]) for r in selected if r["method"] == BASE_METHOD}
-    differences: dict[tuple[str, Budget], dict[Any, list[float]]] = {}
+    differences: dict[tuple[str, Budget], dict[int, list[float]]] = {}
     for record in selected:
         reference = base.get((record["client"], record["seed"]))
         if record["method"] == BASE_METHOD or reference is None:
