@@ -27,10 +27,15 @@ keeps the structure, and a rehearsal there recalibrates the part that dominates 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fedpeft.planning.architecture import Architecture, active_parameters, forward_flops_per_token, parameters
+from fedpeft.planning.shapes import CpuTimes, ModelRow, PhaseData, PlanData, TimedModel
+
+if TYPE_CHECKING:
+    from fedpeft.core.config import ExperimentConfig
 
 STEP_FIXED_BASE_S = 0.003
 STEP_FIXED_PER_LAYER_S = 0.003
@@ -142,7 +147,7 @@ def head_share(architecture: Architecture) -> float:
     return architecture.vocab * architecture.hidden / max(active_parameters(architecture), 1)
 
 
-def machine_of(cfg: Any, clients: int, bandwidth: float | None = None) -> Machine:
+def machine_of(cfg: ExperimentConfig, clients: int, bandwidth: float | None = None) -> Machine:
     """The worker processes and threads a local-engine run of ``cfg`` uses on this machine, as the engine resolves
     them (fedpeft/engine/resources.py; memory aside): a number of ``engine.workers`` as given, ``auto`` one process
     per ``threads`` cores (or ``FEDPEFT_WORKERS``), one where clients train in batches; at most the clients."""
@@ -164,7 +169,7 @@ WORKERS_VARIABLE = "FEDPEFT_WORKERS"
 
 
 def phase_seconds(
-    phase: dict[str, Any], models: list[dict[str, Any]], rates: list[ModelRate], machine: Machine, generation: bool
+    phase: PhaseData, models: Sequence[TimedModel], rates: list[ModelRate], machine: Machine, generation: bool
 ) -> dict[str, float] | None:
     """Seconds of one seed of ``phase`` (a row of :func:`~.render.plan_json`) by part, on one worker process
     (``None``: its size is unknown). ``models``: the plan's models (their architecture, dtype, share, tokens per
@@ -212,7 +217,7 @@ def phase_seconds(
     return parts
 
 
-def client_operations(phases: list[dict[str, Any]]) -> list[float]:
+def client_operations(phases: Sequence[PhaseData]) -> list[float]:
     """Each phase's client operations the engine sends to a worker: a federated phase's client rounds, the base
     model's evaluation of every client, and a method's personalization of every client (its evaluation and budgets
     within: on its personalization row, or its evaluation row where it trains nothing for it)."""
@@ -267,12 +272,12 @@ REPORT_PER_METHOD_S = 0.15
 6 methods: 1.9 s, two methods 1.0 to 1.9 s)."""
 
 
-def tokens_of(model: dict[str, Any]) -> int:
+def tokens_of(model: ModelRow) -> int:
     """Tokens of one example of a model of :func:`~.render.plan_json` (a ViT's patches, else ``max_length``)."""
     return int(model["architecture"].get("tokens") or model["max_length"])
 
 
-def flops_rates(models: list[dict[str, Any]], cpu_flops: float | None) -> list[ModelRate] | None:
+def flops_rates(models: Sequence[ModelRow], cpu_flops: float | None) -> list[ModelRate] | None:
     """Each model's seconds per training example from its FLOPs at this CPU's measured rate (None: not measured)."""
     rates = []
     for model in models:
@@ -285,13 +290,13 @@ def flops_rates(models: list[dict[str, Any]], cpu_flops: float | None) -> list[M
     return rates
 
 
-def timed(data: dict[str, Any], rates: list[ModelRate]) -> dict[str, Any]:
+def timed(data: PlanData, rates: list[ModelRate]) -> CpuTimes:
     """Every phase's seconds on this CPU (one seed; None where a size is unknown), its parts, the run's start and
     report, and the whole run's seconds (every phase times its seeds)."""
     cpu = data["cpu"]
     machine = Machine(cpu["processes"], cpu["threads"], cpu["cores"], cpu["bandwidth"])
     generation = data["federation"]["task"] == "generation"
-    models = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
+    models: list[TimedModel] = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
     parts = [phase_seconds(p, models, rates, machine, generation) for p in data["phases"]]
     parallel = [p["parallel_clients"] for p in data["phases"]]
     seconds = run_seconds(parts, machine.processes, parallel, client_operations(data["phases"]))

@@ -14,12 +14,13 @@ the base weights. Work a method adds beyond these (distillation, alignment, hype
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.method_class import MethodConfig
 from fedpeft.models.paper_configs import model_config
 from fedpeft.planning.architecture import (
@@ -38,6 +39,7 @@ from fedpeft.planning.architecture import (
 from fedpeft.planning.cpu_time import machine_of
 from fedpeft.planning.devices import CUDA_CONTEXT_BYTES
 from fedpeft.planning.federation import Federation, federation_of
+from fedpeft.planning.shapes import MachineUse, PhaseData
 
 # The methods' class facts the plan needs (fedpeft/methods; tests/test_plan.py checks them against the classes):
 # those without a federated phase, those that personalize once per budget, those with one federation per budget,
@@ -112,8 +114,8 @@ class Phase:
     full: bool = False  # trains the base weights (full fine-tuning)
     notes: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> PhaseData:
+        return cast(PhaseData, asdict(self))
 
 
 @dataclass
@@ -128,7 +130,7 @@ class Plan:
     workers: int
     workers_per_gpu: int
     notes: list[str] = field(default_factory=list)
-    cpu: dict[str, int] = field(default_factory=dict)  # this machine as the run uses it: processes, threads, cores
+    cpu: MachineUse = field(default_factory=MachineUse)  # this machine as the run uses it: processes, threads, cores
     rehearsal: bool = False  # the config is a rehearsal's (its compute cut: docs/rehearsal.md)
 
     def total(self, key: str) -> float | None:
@@ -175,7 +177,7 @@ def model_architecture(model: ModelConfig) -> Architecture:
                         "decoder, encoder, MoE or LLaVA configuration.") from None  # fmt: skip
 
 
-def _hub_cache_config(name: str, revision: str | None) -> dict[str, Any] | None:
+def _hub_cache_config(name: str, revision: str | None) -> JSONObject | None:
     import json
     from pathlib import Path
 
@@ -191,7 +193,7 @@ def _hub_cache_config(name: str, revision: str | None) -> dict[str, Any] | None:
 # The registered tiny and packaged models' shapes (fedpeft/models/tiny.py, vision.py, multimodal.py, packaged.py);
 # a tiny model's vocabulary is model.vocab_size (its trained tokenizer may hold fewer).
 _TINY_DECODER = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "tie_word_embeddings": False}
-REGISTERED_SHAPES: dict[str, dict[str, Any]] = {
+REGISTERED_SHAPES: dict[str, JSONObject] = {
     "tiny-bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                   "intermediate_size": 128, "max_position_embeddings": 128},
     "tiny-llama": {**_TINY_DECODER, "model_type": "llama", "num_key_value_heads": 2, "intermediate_size": 128},
@@ -311,7 +313,7 @@ class _Planner:
     def tokens(self, examples: float | None) -> float | None:
         return None if examples is None else examples * self.mean(lambda m: m.tokens_per_example)
 
-    def mean(self, value: Any) -> float:
+    def mean(self, value: Callable[[ModelPlan], float]) -> float:
         return sum(m.share * value(m) for m in self.models)
 
     def flops(self, examples: float | None, method: MethodConfig, full: bool) -> float | None:
@@ -598,6 +600,6 @@ def make_plan(cfg: ExperimentConfig) -> Plan:
     workers = cfg.engine.workers if isinstance(cfg.engine.workers, int) else 0
     notes = list(planner.federation.notes)
     machine = machine_of(cfg, planner.federation.total_clients, None)
-    cpu = {"processes": machine.processes, "threads": machine.threads, "cores": machine.cores}
+    cpu: MachineUse = {"processes": machine.processes, "threads": machine.threads, "cores": machine.cores}
     return Plan(cfg.name, len(cfg.seeds), planner.models, planner.federation, planner.phases(), workers,
                 cfg.engine.workers_per_gpu, notes, cpu, cfg.rehearse is not None)  # fmt: skip

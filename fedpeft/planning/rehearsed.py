@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from fedpeft.planning.architecture import Architecture
 from fedpeft.planning.cpu_time import (
@@ -32,27 +31,38 @@ from fedpeft.planning.cpu_time import (
     timed,
     tokens_of,
 )
+from fedpeft.planning.shapes import (
+    AgainstRow,
+    MeasuredRehearsal,
+    ModelRow,
+    PlanData,
+    RehearsalSummary,
+    RehearsedCpu,
+    RehearsedModel,
+    RehearsedStep,
+    StepMeasurement,
+)
 
 MEASURED_STEPS = 2
 """The steps a rehearsal times per depth after its warm-up step (fedpeft/rehearsal/steps.py), dividing their time by
 this; a rehearsal whose ``train.max_steps`` (``rehearse.steps``) is lower took fewer in that time."""
 
 
-def read_rehearsal(path: Path) -> dict[str, Any] | None:
+def read_rehearsal(path: Path) -> MeasuredRehearsal | None:
     """The measurements of the rehearsal at ``path`` (its run directory or its ``rehearsal.json``); ``None`` when
     there is none or it holds no step measured at two depths."""
     file = path / "rehearsal.json" if path.is_dir() else path
     if not file.is_file():
         return None
     try:
-        summary = json.loads(file.read_text())
+        summary: RehearsalSummary = json.loads(file.read_text())
     except (OSError, ValueError):
         return None
     steps = [s for s in summary.get("steps", []) if s.get("full_step_s")]
     return {**summary, "steps": steps, "source": str(file)} if steps else None
 
 
-def timed_steps(step: dict[str, Any], rehearsal: dict[str, Any]) -> int:
+def timed_steps(step: StepMeasurement, rehearsal: RehearsalSummary) -> int:
     """The steps the measurement's timed call took: its own count if it says, else :data:`MEASURED_STEPS` cut by
     the rehearsal's ``train.max_steps`` (``rehearse.steps``)."""
     if step.get("timed_steps"):
@@ -61,7 +71,7 @@ def timed_steps(step: dict[str, Any], rehearsal: dict[str, Any]) -> int:
     return min(MEASURED_STEPS, int(cap)) if cap else MEASURED_STEPS
 
 
-def step_of(model: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, Any] | None:
+def step_of(model: ModelRow, rehearsal: MeasuredRehearsal) -> StepMeasurement | None:
     """The rehearsal's step measurement of the plan's ``model``: by name (a rehearsal config's stand-in directory
     stands for the model it was made from), else the only one."""
     standins = (rehearsal.get("rehearse") or {}).get("models") or {}
@@ -73,7 +83,7 @@ def step_of(model: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, Any] 
     return steps[0] if len(steps) == 1 else None
 
 
-def seconds_per_example(model: dict[str, Any], step: dict[str, Any], rehearsal: dict[str, Any]) -> tuple[float, str]:
+def seconds_per_example(model: ModelRow, step: StepMeasurement, rehearsal: RehearsalSummary) -> tuple[float, str]:
     """Seconds of one training example of ``model`` at the depth the config runs (its architecture's layers), less
     the step's fixed part, and how it was found."""
     a = Architecture(**model["architecture"])
@@ -99,11 +109,13 @@ def seconds_per_example(model: dict[str, Any], step: dict[str, Any], rehearsal: 
     return lora_train_flops_per_example(a, tokens) / rate, f"scaled by FLOPs from {depths} layer(s)"
 
 
-def rehearsed_cpu(data: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, Any]:
+def rehearsed_cpu(data: PlanData, rehearsal: MeasuredRehearsal) -> RehearsedCpu:
     """This CPU's time per phase and in all, and the memory per worker process, for the planned run ``data``
     (:func:`~fedpeft.planning.render.plan_json`) from ``rehearsal``'s measured steps; with the rehearsal's own
     phases beside the plan's where they match."""
-    rates, models, steps = [], [], []
+    rates: list[ModelRate] = []
+    models: list[RehearsedModel] = []
+    steps: list[RehearsedStep] = []
     for model in data["models"]:
         step = step_of(model, rehearsal)
         if step is None:  # a model the rehearsal did not measure: the mean of the measured ones
@@ -111,7 +123,7 @@ def rehearsed_cpu(data: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, 
             seconds, how = sum(per) / len(per), "the mean of the measured models"
         else:
             seconds, how = seconds_per_example(model, step, rehearsal)
-            true = {**model, "architecture": {**model["architecture"], "layers": int(step["true_layers"])}}
+            true: ModelRow = {**model, "architecture": {**model["architecture"], "layers": int(step["true_layers"])}}
             a = Architecture(**true["architecture"])
             batch = int(step["batch_size"])
             steps.append({"model": step["model"], "batch_size": batch, "layers": a.layers,
@@ -139,7 +151,7 @@ def rehearsed_cpu(data: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, 
     }
 
 
-def is_rehearsal_of(data: dict[str, Any], rehearsal: dict[str, Any]) -> bool:
+def is_rehearsal_of(data: PlanData, rehearsal: RehearsalSummary) -> bool:
     """Whether the planned config is the rehearsal's own: a rehearsal's config of the same name whose models are
     the rehearsal's stand-ins (or, where it stood in for none, its own)."""
     standins = (rehearsal.get("rehearse") or {}).get("models") or {}
@@ -159,13 +171,13 @@ def _measured_key(method: str, phase: str) -> tuple[str, str] | None:
     return None
 
 
-def against_measured(data: dict[str, Any], seconds: list[float | None], rehearsal: dict[str, Any]) -> list[dict]:
+def against_measured(data: PlanData, seconds: list[float | None], rehearsal: RehearsalSummary) -> list[AgainstRow]:
     """The plan's seconds of each phase the rehearsal timed (its first seed), beside the measured wall seconds; a
     method's personalization and evaluation together, as the run times them. Only where the plan is of the
     rehearsal's own config (the same name and cut) do the two mean the same run."""
     measured = {(p["method"], p["phase"]): p.get("wall_s") for p in rehearsal.get("phases", []) if p.get("seed", 0)
                 == min((q.get("seed", 0) for q in rehearsal.get("phases", [])), default=0)}  # fmt: skip
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, str], AgainstRow] = {}
     for phase, value in zip(data["phases"], seconds, strict=True):
         key = _measured_key(phase["method"], phase["phase"])
         if key is None or key not in measured:
@@ -186,7 +198,7 @@ def _seconds(value: float) -> str:
     return f"{value / 3600:,.1f} h"
 
 
-def rehearsed_lines(rehearsed: dict[str, Any]) -> list[str]:
+def rehearsed_lines(rehearsed: RehearsedCpu) -> list[str]:
     """The plan's lines about this CPU from the rehearsal."""
     lines = []
     for s in rehearsed["steps"]:

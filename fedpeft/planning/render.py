@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Literal, cast
 
 from rich import box
 from rich.table import Table
@@ -11,8 +11,13 @@ from rich.table import Table
 from fedpeft.planning.cpu_time import DEFAULT_BANDWIDTH, flops_rates, timed
 from fedpeft.planning.devices import ASSUMED_MFU, GENERATION_BANDWIDTH_SHARE, MEMORY_ROWS_GIB, Gpu
 from fedpeft.planning.plan import Phase, Plan
+from fedpeft.planning.shapes import ArchitectureData, FederationData, GpuData, PhaseRow, PlanData
 
 GIB = 2**30
+
+Count = Literal["client_trainings", "examples", "tokens", "steps", "flops"]
+COUNTS: tuple[Count, ...] = ("client_trainings", "examples", "tokens", "steps", "flops")
+"""What a plan counts of each phase, and in all: the work columns of its table."""
 
 
 def gpu_hours(phase: Phase, gpu: Gpu, gpus: int, weights: float) -> float | None:
@@ -30,23 +35,21 @@ def workers_that_fit(peak: float, memory_gib: float) -> int:
     return int(memory_gib * GIB // peak) if peak else 0
 
 
-def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[str, Any]:
+def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> PlanData:
     """The plan as JSON-ready values: phases with their hours, the totals, the federation, the assumptions; the CPU
     hours (:mod:`fedpeft.planning.cpu_time`) where ``cpu_flops`` (this CPU's measured matmul rate) is given."""
     weights = max(m.weights for m in plan.models)
-    phases = []
+    phases: list[PhaseRow] = []
     for phase in plan.phases:
-        row = phase.as_dict()
-        row["gpu_hours"] = gpu_hours(phase, gpu, gpus, weights)
-        row["cpu_hours"] = None
+        row: PhaseRow = {**phase.as_dict(), "gpu_hours": gpu_hours(phase, gpu, gpus, weights), "cpu_hours": None}
         phases.append(row)
 
-    def total(key: str) -> float:
+    def total(key: Literal["client_trainings", "examples", "tokens", "steps", "flops", "gpu_hours"]) -> float:
         """Sum over the phases whose ``key`` is known, times their seeds (``unknown_phases`` counts the others)."""
-        return float(sum(r[key] * r["times"] for r in phases if r[key] is not None))
+        return float(sum(value * r["times"] for r in phases if (value := r[key]) is not None))
 
     peak = plan.peak_memory
-    data: dict[str, Any] = {
+    data: PlanData = {
         "name": plan.name,
         "rehearsal": plan.rehearsal,
         "seeds": plan.seeds,
@@ -60,15 +63,19 @@ def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[
                 "share": m.share,
                 "source": m.architecture.source,
                 "weights_bytes": m.weights,
-                "architecture": asdict(m.architecture),
+                "architecture": cast(ArchitectureData, asdict(m.architecture)),
             }
             for m in plan.models
         ],  # fmt: skip
-        "federation": {**asdict(plan.federation), "total_clients": plan.federation.total_clients},
+        "federation": cast(FederationData, {**asdict(plan.federation), "total_clients": plan.federation.total_clients}),
         "phases": phases,
         "cpu": {**plan.cpu, "bandwidth": DEFAULT_BANDWIDTH, "flops_per_s": cpu_flops},
         "total": {
-            **{key: total(key) for key in ("client_trainings", "examples", "tokens", "steps", "flops")},
+            "client_trainings": total("client_trainings"),
+            "examples": total("examples"),
+            "tokens": total("tokens"),
+            "steps": total("steps"),
+            "flops": total("flops"),
             "bytes_up": sum(p.bytes_up_per_round * p.rounds * p.times for p in plan.phases),
             "bytes_down": sum(p.bytes_down_per_round * p.rounds * p.times for p in plan.phases),
             "peak_memory": peak,
@@ -77,7 +84,7 @@ def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> dict[
             "cpu_hours": None,
             "unknown_phases": sum(1 for r in phases if r["flops"] is None),
         },
-        "device": {"gpu": asdict(gpu), "gpus": gpus, "cpu_flops_per_s": cpu_flops},
+        "device": {"gpu": cast(GpuData, asdict(gpu)), "gpus": gpus, "cpu_flops_per_s": cpu_flops},
         "fits": {
             "workers": plan.workers,
             "workers_per_gpu": plan.workers_per_gpu,
@@ -163,7 +170,7 @@ def _table(title: str, headers: list[str], rows: list[list[str]], total: list[st
     return table
 
 
-def plan_tables(data: dict[str, Any], width: int | None = None) -> list[Table]:
+def plan_tables(data: PlanData, width: int | None = None) -> list[Table]:
     """The phases of :func:`plan_json`'s ``data`` and their total as two rich tables: the work, and its cost.
 
     No cell wraps or is cut: a table wider than ``width`` columns leaves out its last columns and says so; the CPU
@@ -177,7 +184,7 @@ def plan_tables(data: dict[str, Any], width: int | None = None) -> list[Table]:
         cpu_total = rehearsed["cpu_hours"]
     work_rows, cost_rows = [], []
     for p, hours in zip(data["phases"], cpu_hours, strict=True):
-        counts = (p[key] for key in ("client_trainings", "examples", "tokens", "steps", "flops"))
+        counts = (p[key] for key in COUNTS)
         work_rows.append([p["method"], p["phase"], str(p["times"]), *map(_count, counts)])
         traffic = _traffic(p["bytes_up_per_round"], p["bytes_down_per_round"]) if p["rounds"] else "-"
         cpu_time = [_duration(hours)] if cpu else []
@@ -187,7 +194,7 @@ def plan_tables(data: dict[str, Any], width: int | None = None) -> list[Table]:
         )
     t = data["total"]
     total = "total (at least)" if t["unknown_phases"] else "total"
-    counts = (t[key] for key in ("client_trainings", "examples", "tokens", "steps", "flops"))
+    counts = (t[key] for key in COUNTS)
     work_total = [total, "", "", *map(_count, counts)]
     cost_total = [total, "all seeds", _duration(t["gpu_hours"]), *([_duration(cpu_total)] if cpu else [])]
     cost_total += [_bytes(t["peak_memory"]), _bytes(t["disk"]), _traffic(t["bytes_up"], t["bytes_down"]) + " in all"]
@@ -202,7 +209,7 @@ def plan_tables(data: dict[str, Any], width: int | None = None) -> list[Table]:
     ]
 
 
-def plan_lines(data: dict[str, Any]) -> list[str]:
+def plan_lines(data: PlanData) -> list[str]:
     """The lines under the table: the federation, the models, what fits in GPU memory, the assumptions."""
     fed = data["federation"]
     pools = ", ".join(f"{pool} {count}" for pool, count in fed["clients"].items())
