@@ -271,9 +271,11 @@ class DepthStep(TypedDict):
 
 
 class CutStep(TypedDict):
-    """The step at the rehearsal's own (cut) batch, at the rehearsed depth."""
+    """The step the rehearsal's clients took: at its own (cut) batch and length (``None`` for images), at the
+    rehearsed depth."""
 
     batch_size: int
+    length: int | None
     depths: list[DepthStep]
 
 
@@ -289,7 +291,8 @@ class _StepMeasurement(TypedDict):
 class StepMeasurement(_StepMeasurement, total=False):
     """One model's training step measured at several depths (``length``: its tokens, ``None`` for images), the
     per-layer cost and the step at its true depth from the two shallowest (where two were measured), their errors
-    against a measurement at the true depth (where there is one), and the step at the cut batch (``cut``)."""
+    against a measurement at the true depth (where there is one), and the step the rehearsal's clients took
+    (``cut``)."""
 
     per_layer_s: float | None
     per_layer_mb: float
@@ -323,6 +326,7 @@ class RehearseSection(TypedDict, total=False):
     eval_batches: int
     batch_size: int | None
     new_tokens: int
+    max_length: int | None
     seeds: int
     device: str
     measure_steps: bool

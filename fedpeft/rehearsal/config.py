@@ -13,18 +13,16 @@ which needs CUDA, is dropped (both said in the rehearsal's notes).
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig
 from fedpeft.core.method_class import MethodConfig
 
 
-def is_round_count(key: str, value: Any) -> bool:
+def is_round_count(key: str, value: object) -> bool:
     """Whether a method setting counts rounds (``rounds``, ``local_rounds``, ``svd_warmup_rounds``, ...)."""
     return (key == "rounds" or key.endswith("_rounds")) and isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_batch(key: str, value: Any) -> bool:
+def is_batch(key: str, value: object) -> bool:
     """Whether a method setting is a training batch's size (``batch_size``, ``outer_batch_size``, ...); a pass
     over a client's data without training (``stats_batch_size``) keeps its batch, since it reads every example
     however it is cut."""
@@ -39,7 +37,7 @@ def is_batch(key: str, value: Any) -> bool:
 def cut_method(entry: MethodConfig, rounds: int, batch_size: int | None = None) -> MethodConfig:
     """``entry`` with every round count at most ``rounds`` and its ``batch_size`` at most ``batch_size`` (an
     entry's own nested configs included)."""
-    updates: dict[str, Any] = {}
+    updates: dict[str, object] = {}
     for key, value in entry:
         if is_round_count(key, value) and value > rounds:
             updates[key] = rounds
@@ -53,7 +51,7 @@ def cut_method(entry: MethodConfig, rounds: int, batch_size: int | None = None) 
 def cut_model(model: ModelConfig, device: str, notes: list[str], max_length: int | None = None) -> ModelConfig:
     """``model`` as it can run on ``device`` (float16 and quantization need a GPU), its examples at most
     ``max_length`` tokens."""
-    updates: dict[str, Any] = {}
+    updates: dict[str, object] = {}
     if max_length is not None and model.max_length > max_length:
         updates["max_length"] = max_length
     if device == "cpu" and model.dtype == "float16":

@@ -16,12 +16,14 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject, JSONValue
 from fedpeft.core.registry import MODELS
 from fedpeft.data.tokenizer import cache_root, publish_dir
+from fedpeft.planning.shapes import PhaseMeasurement, RehearsalSummary, RehearseSection, StepMeasurement
 from fedpeft.rehearsal.config import rehearsal_config
 
 REHEARSAL_FILE = "rehearsal.json"
@@ -52,7 +54,7 @@ def prepare(cfg: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
         path = _model(model, rehearse.layers, texts)
         standins[str(path)] = model.name
         replaced[key] = model.model_copy(update={"name": str(path), "revision": None})
-    update: dict[str, Any] = {"rehearse": rehearse.model_copy(update={"models": standins, "data": description})}
+    update: dict[str, object] = {"rehearse": rehearse.model_copy(update={"models": standins, "data": description})}
     if cut.models:
         update["models"] = replaced
     else:
@@ -84,7 +86,7 @@ def _data_dir(cfg: ExperimentConfig) -> Path:
     return cache_root() / "rehearsal" / "data" / f"{cfg.data.name}-{_data_key(cfg)}"
 
 
-def _data_updates(cfg: ExperimentConfig) -> dict[str, Any]:
+def _data_updates(cfg: ExperimentConfig) -> JSONObject:
     record = json.loads((_data_dir(cfg) / "standin.json").read_text())
     return dict(record["updates"])
 
@@ -119,7 +121,7 @@ def _data(cfg: ExperimentConfig) -> tuple[list[str], str | None]:
     return list(record["texts"]), str(record["description"])
 
 
-def _moved(value: Any, staging: Path, target: Path) -> Any:
+def _moved(value: JSONValue, staging: Path, target: Path) -> JSONValue:
     """A data setting that names the staging directory, naming its final place instead."""
     if isinstance(value, str) and value.startswith(str(staging)):
         return str(target) + value[len(str(staging)) :]
@@ -142,13 +144,13 @@ def _own_texts(cfg: ExperimentConfig) -> list[str]:
 
 
 def summarize(
-    run_dir: Path, cfg: ExperimentConfig, notes: list[str], steps: list[dict[str, Any]], total_s: float
-) -> dict[str, Any]:
+    run_dir: Path, cfg: ExperimentConfig, notes: list[str], steps: list[StepMeasurement], total_s: float
+) -> RehearsalSummary:
     """What the rehearsal in ``run_dir`` measured, written to its ``rehearsal.json``: per method and phase the
     wall time and peak memory (from ``costs.jsonl``), the per-depth step measurements, the notes, and
     ``total_s``, the whole rehearsal's wall time (stand-ins, the run, the step measurements)."""
     assert cfg.rehearse is not None
-    phases: list[dict[str, Any]] = []
+    phases: list[PhaseMeasurement] = []
     costs = run_dir / "costs.jsonl"
     rows = [json.loads(line) for line in costs.read_text().splitlines() if line.strip()] if costs.is_file() else []
     table: dict[tuple[str, int, str], dict[str, float]] = {}
@@ -157,11 +159,11 @@ def summarize(
             key = (str(row["method"]), int(row["seed"]), str(row["phase"]))
             table.setdefault(key, {})[row["metric"]] = float(row["value"])
     for (method, seed, phase), values in table.items():
-        phases.append({"method": method, "seed": seed, "phase": phase, **values})
-    summary = {
+        phases.append(cast(PhaseMeasurement, {"method": method, "seed": seed, "phase": phase, **values}))
+    summary: RehearsalSummary = {
         "what": NOT_RESULTS,
         "config": cfg.name,
-        "rehearse": cfg.rehearse.model_dump(mode="json"),
+        "rehearse": cast(RehearseSection, cfg.rehearse.model_dump(mode="json")),
         "notes": notes,
         "phases": phases,
         "total_s": round(total_s, 1),
@@ -173,7 +175,7 @@ def summarize(
     return summary
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
+def summary_lines(summary: RehearsalSummary) -> list[str]:
     """The rehearsal's end block: what it was, what it measured, what the true depth would take."""
     rehearse = summary["rehearse"]
     lines = [f"Rehearsal of {summary['config']}: {NOT_RESULTS}."]
@@ -196,7 +198,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def step_line(step: dict[str, Any]) -> str:
+def step_line(step: StepMeasurement) -> str:
     """One model's per-depth step measurement as a sentence."""
     measured = ", ".join(
         f"{d['layers']} layers {d['step_s']:.2f} s / {d['peak_rss_mb']:.0f} MB" for d in step["depths"]

@@ -32,16 +32,17 @@ import os
 import re
 import shutil
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
 from fedpeft.core.config import ExperimentConfig
 from fedpeft.core.errors import UserError
+from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.seeds import derive_seed
 from fedpeft.data.options import setting
 from fedpeft.planning.federation import (
@@ -188,7 +189,7 @@ class StandIn:
     """A stand-in written to disk: what to set in ``cfg.data`` so that the real loader reads it, a sample of its
     texts (for a stand-in tokenizer) and one line saying what it is."""
 
-    data_updates: dict[str, Any]
+    data_updates: JSONObject
     texts: list[str]
     description: str
 
@@ -294,7 +295,12 @@ def write_standin(cfg: ExperimentConfig, root: Path, *, scale: float = 1.0) -> S
     gen = _Gen(cfg.data.seed, name)
     written = _WRITERS[name](cfg, partial, gen, scale)
     texts = gen.sample()
-    manifest = {"key": key, "path": written.path, "updates": written.updates, "description": written.description}
+    manifest: _Manifest = {
+        "key": key,
+        "path": written.path,
+        "updates": written.updates,
+        "description": written.description,
+    }
     (partial / "standin-texts.json").write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
     (partial / "standin.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     if final.exists():
@@ -303,13 +309,13 @@ def write_standin(cfg: ExperimentConfig, root: Path, *, scale: float = 1.0) -> S
     return _standin(final, manifest, texts)
 
 
-def _key(cfg: ExperimentConfig, scale: float) -> dict[str, Any]:
+def _key(cfg: ExperimentConfig, scale: float) -> JSONObject:
     data = cfg.data.model_dump(mode="json", exclude={"path", "hub_id"})
     data["explicit"] = sorted(cfg.data.model_fields_set - {"path", "hub_id"})  # the fields given their own defaults
     return {"version": STANDIN_VERSION, "scale": scale, "data": data, "clients": _mosaic_clients(cfg)}
 
 
-def _reuse(final: Path, key: dict[str, Any]) -> StandIn | None:
+def _reuse(final: Path, key: JSONObject) -> StandIn | None:
     """The stand-in already in ``final`` for ``key``; None (and ``final`` removed) when it was written for
     another; a ``UserError`` when ``final`` holds something else."""
     if not final.exists():
@@ -327,7 +333,7 @@ def _reuse(final: Path, key: dict[str, Any]) -> StandIn | None:
     return _standin(final, manifest, json.loads(texts_path.read_text(encoding="utf-8")))
 
 
-def _standin(final: Path, manifest: dict[str, Any], texts: list[str]) -> StandIn:
+def _standin(final: Path, manifest: _Manifest, texts: list[str]) -> StandIn:
     path = final / manifest["path"] if manifest["path"] else final
     return StandIn(
         data_updates={"path": str(path), **manifest["updates"]},
@@ -336,10 +342,17 @@ def _standin(final: Path, manifest: dict[str, Any], texts: list[str]) -> StandIn
     )
 
 
+class _Manifest(TypedDict):
+    key: JSONObject  # what the stand-in was written for (:func:`_key`)
+    path: str
+    updates: JSONObject
+    description: str
+
+
 @dataclass(frozen=True)
 class _Written:
     path: str  # data.path, relative to the dataset's folder ("" for the folder itself)
-    updates: dict[str, Any]  # the other keys of cfg.data to set
+    updates: JSONObject  # the other keys of cfg.data to set
     description: str  # "{dir}" stands for the dataset's folder
 
 
@@ -515,9 +528,9 @@ def _choice(rng: np.random.Generator, options: Sequence[str], n: int, p: Sequenc
 # ---------------------------------------------------------------------------------------------------- files
 
 
-def _features(**columns: Any) -> dict[str, Any]:
+def _features(**columns: str | list[str] | tuple[str, ...]) -> dict[str, JSONObject]:
     """``datasets`` feature declarations: a list of names is a ClassLabel, a string a Value dtype."""
-    out: dict[str, Any] = {}
+    out: dict[str, JSONObject] = {}
     for column, kind in columns.items():
         if isinstance(kind, (list, tuple)):
             out[column] = {"names": list(kind), "_type": "ClassLabel"}
@@ -528,7 +541,9 @@ def _features(**columns: Any) -> dict[str, Any]:
     return out
 
 
-def _write_parquet(path: Path, columns: dict[str, Any], features: dict[str, Any] | None = None) -> None:
+def _write_parquet(
+    path: Path, columns: Mapping[str, Sequence[object]], features: dict[str, JSONObject] | None = None
+) -> None:
     """A parquet file of ``columns`` carrying ``features`` as the hub's parquet export does (``datasets`` reads
     ClassLabel names and Image columns from it)."""
     import pyarrow as pa
@@ -541,7 +556,7 @@ def _write_parquet(path: Path, columns: dict[str, Any], features: dict[str, Any]
     pq.write_table(table, path)
 
 
-def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+def _write_jsonl(path: Path, rows: Iterable[Mapping[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
@@ -897,7 +912,7 @@ def _commonsense(cfg: ExperimentConfig, out: Path, gen: _Gen, scale: float) -> _
     )
 
 
-def _commonsense_rows(task: str, n: int, rng: np.random.Generator, gen: _Gen) -> list[dict[str, Any]]:
+def _commonsense_rows(task: str, n: int, rng: np.random.Generator, gen: _Gen) -> Sequence[Mapping[str, object]]:
     words = MEAN_WORDS["commonsense"]
 
     def texts(key: str, count: int = n, end: str = ".") -> list[str]:
@@ -1180,9 +1195,19 @@ class _Images:
         return paths
 
 
+class _MosaicRow(TypedDict, total=False):
+    """A row of a FedMosaic-style task: a question and its answer, and for a visual task its image(s) and the
+    choices of a multiple-choice question."""
+
+    question: str
+    answer: str
+    choices: list[str]
+    image: str | list[str]  # the image's file, or several for a multi-image question
+
+
 def _mosaic_vqa_rows(
     prefix: str, task: str, n: int, rng: np.random.Generator, gen: _Gen, images: _Images
-) -> list[dict[str, Any]]:
+) -> list[_MosaicRow]:
     words = MEAN_WORDS["mosaic"]
     per_image = MOSAIC_SIZES["questions_per_image"]
     pictures = images.pool(prefix, max(1, -(-n // per_image)), rng)
@@ -1191,7 +1216,7 @@ def _mosaic_vqa_rows(
     kind = task.rsplit("-", 1)[-1] if not task[-1].isdigit() else task.rsplit("-", 1)[0]
     rows = []
     for i in range(n):
-        row: dict[str, Any] = {"question": questions[i]}
+        row: _MosaicRow = {"question": questions[i]}
         if kind == "yesno":
             row["answer"] = "yes" if rng.random() < 0.5 else "no"
         elif kind in ("number", "counting"):
@@ -1213,7 +1238,7 @@ def _mosaic_vqa_rows(
     return rows
 
 
-def _mosaic_text_rows(task: str, n: int, rng: np.random.Generator, gen: _Gen) -> list[dict[str, Any]]:
+def _mosaic_text_rows(task: str, n: int, rng: np.random.Generator, gen: _Gen) -> list[_MosaicRow]:
     words = MEAN_WORDS["mosaic"]
     questions = gen.texts(rng, "en", words["text_question"], n, end="?")
     if task.startswith("code"):  # code: lines of statements, indented

@@ -22,10 +22,14 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedpeft.core.errors import UserError
 from fedpeft.data.tokenizer import cache_root, corpus_key, publish_dir
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import CLIPImageProcessor, PreTrainedTokenizerFast, ViTImageProcessorPil
 
 # Bump when the recipe below changes, so that stale cached stand-ins are not reused.
 _RECIPE_VERSION = 1
@@ -147,7 +151,7 @@ def _write_checkpoint(directory: Path, name: str, config: dict[str, Any], texts:
     tokenizer.save_pretrained(str(directory))
 
 
-def _dtype(config: dict[str, Any]) -> Any:
+def _dtype(config: dict[str, Any]) -> torch.dtype:
     import torch
 
     text = text_part(config)
@@ -155,7 +159,7 @@ def _dtype(config: dict[str, Any]) -> Any:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(name), torch.float32)
 
 
-def _tokenizer(texts: list[str], *, vocab: int, encoder: bool) -> Any:
+def _tokenizer(texts: list[str], *, vocab: int, encoder: bool) -> PreTrainedTokenizerFast:
     """A tokenizer trained on ``texts`` (at most :data:`TRAINED_VOCAB` tokens learnt) with exactly ``vocab``
     tokens: the learnt ones, then unused padding tokens."""
     from transformers import PreTrainedTokenizerFast
@@ -180,13 +184,13 @@ def _tokenizer(texts: list[str], *, vocab: int, encoder: bool) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=trained.model_input_names, **specials)
 
 
-def _image_processor(size: int) -> Any:
+def _image_processor(size: int) -> ViTImageProcessorPil:
     from fedpeft.models.vision import image_processor
 
     return image_processor(size)
 
 
-def _clip_processor(size: int) -> Any:
+def _clip_processor(size: int) -> CLIPImageProcessor:
     from transformers import CLIPImageProcessor
 
     return CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})

@@ -20,10 +20,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.models.paper_configs import model_config
+from fedpeft.planning.shapes import DepthStep, StepMeasurement
 from fedpeft.rehearsal.standin_model import cut_depth, true_depth
 
 MEASURED_STEPS = 2  # timed steps after one warm-up step
@@ -41,7 +42,7 @@ def measure_steps(
     check_full_depth: bool = False,
     cut_batch: int | None = None,
     lengths: dict[str, int] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[StepMeasurement]:
     """Per stand-in model of the rehearsal config ``cfg``: its step on ``batch_size`` examples (the uncut
     config's) at depth 1 and at the rehearsed depth (and at its true depth with ``check_full_depth``), the
     per-layer cost and the extrapolated step at the true depth; each model's examples at its ``lengths`` entry
@@ -51,7 +52,7 @@ def measure_steps(
     timed: a step's time is not proportional to its batch (a batch pads to its longest example, and a step has a
     part that does not shrink with it)."""
     assert cfg.rehearse is not None
-    results: list[dict[str, Any]] = []
+    results: list[StepMeasurement] = []
     models = cfg.models or {"": cfg.model}
     with tempfile.TemporaryDirectory(prefix="fedpeft-steps-") as scratch:
         config_file = Path(scratch) / "config.yaml"
@@ -80,11 +81,11 @@ def measure_steps(
 
 
 def extrapolate(
-    name: str, measured: list[dict[str, Any]], full: int, batch_size: int, length: int | None
-) -> dict[str, Any]:
+    name: str, measured: list[DepthStep], full: int, batch_size: int, length: int | None
+) -> StepMeasurement:
     """The per-layer step time and memory from the two shallowest depths of ``measured``, and the step at depth
     ``full`` they give (with its error against a measurement at ``full``, if there is one)."""
-    entry: dict[str, Any] = {
+    entry: StepMeasurement = {
         "model": name,
         "true_layers": full,
         "timed_steps": MEASURED_STEPS,
@@ -113,7 +114,7 @@ def extrapolate(
 
 def _measure(
     config_file: Path, key: str, standin: Path, original: dict[str, Any], depth: int, batch_size: int, length: int
-) -> dict[str, Any]:
+) -> DepthStep:
     """One depth's step, in a process of its own: a checkpoint directory whose config has ``depth`` layers and
     whose other files are the stand-in's (layers the weights lack are drawn fresh, as a head is)."""
     with tempfile.TemporaryDirectory(prefix="fedpeft-depth-") as directory:
@@ -127,7 +128,7 @@ def _measure(
     if done.returncode != 0:
         raise RuntimeError(f"the step at depth {depth} failed:\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"layers": depth, **result}
+    return cast(DepthStep, {"layers": depth, **result})
 
 
 def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, length: int) -> dict[str, float]:
