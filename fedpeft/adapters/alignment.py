@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from fedpeft.adapters.pq_lora import Site, nearest_orthonormal_columns, nearest_orthonormal_rows
 from fedpeft.data.types import Example
+
+if TYPE_CHECKING:
+    from fedpeft.models.runtime import ModelRuntime
 
 Frames = dict[str, dict[str, torch.Tensor]]
 """PQ frames of one architecture: site key -> {"A": r x d_in, "B": d_out x r}."""
@@ -44,14 +47,14 @@ class AlignmentSettings:
     encode_batch_size: int = 16
 
 
-def same_tokenizer(first: Any, second: Any) -> bool:
+def same_tokenizer(first: ModelRuntime, second: ModelRuntime) -> bool:
     """Whether two runtimes tokenize alike (then tokens correspond one to one)."""
     return first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
 
 
 @torch.no_grad()
 def site_inputs(
-    runtime: Any, modules: list[str], examples: list[Example], batch_size: int = 16
+    runtime: ModelRuntime, modules: list[str], examples: list[Example], batch_size: int = 16
 ) -> dict[str, list[torch.Tensor]]:
     """The inputs of ``modules`` under the base model: per module, one (tokens x d_in) tensor per example."""
     from fedpeft.models.runtime import ClientModel
@@ -207,10 +210,10 @@ def align_output_frame(
 
 
 def align_frames(
-    pivot: Any,
+    pivot: ModelRuntime,
     pivot_sites: list[Site],
     pivot_frames: Frames,
-    other: Any,
+    other: ModelRuntime,
     other_sites: list[Site],
     other_frames: Frames,
     public: list[Example],
@@ -244,8 +247,17 @@ def align_frames(
     return aligned, report
 
 
+class Runtimes(Protocol):
+    """What the alignment reads of a federation (:class:`~fedpeft.federation.Federation`): each architecture's
+    runtime."""
+
+    def runtime(self, name: str) -> ModelRuntime:
+        """The loaded runtime of architecture ``name``."""
+        ...
+
+
 def align_federation(
-    federation: Any,
+    federation: Runtimes,
     sites: dict[str, list[Site]],
     frames: dict[str, Frames],
     pivot: str,

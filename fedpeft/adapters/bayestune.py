@@ -20,10 +20,10 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from peft.tuners.lora import LoraLayer
+from torch.utils.hooks import RemovableHandle
 
 from fedpeft.adapters.weights import layer_weight
 from fedpeft.analysis.scales import SCALE_MAX, SCALE_MIN, kept_ranks
@@ -32,6 +32,7 @@ from fedpeft.core.records import Budget
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
+from fedpeft.settings.methods import BayesTuneSettings
 from fedpeft.training import TrainArgs
 
 PRUNED_SLOT = "bayestune-pruned"
@@ -159,7 +160,7 @@ class RankScaleHooks:
         self.layers = lora_layers(runtime)
         self.scales = scales
         self.rows: Sequence[torch.Tensor] = []
-        self.handles: list[Any] = []
+        self.handles: list[RemovableHandle] = []
         if len(scales) != len(self.layers):
             raise ValueError(f"{len(scales)} scale rows for {len(self.layers)} LoRA modules")
         self.key = runtime.active.key  # type: ignore[union-attr]
@@ -169,7 +170,7 @@ class RankScaleHooks:
                     f"scales of {row.numel()} ranks for a LoRA of rank {layer.lora_A[self.key].out_features}"
                 )
 
-    def _refresh(self, *_: Any) -> None:
+    def _refresh(self, *_: object) -> None:
         if isinstance(self.scales, torch.Tensor):
             self.rows = clamp_st(self.scales).unbind(0)
 
@@ -179,19 +180,21 @@ class RankScaleHooks:
         self.handles.append(self.runtime.base_model.register_forward_pre_hook(self._refresh))
         for index, layer in enumerate(self.layers.values()):
 
-            def scale(module: torch.nn.Module, inputs: Any, output: torch.Tensor, i: int = index) -> torch.Tensor:
+            def scale(
+                module: torch.nn.Module, inputs: tuple[object, ...], output: torch.Tensor, i: int = index
+            ) -> torch.Tensor:
                 return output * self.rows[i].to(output.dtype)
 
             self.handles.append(layer.lora_A[self.key].register_forward_hook(scale))
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
 
 
-def stage1_step_count(runtime: ModelRuntime, num_examples: int, cfg: Any) -> int:
+def stage1_step_count(runtime: ModelRuntime, num_examples: int, cfg: BayesTuneSettings) -> int:
     """Optimizer steps of stage 1 (the training of the scales) for a client with ``num_examples`` examples.
 
     ``cfg.stage1_epochs`` passes at ``cfg.batch_size`` (ceil(N / batch) steps per epoch, with gradient
@@ -205,7 +208,7 @@ def train_scales(
     runtime: ModelRuntime,
     examples: list[Example],
     initial_scales: torch.Tensor,
-    cfg: Any,
+    cfg: BayesTuneSettings,
     *,
     seed: int,
     steps: int | None = None,
@@ -228,7 +231,7 @@ def train_scales(
     b_matrices = [layer_weight(layer.lora_B[key]) for layer in lora_layers(runtime).values()]
     weight_s, weight_p = cfg.alpha_s / len(examples), cfg.alpha_p / len(examples)
 
-    def penalty(model: torch.nn.Module, batch: Any, outputs: Any) -> torch.Tensor:
+    def penalty(model: torch.nn.Module, batch: dict[str, torch.Tensor], outputs: object) -> torch.Tensor:
         sparsity, prior = bayestune_penalties(b_matrices, scales)
         return weight_s * sparsity + weight_p * prior
 
@@ -275,7 +278,7 @@ def finetune_pruned(
     examples: list[Example],
     scales: torch.Tensor,
     budget: int,
-    cfg: Any,
+    cfg: BayesTuneSettings,
     *,
     seed: int,
     pruned: PrunedAdapters,

@@ -13,9 +13,10 @@ the first components and zero-pads back; FlexLoRA rebuilds factors from an SVD.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from fedpeft.core.jsontypes import JSONObject
 
 A_SUFFIX = ".lora_A.weight"
 B_SUFFIX = ".lora_B.weight"
@@ -35,7 +36,7 @@ class LoraModule:
     experts: int = 1
     block: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"key": self.key, "experts": self.experts, "block": self.block}
 
 

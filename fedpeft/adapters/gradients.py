@@ -14,12 +14,15 @@ loss, so leaving the mask out changes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.func import functional_call, grad, vmap
 
 from fedpeft.data.types import Example
+
+if TYPE_CHECKING:
+    from fedpeft.models.runtime import ModelRuntime
 
 
 def state_key(param_name: str, adapter: str) -> str:
@@ -32,9 +35,10 @@ def state_key(param_name: str, adapter: str) -> str:
 
 
 def adapter_parameters_by_key(
-    runtime: Any, select: Callable[[str], bool] | None = None
+    runtime: ModelRuntime, select: Callable[[str], bool] | None = None
 ) -> dict[str, torch.nn.Parameter]:
     """The active adapter's parameters keyed like :meth:`ModelRuntime.adapter_state`, optionally filtered."""
+    assert runtime.active is not None
     adapter = runtime.active.key
     params = {state_key(name, adapter): p for name, p in runtime.adapter_parameters().items()}
     return {k: p for k, p in params.items() if select is None or select(k)}
@@ -49,7 +53,7 @@ def _shape_groups(encoded: Sequence[dict[str, torch.Tensor]]) -> dict[tuple, lis
 
 
 def per_sample_gradients(
-    runtime: Any, examples: Sequence[Example], select: Callable[[str], bool] | None = None
+    runtime: ModelRuntime, examples: Sequence[Example], select: Callable[[str], bool] | None = None
 ) -> tuple[torch.Tensor, list[tuple[str, torch.Size]]]:
     """Gradients of each example's loss w.r.t. the active adapter's tensors, flattened into rows.
 
@@ -65,6 +69,7 @@ def per_sample_gradients(
     params = adapter_parameters_by_key(runtime, select)
     if not params:
         raise ValueError("no adapter tensor selected for per-sample gradients")
+    assert runtime.active is not None and runtime.peft is not None
     names = {key: name for name, key in ((n, state_key(n, runtime.active.key)) for n in runtime.adapter_parameters())}
     model = runtime.peft
     detached = {names[k]: p.detach() for k, p in params.items()}
@@ -130,7 +135,7 @@ def _without_padding_warning(model: torch.nn.Module) -> Callable[[], None]:
     return restore
 
 
-def _no_warning(*args: Any, **kwargs: Any) -> None:
+def _no_warning(*args: object, **kwargs: object) -> None:
     return None
 
 

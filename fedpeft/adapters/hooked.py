@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
@@ -31,6 +31,9 @@ from safetensors.torch import save as safetensors_bytes
 
 from fedpeft.adapters.pq_lora import Site, orthonormal_columns, orthonormal_rows
 from fedpeft.core.io import write_bytes_atomic
+
+if TYPE_CHECKING:
+    from fedpeft.models.runtime import ModelRuntime
 
 GATED = "gated"
 SUM = "sum"
@@ -104,7 +107,7 @@ class HookedAdapter:
             self.tensors[f"gate/{layer}"] = torch.zeros(())
         return self
 
-    def add_head(self, runtime: Any) -> HookedAdapter:
+    def add_head(self, runtime: ModelRuntime) -> HookedAdapter:
         """Trainable copies of the runtime's classification-head parameters (nothing for generation)."""
         for leaf in runtime.loaded.head_modules:
             module = _find_module(runtime.base_model, leaf)
@@ -212,7 +215,7 @@ class HookedAdapter:
             out = out + (weight * self.scaling) * (hidden @ t[f"{branch}/{site.key}.lora_B"].T)
         return out  # type: ignore[return-value]
 
-    def attach(self, runtime: Any) -> Callable[[], None]:
+    def attach(self, runtime: ModelRuntime) -> Callable[[], None]:
         """Hook the branches onto the runtime's modules; returns the function that removes every hook."""
         modules = dict(runtime.target_modules)
         handles = []
@@ -230,18 +233,18 @@ class HookedAdapter:
         return detach
 
     def _site_hook(self, site: Site) -> Callable[..., torch.Tensor]:
-        def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
             if not self.enabled or not self.active:
                 return output
             return output + self.delta(site, args[0].to(torch.float32)).to(output.dtype)
 
         return hook
 
-    def _head_hook(self, leaf: str) -> Callable[..., Any]:
+    def _head_hook(self, leaf: str) -> Callable[..., torch.Tensor]:
         prefix = f"head/{leaf}."
         running: list[bool] = []  # the copy's forward runs the module again, which must not re-enter this hook
 
-        def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        def hook(module: torch.nn.Module, args: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
             if not self.enabled or running:
                 return output
             params = {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}

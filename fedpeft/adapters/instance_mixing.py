@@ -8,9 +8,8 @@ instances.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from peft.tuners.tuners_utils import BaseTuner
@@ -46,7 +45,9 @@ def drawn_weights(
 
 
 @contextmanager
-def mixed_adapters(runtime: ModelRuntime, weights: dict[LoraSpec, Any]) -> Iterator[dict[str, Any]]:
+def mixed_adapters(
+    runtime: ModelRuntime, weights: Mapping[LoraSpec, float | torch.Tensor]
+) -> Iterator[dict[str, float | torch.Tensor]]:
     """Make several installed adapters active together, each LoRA update scaled by its weight.
 
     A weight is a number or a tensor of one weight per batch row; the yielded mapping (adapter name -> weight)
@@ -61,7 +62,7 @@ def mixed_adapters(runtime: ModelRuntime, weights: dict[LoraSpec, Any]) -> Itera
     scales = {s.key: w for s, w in weights.items()}
 
     def hook_for(key: str):  # noqa: ANN202
-        def scale(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        def scale(module: torch.nn.Module, inputs: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
             weight = scales[key]
             if isinstance(weight, torch.Tensor) and weight.dim() == 1:
                 weight = weight.to(output).view(-1, *([1] * (output.dim() - 1)))

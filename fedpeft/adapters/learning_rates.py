@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 import torch
+from torch.autograd.function import FunctionCtx
 
 from fedpeft.core.types import StateDict
 from fedpeft.models.runtime import ModelRuntime
@@ -27,11 +27,11 @@ class ClampSTE(torch.autograd.Function):
     """Clamp in the forward pass, identity in the backward pass (FedL2P's straight-through estimator)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, low: float, high: float) -> torch.Tensor:  # noqa: ANN401
+    def forward(ctx: FunctionCtx, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
         return x.clamp(low, high)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN401
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return grad, None, None
 
 

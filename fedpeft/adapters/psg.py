@@ -12,6 +12,7 @@ scales as in the authors' reference code, or averaged.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def regress_toward(
     return before, after
 
 
-def save_generator(path: Path, tensors: StateDict, meta: dict[str, Any]) -> None:
+def save_generator(path: Path, tensors: StateDict, meta: Mapping[str, object]) -> None:
     """Write PSG weights (``path``, safetensors) and what personalization needs (``path`` with ``.json``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = safetensors_bytes({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata={"format": "pt"})

@@ -9,15 +9,18 @@ The result is ``[E(h_0), SD(h_0), ..., E(h_{L-1}), SD(h_{L-1})]``, 2L scalars in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from fedpeft.data.types import Example
 
+if TYPE_CHECKING:
+    from fedpeft.models.runtime import ModelRuntime
+
 
 @torch.no_grad()
-def feature_statistics(runtime: Any, examples: list[Example], batch_size: int = 64) -> torch.Tensor:
+def feature_statistics(runtime: ModelRuntime, examples: list[Example], batch_size: int = 64) -> torch.Tensor:
     """The 2L input-feature statistics of ``examples`` under the runtime's base model.
 
     Args:
