@@ -5,12 +5,15 @@ overwrites or trains some keeps the values it replaced, and only those, to resto
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from fedpeft.core.errors import UserError
 from fedpeft.core.types import StateDict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _is_quantized(param: torch.Tensor) -> bool:
@@ -33,7 +36,7 @@ class BaseWeights:
         self.dtype = dtype
         self.quantized = getattr(model, "is_quantized", False) is True
         # A transformers model: callers read its config and call generate, which torch's Module type does not know.
-        self.base_model: Any = model if self.quantized else model.to(device)
+        self.base_model = cast("PreTrainedModel", model if self.quantized else model.to(device))
         # Parameter objects survive PEFT's injection (they move under base_layer / original_module), so these
         # references keep addressing the base weights under their canonical names.
         self.base_params: dict[str, torch.nn.Parameter] = dict(self.base_model.named_parameters())

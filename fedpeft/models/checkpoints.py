@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 from huggingface_hub.errors import HFValidationError
 from transformers import (
@@ -21,7 +20,6 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PreTrainedModel,
-    PreTrainedTokenizerBase,
 )
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING,
@@ -35,7 +33,7 @@ from fedpeft.models.gguf import cached_gguf_checkpoint, local_gguf_source
 from fedpeft.models.multimodal import load_image_text_checkpoint
 from fedpeft.models.precision import quantization_config, torch_dtype
 from fedpeft.models.tiny import apply_overrides, seeded_init, set_labels
-from fedpeft.models.vision import is_image_classifier, load_image_checkpoint
+from fedpeft.models.vision import Preprocessor, is_image_classifier, load_image_checkpoint
 
 
 def load_checkpoint(
@@ -47,7 +45,7 @@ def load_checkpoint(
     revision: str | None = None,
     device: str = "cpu",
     local_files_only: bool = False,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+) -> tuple[PreTrainedModel, Preprocessor]:
     """Model and tokenizer of a checkpoint; a task head the checkpoint lacks is freshly initialized.
 
     The weights load in ``cfg.dtype``; with ``cfg.quantization`` the linear layers are quantized by bitsandbytes
@@ -66,7 +64,7 @@ def load_checkpoint(
             f"choose a model that supports {task}."
         )
     auto_class = AutoModelForSequenceClassification if task == "classification" else AutoModelForCausalLM
-    quantized: dict[str, Any] = {}
+    quantized: dict[str, object] = {}
     if cfg.quantization is not None:
         quantized = {"quantization_config": quantization_config(cfg), "device_map": {"": device}}
     with seeded_init():
@@ -92,7 +90,7 @@ def load_checkpoint(
 
 def load_external(
     cfg: ModelConfig, task: str, num_labels: int, *, device: str = "cpu"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+) -> tuple[PreTrainedModel, Preprocessor]:
     """The model ``cfg.name`` names when it is not registered: a ``.gguf`` file, a local directory or a hub id
     (``device``: where a quantized model is loaded)."""
     path = Path(cfg.name).expanduser()

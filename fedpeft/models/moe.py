@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
@@ -142,15 +141,15 @@ class MoeControl:
         return sum((self.num_experts - top_k) * size for size in self.expert_sizes)
 
     # ------------------------------------------------------------------ hooks
-    def _rescale(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+    def _rescale(self, module: nn.Module, args: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
         return output * self.scale.to(output.dtype)
 
-    def _remember_mask(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+    def _remember_mask(self, module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         mask = kwargs.get("attention_mask")
         self._token_mask = mask.reshape(-1).bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
 
     def _make_counter(self, name: str):  # noqa: ANN202
-        def count(module: nn.Module, args: Any, output: Any) -> None:
+        def count(module: nn.Module, args: tuple[object, ...], output: tuple[torch.Tensor, ...]) -> None:
             if self._counts is None:
                 return
             indices = output[-1]  # (tokens, top_k) expert indices of OLMoE-style routers

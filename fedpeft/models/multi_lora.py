@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F  # noqa: N812  (torch's own name for it)
@@ -30,6 +30,12 @@ from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
 from fedpeft.training import Batch, TrainArgs, train_clients_loop
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+ForwardHook = Callable[[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor]
+"""A forward hook that replaces a module's output: ``(module, args, output) -> output``."""
 
 
 @dataclass
@@ -210,17 +216,15 @@ class RoutedLora:
             losses.append(task_loss(self.task, part, labels, self.config))
         return losses
 
-    def _lora_hook(
-        self, a: list[torch.nn.Parameter], b: list[torch.nn.Parameter], scaling: float
-    ) -> Any:  # a forward hook: (module, args, output) -> output
-        def hook(_module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+    def _lora_hook(self, a: list[torch.nn.Parameter], b: list[torch.nn.Parameter], scaling: float) -> ForwardHook:
+        def hook(_module: torch.nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
             delta = routed_lora_delta(args[0], [a[k] for k in self._active], [b[k] for k in self._active], self._rows)
             return output + (delta * scaling).to(output.dtype)
 
         return hook
 
-    def _head_hook(self, heads: list[torch.nn.Module]) -> Any:
-        def hook(_module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+    def _head_hook(self, heads: list[torch.nn.Module]) -> ForwardHook:
+        def hook(_module: torch.nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
             parts = args[0].split(self._rows)
             return torch.cat([heads[k](part) for k, part in zip(self._active, parts, strict=True)])
 
@@ -287,7 +291,7 @@ def join_batches(batches: list[Batch], pad_token_id: int) -> Batch:
     return joined
 
 
-def task_loss(task: str, logits: torch.Tensor, labels: torch.Tensor, config: Any) -> torch.Tensor:
+def task_loss(task: str, logits: torch.Tensor, labels: torch.Tensor, config: PretrainedConfig) -> torch.Tensor:
     """The task loss a transformers model computes from ``logits`` and ``labels``: a causal LM's mean over its
     predicted tokens (labels shifted by one, -100 ignored), a sequence classifier's by its ``problem_type``."""
     if task == "generation":
@@ -305,6 +309,7 @@ def task_loss(task: str, logits: torch.Tensor, labels: torch.Tensor, config: Any
     if problem == "regression":
         return F.mse_loss(logits.squeeze(), labels.squeeze()) if num_labels == 1 else F.mse_loss(logits, labels)
     if problem == "single_label_classification":
+        assert num_labels is not None  # a classifier's config counts its labels
         return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
     return F.binary_cross_entropy_with_logits(logits, labels)
 

@@ -38,13 +38,23 @@ from fedpeft.data.types import Example
 from fedpeft.models.runtime import Loaded, ModelRuntime
 from fedpeft.models.targets import FAMILY_LORA_TARGETS, LORA_LAYER_TYPES, matches
 from fedpeft.models.text import TextEncoder, pad_left, pad_right
-from fedpeft.models.tiny import TINY_LLAMA_SHAPE, apply_overrides, require_corpus, seeded_model, tiny_decoder_config
+from fedpeft.models.tiny import (
+    TINY_LLAMA_SHAPE,
+    Corpus,
+    apply_overrides,
+    require_corpus,
+    seeded_model,
+    tiny_decoder_config,
+)
 
 IMAGE_TOKEN = "<image>"
 
+ImageSource = np.ndarray | str | Path
+"""An example's image: its pixels, or the file that holds them."""
+
 
 def build_tiny_llava(
-    cfg: ModelConfig, task: str, num_labels: int, corpus: Any
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A tiny LLaVA (ViT + projector + Llama) with a tokenizer trained on the corpus plus ``<image>``."""
     if task != "generation":
@@ -107,7 +117,7 @@ def language_model_targets(model: torch.nn.Module) -> list[str]:
     ]
 
 
-def _load_image(image: Any) -> np.ndarray:
+def _load_image(image: ImageSource) -> np.ndarray:
     if isinstance(image, np.ndarray):
         return image
     from PIL import Image
@@ -145,7 +155,7 @@ class MultimodalEncoder(TextEncoder):
         return torch.stack(batch)
 
     @staticmethod
-    def _images(example: Example) -> list[Any]:
+    def _images(example: Example) -> list[ImageSource]:
         image = example.get("image")
         if image is None:
             return []

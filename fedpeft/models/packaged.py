@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from fedpeft.core.config import ModelConfig
@@ -22,6 +22,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.models.checkpoints import load_checkpoint
 from fedpeft.models.gguf import GGUFSource, cached_gguf_checkpoint
 from fedpeft.models.tiny import Corpus
+from fedpeft.models.vision import Preprocessor
 
 
 def _packaged_minilm_dir() -> Path:
@@ -36,7 +37,7 @@ def _packaged_minilm_dir() -> Path:
 
 def build_minilm(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+) -> tuple[PreTrainedModel, Preprocessor]:
     """The packaged all-MiniLM-L6-v2 with a fresh classification head, and its tokenizer."""
     return load_checkpoint(str(_packaged_minilm_dir()), cfg, task, num_labels)
 
@@ -71,7 +72,7 @@ def packaged_gemma3_source() -> GGUFSource:
 
 def build_gemma3_270m(
     cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+) -> tuple[PreTrainedModel, Preprocessor]:
     """The packaged Gemma 3 270M, de-quantized once and cached, and its tokenizer."""
     checkpoint = cached_gguf_checkpoint(packaged_gemma3_source())
     return load_checkpoint(str(checkpoint), cfg, task, num_labels)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+
+from fedpeft.core.jsontypes import JSONObject
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -58,7 +59,7 @@ def shipped_models() -> list[str]:
     return sorted(name for name in SOURCES if config_file(name) is not None)
 
 
-def model_config(name: str, *, local: Path | None = None) -> dict[str, Any] | None:
+def model_config(name: str, *, local: Path | None = None) -> JSONObject | None:
     """The ``config.json`` values of model ``name``: from ``local`` (a ``config.json`` file or a directory holding
     one) when given and present, else from a local checkpoint directory ``name``, else the shipped configuration;
     None when there is none of them."""

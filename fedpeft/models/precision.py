@@ -13,12 +13,15 @@ from __future__ import annotations
 import functools
 import importlib.util
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import BitsAndBytesConfig
 
 __all__ = ["DTYPES", "check_quantization", "prepare_model", "quantization_config", "runs_on_cpu", "torch_dtype"]
 
@@ -81,7 +84,7 @@ def runs_on_cpu(quantization: str) -> bool:
     return output.shape == (2, 64) and bool(torch.isfinite(output).all())
 
 
-def quantization_config(cfg: ModelConfig) -> Any:
+def quantization_config(cfg: ModelConfig) -> BitsAndBytesConfig | None:
     """The ``BitsAndBytesConfig`` of ``cfg.quantization`` (``None`` when not set).
 
     ``4bit``: NF4 weights, double quantization of the block constants, compute in ``model.dtype`` (bfloat16 in

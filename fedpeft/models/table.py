@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,7 +38,10 @@ from fedpeft.models.tiny import (
     build_tiny_olmoe,
     build_tiny_qwen2,
 )
-from fedpeft.models.vision import build_tiny_vit
+from fedpeft.models.vision import Preprocessor, build_tiny_vit
+
+if TYPE_CHECKING:
+    from transformers import BaseImageProcessor
 
 __all__ = [
     "TASKS",
@@ -50,7 +53,7 @@ __all__ = [
 
 TASKS = ("classification", "generation")
 
-Builder = Callable[[ModelConfig, str, int, "Corpus | None"], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
+Builder = Callable[[ModelConfig, str, int, "Corpus | None"], tuple[PreTrainedModel, Preprocessor]]
 
 
 @dataclass
@@ -74,14 +77,14 @@ class LoadedModel:
     """
 
     model: torch.nn.Module
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None
     task: str
     name: str
     family: str
     lora_targets: list[str] = field(default_factory=list)
     head_modules: list[str] = field(default_factory=list)
     lora_parameters: list[str] = field(default_factory=list)
-    image_processor: Any = None
+    image_processor: BaseImageProcessor | None = None
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ MODELS.add(
     ModelSpec(
         family="vit",
         tasks=("classification",),
-        build=build_tiny_vit,  # type: ignore[arg-type]
+        build=build_tiny_vit,
         summary="2-layer ViT (hidden 64, 4-pixel patches of 32 x 32 images) with a transformers image processor",
     ),
 )
@@ -263,6 +266,7 @@ def load_model(
             f"model.quantization applies to hub or local checkpoints, not to the registered model {cfg.name}; "
             "drop model.quantization."
         )
+    tokenizer: Preprocessor | None
     if cfg.name in MODELS:
         name = MODELS.canonical(cfg.name)
         spec: ModelSpec = MODELS.get(name)
@@ -283,7 +287,7 @@ def load_model(
         )
     prepare_model(model, cfg)
 
-    processor = None
+    processor: BaseImageProcessor | None = None
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         _prepare_tokenizer(tokenizer, model, task, cfg.max_length)
     else:  # a vision model comes with its image processor instead

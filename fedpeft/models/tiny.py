@@ -18,8 +18,7 @@ model, the head of a pretrained one) is drawn from :data:`INIT_SEED` inside a fo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from transformers import (
@@ -58,7 +57,7 @@ def seeded_init(seed: int = INIT_SEED) -> Iterator[None]:
         yield
 
 
-def apply_overrides(config: PretrainedConfig, overrides: dict[str, Any], name: str) -> None:
+def apply_overrides(config: PretrainedConfig, overrides: Mapping[str, object], name: str) -> None:
     """Set ``model.overrides`` on a config, refusing keys the config does not have."""
     for key, value in overrides.items():
         if key == "vocab_size":
@@ -95,12 +94,12 @@ def seeded_model(model_class: type[PreTrainedModel], config: PretrainedConfig) -
 
 # ----------------------------------------------------------------------------------------------- tiny models
 
-TINY_LLAMA_SHAPE: dict[str, Any] = {"num_key_value_heads": 2, "intermediate_size": 128}
+TINY_LLAMA_SHAPE: dict[str, int] = {"num_key_value_heads": 2, "intermediate_size": 128}
 """What tiny-llama (and tiny-llava's language model) adds to :func:`tiny_decoder_config`: GQA 4/2, MLP 128."""
 
 
 def tiny_decoder_config(
-    config_class: Callable[..., PretrainedConfig], tokenizer: PreTrainedTokenizerBase, max_length: int, **shape: Any
+    config_class: Callable[..., PretrainedConfig], tokenizer: PreTrainedTokenizerBase, max_length: int, **shape: int
 ) -> PretrainedConfig:
     """A 2-layer decoder config (hidden 64, 4 heads, untied embeddings) over ``tokenizer``'s vocabulary.
 
@@ -129,7 +128,7 @@ def _tiny_decoder(
     corpus: Corpus | None,
     *,
     vocab_size: int | None = None,
-    **shape: Any,
+    **shape: int,
 ) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
     """A tiny decoder's config (``model.overrides`` applied) and its BPE tokenizer trained on the corpus."""
     tokenizer = train_tokenizer(require_corpus(corpus, cfg.name), vocab_size or cfg.vocab_size, kind="bpe")

@@ -14,14 +14,16 @@ Image examples carry an ``image`` (an ``H x W x 3`` uint8 array) and a ``label``
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 from transformers import (
     AutoConfig,
     AutoImageProcessor,
     AutoModelForImageClassification,
+    BaseImageProcessor,
+    PretrainedConfig,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     ViTConfig,
     ViTForImageClassification,
     ViTImageProcessorPil,
@@ -30,12 +32,15 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATIO
 
 from fedpeft.core.config import ModelConfig
 from fedpeft.core.errors import UserError
-from fedpeft.models.tiny import apply_overrides, seeded_init, seeded_model
+from fedpeft.models.tiny import Corpus, apply_overrides, seeded_init, seeded_model
 
 TINY_VIT_IMAGE_SIZE = 32
 
+Preprocessor = PreTrainedTokenizerBase | BaseImageProcessor
+"""What reads a model's inputs: its tokenizer, or an image classifier's image processor."""
 
-def is_image_classifier(config: Any) -> bool:
+
+def is_image_classifier(config: PretrainedConfig) -> bool:
     """Whether a transformers config belongs to an image-classification architecture."""
     return type(config) in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING
 
@@ -46,7 +51,7 @@ def image_processor(size: int) -> ViTImageProcessorPil:
 
 
 def build_tiny_vit(
-    cfg: ModelConfig, task: str, num_labels: int, corpus: Any
+    cfg: ModelConfig, task: str, num_labels: int, corpus: Corpus | None
 ) -> tuple[PreTrainedModel, ViTImageProcessorPil]:
     """The tiny ViT (overrides from ``model.overrides``) and its image processor."""
     config = ViTConfig(
@@ -68,7 +73,7 @@ def build_tiny_vit(
 
 def load_image_checkpoint(
     source: str, cfg: ModelConfig, num_labels: int, revision: str | None = None, *, local_files_only: bool = False
-) -> tuple[PreTrainedModel, Any]:
+) -> tuple[PreTrainedModel, BaseImageProcessor]:
     """An image-classification checkpoint with a head of ``num_labels`` classes, and its image processor
     (``local_files_only``: read a hub id from the local cache, never from the hub)."""
     config = AutoConfig.from_pretrained(source, revision=revision, local_files_only=local_files_only)
@@ -93,7 +98,7 @@ def load_image_checkpoint(
     return model, processor
 
 
-def encode_images(processor: Any, examples: list[dict]) -> dict[str, torch.Tensor]:
+def encode_images(processor: BaseImageProcessor, examples: list[dict]) -> dict[str, torch.Tensor]:
     """``pixel_values`` and ``labels`` of image examples."""
     import numpy as np
 

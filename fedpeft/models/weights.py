@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -107,7 +106,7 @@ def dense_strides(shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _contiguous(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+def _contiguous(module: torch.nn.Module, args: tuple[object, ...]) -> tuple[object, ...] | None:
     first = args[0] if args else None
     if isinstance(first, torch.Tensor) and first.stride() != dense_strides(first.shape):
         return (first.clone(memory_format=torch.contiguous_format), *args[1:])
@@ -323,13 +322,13 @@ class ModelWeights(BaseWeights):
             return self.base_model if self.peft is None else self.peft
         return self.peft  # type: ignore[return-value]
 
-    def adapter_context(self) -> contextlib.AbstractContextManager[Any]:
+    def adapter_context(self) -> contextlib.AbstractContextManager[None]:
         """Context in which the model computes without any adapter (when none is active)."""
         if self.active is None and self.peft is not None:
             return self.peft.disable_adapter()
         return contextlib.nullcontext()
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The context forward passes run in: ``torch.autocast`` in ``model.dtype`` (none for float32)."""
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
