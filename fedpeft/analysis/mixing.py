@@ -15,14 +15,25 @@ import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from fedpeft.core.figures import save_figure
 
 _GRID_METRIC = re.compile(r"^test_(?P<metric>.+)@(?P<alpha>[0-9.eE+-]+)$")
 
 
-def grid_curves(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+class GridCurve(TypedDict):
+    """One client's merged model on the grid: the test ``metric`` at each of the ``alphas`` (``values``, means over
+    seeds), and the closed-form ``alpha`` and the grid search's ``alpha_grid`` (NaN where not reported)."""
+
+    metric: str
+    alphas: list[float]
+    values: list[float]
+    alpha: float
+    alpha_grid: float
+
+
+def grid_curves(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, GridCurve]]:
     """``method -> client -> {"metric", "alphas", "values", "alpha", "alpha_grid"}`` (means over seeds)."""
     raw: dict[str, dict[str, dict[str, Any]]] = {}
     for r in records:
@@ -35,7 +46,7 @@ def grid_curves(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[s
             entry["points"].setdefault(float(match["alpha"]), []).append(float(r["value"]))
         elif r["metric"] in ("alpha", "alpha_grid"):
             entry[r["metric"]].append(float(r["value"]))
-    curves: dict[str, dict[str, dict[str, Any]]] = {}
+    curves: dict[str, dict[str, GridCurve]] = {}
     for method, clients in raw.items():
         for client, entry in clients.items():
             if not entry["points"]:

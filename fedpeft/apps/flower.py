@@ -30,7 +30,7 @@ import signal
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch  # noqa: F401  (ArrayRecord.to_torch_state_dict needs torch imported)
 from flwr.app import Context, UserConfig
@@ -49,6 +49,9 @@ from fedpeft.engine.flower.keepalive import Keepalive
 from fedpeft.engine.flower.link_watch import SuperLinkWatch
 from fedpeft.engine.flower.membership import register_sites
 from fedpeft.runner import Experiment
+
+if TYPE_CHECKING:
+    from flwr.server.superlink.fleet.vce.backend.backend import BackendConfig
 
 log = logging.getLogger("fedpeft")
 
@@ -183,7 +186,7 @@ SIMULATION_NODE_TIMEOUT = 600.0
 nodes are this process's own, so a longer wait never hides a missing machine)."""
 
 
-def simulation_backend(engine: EngineConfig, cuda: bool, *, verbose: bool = False) -> dict[str, Any]:
+def simulation_backend(engine: EngineConfig, cuda: bool, *, verbose: bool = False) -> BackendConfig:
     """The Ray backend of Flower's simulation engine: where Ray runs and what one client's work takes.
 
     Without ``engine.ray_address``, Ray starts in this process with at most ``num_supernodes`` clients at once,
