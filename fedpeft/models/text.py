@@ -66,7 +66,7 @@ class TextEncoder:
         self._chat_template = chat_template
         self.image_processor = image_processor
         # Each example's token ids, by its texts: field -> ids (classification) or (ids, prompt length) (generation).
-        self._cache: dict[tuple[Any, ...], Any] = {}
+        self._cache: dict[tuple[str | None, ...], Any] = {}
         self._cached_tokens = 0
 
     @property
@@ -213,7 +213,7 @@ class TextEncoder:
         batch["labels"] = torch.tensor([int(ex["label"]) for ex in examples])
         return dict(batch)
 
-    def _keep(self, key: tuple[Any, ...], value: Any, tokens: int) -> None:
+    def _keep(self, key: tuple[str | None, ...], value: object, tokens: int) -> None:
         if self._cached_tokens + tokens > CACHED_TOKENS:
             self._forget()
         self._cache[key] = value

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, overload
 
 from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.registry import METHODS, Entry, Hook, imported
@@ -22,6 +22,10 @@ HookName = Literal["report_sections", "report_plots"]
 """A reporting hook: ``report_sections(records, run_dirs)`` gives markdown blocks that ``summary.md`` prints after the
 result tables; ``report_plots(records, run_dirs, out_dir)`` writes plot files into ``plots/`` and gives their paths.
 ``records`` are the ``results.jsonl`` records of the methods that declare the hook, ``run_dirs`` the report's runs."""
+
+# The two hooks' signatures, as :data:`HookName` says.
+SectionsHook = Callable[[Sequence[Record], Sequence[Path]], list[str]]
+PlotsHook = Callable[[Sequence[Record], Sequence[Path], Path], list[Path]]
 
 DECLARED: dict[HookName, Callable[[Entry], Hook | None]] = {
     "report_sections": lambda entry: entry.report_sections,
@@ -48,7 +52,11 @@ def method_names(run_dirs: Sequence[Path]) -> dict[str, str]:
     return {str(e.get("label") or e["name"]): str(e["name"]) for e in config_method_entries(run_dirs) if "name" in e}
 
 
-def hook_function(name: str, hook: HookName) -> Callable[..., Any] | None:
+@overload
+def hook_function(name: str, hook: Literal["report_sections"]) -> SectionsHook | None: ...
+@overload
+def hook_function(name: str, hook: Literal["report_plots"]) -> PlotsHook | None: ...
+def hook_function(name: str, hook: HookName) -> SectionsHook | PlotsHook | None:
     """The function the method ``name`` (or an alias) declares as ``hook``, imported from the module its declaration
     names (not the method's); ``None`` where it declares none or no method is registered as ``name``.
 
@@ -66,9 +74,17 @@ def hook_function(name: str, hook: HookName) -> Callable[..., Any] | None:
     return function
 
 
+@overload
+def method_hook_calls(
+    records: Sequence[Record], run_dirs: Sequence[Path], hook: Literal["report_sections"]
+) -> list[tuple[SectionsHook, list[Record]]]: ...
+@overload
+def method_hook_calls(
+    records: Sequence[Record], run_dirs: Sequence[Path], hook: Literal["report_plots"]
+) -> list[tuple[PlotsHook, list[Record]]]: ...
 def method_hook_calls(
     records: Sequence[Record], run_dirs: Sequence[Path], hook: HookName
-) -> list[tuple[Callable[..., Any], list[Record]]]:
+) -> Sequence[tuple[SectionsHook | PlotsHook, list[Record]]]:
     """The calls a report makes of one reporting hook (``"report_sections"`` or ``"report_plots"``).
 
     One call per function declared as the hook among the methods in ``records``, with the records of every method
@@ -81,7 +97,7 @@ def method_hook_calls(
         arguments of :data:`HookName`.
     """
     names = method_names(run_dirs)
-    calls: dict[Callable[..., Any], set[str]] = {}
+    calls: dict[SectionsHook | PlotsHook, set[str]] = {}
     for label in first_seen(record["method"] for record in records):
         name = names.get(label)
         function = hook_function(name, hook) if name is not None else None
