@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, overload
+from typing import Literal, cast, overload
 
 from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.registry import METHODS, Entry, Hook, imported
@@ -67,7 +67,8 @@ def hook_function(name: str, hook: HookName) -> SectionsHook | PlotsHook | None:
         return None
     declared = DECLARED[hook](METHODS.entry(name))
     if declared is None or callable(declared):
-        return declared
+        # The registry keeps any callable; a reporting hook has the signature its name documents (:data:`HookName`).
+        return cast("SectionsHook | PlotsHook | None", declared)
     function = imported(declared)
     if not callable(function):
         raise LookupError(f"the method {name!r} declares the {hook} hook {declared}, which is no function")
