@@ -339,3 +339,36 @@ def test_the_plan_of_a_rehearsal_sets_its_phases_beside_the_measured_ones(tmp_pa
     assert "CPU (rehearsed)" in text
     missing = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path / "none")])
     assert isinstance(missing.exception, UserError) and "does not exist" in str(missing.exception)  # exit 2
+
+
+def test_a_step_measures_its_own_peak_after_loading():
+    """The step's peak resident memory starts from the memory after loading (a shallow model's load can pass the
+    step's peak and hide the layers' memory from the per-layer difference)."""
+    from fedpeft.rehearsal import steps
+
+    def touched(mb: int) -> bytearray:
+        block = bytearray(mb * 2**20)
+        block[::4096] = b"x" * len(block[::4096])  # every page resident
+        return block
+
+    block = touched(300)  # a load's peak, freed before the step
+    loading = steps._high_water_mb()
+    del block
+    assert steps._reset_peak()
+    low = steps._high_water_mb()
+    assert low < loading - 200
+    touched(100)  # freed at once: the peak stays
+    assert steps._high_water_mb() > low + 90
+
+
+def test_a_full_depth_check_that_failed_is_said_and_the_rest_kept():
+    from fedpeft.rehearsal.driver import step_line
+
+    measured = [{"layers": d, "step_s": t, "peak_rss_mb": m} for d, t, m in ((1, 1.0, 100.0), (2, 1.5, 150.0))]
+    entry = extrapolate("bert-base-multilingual-cased", measured, 12, 32, 256)
+    assert entry["full_step_s"] == pytest.approx(1.0 + 0.5 * 11) and entry["full_peak_mb"] == pytest.approx(650.0)
+    entry["full_depth_failed"] = "the step at depth 12 was killed by signal 9 (SIGKILL: most often the kernel's ..."
+    line = step_line(entry)
+    assert "about 6.50 s / 650 MB" in line and "at its true depth: the step at depth 12 was killed" in line
+    checked = extrapolate("m", [*measured, {"layers": 12, "step_s": 5.0, "peak_rss_mb": 1300.0}], 12, 32, 256)
+    assert "(against the measured: +30% / -50%)" in step_line(checked)

@@ -291,8 +291,8 @@ class _StepMeasurement(TypedDict):
 class StepMeasurement(_StepMeasurement, total=False):
     """One model's training step measured at several depths (``length``: its tokens, ``None`` for images), the
     per-layer cost and the step at its true depth from the two shallowest (where two were measured), their errors
-    against a measurement at the true depth (where there is one), and the step the rehearsal's clients took
-    (``cut``)."""
+    against a measurement at the true depth (where there is one; why not, where it failed), and the step the
+    rehearsal's clients took (``cut``)."""
 
     per_layer_s: float | None
     per_layer_mb: float
@@ -300,6 +300,7 @@ class StepMeasurement(_StepMeasurement, total=False):
     full_peak_mb: float
     full_step_error: float
     full_peak_error: float
+    full_depth_failed: str
     cut: CutStep
 
 

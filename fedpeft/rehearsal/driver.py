@@ -210,4 +210,8 @@ def step_line(step: StepMeasurement) -> str:
             f"; per layer {step['per_layer_s']:.3f} s / {step['per_layer_mb']:.0f} MB, at its {step['true_layers']} "
             f"layers about {step['full_step_s']:.2f} s / {step['full_peak_mb']:.0f} MB"
         )
+    if "full_step_error" in step:
+        line += f" (against the measured: {step['full_step_error']:+.0%} / {step['full_peak_error']:+.0%})"
+    if "full_depth_failed" in step:
+        line += f"; at its true depth: {step['full_depth_failed']}"
     return line

@@ -68,10 +68,20 @@ def measure_steps(
             depths = sorted({1, min(max(2, rehearsed), full)} | ({full} if check_full_depth else set()))
             uncut = (lengths or {}).get(key, model.max_length)
             measured = [
-                _measure(config_file, key, Path(model.name), original, depth, batch_size, uncut) for depth in depths
+                _measure(config_file, key, Path(model.name), original, depth, batch_size, uncut)
+                for depth in depths
+                if depth < full or len(depths) < 3
             ]
+            failed = None
+            if check_full_depth and len(depths) == 3:  # the check may not fit: said, and the rest kept
+                try:
+                    measured.append(_measure(config_file, key, Path(model.name), original, full, batch_size, uncut))
+                except RuntimeError as err:
+                    failed = str(err).splitlines()[0]
             images = "image_size" in original and "text_config" not in original
             entry = extrapolate(name, measured, full, batch_size, None if images else uncut)
+            if failed is not None:
+                entry["full_depth_failed"] = failed
             batch = cut_batch or batch_size
             if batch != batch_size or (uncut != model.max_length and not images):
                 cut = _measure(config_file, key, Path(model.name), original, rehearsed, batch, model.max_length)
@@ -125,6 +135,10 @@ def _measure(
         command = [sys.executable, "-m", "fedpeft.rehearsal.steps", str(config_file), key, directory, str(batch_size),
                    str(length)]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode < 0:
+        signal = -done.returncode
+        why = " (SIGKILL: most often the kernel's out-of-memory killer)" if signal == 9 else ""
+        raise RuntimeError(f"the step at depth {depth} was killed by signal {signal}{why}\n{done.stderr[-4000:]}")
     if done.returncode != 0:
         raise RuntimeError(f"the step at depth {depth} failed:\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -150,6 +164,9 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
     before = _rss_mb()
     runtime = build_runtime(cfg, data, model)
     loaded = _rss_mb()
+    # The step's own peak: loading the weights can pass it (a shallow model's drawn embeddings), which would hide
+    # the layers' memory from the per-layer difference.
+    step_peak = _reset_peak()
     client = max(data.clients, key=lambda c: len(c.train))
     examples = (client.train * batch_size)[:batch_size]
     runtime.activate(LoraSpec(rank=8, alpha=16.0, targets=tuple(runtime.loaded.lora_targets)))
@@ -159,7 +176,7 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
     seconds = (time.perf_counter() - start) / MEASURED_STEPS
     return {
         "step_s": seconds,
-        "peak_rss_mb": _peak_mb() - before,
+        "peak_rss_mb": (_high_water_mb() if step_peak else _peak_mb()) - before,
         "weights_mb": loaded - before,
     }
 
@@ -167,6 +184,23 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
 def _rss_mb() -> float:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak resident memory to its present one (Linux's ``clear_refs``); whether it could."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _high_water_mb() -> float:
+    """The peak resident memory since the last :func:`_reset_peak` (``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return _peak_mb()
 
 
 def _peak_mb() -> float:
@@ -181,6 +215,9 @@ def main() -> None:
     parser.add_argument("batch_size", type=int)
     parser.add_argument("length", type=int)
     args = parser.parse_args()
+    from fedpeft.core.logs import quiet_library_output
+
+    quiet_library_output()  # its error output is what a failed measurement shows: the error, not load reports
     print(json.dumps(_one_depth(Path(args.config), args.key, args.directory, args.batch_size, args.length)))
 
 
