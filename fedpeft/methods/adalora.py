@@ -62,7 +62,7 @@ def to_lora(model: PeftModel, head_modules: list[str], dropout: float) -> tuple[
         if rank == 0:
             continue
         target = name.removeprefix(_PREFIX)
-        scaling = module.scaling[ADAPTER] / (float(module.ranknum[ADAPTER]) + 1e-5)
+        scaling = module.scaling[ADAPTER] / (float(module.ranknum[ADAPTER].detach()) + 1e-5)
         # AdaLoRA keeps its factors in ParameterDicts (PEFT's LoraLayer declares module dicts).
         lora_a, lora_b = module.lora_A[ADAPTER], module.lora_B[ADAPTER]
         assert isinstance(lora_a, torch.Tensor) and isinstance(lora_b, torch.Tensor)
