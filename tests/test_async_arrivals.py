@@ -271,6 +271,7 @@ class EchoGrid:
 
     def __init__(self) -> None:
         self._replies: list[tuple[str, Any]] = []
+        self._sent = 0
 
     def get_node_ids(self) -> list[int]:
         return [7]
@@ -288,7 +289,9 @@ class EchoGrid:
             for client_id, step in task.clients:
                 update = ClientUpdate(client_id, {"w": step["payload"].tensors["w"].clone()}, 1.0)
                 results.append({"client": client_id, "value": TrainResult(update), "seconds": 0.0})
-            message_id = f"m{len(ids)}-{id(message)}"
+            # Unique for the grid's life, as a SuperLink's are (an id() of a message freed since can come back).
+            self._sent += 1
+            message_id = f"m{self._sent}"
             message.metadata.__dict__["_message_id"] = message_id
             self._replies.append((message_id, Message(NodeResult(results).to_content(), reply_to=message)))
             ids.append(message_id)

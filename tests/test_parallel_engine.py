@@ -374,7 +374,7 @@ def test_runs_that_share_the_pool_get_their_own_results_in_order(tmp_path):
     pool = WorkerPool(dump_given(cfg), tmp_path, 2, 1, None)
     turns = Turns()
     results: dict[str, list[tuple[str, int]]] = {}
-    clients = sorted(c.client_id for c in Experiment(cfg, tmp_path / "x")._load(flower=False).data.clients)
+    clients = sorted(c.client_id for c in Experiment(cfg, tmp_path / "x")._load(flower=False)[0].data.clients)
 
     def run(name: str, ids: list[str]) -> None:
         with turns.hold():
