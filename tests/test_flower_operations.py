@@ -267,7 +267,9 @@ def test_a_killed_supernode_rejoins_and_a_bad_site_stops_the_run_at_once(tmp_pat
 
     def wait_for_round(done: int, run: subprocess.Popen) -> None:
         from fedpeft.core.checkpoints import load_checkpoint
+        from fedpeft.methods.base import method_class
 
+        method_class("fedit")  # a checkpoint names its state's class, known once the method is imported, as in a run
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and run.poll() is None:
             try:

@@ -215,7 +215,9 @@ def test_a_launch_survives_a_locked_database_and_a_superlink_restart(tmp_path):
 
     def wait_for_round(done: int, run: subprocess.Popen) -> None:
         from fedpeft.core.checkpoints import load_checkpoint
+        from fedpeft.methods.base import method_class
 
+        method_class("fedit")  # a checkpoint names its state's class, known once the method is imported, as in a run
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and run.poll() is None:
             try:
