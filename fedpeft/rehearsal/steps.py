@@ -112,8 +112,9 @@ def extrapolate(
     entry |= {
         "per_layer_s": per_layer_s,
         "per_layer_mb": per_layer_mb,
-        "full_step_s": low["step_s"] + per_layer_s * (full - low["layers"]),
-        "full_peak_mb": low["peak_rss_mb"] + per_layer_mb * (full - low["layers"]),
+        # No deeper than the deeper measured step: on a shared machine its time can come out below the shallower's.
+        "full_step_s": max(low["step_s"] + per_layer_s * (full - low["layers"]), high["step_s"]),
+        "full_peak_mb": max(low["peak_rss_mb"] + per_layer_mb * (full - low["layers"]), high["peak_rss_mb"]),
     }
     at_full = next((m for m in measured[2:] if m["layers"] == full), None)
     if at_full is not None:
