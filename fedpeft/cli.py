@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -19,6 +19,7 @@ from rich.markdown import Markdown
 
 from fedpeft.core.errors import AllClientsFailedError, MissingResultsError, UserError
 from fedpeft.core.logs import hide_library_progress, ignore_deprecations, quiet_libraries
+from fedpeft.core.processes import end_descendants
 
 if TYPE_CHECKING:
     from fedpeft.core.config import ExperimentConfig
@@ -149,7 +150,11 @@ def run(
         if cfg.engine.name == "flower":
             from fedpeft.apps.flower import run_flower_simulation
 
-            run_flower_simulation(cfg, target, resume=resume, force=force, progress=progress)
+            def interrupted() -> None:
+                progress.__exit__(None, None, None)
+                _end_simulation(130, "interrupted")
+
+            run_flower_simulation(cfg, target, resume=resume, force=force, progress=progress, on_interrupt=interrupted)
         else:
             Experiment(cfg, target, progress=progress, data=data).run(resume=resume, force=force)
     if cfg.rehearse is not None:
@@ -541,11 +546,26 @@ def resume_command(args: list[str]) -> str | None:
     return shlex.join(["fedpeft", *args, *([] if "--resume" in args else ["--resume"])])
 
 
-def _stopped(code: int, how: str) -> None:
-    """End with ``code`` and one line; for ``run``, how to continue."""
+def _say_stopped(how: str) -> None:
+    """The one line of a stopped command; for ``run``, how to continue."""
     again = resume_command(sys.argv[1:])
     hint = f"; continue it with `{again}`" if again else ""
     print(f"{how}{hint}.", file=sys.stderr)
+
+
+def _end_simulation(code: int, how: str) -> NoReturn:
+    """End a Flower simulation's process: the line first, while Ray still runs, then Ray's processes, then this
+    one at once (a Ray driver whose Raylet is gone exits with code 1 at its next Ray call, from any thread)."""
+    _say_stopped(how)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    end_descendants(grace=0.0)
+    os._exit(code)
+
+
+def _stopped(code: int, how: str) -> None:
+    """End with ``code`` and one line; for ``run``, how to continue."""
+    _say_stopped(how)
     busy = [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
     if busy:  # a thread left blocked (a Flower simulation's server) would keep the process from ending
         sys.stdout.flush()

@@ -17,6 +17,7 @@ from flower_helpers import ATOL, one_torch_thread, read_costs, read_records, tin
 from fedpeft.apps.flower import run_flower_simulation, simulation_backend
 from fedpeft.core.checkpoints import load_checkpoint
 from fedpeft.core.config import EngineConfig, dump_config, same_run, validate
+from fedpeft.methods.base import method_class
 from fedpeft.runner import Experiment
 
 __all__ = ["one_torch_thread"]  # the fixture applies here
@@ -102,6 +103,7 @@ def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
             break
         time.sleep(0.5)
     assert not left.strip(), left
+    method_class("fedit")  # a checkpoint names its state's class, known once the method is imported, as in a run
     state = load_checkpoint(checkpoints[0])
     assert 1 <= state["state"].round < 12 and not state["meter"]["failures"]  # no round of the ended backend
     saved = load_checkpoint(checkpoints[1])

@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -222,12 +223,18 @@ def run_flower_simulation(
     resume: bool = False,
     force: bool = False,
     progress: Progress | None = None,
+    on_interrupt: Callable[[], None] | None = None,
 ) -> Path:
     """Run an experiment on Flower's simulation engine (Ray, in-process); returns the output directory.
 
     The ServerApp runs the same :class:`~fedpeft.runner.Experiment` as the local engine, with a
     :class:`GridEngine` over its grid; ``cfg.engine.num_supernodes`` virtual SuperNodes serve the clients, at
     most one per CPU core at a time.
+
+    Ctrl-C stops the round loop and ends Ray's processes; ``on_interrupt`` (the CLI's) is called first, with
+    Ray still up, to say what it must before they end: once Ray's processes are gone, a Ray call from any of
+    the simulation's threads may end this process at once with exit code 1 (Ray's driver exits when its local
+    Raylet is dead).
     """
     if importlib.util.find_spec("ray") is None:
         raise UserError("The flower engine simulates with Ray; install it with `pip install 'flwr[simulation]'`.")
@@ -276,6 +283,8 @@ def run_flower_simulation(
         process without waiting for the server thread (the CLI does)."""
         stop.set()
         logging.getLogger("flwr").setLevel(logging.CRITICAL)  # the ended backend's errors are expected
+        if on_interrupt is not None:
+            on_interrupt()
         end_descendants()
         raise KeyboardInterrupt
 
