@@ -3,6 +3,7 @@
     python benchmarks/rehearse_presets.py --out runs/rehearsals             # every paper preset, one at a time
     python benchmarks/rehearse_presets.py --presets potara-cifar100 guidance-sni --set rehearse.layers=1
     python benchmarks/rehearse_presets.py --quick --out /tmp/r              # the smoke preset: this script's plumbing
+    python benchmarks/rehearse_presets.py --minutes 15 --presets fedmosaic-drake   # Ctrl-C a preset after 15 min
 
 Each preset runs in its own `fedpeft run` process (its wall time and the peak resident memory of it and its
 workers, from the kernel's accounting of finished children); its `rehearsal.json` adds the phases' times, the
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -52,8 +55,10 @@ for) cut to one language and one FedIT round, to check this script's plumbing; t
 rehearses one paper preset per family."""
 
 
-def rehearse(preset: str, out: Path, overrides: list[str]) -> dict[str, Any]:
-    """One preset's rehearsal in a process of its own: its exit code, wall time, peak memory and measurements."""
+def rehearse(preset: str, out: Path, overrides: list[str], minutes: float | None = None) -> dict[str, Any]:
+    """One preset's rehearsal in a process of its own: its exit code, wall time, peak memory and measurements.
+    After ``minutes`` it is interrupted as Ctrl-C would (exit code 130; what it wrote stays, and its row says how
+    far it got)."""
     command = [sys.executable, "-m", "fedpeft.cli", "run", preset, "--rehearse", "--out", str(out)]
     for assignment in overrides:
         command += ["--set", assignment]
@@ -61,7 +66,16 @@ def rehearse(preset: str, out: Path, overrides: list[str]) -> dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     with log.open("w") as stream:
-        code = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, check=False).returncode
+        run = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = run.wait(timeout=None if minutes is None else minutes * 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGINT)  # the run and its workers, as Ctrl-C in a terminal
+            try:
+                code = run.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.pid, signal.SIGKILL)
+                code = run.wait()
     wall = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     row: dict[str, Any] = {
@@ -84,7 +98,20 @@ def rehearse(preset: str, out: Path, overrides: list[str]) -> dict[str, Any]:
         }
     else:
         row["error"] = _last_line(log)
+    if minutes is not None and wall >= minutes * 60:
+        row["stopped_after_min"] = minutes
+        row["last_progress"] = _last_progress(log)
     return row
+
+
+def _last_progress(log: Path) -> str:
+    """The last progress line a stopped rehearsal printed (where it was when it was stopped)."""
+    lines = [
+        line
+        for line in log.read_text(errors="replace").splitlines()
+        if ", seed " in line and not line.startswith(("interrupted", "terminated"))
+    ]
+    return (lines or [""])[-1].strip()[:300]
 
 
 def _last_line(log: Path) -> str:
@@ -111,6 +138,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         )
         peak = f"{row['peak_rss_mb'] / 1024:.1f} GiB" if "peak_rss_mb" in row else "-"
         status = "0" if row["exit"] == 0 else f"{row['exit']}: {row.get('error', '')}"
+        if "stopped_after_min" in row:
+            status = f"stopped after {row['stopped_after_min']:g} min, in: {row['last_progress']}"
         lines.append(
             f"| {row['preset']} | {status} | {row['wall_s'] / 60:.1f} min | {peak} | {full or '-'} | {layer or '-'} |"
         )
@@ -123,12 +152,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="--set for every preset")
     parser.add_argument("--out", type=Path, default=Path("runs/rehearsals"))
     parser.add_argument("--quick", action="store_true", help="the smoke preset only (seconds): this script's plumbing")
+    parser.add_argument("--minutes", type=float, help="interrupt a preset after this many minutes (as Ctrl-C would)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     plan = [QUICK] if args.quick else [(preset, []) for preset in args.presets]
     rows = []
     for preset, extra in plan:
-        rows.append(rehearse(preset, args.out / preset, [*extra, *args.overrides]))
+        rows.append(rehearse(preset, args.out / preset, [*extra, *args.overrides], args.minutes))
         print(json.dumps({k: rows[-1][k] for k in ("preset", "exit", "wall_s")}), flush=True)
     (args.out / "rehearsals.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(table(rows))

@@ -360,3 +360,16 @@ def test_rehearse_presets_quick_rehearses_and_tabulates(tmp_path, capsys):
     assert row["phases_s"] > 0 and row["peak_rss_mb"] > 0 and row["steps"] == []  # no stand-in: nothing to step
     assert json.loads((tmp_path / "rehearsals.json").read_text()) == rows
     assert "| smoke | 0 |" in capsys.readouterr().out
+
+
+def test_rehearse_presets_interrupts_a_preset_past_its_minutes_and_says_where_it_was(tmp_path, capsys):
+    # Rounds enough for minutes, interrupted after 15 s (a loaded machine's imports and start included)
+    endless = ["--set", "rehearse.rounds=100000", "--set", "methods=[{name: fedit, rounds: 100000, local_steps: 1}]"]
+    rows = benchmark("rehearse_presets").main(["--quick", "--out", str(tmp_path), "--minutes", "0.25", *endless])
+    (row,) = rows
+    # Interrupted as Ctrl-C would: exit code 130, and what it wrote is there to resume from
+    assert row["exit"] == 130 and row["stopped_after_min"] == 0.25 and 15 <= row["wall_s"] < 140
+    assert "interrupted; continue it with" in (tmp_path / "smoke.log").read_text()
+    assert "interrupted" not in row["last_progress"]
+    assert "federated training" in row["last_progress"]
+    assert "| smoke | stopped after 0.25 min, in: " in capsys.readouterr().out
