@@ -174,3 +174,21 @@ def test_plan_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
     assert json.loads(done.stdout)["name"] == "fedp2eft-fedaya"
+
+
+def test_the_plan_json_shapes_name_exactly_the_fields_of_what_they_hold():
+    """The typed dicts of a plan's JSON keep to the dataclasses they are written from (a field added to one and not
+    the other is a type error nowhere else), and a plan's JSON has exactly those keys."""
+    from dataclasses import fields, is_dataclass
+
+    from fedpeft.planning.architecture import Architecture
+    from fedpeft.planning.federation import Federation
+    from fedpeft.planning.shapes import ArchitectureData, FederationData
+
+    assert is_dataclass(Architecture) and is_dataclass(Federation)
+    assert set(ArchitectureData.__annotations__) == {f.name for f in fields(Architecture)}
+    assert set(FederationData.__annotations__) == {f.name for f in fields(Federation)} | {"total_clients"}
+    shown = plan_json(make_plan(load_config("smoke")), gpu("H100"), 1, None)
+    for model in shown["models"]:
+        assert set(model["architecture"]) == set(ArchitectureData.__annotations__)
+    assert set(shown["federation"]) == set(FederationData.__annotations__)
