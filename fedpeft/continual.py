@@ -131,7 +131,8 @@ def answer_accuracy(prediction: str, reference: str) -> float:
 
 def accuracy(runtime: Any, examples: list[Example]) -> float:
     """Answer accuracy (generation, :func:`answer_accuracy`) or label accuracy (classification) of the
-    installed model."""
+    installed model, on the examples an evaluation scores (``eval.max_batches`` may cut them)."""
+    examples = runtime.evaluation_examples(examples)
     if not examples:
         return float("nan")
     return _accuracy(runtime.task, runtime.predict(examples), examples)
@@ -139,7 +140,9 @@ def accuracy(runtime: Any, examples: list[Example]) -> float:
 
 def scores(runtime: Any, examples: list[Example]) -> dict[str, float]:
     """:func:`accuracy` of the installed model, and for generation also METEOR, ROUGE-1 and ROUGE-L of the same
-    responses (one generation pass), so that a curve over rounds has the metrics of the final evaluation."""
+    responses (one generation pass), so that a curve over rounds has the metrics of the final evaluation; on the
+    examples an evaluation scores (``eval.max_batches`` may cut them)."""
+    examples = runtime.evaluation_examples(examples)
     if not examples:
         return {"accuracy": float("nan")}
     predictions = runtime.predict(examples)

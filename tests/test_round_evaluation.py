@@ -112,3 +112,26 @@ def test_a_round_evaluation_is_counted_in_progress_lines_and_costs(tmp_path, cap
     assert "wall_s" in federated  # the rounds' own seconds, the evaluations not among them
     summary = (out / "summary.md").read_text()
     assert "Round eval. s / client" in summary and f"| fedit | {ROUND_EVALUATION} |" in summary
+
+
+def test_a_round_evaluation_scores_the_first_batches_only_when_eval_max_batches_cuts_them(tmp_path, monkeypatch):
+    """``eval.max_batches`` (a rehearsal's cut) holds between rounds as at the end: each client's own test examples
+    and its "Others" sample, each on its first batch of ``eval.batch_size``."""
+    from fedpeft.core.config import validate
+    from fedpeft.models.runtime import ModelRuntime
+    from fedpeft.runner import Experiment
+
+    predicted: list[int] = []
+    predict = ModelRuntime.predict
+
+    def recording(self, examples):  # noqa: ANN001, ANN202
+        predicted.append(len(examples))
+        return predict(self, examples)
+
+    monkeypatch.setattr(ModelRuntime, "predict", recording)
+    raw = tiny_raw(base={"kind": "pretrained"}, methods=[tiny_raw()["methods"][0]], eval={"every": 1})
+    raw["eval"] |= {"others_per_client": 3, "max_batches": 1, "batch_size": 2}
+    Experiment(validate(raw), tmp_path / "run").run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert any(r["split"] == continual.OTHERS_SPLIT for r in rows)
+    assert predicted and max(predicted) == 2  # without the cut: every test example, and 3 per other client
