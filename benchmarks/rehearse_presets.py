@@ -66,7 +66,14 @@ def rehearse(preset: str, out: Path, overrides: list[str], minutes: float | None
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     with log.open("w") as stream:
-        run = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, start_new_session=True)
+        run = subprocess.Popen(
+            command,
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # A sweep started in the background (`... &`) has SIGINT ignored, which its children inherit
+            preexec_fn=_interruptible,
+        )
         try:
             code = run.wait(timeout=None if minutes is None else minutes * 60)
         except subprocess.TimeoutExpired:
@@ -102,6 +109,11 @@ def rehearse(preset: str, out: Path, overrides: list[str], minutes: float | None
         row["stopped_after_min"] = minutes
         row["last_progress"] = _last_progress(log)
     return row
+
+
+def _interruptible() -> None:
+    """In the preset's process, before it starts: SIGINT as a terminal's Ctrl-C (Python's KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _last_progress(log: Path) -> str:
