@@ -14,12 +14,14 @@ per-depth step and the extrapolated step at the true depth. Writes `rehearsals.j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,15 +76,13 @@ def rehearse(preset: str, out: Path, overrides: list[str], minutes: float | None
             # A sweep started in the background (`... &`) has SIGINT ignored, which its children inherit
             preexec_fn=_interruptible,
         )
-        try:
-            code = run.wait(timeout=None if minutes is None else minutes * 60)
-        except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGINT)  # the run and its workers, as Ctrl-C in a terminal
-            try:
-                code = run.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(run.pid, signal.SIGKILL)
-                code = run.wait()
+        # Timers, not a wait with a timeout (which polls, taking a share of a core from the rehearsal it times):
+        # after `minutes` the run and its workers get SIGINT, as from a terminal's Ctrl-C; two minutes on, SIGKILL.
+        timers = [] if minutes is None else [_timer(minutes * 60, run, signal.SIGINT)]
+        timers += [] if minutes is None else [_timer(minutes * 60 + 120, run, signal.SIGKILL)]
+        code = run.wait()
+        for timer in timers:
+            timer.cancel()
     wall = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     row: dict[str, Any] = {
@@ -109,6 +109,20 @@ def rehearse(preset: str, out: Path, overrides: list[str], minutes: float | None
         row["stopped_after_min"] = minutes
         row["last_progress"] = _last_progress(log)
     return row
+
+
+def _timer(seconds: float, run: subprocess.Popen[bytes], signum: int) -> threading.Timer:
+    """Send ``signum`` to ``run``'s process group after ``seconds`` (unless it ended)."""
+
+    def send() -> None:
+        if run.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signum)
+
+    timer = threading.Timer(seconds, send)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _interruptible() -> None:
