@@ -8,8 +8,10 @@ from fedpeft.adapters.alignment import (
     AlignmentSettings,
     align_input_frame,
     align_output_frame,
+    module_groups,
     paired_rows,
     regularized_cca,
+    select_rows,
 )
 from fedpeft.adapters.pq_lora import orthonormal_columns, orthonormal_rows
 
@@ -65,13 +67,46 @@ def test_b_alignment_keeps_orthonormal_columns_and_matches_outputs():
     torch.testing.assert_close(out_j @ recovered, codes, atol=1e-4, rtol=0)
 
 
-def test_rows_pair_token_by_token_or_pooled_per_sequence():
+def test_rows_pair_example_by_example_with_each_rows_owner():
     g = generator(3)
-    pivot = [torch.randn(5, 4, generator=g), torch.randn(3, 4, generator=g)]
-    other = [torch.randn(4, 6, generator=g), torch.randn(3, 6, generator=g)]
-    x_p, x_o, owner = paired_rows(pivot, other, token_level=True, max_rows=100, generator=g)
-    assert x_p.shape == (7, 4) and x_o.shape == (7, 6) and owner.tolist() == [0, 0, 0, 0, 1, 1, 1]
-    torch.testing.assert_close(x_p[:4], pivot[0][:4])
-    x_p, x_o, owner = paired_rows(pivot, other, token_level=False, max_rows=100, generator=g)
-    assert x_p.shape == (2, 4) and owner.tolist() == [0, 1]
-    torch.testing.assert_close(x_o[1], other[1].mean(0))
+    pivot = [torch.randn(4, 4, generator=g), torch.randn(0, 4), torch.randn(3, 4, generator=g)]
+    other = [torch.randn(4, 6, generator=g), torch.randn(0, 6), torch.randn(3, 6, generator=g)]
+    x_p, x_o, owner = paired_rows(pivot, other)
+    assert x_p.shape == (7, 4) and x_o.shape == (7, 6) and owner.tolist() == [0, 0, 0, 0, 2, 2, 2]
+    torch.testing.assert_close(x_o[4:], other[2])
+
+
+def test_rows_are_all_kept_or_a_uniform_draw_over_every_example_and_position():
+    lengths = [5, 3, 0, 4]
+    everything = select_rows(lengths, max_rows=12, generator=generator(0))
+    assert [t.tolist() for t in everything] == [[0, 1, 2, 3, 4], [0, 1, 2], [], [0, 1, 2, 3]]
+    drawn = select_rows(lengths, max_rows=6, generator=generator(1))
+    # the draw of the concatenated rows (example-major), as one permutation of all 12 gives it
+    expected = torch.randperm(12, generator=generator(1))[:6].sort().values.tolist()
+    flat = [(i, p) for i, n in enumerate(lengths) for p in range(n)]
+    assert [(i, int(p)) for i, positions in enumerate(drawn) for p in positions] == [flat[k] for k in expected]
+    assert len(drawn) == 4 and sum(len(t) for t in drawn) == 6
+
+
+def test_sites_are_captured_in_groups_that_fit_the_memory_budget():
+    widths = [4096, 4096, 14336, 4096]
+    rows = 20_000
+    assert module_groups(["q", "k", "down", "o"], widths, rows, budget=10**12) == [["q", "k", "down", "o"]]
+    # 20,000 rows of 4,096 floats: 328 MB; of 14,336: 1.15 GB
+    assert module_groups(["q", "k", "down", "o"], widths, rows, budget=1_000_000_000) == [["q", "k"], ["down"], ["o"]]
+    assert module_groups(["q", "k"], widths[:2], rows, budget=1) == [["q"], ["k"]]  # one site a pass at least
+
+
+def test_row_counts_are_the_rows_site_inputs_gives_and_kept_rows_are_those_positions(toy_runtime, toy_clients):
+    from fedpeft.adapters.alignment import row_counts, site_inputs
+
+    examples = toy_clients[0].train[:7]
+    module = toy_runtime.target_modules[0][0]
+    full = site_inputs(toy_runtime, [module], examples, batch_size=3)[module]
+    assert row_counts(toy_runtime, module, examples, batch_size=3) == [len(rows) for rows in full]
+    keep = select_rows([len(rows) for rows in full], max_rows=10, generator=generator(0))
+    kept = site_inputs(toy_runtime, [module], examples, batch_size=3, keep=keep)[module]
+    for rows, chosen, positions in zip(full, kept, keep, strict=True):
+        torch.testing.assert_close(chosen, rows[positions])
+    pooled = site_inputs(toy_runtime, [module], examples, batch_size=3, pooled=True)[module]
+    torch.testing.assert_close(pooled[2], full[2].mean(0, keepdim=True))

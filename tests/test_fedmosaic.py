@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from fedpeft.core.config import validate
@@ -205,3 +206,43 @@ def test_gate_starts_at_one_half_on_a_fresh_client(toy_runtime, toy_clients):
     model = method.personalize(toy_runtime, toy_clients[0], state, None, None, seed=0)
     gates = {k: v for k, v in model.extension.tensors.items() if k.startswith("gate/")}
     assert gates and all(float(torch.sigmoid(v)) == 0.5 for v in gates.values())
+
+
+@pytest.mark.parametrize("settings", [{"capture_bytes": 1}, {"max_rows": 5}])
+def test_alignment_captures_sites_a_group_at_a_time_and_only_the_rows_it_fits_on(tmp_path, monkeypatch, settings):
+    """Sites captured one forward pass at a time (a budget that holds one) give the frames of one pass over all;
+    with fewer rows allowed than the public data has, only the drawn rows are captured, and the frames stay
+    orthonormal."""
+    import functools
+
+    from fedpeft.adapters import alignment
+    from fedpeft.methods import fedmosaic
+    from fedpeft.worker import Worker
+
+    raw = {**HETERO, "methods": [{"name": "fedmosaic", "rounds": 2, "local_steps": 6, "rank": 2, "align_lr": 0.01}]}
+    worker = Worker(validate(raw), tmp_path, data=generation_data())
+    method = worker.methods["fedmosaic"]
+    whole = method.init_server(worker.runtime, seed=0)
+    captured: list[int] = []
+    site_inputs = alignment.site_inputs
+
+    def counting(runtime, modules, examples, batch_size=16, **kwargs):  # noqa: ANN001, ANN202
+        found = site_inputs(runtime, modules, examples, batch_size, **kwargs)
+        captured.extend(len(rows) for per_module in found.values() for rows in per_module)
+        return found
+
+    monkeypatch.setattr(alignment, "site_inputs", counting)
+    monkeypatch.setattr(fedmosaic, "AlignmentSettings", functools.partial(alignment.AlignmentSettings, **settings))
+    parts = method.init_server(worker.runtime, seed=0)
+    assert parts.alignment.keys() == whole.alignment.keys()
+    for name, frames in parts.frames.items():
+        for key, frame in frames.items():
+            if "capture_bytes" in settings:
+                torch.testing.assert_close(frame["A"], whole.frames[name][key]["A"], atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(frame["B"], whole.frames[name][key]["B"], atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(frame["A"] @ frame["A"].T, torch.eye(2), atol=1e-5, rtol=0)
+    if "max_rows" in settings:
+        sites = len(parts.alignment) // 2
+        assert sum(captured) == 5 * sites * 2  # 5 rows (examples: the tokenizers differ) of every site, both models
+    else:
+        assert captured

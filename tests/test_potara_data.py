@@ -271,7 +271,7 @@ def test_potara_presets_validate(preset, tmp_path):
 def test_representations_statistics_and_site_inputs_take_images_without_an_attention_mask():
     """FedDPA's instance mixing, FedP2EFT's and FedL2P's feature statistics and FedMosaic's alignment inputs on a
     ViT, whose batches have pixels and no attention mask: every patch position counts."""
-    from fedpeft.adapters.alignment import site_inputs
+    from fedpeft.adapters.alignment import row_counts, site_inputs
     from fedpeft.adapters.statistics import feature_statistics
     from fedpeft.methods.feddpa import representations
     from fedpeft.models.table import load_model
@@ -289,3 +289,4 @@ def test_representations_statistics_and_site_inputs_take_images_without_an_atten
     inputs = site_inputs(runtime, [name], examples, batch_size=2)[name]
     patches = (32 // runtime.base_model.config.patch_size) ** 2 + 1  # and the class token
     assert len(inputs) == 5 and all(row.shape[0] == patches for row in inputs)
+    assert row_counts(runtime, name, examples) == [patches] * 5

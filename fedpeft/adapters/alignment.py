@@ -45,6 +45,7 @@ class AlignmentSettings:
     cca_reg: float = 1e-3
     max_rows: int = 20_000
     encode_batch_size: int = 16
+    capture_bytes: int = 2 * 1024**3  # the sites' captured inputs held at once (more: one forward pass per group)
 
 
 def same_tokenizer(first: ModelRuntime, second: ModelRuntime) -> bool:
@@ -52,27 +53,57 @@ def same_tokenizer(first: ModelRuntime, second: ModelRuntime) -> bool:
     return first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
 
 
+class _CapturedError(Exception):
+    """Raised at the output layer when the captured inputs are all in: the logits are never needed."""
+
+
 @torch.no_grad()
 def site_inputs(
-    runtime: ModelRuntime, modules: list[str], examples: list[Example], batch_size: int = 16
+    runtime: ModelRuntime,
+    modules: list[str],
+    examples: list[Example],
+    batch_size: int = 16,
+    *,
+    keep: list[torch.Tensor] | None = None,
+    pooled: bool = False,
 ) -> dict[str, list[torch.Tensor]]:
-    """The inputs of ``modules`` under the base model: per module, one (tokens x d_in) tensor per example."""
+    """The inputs of ``modules`` under the base model: per module, one (rows x d_in) tensor per example, its rows
+    the positions its attention mask keeps (every position of an input without one, as images have).
+
+    Args:
+        keep: per example, which of those rows to keep (:func:`select_rows`); the rest are dropped as each batch
+            is computed, so memory holds only what is kept.
+        pooled: each example's rows replaced by their mean (1 x d_in) before ``keep`` applies.
+    """
     from fedpeft.models.runtime import ClientModel
 
     model = runtime.install(ClientModel())
     lookup = dict(runtime.target_modules)
     captured: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
     current: dict[str, torch.Tensor] = {}
+    first = [0]  # the index of the batch's first example
 
     def hook_for(name: str):  # noqa: ANN202
         def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
             mask = current.get("mask")  # none for image inputs: every position counts
             for i, row in enumerate(inputs[0].float()):
-                captured[name].append((row if mask is None else row[mask[i]]).cpu())
+                rows = row if mask is None else row[mask[i]]
+                if pooled:
+                    rows = rows.mean(0, keepdim=True)
+                if keep is not None:
+                    rows = rows[keep[first[0] + i]]
+                captured[name].append(rows.cpu())
 
         return hook
 
+    def stop(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        raise _CapturedError
+
     handles = [lookup[name].register_forward_pre_hook(hook_for(name)) for name in modules]
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
+    if isinstance(output, torch.nn.Module) and all(lookup[name] is not output for name in modules):
+        handles.append(output.register_forward_pre_hook(stop))
     was_training = model.training
     model.eval()
     try:
@@ -85,7 +116,11 @@ def site_inputs(
                 current.pop("mask", None)
                 if "attention_mask" in batch:
                     current["mask"] = batch["attention_mask"].bool().cpu()
-                model(**batch)
+                first[0] = start
+                try:
+                    model(**batch)
+                except _CapturedError:
+                    pass
     finally:
         for handle in handles:
             handle.remove()
@@ -93,30 +128,55 @@ def site_inputs(
     return captured
 
 
-def paired_rows(
-    pivot: list[torch.Tensor], other: list[torch.Tensor], token_level: bool, max_rows: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Matched feature rows of two models on the same examples, and each row's example index.
+def row_counts(runtime: ModelRuntime, module: str, examples: list[Example], batch_size: int = 16) -> list[int]:
+    """Per example, the rows :func:`site_inputs` gives for it: the tokens its attention mask keeps, from the
+    tokenizer alone; for inputs without a mask (images: one size for all), the positions of the first example's."""
+    counts: list[int] = []
+    for start in range(0, len(examples), batch_size):
+        encoded = runtime.encode(examples[start : start + batch_size])
+        if "attention_mask" not in encoded:
+            (rows,) = site_inputs(runtime, [module], examples[:1])[module]
+            return [rows.shape[0]] * len(examples)
+        counts += encoded["attention_mask"].sum(1).tolist()
+    return counts
 
-    ``token_level``: token t of an example in one model matches token t in the other (shared tokenizer; the
-    shorter length wins); otherwise each example is one row, the mean over its tokens.
-    """
-    rows_p, rows_o, owners = [], [], []
-    for index, (a, b) in enumerate(zip(pivot, other, strict=True)):
-        if token_level:
-            length = min(len(a), len(b))
-            rows_p.append(a[:length])
-            rows_o.append(b[:length])
-            owners.append(torch.full((length,), index))
-        else:
-            rows_p.append(a.mean(0, keepdim=True))
-            rows_o.append(b.mean(0, keepdim=True))
-            owners.append(torch.tensor([index]))
-    x_p, x_o, owner = torch.cat(rows_p), torch.cat(rows_o), torch.cat(owners)
-    if len(owner) > max_rows:
-        keep = torch.randperm(len(owner), generator=generator)[:max_rows].sort().values
-        x_p, x_o, owner = x_p[keep], x_o[keep], owner[keep]
-    return x_p, x_o, owner
+
+def select_rows(lengths: list[int], max_rows: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Per example, the positions among its first ``lengths[i]`` rows that the alignment fits on: all of them, or
+    when they are more than ``max_rows`` in all, a uniform draw of ``max_rows`` over every (example, position)."""
+    total = sum(lengths)
+    if total <= max_rows:
+        return [torch.arange(n) for n in lengths]
+    keep = torch.randperm(total, generator=generator)[:max_rows].sort().values
+    ends = torch.tensor(lengths).cumsum(0)
+    owner = torch.searchsorted(ends, keep, right=True)
+    positions = keep - (ends - torch.tensor(lengths))[owner]
+    return list(positions.split(torch.bincount(owner, minlength=len(lengths)).tolist()))
+
+
+def paired_rows(
+    pivot: list[torch.Tensor], other: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Matched feature rows of two models on the same examples (each example's rows as :func:`site_inputs` kept
+    them, the same count on both sides), and each row's example index."""
+    counts = torch.tensor([len(rows) for rows in pivot])
+    owner = torch.repeat_interleave(torch.arange(len(pivot)), counts)
+    return torch.cat(pivot), torch.cat(other), owner
+
+
+def module_groups(modules: list[str], widths: list[int], rows: int, budget: int) -> list[list[str]]:
+    """``modules`` in groups whose captured rows (``rows`` x width x 4 bytes each) stay within ``budget`` bytes,
+    one forward pass each: at true width, every site's inputs at once can pass a machine's memory."""
+    groups: list[list[str]] = [[]]
+    held = 0
+    for module, width in zip(modules, widths, strict=True):
+        size = rows * width * 4
+        if groups[-1] and held + size > budget:
+            groups.append([])
+            held = 0
+        groups[-1].append(module)
+        held += size
+    return groups
 
 
 def align_input_frame(
@@ -230,12 +290,29 @@ def align_frames(
     if not pairs or not public:
         return {k: {n: t.clone() for n, t in v.items()} for k, v in other_frames.items()}, {}
     token_level = same_tokenizer(pivot, other)
-    inputs_p = site_inputs(pivot, [p.module for p, _ in pairs], public, settings.encode_batch_size)
-    inputs_o = site_inputs(other, [o.module for _, o in pairs], public, settings.encode_batch_size)
+    batch = settings.encode_batch_size
+    if token_level:  # token t of an example in one model is token t in the other; the shorter length wins
+        counts_p = row_counts(pivot, pairs[0][0].module, public, batch)
+        counts_o = row_counts(other, pairs[0][1].module, public, batch)
+        lengths = [min(a, b) for a, b in zip(counts_p, counts_o, strict=True)]
+    else:  # each example is one row, the mean over its tokens
+        lengths = [1] * len(public)
+    keep = select_rows(lengths, settings.max_rows, generator)  # one draw of rows for every site
+    rows = sum(len(k) for k in keep)
+
+    def captured(runtime: ModelRuntime, sites: list[Site]) -> dict[str, list[torch.Tensor]]:
+        modules = [site.module for site in sites]
+        found: dict[str, list[torch.Tensor]] = {}
+        for group in module_groups(modules, [site.d_in for site in sites], rows, settings.capture_bytes):
+            found |= site_inputs(runtime, group, public, batch, keep=keep, pooled=not token_level)
+        return found
+
+    inputs_p = captured(pivot, [p for p, _ in pairs])
+    inputs_o = captured(other, [o for _, o in pairs])
     aligned: Frames = {k: {n: t.clone() for n, t in v.items()} for k, v in other_frames.items()}
     report: dict[str, float] = {}
     for p, o in pairs:
-        x_p, x_o, owner = paired_rows(inputs_p[p.module], inputs_o[o.module], token_level, settings.max_rows, generator)
+        x_p, x_o, owner = paired_rows(inputs_p[p.module], inputs_o[o.module])
         a_p, b_p = pivot_frames[p.key]["A"], pivot_frames[p.key]["B"]
         a_init, b_init = other_frames[o.key]["A"], other_frames[o.key]["B"]
         target_norm = (x_p @ a_p.T).norm().clamp_min(1e-12)
