@@ -192,3 +192,15 @@ def test_the_plan_json_shapes_name_exactly_the_fields_of_what_they_hold():
     for model in shown["models"]:
         assert set(model["architecture"]) == set(ArchitectureData.__annotations__)
     assert set(shown["federation"]) == set(FederationData.__annotations__)
+
+
+def test_a_llava_sequence_is_never_shorter_than_its_image_tokens():
+    """The prompt keeps every image token however short ``max_length`` is (fedpeft.models.multimodal), so the plan
+    counts them: a rehearsal cut to 32 tokens still runs LLaVA over its 577 image positions and a vocabulary of
+    logits at each."""
+    cfg = load_config("fedmosaic-drake")
+    cut = cfg.model_copy(update={"models": {k: m.model_copy(update={"max_length": 32}) for k, m in cfg.models.items()}})
+    for model in planning.models_of(cut):
+        assert model.architecture.extra_tokens == 577  # CLIP-L/14 at 336 pixels: 24 x 24 patches and the class token
+        assert model.max_length == 579 and model.tokens_per_example == 579
+    assert [m.max_length for m in planning.models_of(cfg)] == [2048, 2048]  # a longer limit stands

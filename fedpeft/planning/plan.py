@@ -219,19 +219,17 @@ def models_of(cfg: ExperimentConfig) -> list[ModelPlan]:
     entries = dict(cfg.models) if cfg.models else {"": cfg.model}
     counts = {label: cfg.assign.counts.get(label, 0) for label in entries}
     total = sum(counts.values())
-    return [
-        ModelPlan(
-            label,
-            m.name,
-            model_architecture(m),
-            m.dtype,
-            m.quantization,
-            m.max_length,
-            m.gradient_checkpointing,
-            counts[label] / total if total else 1 / len(entries),
-        )  # fmt: skip
-        for label, m in entries.items()
-    ]
+    plans = []
+    for label, m in entries.items():
+        architecture = model_architecture(m)
+        # A LLaVA prompt's image tokens are never cut (fedpeft.models.multimodal): a length shorter than one image
+        # still holds it, the begin-of-sequence token and one more.
+        length = max(m.max_length, architecture.extra_tokens + 2) if architecture.extra_tokens else m.max_length
+        share = counts[label] / total if total else 1 / len(entries)
+        plans.append(
+            ModelPlan(label, m.name, architecture, m.dtype, m.quantization, length, m.gradient_checkpointing, share)
+        )
+    return plans
 
 
 def _field(method: MethodConfig, name: str, default: Any = None) -> Any:
