@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -29,6 +29,8 @@ from fedpeft.data.types import Example
 
 if TYPE_CHECKING:
     from fedpeft.models.runtime import ModelRuntime
+
+T = TypeVar("T")
 
 Frames = dict[str, dict[str, torch.Tensor]]
 """PQ frames of one architecture: site key -> {"A": r x d_in, "B": d_out x r}."""
@@ -45,7 +47,8 @@ class AlignmentSettings:
     cca_reg: float = 1e-3
     max_rows: int = 20_000
     encode_batch_size: int = 16
-    capture_bytes: int = 2 * 1024**3  # the sites' captured inputs held at once (more: one forward pass per group)
+    capture_bytes: int | None = None  # captured inputs held at once (None: a quarter of the free memory); more sites
+    # than that take one forward pass per group
 
 
 def same_tokenizer(first: ModelRuntime, second: ModelRuntime) -> bool:
@@ -164,19 +167,28 @@ def paired_rows(
     return torch.cat(pivot), torch.cat(other), owner
 
 
-def module_groups(modules: list[str], widths: list[int], rows: int, budget: int) -> list[list[str]]:
-    """``modules`` in groups whose captured rows (``rows`` x width x 4 bytes each) stay within ``budget`` bytes,
-    one forward pass each: at true width, every site's inputs at once can pass a machine's memory."""
-    groups: list[list[str]] = [[]]
+def module_groups(items: list[T], widths: list[int], rows: int, budget: int) -> list[list[T]]:
+    """``items`` (sites, or pairs of sites) in groups whose captured rows (``rows`` x width x 4 bytes each) stay
+    within ``budget`` bytes, one forward pass each: at true width, every site's inputs at once can pass a machine's
+    memory."""
+    groups: list[list[T]] = [[]]
     held = 0
-    for module, width in zip(modules, widths, strict=True):
+    for item, width in zip(items, widths, strict=True):
         size = rows * width * 4
         if groups[-1] and held + size > budget:
             groups.append([])
             held = 0
-        groups[-1].append(module)
+        groups[-1].append(item)
         held += size
     return groups
+
+
+def _quarter_of_free_memory() -> int:
+    """A quarter of the memory free now: the captured inputs' default budget (other worker processes may be
+    capturing at the same time)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available // 4)
 
 
 def align_input_frame(
@@ -300,27 +312,25 @@ def align_frames(
     keep = select_rows(lengths, settings.max_rows, generator)  # one draw of rows for every site
     rows = sum(len(k) for k in keep)
 
-    def captured(runtime: ModelRuntime, sites: list[Site]) -> dict[str, list[torch.Tensor]]:
-        modules = [site.module for site in sites]
-        found: dict[str, list[torch.Tensor]] = {}
-        for group in module_groups(modules, [site.d_in for site in sites], rows, settings.capture_bytes):
-            found |= site_inputs(runtime, group, public, batch, keep=keep, pooled=not token_level)
-        return found
-
-    inputs_p = captured(pivot, [p for p, _ in pairs])
-    inputs_o = captured(other, [o for _, o in pairs])
     aligned: Frames = {k: {n: t.clone() for n, t in v.items()} for k, v in other_frames.items()}
     report: dict[str, float] = {}
-    for p, o in pairs:
-        x_p, x_o, owner = paired_rows(inputs_p[p.module], inputs_o[o.module])
-        a_p, b_p = pivot_frames[p.key]["A"], pivot_frames[p.key]["B"]
-        a_init, b_init = other_frames[o.key]["A"], other_frames[o.key]["B"]
-        target_norm = (x_p @ a_p.T).norm().clamp_min(1e-12)
-        report[f"{o.key}/fit_before"] = float((x_o @ a_init.T - x_p @ a_p.T).norm() / target_norm)
-        a_j = align_input_frame(x_p, a_p, x_o, a_init, owner, settings, generator)
-        report[f"{o.key}/fit_after"] = float((x_o @ a_j.T - x_p @ a_p.T).norm() / target_norm)
-        b_j = align_output_frame(x_p @ a_p.T, b_p, x_o @ a_j.T, b_init, settings.cca_reg)
-        aligned[o.key] = {"A": a_j, "B": b_j}
+    budget = settings.capture_bytes or _quarter_of_free_memory()
+    # A group of site pairs at a time: both models' inputs at its sites, captured in one forward pass each, fitted
+    # pair by pair (in the pairs' order, as the generator is drawn from), then dropped before the next group.
+    for group in module_groups(pairs, [p.d_in + o.d_in for p, o in pairs], rows, budget):
+        inputs_p = site_inputs(pivot, [p.module for p, _ in group], public, batch, keep=keep, pooled=not token_level)
+        inputs_o = site_inputs(other, [o.module for _, o in group], public, batch, keep=keep, pooled=not token_level)
+        for p, o in group:
+            x_p, x_o, owner = paired_rows(inputs_p[p.module], inputs_o[o.module])
+            a_p, b_p = pivot_frames[p.key]["A"], pivot_frames[p.key]["B"]
+            a_init, b_init = other_frames[o.key]["A"], other_frames[o.key]["B"]
+            target_norm = (x_p @ a_p.T).norm().clamp_min(1e-12)
+            report[f"{o.key}/fit_before"] = float((x_o @ a_init.T - x_p @ a_p.T).norm() / target_norm)
+            a_j = align_input_frame(x_p, a_p, x_o, a_init, owner, settings, generator)
+            report[f"{o.key}/fit_after"] = float((x_o @ a_j.T - x_p @ a_p.T).norm() / target_norm)
+            b_j = align_output_frame(x_p @ a_p.T, b_p, x_o @ a_j.T, b_init, settings.cca_reg)
+            aligned[o.key] = {"A": a_j, "B": b_j}
+        del inputs_p, inputs_o  # before the next group's are captured
     return aligned, report
 
 
