@@ -278,7 +278,10 @@ def test_a_launch_survives_a_locked_database_and_a_superlink_restart(tmp_path):
 
     streamed = (tmp_path / "launch.log").read_text()
     assert "database is locked" not in superlink_log
-    assert "does not answer (restarted?)" in streamed and "the SuperLink answers again" in streamed, streamed[-3000:]
+    # The restart is seen by the launcher (its stream ended: "does not answer") or, when Flower's client reconnected
+    # the stream by itself (a quick restart), by the ServerApp only; either way the run went on and said so.
+    noticed = "does not answer (restarted?)" in streamed or "the SuperLink restarted or stopped" in streamed
+    assert noticed and "the SuperLink answers again" in streamed, streamed[-3000:]
     for done in range(1, rounds + 1):  # the log streamed again after the restart, without what was shown
         assert streamed.count(f"seed 0: round {done}/{rounds},") == 1, streamed[-4000:]
     assert not [line for line in streamed.splitlines() if line.startswith("error")], streamed[-3000:]
