@@ -78,8 +78,10 @@ def rehearse(preset: str, out: Path, overrides: list[str], minutes: float | None
         )
         # Timers, not a wait with a timeout (which polls, taking a share of a core from the rehearsal it times):
         # after `minutes` the run and its workers get SIGINT, as from a terminal's Ctrl-C; two minutes on, SIGKILL.
-        timers = [] if minutes is None else [_timer(minutes * 60, run, signal.SIGINT)]
-        timers += [] if minutes is None else [_timer(minutes * 60 + 120, run, signal.SIGKILL)]
+        seconds = None if minutes is None else minutes * 60
+        timers = (
+            [] if seconds is None else [_timer(seconds, run, signal.SIGINT), _timer(seconds + 120, run, signal.SIGKILL)]
+        )
         code = run.wait()
         for timer in timers:
             timer.cancel()
