@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from fedpeft.adapters import alignment
 from fedpeft.adapters.alignment import (
     AlignmentSettings,
     align_input_frame,
     align_output_frame,
+    low_rank_cca,
     module_groups,
     paired_rows,
     regularized_cca,
@@ -65,6 +67,43 @@ def test_b_alignment_keeps_orthonormal_columns_and_matches_outputs():
     out_j = codes @ b_j.T
     recovered = torch.linalg.lstsq(out_j, codes).solution
     torch.testing.assert_close(out_j @ recovered, codes, atol=1e-4, rtol=0)
+
+
+def test_cca_from_factors_equals_the_cca_of_the_outputs_formed_in_double():
+    g = generator(5)
+    codes_x = torch.randn(500, 4, generator=g)
+    codes_y = codes_x @ torch.randn(4, 4, generator=g) + 0.3 * torch.randn(500, 4, generator=g)
+    b_x, b_y = torch.randn(30, 4, generator=g), torch.randn(20, 4, generator=g)
+    x, y = codes_x.double() @ b_x.double().T, codes_y.double() @ b_y.double().T
+    pi_x, pi_y, formed = regularized_cca(x, y, 4, reg=1e-3)
+    fx, fy, factored = low_rank_cca(codes_x, b_x, codes_y, b_y, 4, reg=1e-3)
+    torch.testing.assert_close(factored, formed, atol=1e-6, rtol=0)
+    for data, formed_pi, factored_pi in ((x, pi_x, fx), (y, pi_y, fy)):
+        centred = (data - data.mean(0)).float()
+        a, b = centred @ formed_pi, centred @ factored_pi  # the canonical variates, each up to its sign
+        torch.testing.assert_close(b * torch.sign((a * b).sum(0)), a, atol=1e-5, rtol=0)
+
+
+def test_output_frame_takes_the_factors_beyond_the_formed_size(monkeypatch):
+    g = generator(6)
+    codes_p = torch.randn(400, 3, generator=g)
+    codes_j = codes_p @ torch.randn(3, 3, generator=g) + 0.2 * torch.randn(400, 3, generator=g)
+    b_pivot, b_init = orthonormal_columns(12, 3, g), orthonormal_columns(9, 3, g)
+    formed = align_output_frame(codes_p, b_pivot, codes_j, b_init)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the outputs were formed")
+
+    monkeypatch.setattr(alignment, "FORMED_OUTPUTS_BYTES", 400 * 12 * 8 - 1)
+    monkeypatch.setattr(alignment, "regularized_cca", refused)
+    factored = align_output_frame(codes_p, b_pivot, codes_j, b_init)
+    torch.testing.assert_close(factored.T @ factored, torch.eye(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(factored, formed, atol=1e-3, rtol=0)  # only float32 rounding's directions differ
+    # A paper-size site (Llama-3.1-8B's MLP: 14,336 outputs, 20,000 rows, 2.3 GB formed) from n x r and d x r.
+    monkeypatch.setattr(alignment, "FORMED_OUTPUTS_BYTES", 1 << 28)
+    codes = torch.randn(20_000, 8, generator=g)
+    wide = align_output_frame(codes, orthonormal_columns(14_336, 8, g), codes, orthonormal_columns(14_336, 8, g))
+    torch.testing.assert_close(wide.T @ wide, torch.eye(8), atol=1e-4, rtol=0)
 
 
 def test_rows_pair_example_by_example_with_each_rows_owner():

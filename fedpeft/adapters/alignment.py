@@ -231,30 +231,42 @@ def align_input_frame(
     return nearest_orthonormal_rows(a_other.detach())
 
 
-def regularized_cca(
-    x: torch.Tensor, y: torch.Tensor, components: int, reg: float = 1e-3
+FORMED_OUTPUTS_BYTES = 1 << 28
+"""The B-outputs ``z B^T`` of a site are formed (n x d_out, double) only up to this size (256 MiB); beyond it their
+CCA is taken from the factors ``z`` and ``B`` (:func:`low_rank_cca`). A fixed size, so that the route, and the
+frames, depend on the data's shape only, never on the memory free at the time."""
+
+
+def _principal(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Centred ``data`` (n x d, double) as scores (n x k) times an orthonormal basis (k x d), from its thin SVD,
+    without the directions below 1e-9 of the largest."""
+    u, s, vh = torch.linalg.svd(data, full_matrices=False)
+    keep = int((s > s[0] * 1e-9).sum()) if s.numel() and s[0] > 0 else 0
+    return u[:, :keep] * s[:keep], vh[:keep]
+
+
+def _factored_principal(codes: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_principal` of the centred ``codes @ b.T`` (rank r) without forming it: with ``b = Q R`` (thin QR)
+    and the SVD ``(codes - mean) R^T = U S W^T``, the outputs are ``U S (Q W)^T``. n x r and d_out x r at most."""
+    codes = (codes - codes.mean(0)).double()
+    q, r = torch.linalg.qr(b.double())
+    u, s, wh = torch.linalg.svd(codes @ r.T, full_matrices=False)
+    keep = int((s > s[0] * 1e-9).sum()) if s.numel() and s[0] > 0 else 0
+    return u[:, :keep] * s[:keep], (q @ wh[:keep].T).T
+
+
+def _reduced_cca(
+    x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor], components: int, reg: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Regularized CCA: projections ``(Pi_x, Pi_y)`` (d_x x k, d_y x k) and the canonical correlations (k).
-
-    Each side is first reduced to its principal subspace (exact when the features have low rank, as B-outputs
-    of rank r do); ``reg`` is added to each covariance relative to its mean eigenvalue.
-    """
-    x = (x - x.mean(0)).double()
-    y = (y - y.mean(0)).double()
-    n = x.shape[0]
-
-    def reduce(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u, s, vh = torch.linalg.svd(data, full_matrices=False)
-        keep = int((s > s[0] * 1e-9).sum()) if s.numel() and s[0] > 0 else 0
-        return u[:, :keep] * s[:keep], vh[:keep]
+    """The CCA of two sides given as (scores, basis) of their principal subspaces (see :func:`regularized_cca`)."""
+    (scores_x, basis_x), (scores_y, basis_y) = x, y
+    n = scores_x.shape[0]
 
     def inverse_sqrt(cov: torch.Tensor) -> torch.Tensor:
         cov = cov + reg * torch.trace(cov) / cov.shape[0] * torch.eye(cov.shape[0], dtype=cov.dtype)
         values, vectors = torch.linalg.eigh(cov)
         return vectors @ torch.diag(values.clamp_min(1e-12).rsqrt()) @ vectors.T
 
-    scores_x, basis_x = reduce(x)
-    scores_y, basis_y = reduce(y)
     k = min(components, scores_x.shape[1], scores_y.shape[1])
     whiten_x = inverse_sqrt(scores_x.T @ scores_x / max(n - 1, 1))
     whiten_y = inverse_sqrt(scores_y.T @ scores_y / max(n - 1, 1))
@@ -265,6 +277,33 @@ def regularized_cca(
     return pi_x.float(), pi_y.float(), s[:k].float()
 
 
+def regularized_cca(
+    x: torch.Tensor, y: torch.Tensor, components: int, reg: float = 1e-3
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Regularized CCA: projections ``(Pi_x, Pi_y)`` (d_x x k, d_y x k) and the canonical correlations (k).
+
+    Each side is first reduced to its principal subspace (exact when the features have low rank, as B-outputs
+    of rank r do); ``reg`` is added to each covariance relative to its mean eigenvalue.
+    """
+    x = (x - x.mean(0)).double()
+    y = (y - y.mean(0)).double()
+    return _reduced_cca(_principal(x), _principal(y), components, reg)
+
+
+def low_rank_cca(
+    codes_x: torch.Tensor,
+    b_x: torch.Tensor,
+    codes_y: torch.Tensor,
+    b_y: torch.Tensor,
+    components: int,
+    reg: float = 1e-3,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`regularized_cca` of ``codes_x @ b_x.T`` and ``codes_y @ b_y.T`` from the factors, in memory of
+    n x r and d_out x r rather than n x d_out. Equal to the formed CCA but for the directions float32 rounding adds
+    to formed outputs (which the formed route keeps down to 1e-9 of the largest: at most r directions differ)."""
+    return _reduced_cca(_factored_principal(codes_x, b_x), _factored_principal(codes_y, b_y), components, reg)
+
+
 def align_output_frame(
     codes_pivot: torch.Tensor,
     b_pivot: torch.Tensor,
@@ -272,9 +311,17 @@ def align_output_frame(
     b_init: torch.Tensor,
     reg: float = 1e-3,
 ) -> torch.Tensor:
-    """B_j <- (Pi_j^+)^T Pi_p^T B_p from a CCA of the B-outputs z B^T, with orthonormal columns again."""
+    """B_j <- (Pi_j^+)^T Pi_p^T B_p from a CCA of the B-outputs z B^T, with orthonormal columns again.
+
+    The outputs are formed when both fit :data:`FORMED_OUTPUTS_BYTES` in double precision; larger ones (paper-size
+    sites: 20,000 rows x 14,336 outputs is 2.3 GB) take :func:`low_rank_cca`.
+    """
     rank = b_pivot.shape[1]
-    pi_p, pi_j, _ = regularized_cca(codes_pivot @ b_pivot.T, codes_other @ b_init.T, rank, reg)
+    rows = codes_pivot.shape[0]
+    if rows * max(b_pivot.shape[0], b_init.shape[0]) * 8 <= FORMED_OUTPUTS_BYTES:
+        pi_p, pi_j, _ = regularized_cca(codes_pivot @ b_pivot.T, codes_other @ b_init.T, rank, reg)
+    else:
+        pi_p, pi_j, _ = low_rank_cca(codes_pivot, b_pivot, codes_other, b_init, rank, reg)
     aligned = torch.linalg.pinv(pi_j).T @ pi_p.T @ b_pivot
     if aligned.shape[1] < rank:  # fewer correlated directions than r: keep the frame's remaining columns
         aligned = torch.cat([aligned, b_init[:, aligned.shape[1] :]], dim=1)
