@@ -17,6 +17,7 @@ forward/backward per step over their joined batches, each client with its own lo
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -79,6 +80,85 @@ class TrainArgs:
         only reports), extra parameter groups or another model."""
         hooks = (self.extra_loss, self.after_backward, self.after_step, self.optimizer_groups, self.model)
         return any(hook is not None for hook in hooks)
+
+
+def first_scored(labels: torch.Tensor) -> int:
+    """The first position whose logits a causal LM's loss reads: the one before the first labelled position of any
+    row (``-100`` is unlabelled; position t predicts label t + 1), 0 when no position is labelled."""
+    labelled = (labels != -100).any(0).nonzero()
+    return max(int(labelled[0]) - 1, 0) if labelled.numel() else 0
+
+
+def scored_positions(labels: torch.Tensor) -> torch.Tensor | None:
+    """Per row, the positions whose logits a causal LM's loss reads (batch x k): from the one before the row's first
+    label through its last label, k the widest such span of the rows (a row whose span would pass the end starts
+    earlier); ``None`` when k is the whole length. In a batch whose prompts differ in length (a picture or four,
+    a short question or a long one) every row keeps only its own answer's positions."""
+    width = labels.shape[1]
+    positions = torch.arange(width, device=labels.device)
+    labelled = labels != -100
+    first = torch.where(labelled, positions, width).amin(1)
+    last = torch.where(labelled, positions, -1).amax(1)
+    start = (first - 1).clamp_min(0)
+    keep = int((last - start + 1).max()) if labels.numel() else width
+    if keep >= width:
+        return None
+    start = torch.minimum(start, torch.tensor(width - max(keep, 1), device=labels.device))
+    return start[:, None] + torch.arange(max(keep, 1), device=labels.device)
+
+
+_KEEPS_LOGITS: dict[type, tuple[bool, bool]] = {}
+
+
+def _logit_cuts(model: torch.nn.Module) -> tuple[bool, bool]:
+    get_base = getattr(model, "get_base_model", None)
+    kind = type(get_base() if callable(get_base) else model)
+    if kind not in _KEEPS_LOGITS:
+        try:
+            keeps = "logits_to_keep" in inspect.signature(kind.forward).parameters
+        except (AttributeError, TypeError, ValueError):
+            keeps = False
+        # transformers' models that slice with slice_logits_to_keep also take positions per row (a 2-d tensor)
+        rows = keeps and hasattr(inspect.getmodule(kind), "slice_logits_to_keep")
+        _KEEPS_LOGITS[kind] = (keeps, rows)
+    return _KEEPS_LOGITS[kind]
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (a transformers causal LM, or a PEFT model around one) computes its logits at the last
+    ``logits_to_keep`` positions only when asked."""
+    return _logit_cuts(model)[0]
+
+
+def logits_cut(model: torch.nn.Module, labels: torch.Tensor) -> tuple[int | torch.Tensor | None, torch.Tensor]:
+    """``(logits_to_keep, labels)`` for ``model``'s loss on ``labels`` (batch x length) with its logits only where
+    the loss reads them: each row's own positions (:func:`scored_positions`) where the model takes positions per
+    row, else the positions from the one before any row's first label on (:func:`first_scored`); the labels are
+    those of the kept positions, so that transformers' shift by one still pairs each kept position with the
+    label after it. ``(None, labels)`` where nothing is cut."""
+    if labels.dim() != 2 or not keeps_logits(model):
+        return None, labels
+    if _logit_cuts(model)[1]:
+        positions = scored_positions(labels)
+        return (None, labels) if positions is None else (positions, labels.gather(1, positions))
+    start = first_scored(labels)
+    return (None, labels) if start == 0 else (labels.shape[1] - start, labels[:, start:])
+
+
+def labelled_tail(model: torch.nn.Module, batch: Batch) -> Batch:
+    """``batch`` with ``model``'s logits cut to the positions its loss reads (:func:`logits_cut`), so that the loss
+    and its gradients are those of the whole batch. A causal LM's logits over its vocabulary (batch x length x
+    vocabulary, their float32 copy, log-softmax and gradients) are most of a step's memory when prompts are long
+    and the vocabulary large: LLaVA's 577 image tokens per picture, Llama 3's 128,256 words (a batch of one
+    four-picture and three one-picture questions: 11 GB of such tensors whole, 0.1 GB cut). Unchanged where
+    nothing can be cut, the model cannot keep its logits in part, or the labels are not one per position."""
+    labels = batch.get("labels")
+    if labels is None or "logits_to_keep" in batch:
+        return batch
+    keep, cut = logits_cut(model, labels)
+    if keep is None:
+        return batch
+    return {**batch, "labels": cut, "logits_to_keep": keep}  # type: ignore[dict-item]
 
 
 def loss_units(batch: Batch) -> int:
@@ -149,7 +229,8 @@ def train_loop(
                 micro = [(b, n / sum(units)) for b, n in zip(item, units, strict=True) if n > 0]
                 if not micro:  # no loss term in the whole step: no gradient, so the step changes nothing
                     optimizer.zero_grad(set_to_none=True)
-            for index, (batch, weight) in enumerate(micro):
+            for index, (whole, weight) in enumerate(micro):
+                batch = labelled_tail(model, whole)
                 with context():
                     outputs = model(**batch)
                     task_loss = outputs.loss if weight is None else outputs.loss * weight

@@ -14,7 +14,7 @@ from fedpeft.cli import app
 from fedpeft.core.config import load_config, preset_names
 from fedpeft.models.paper_configs import model_config
 from fedpeft.planning import plan as planning
-from fedpeft.planning.architecture import from_config, parameters
+from fedpeft.planning.architecture import activation_bytes, from_config, parameters
 from fedpeft.planning.devices import ASSUMED_MFU, CUDA_CONTEXT_BYTES, gpu
 from fedpeft.planning.plan import make_plan
 from fedpeft.planning.render import gpu_hours, plan_json, plan_tables
@@ -196,11 +196,14 @@ def test_the_plan_json_shapes_name_exactly_the_fields_of_what_they_hold():
 
 def test_a_llava_sequence_is_never_shorter_than_its_image_tokens():
     """The prompt keeps every image token however short ``max_length`` is (fedpeft.models.multimodal), so the plan
-    counts them: a rehearsal cut to 32 tokens still runs LLaVA over its 577 image positions and a vocabulary of
-    logits at each."""
+    counts them: a rehearsal cut to 32 tokens still runs LLaVA over its 577 image positions, but computes logits at
+    the text's positions only (fedpeft.training.labelled_tail)."""
     cfg = load_config("fedmosaic-drake")
     cut = cfg.model_copy(update={"models": {k: m.model_copy(update={"max_length": 32}) for k, m in cfg.models.items()}})
     for model in planning.models_of(cut):
-        assert model.architecture.extra_tokens == 577  # CLIP-L/14 at 336 pixels: 24 x 24 patches and the class token
+        a = model.architecture
+        assert a.extra_tokens == 577  # CLIP-L/14 at 336 pixels: 24 x 24 patches and the class token
         assert model.max_length == 579 and model.tokens_per_example == 579
+        logits = activation_bytes(a, 4, 579, 2, False)["logits"]
+        assert logits == 4 * 2 * a.vocab * (2 + 4 + 4)  # bfloat16 logits, their float32 copy and log-probabilities
     assert [m.max_length for m in planning.models_of(cfg)] == [2048, 2048]  # a longer limit stands

@@ -20,6 +20,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from fedpeft.data.types import Example
+from fedpeft.training import logits_cut
 
 if TYPE_CHECKING:
     from fedpeft.models.runtime import ModelRuntime
@@ -75,9 +76,11 @@ def per_sample_gradients(
     detached = {names[k]: p.detach() for k, p in params.items()}
     layout = [(k, p.shape) for k, p in params.items()]
 
+    cut: dict[str, int] = {}  # a causal LM's logits from the first position a loss reads (labelled_tail)
+
     def loss(weights: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        inputs = {k: v.unsqueeze(0) for k, v in batch.items()}
-        return functional_call(model, weights, args=(), kwargs=inputs, strict=False).loss
+        inputs: dict[str, object] = {k: v.unsqueeze(0) for k, v in batch.items()}
+        return functional_call(model, weights, args=(), kwargs={**inputs, **cut}, strict=False).loss
 
     per_example = grad(loss)
     encoded = []
@@ -86,6 +89,11 @@ def per_sample_gradients(
         # whole right-padded batch is exact without its mask: one vmap over every example.
         batch = {k: v.to(runtime.device) for k, v in runtime.encode(list(examples)).items()}
         batch.pop("attention_mask", None)
+        keep, batch["labels"] = logits_cut(model, batch["labels"])  # logits only where the loss reads them
+        if isinstance(keep, torch.Tensor):  # positions per row: each example's own
+            batch["logits_to_keep"] = keep
+        elif keep is not None:
+            cut["logits_to_keep"] = keep
         encoded = [{k: v[i] for k, v in batch.items()} for i in range(len(examples))]
     for example in examples if not encoded else []:
         batch = {k: v.to(runtime.device) for k, v in runtime.encode([example]).items()}

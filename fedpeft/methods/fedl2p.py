@@ -41,7 +41,7 @@ from fedpeft.hypergradient import ift_hypergradient
 from fedpeft.methods.base import Budget, Method, local_schedule, method_server_step
 from fedpeft.methods.fedl2p_config import FedL2PConfig
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.training import TrainArgs
+from fedpeft.training import TrainArgs, labelled_tail
 
 
 def split_validation(examples: list[Example], fraction: float, key: str) -> tuple[list[Example], list[Example]]:
@@ -169,7 +169,9 @@ class FedL2P(Method[FedL2PConfig, FedL2PState, None]):
 
     def _batch(self, runtime: ModelRuntime, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
         chosen = rng.sample(examples, min(self.cfg.outer_batch_size, len(examples)))
-        return {k: v.to(runtime.device) for k, v in runtime.encode(chosen).items()}
+        batch = {k: v.to(runtime.device) for k, v in runtime.encode(chosen).items()}
+        assert runtime.peft is not None
+        return labelled_tail(runtime.peft, batch)
 
     # ------------------------------------------------------------------ federated phase
     def client_update(

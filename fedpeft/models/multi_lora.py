@@ -29,7 +29,7 @@ from fedpeft.core.errors import UserError
 from fedpeft.core.types import Metrics, StateDict
 from fedpeft.data.types import Example
 from fedpeft.models.runtime import ClientModel, LoraSpec, ModelRuntime
-from fedpeft.training import Batch, TrainArgs, train_clients_loop
+from fedpeft.training import Batch, TrainArgs, logits_cut, train_clients_loop
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -207,13 +207,18 @@ class RoutedLora:
         self._active = clients
         self._rows = [int(batch["labels"].shape[0]) for batch in batches]
         inputs = join_batches([{k: v for k, v in b.items() if k != "labels"} for b in batches], self.pad_token_id)
+        if self.task == "generation":  # each row's labels to the joined length, its padding -100
+            width = inputs["input_ids"].shape[1]
+            labels = torch.cat([F.pad(b["labels"], (0, width - b["labels"].shape[1]), value=-100) for b in batches])
+            keep, labels = logits_cut(self.model, labels)  # logits only where a loss reads them (labelled_tail)
+            if keep is not None:
+                inputs["logits_to_keep"] = keep  # type: ignore[assignment]
+        else:
+            labels = torch.cat([b["labels"] for b in batches])
         logits = self.model(**inputs).logits
         losses = []
-        for batch, part in zip(batches, logits.split(self._rows), strict=True):
-            labels = batch["labels"]
-            if self.task == "generation":  # the client's own length: its padding never reaches its loss
-                part = part[:, : labels.shape[1]]
-            losses.append(task_loss(self.task, part, labels, self.config))
+        for part, rows in zip(logits.split(self._rows), labels.split(self._rows), strict=True):
+            losses.append(task_loss(self.task, part, rows, self.config))
         return losses
 
     def _lora_hook(self, a: list[torch.nn.Parameter], b: list[torch.nn.Parameter], scaling: float) -> ForwardHook:

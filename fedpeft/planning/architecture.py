@@ -224,14 +224,16 @@ def activation_bytes(a: Architecture, batch: int, length: int, p: int, checkpoin
     Without checkpointing every layer keeps :func:`layer_activation_bytes`; with it (one checkpoint per layer)
     each layer keeps only its input (h x p per token) and one layer's activations exist at a time during the
     backward pass. A causal LM adds its logits: p bytes per vocabulary entry per token, the float32 copy the loss
-    takes (none when p is 4) and the float32 log-probabilities the cross-entropy keeps.
+    takes (none when p is 4) and the float32 log-probabilities the cross-entropy keeps, at the text's positions
+    only (training computes no logits at an image's tokens, whose labels are never read:
+    :func:`fedpeft.training.labelled_tail`).
     """
     tokens = batch * (a.tokens or length)
     per_layer = layer_activation_bytes(a, p)
     layers = (a.layers * a.hidden * p + per_layer) if checkpointing else a.layers * per_layer
     logits = 0.0
     if a.kind != "encoder":
-        logits = tokens * a.vocab * (p + (4 if p != 4 else 0) + 4)
+        logits = batch * max(length - a.extra_tokens, 2) * a.vocab * (p + (4 if p != 4 else 0) + 4)
     return {"layers": tokens * layers, "logits": logits, "total": tokens * layers + logits}
 
 

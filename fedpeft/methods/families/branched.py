@@ -27,7 +27,7 @@ from fedpeft.data.types import ClientData, Example
 from fedpeft.methods.base import Budget, Method, local_training
 from fedpeft.models.runtime import ClientModel, ModelRuntime
 from fedpeft.settings.methods import PAPER_COMPUTE_SCALE, HeteroConfig  # noqa: F401  (PAPER_COMPUTE_SCALE: importable here too)
-from fedpeft.training import Batch, LossHook
+from fedpeft.training import Batch, LossHook, labelled_tail
 
 if TYPE_CHECKING:
     from fedpeft.federation import Federation
@@ -91,7 +91,7 @@ def frozen_gradient(runtime: ModelRuntime, module: str, examples: list[Example])
     try:
         with runtime.forward_context(), torch.enable_grad():
             weight.requires_grad_(True)
-            (grad,) = torch.autograd.grad(model(**batch).loss, weight)
+            (grad,) = torch.autograd.grad(model(**labelled_tail(model, batch)).loss, weight)
     finally:
         weight.requires_grad_(had_grad)
         model.train(was_training)

@@ -33,7 +33,7 @@ from fedpeft.methods.families.branched import (
 )
 from fedpeft.models.runtime import ModelRuntime
 from fedpeft.settings.methods import DistillationConfig
-from fedpeft.training import TrainArgs
+from fedpeft.training import TrainArgs, labelled_tail
 
 if TYPE_CHECKING:
     from fedpeft.federation import Federation
@@ -69,6 +69,7 @@ def example_losses(runtime: ModelRuntime, examples: list[Example], batch_size: i
                 batch = {
                     k: v.to(runtime.device) for k, v in runtime.encode(examples[start : start + batch_size]).items()
                 }
+                batch = labelled_tail(model, batch)
                 labels = batch.pop("labels")
                 logits = model(**batch).logits
                 if logits.dim() == 3:  # next-token loss, averaged over each example's answer tokens
