@@ -85,6 +85,7 @@ def test_smoke_writes_the_output_contract(smoke_run):
     # 6 seen clients (3 seen languages x 2), half of them in each of 2 rounds: 6 client-rounds.
     assert fedit["bytes_up_per_client_round"] > 0
     assert fedit["bytes_up_total"] == 6 * fedit["bytes_up_per_client_round"] == fedit["bytes_down_total"]
+    assert 0 < fedit["server_init_s"] < 60  # the server's state before the first round, timed apart from wall_s
     summary = (smoke_run / "summary.md").read_text()
     assert "Seen pool" in summary and "Unseen pool" in summary and "| base |" in summary
     assert (smoke_run / "checkpoints" / "fedit" / "seed0.safetensors").is_file()

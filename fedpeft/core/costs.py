@@ -80,6 +80,9 @@ class CostMeter:
     # clients they evaluated.
     evaluation_seconds: float = 0.0
     evaluated_clients: int = 0
+    # The server's state built before the first round (``init_server``: FedMosaic's alignment of every
+    # architecture's frames on public data, FedP2EFT's PSG), outside ``wall_seconds``.
+    server_init_seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
     # One dict per event of the phase (``{"metric": ..., "round": ..., "client": ..., ...}``, rounds counted from
     # 1 as results.jsonl counts them): a failed client
@@ -159,6 +162,8 @@ class CostMeter:
             )
         if self.clients:
             values["wall_s_per_client"] = self.client_seconds / self.clients
+        if self.server_init_seconds:
+            values["server_init_s"] = self.server_init_seconds
         if self.failures:  # client-rounds of a federated phase, clients of the other phases
             values["failed_client_rounds" if phase == "federated" else "failed_clients"] = float(len(self.failures))
         rows = [

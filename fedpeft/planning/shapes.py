@@ -312,10 +312,12 @@ class _PhaseMeasurement(TypedDict):
 
 class PhaseMeasurement(_PhaseMeasurement, total=False):
     """The wall seconds and peak resident memory (MB) of one method's phase of a rehearsal, from its
-    ``costs.jsonl``."""
+    ``costs.jsonl``; a federated phase also the seconds its server state took to build before the first round
+    (``server_init_s``, outside ``wall_s``)."""
 
     wall_s: float
     peak_rss_mb: float
+    server_init_s: float
 
 
 class RehearseSection(TypedDict, total=False):

@@ -155,7 +155,7 @@ def summarize(
     rows = [json.loads(line) for line in costs.read_text().splitlines() if line.strip()] if costs.is_file() else []
     table: dict[tuple[str, int, str], dict[str, float]] = {}
     for row in rows:
-        if row.get("metric") in ("wall_s", "peak_rss_mb"):
+        if row.get("metric") in ("wall_s", "peak_rss_mb", "server_init_s"):
             key = (str(row["method"]), int(row["seed"]), str(row["phase"]))
             table.setdefault(key, {})[row["metric"]] = float(row["value"])
     for (method, seed, phase), values in table.items():
@@ -167,7 +167,7 @@ def summarize(
         "notes": notes,
         "phases": phases,
         "total_s": round(total_s, 1),
-        "wall_s": round(sum(p.get("wall_s", 0.0) for p in phases), 3),
+        "wall_s": round(sum(p.get("wall_s", 0.0) + p.get("server_init_s", 0.0) for p in phases), 3),
         "peak_rss_mb": max((p.get("peak_rss_mb", 0.0) for p in phases), default=0.0),
         "steps": steps,
     }

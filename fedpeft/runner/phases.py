@@ -60,7 +60,9 @@ class FederatedPhases:
         if has_checkpoint(ckpt, run.out):
             phase.resume(load_checkpoint(ckpt))
         else:
+            started = time.perf_counter()
             phase.state = run.engine.call_worker("init_server", run.worker, label=label, seed=seed, budget=budget)
+            meter.server_init_seconds += time.perf_counter() - started
         per_budget = "" if budget is None else f", r={budget}"
         run.progress.stage(f"{label}: federated training, seed {seed}{per_budget}")
         run.progress.rounds(method.rounds, phase.state.round)
