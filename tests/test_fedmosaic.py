@@ -246,3 +246,20 @@ def test_alignment_captures_sites_a_group_at_a_time_and_only_the_rows_it_fits_on
         assert sum(captured) == 5 * sites * 2  # 5 rows (examples: the tokenizers differ) of every site, both models
     else:
         assert captured
+
+
+def test_the_alignments_capture_budget_is_a_config_key(tmp_path, monkeypatch):
+    from fedpeft.methods import fedmosaic
+    from fedpeft.worker import Worker
+
+    raw = {**HETERO, "methods": [{"name": "fedmosaic", "rounds": 1, "rank": 2, "align_capture_mb": 3}]}
+    worker = Worker(validate(raw), tmp_path, data=generation_data())
+    budgets = []
+
+    def aligned(federation, sites, frames, pivot, public, settings, generator):  # noqa: ANN001, ANN202
+        budgets.append(settings.capture_bytes)
+        return frames, {}
+
+    monkeypatch.setattr(fedmosaic, "align_federation", aligned)
+    worker.methods["fedmosaic"].init_server(worker.runtime, seed=0)
+    assert budgets == [3 * 2**20]

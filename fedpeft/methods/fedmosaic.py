@@ -123,6 +123,7 @@ class FedMosaic(Method[FedMosaicConfig, FedMosaicState, FedMosaicClientState]):
                 epochs=cfg.align_epochs,
                 batch_size=cfg.align_batch_size,
                 cca_reg=cfg.cca_reg,
+                capture_bytes=None if cfg.align_capture_mb is None else cfg.align_capture_mb * 2**20,
             )
             generator = torch.Generator().manual_seed(derive_seed(seed, self.name, "align"))
             sites = {name: adapter.sites for name, adapter in adapters.items()}

@@ -31,4 +31,7 @@ class FedMosaicConfig(HeteroConfig):
     align_batch_size: int = 4
     align_lambda: float = 0.5
     cca_reg: float = 1e-3
+    # MiB of captured site inputs the alignment holds at once (None: a quarter of the memory free when it starts);
+    # more sites than that take one forward pass per group
+    align_capture_mb: int | None = Field(default=None, gt=0)
     compute_scale: float = Field(default=PAPER_COMPUTE_SCALE["fedmosaic"], gt=0)
