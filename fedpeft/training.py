@@ -150,8 +150,9 @@ def labelled_tail(model: torch.nn.Module, batch: Batch) -> Batch:
     and its gradients are those of the whole batch. A causal LM's logits over its vocabulary (batch x length x
     vocabulary, their float32 copy, log-softmax and gradients) are most of a step's memory when prompts are long
     and the vocabulary large: LLaVA's 577 image tokens per picture, Llama 3's 128,256 words (a batch of one
-    four-picture and three one-picture questions: 11 GB of such tensors whole, 0.1 GB cut). Unchanged where
-    nothing can be cut, the model cannot keep its logits in part, or the labels are not one per position."""
+    four-picture and three one-picture questions held 11 GB of such tensors over its 2,306 positions a row; cut,
+    each row keeps its answer's few). Unchanged where nothing can be cut, the model cannot keep its logits in
+    part, or the labels are not one per position."""
     labels = batch.get("labels")
     if labels is None or "logits_to_keep" in batch:
         return batch
