@@ -248,11 +248,9 @@ def _principal(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _factored_principal(codes: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_principal` of the centred ``codes @ b.T`` (rank r) without forming it: with ``b = Q R`` (thin QR)
     and the SVD ``(codes - mean) R^T = U S W^T``, the outputs are ``U S (Q W)^T``. n x r and d_out x r at most."""
-    codes = (codes - codes.mean(0)).double()
     q, r = torch.linalg.qr(b.double())
-    u, s, wh = torch.linalg.svd(codes @ r.T, full_matrices=False)
-    keep = int((s > s[0] * 1e-9).sum()) if s.numel() and s[0] > 0 else 0
-    return u[:, :keep] * s[:keep], (q @ wh[:keep].T).T
+    scores, wh = _principal((codes - codes.mean(0)).double() @ r.T)
+    return scores, wh @ q.T
 
 
 def _reduced_cca(
