@@ -101,6 +101,7 @@ def rehearse(preset: str, out: Path, overrides: list[str], minutes: float | None
         row |= {
             "phases_s": summary["wall_s"],
             "peak_rss_mb": round(summary["peak_rss_mb"]),
+            "workers_peak_rss_mb": summary.get("workers_peak_rss_mb"),
             "steps": summary["steps"],
             "notes": summary["notes"],
             "data": summary["rehearse"].get("data"),
@@ -151,7 +152,7 @@ def _last_line(log: Path) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of the rehearsals."""
     lines = [
-        "| preset | exit | wall | peak RSS / process | step at true depth (extrapolated) | per layer |",
+        "| preset | exit | wall | peak RSS main / worker | step at true depth (extrapolated) | per layer |",
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -165,6 +166,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{s['per_layer_s']:.3f} s, {s['per_layer_mb']:.0f} MB" for s in steps if s.get("per_layer_s") is not None
         )
         peak = f"{row['peak_rss_mb'] / 1024:.1f} GiB" if "peak_rss_mb" in row else "-"
+        if row.get("workers_peak_rss_mb") is not None:
+            peak += f" / {row['workers_peak_rss_mb'] / 1024:.1f} GiB"
         status = "0" if row["exit"] == 0 else f"{row['exit']}: {row.get('error', '')}"
         if "stopped_after_min" in row:
             status = f"stopped after {row['stopped_after_min']:g} min, in: {row['last_progress']}"

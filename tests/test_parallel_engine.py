@@ -47,6 +47,10 @@ def comparable(out: Path) -> list[dict]:
     return [r for r in records if not (r["split"] == "train" and r["metric"] == "seconds")]
 
 
+def cost_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
+
+
 def sets(overrides: list[str]) -> list[str]:
     """``overrides`` as ``--set`` options of the command line."""
     return [arg for override in overrides for arg in ("--set", override)]
@@ -251,6 +255,13 @@ def test_two_workers_give_the_records_of_one(tmp_path, caplog):
     one = run_with(tmp_path, "one", TINY, 1)
     two = run_with(tmp_path, "two", TINY, 2)
     assert comparable(two) == comparable(one)
+    # costs.jsonl gives the worker processes' peak memory so far with every phase they ran, never falling; a run in
+    # one process has none.
+    peaks = [(r["phase"], r["value"]) for r in cost_rows(two) if r["metric"] == "workers_peak_rss_mb"]
+    assert {phase for phase, _ in peaks} >= {"base", "personalization"}
+    values = [value for _, value in peaks]
+    assert values == sorted(values) and values[-1] > 100  # a worker process that trained holds torch and a model
+    assert not [r for r in cost_rows(one) if r["metric"] == "workers_peak_rss_mb"]
     # More workers than clients: as many as there are clients, said once.
     with caplog.at_level(logging.WARNING, logger="fedpeft"):
         many = run_with(tmp_path, "many", TINY, 64)

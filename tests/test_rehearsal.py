@@ -372,3 +372,31 @@ def test_a_full_depth_check_that_failed_is_said_and_the_rest_kept():
     assert "about 6.50 s / 650 MB" in line and "at its true depth: the step at depth 12 was killed" in line
     checked = extrapolate("m", [*measured, {"layers": 12, "step_s": 5.0, "peak_rss_mb": 1300.0}], 12, 32, 256)
     assert "(against the measured: +30% / -50%)" in step_line(checked)
+
+
+def test_the_summary_gives_the_main_and_the_worker_processes_peaks(tmp_path):
+    from fedpeft.rehearsal.driver import summarize, summary_lines
+
+    cfg = rehearsal_config(load_config("smoke"), RehearseConfig(layers=1), [])
+
+    def costs(rows: list[tuple[str, str, float]]) -> None:
+        lines = [json.dumps({"method": "fedit", "seed": 0, "phase": p, "metric": m, "value": v}) for p, m, v in rows]
+        (tmp_path / "costs.jsonl").write_text("\n".join(lines) + "\n")
+
+    costs(
+        [
+            ("federated", "wall_s", 2.0),
+            ("federated", "peak_rss_mb", 900.0),
+            ("federated", "workers_peak_rss_mb", 1500.0),
+            ("personalization", "peak_rss_mb", 950.0),
+            ("personalization", "workers_peak_rss_mb", 2100.0),
+        ]
+    )
+    summary = summarize(tmp_path, cfg, [], [], 10.0)
+    assert (summary["peak_rss_mb"], summary["workers_peak_rss_mb"]) == (950.0, 2100.0)
+    assert json.loads((tmp_path / "rehearsal.json").read_text())["workers_peak_rss_mb"] == 2100.0
+    assert "peak 950 MB in the main process, 2100 MB in a worker process" in "\n".join(summary_lines(summary))
+    costs([("federated", "wall_s", 2.0), ("federated", "peak_rss_mb", 900.0)])  # every client in the main process
+    summary = summarize(tmp_path, cfg, [], [], 10.0)
+    assert summary["workers_peak_rss_mb"] is None
+    assert "peak 900 MB in the main process\n" in "\n".join(summary_lines(summary)) + "\n"

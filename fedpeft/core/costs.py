@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
+from pathlib import Path
 
 from fedpeft.core.faults import INJECTED_ERRORS
 
@@ -21,6 +22,19 @@ def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def process_peak_rss_mb(pid: int) -> float | None:
+    """Peak resident set size of the process ``pid`` so far, in MiB (``VmHWM`` of ``/proc/PID/status``); None
+    where that cannot be read (not Linux, the process has ended)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return None
 
 
 def peak_cuda_mb() -> float | None:
@@ -146,9 +160,12 @@ class CostMeter:
         self.bytes_down += bytes_down
         self.bytes_up += bytes_up
 
-    def rows(self, method: str, seed: int, phase: str) -> list[dict]:
-        """Records for ``costs.jsonl``."""
+    def rows(self, method: str, seed: int, phase: str, *, workers_peak_mb: float | None = None) -> list[dict]:
+        """Records for ``costs.jsonl``: ``peak_rss_mb`` is this process's peak so far, ``workers_peak_rss_mb``
+        (where given: ``workers_peak_mb``) the largest of the worker processes' that ran its clients."""
         values: dict[str, float] = {"wall_s": self.wall_seconds, "peak_rss_mb": peak_rss_mb()}
+        if workers_peak_mb is not None:
+            values["workers_peak_rss_mb"] = workers_peak_mb
         cuda = peak_cuda_mb()
         if cuda is not None:  # of this process: with worker processes, the server's share only
             values["peak_cuda_mb"] = cuda

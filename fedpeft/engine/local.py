@@ -136,6 +136,10 @@ class LocalEngine(Engine):
         """The worker process that runs each client's task now, by client (none without worker processes)."""
         return self.pool.running() if self.pool is not None else {}
 
+    def workers_peak_rss_mb(self) -> float | None:
+        """The largest peak resident memory (MiB) of the worker processes so far (None without them)."""
+        return self.pool.peak_rss_mb() if self.pool is not None else None
+
     @property
     def _pause(self) -> Callable[[float], None] | None:
         """How a unit waits for its clients' results when units run at once, without the turn until a process

@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedpeft.core.costs import process_peak_rss_mb
 from fedpeft.core.logs import LEVELS_VARIABLE, levels_for_children
 
 if TYPE_CHECKING:
@@ -160,6 +161,7 @@ class WorkerPool:
     _tags: Iterator[int] = field(default_factory=itertools.count)
     _finished: dict[int, tuple[str, object, float]] = field(default_factory=dict)  # results not yet taken, by tag
     _abandoned: set[int] = field(default_factory=set)  # tags whose run ended before their result came
+    _peaks: dict[int, float] = field(default_factory=dict)  # the largest peak memory read of each slot's processes
     stopped: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -189,6 +191,17 @@ class WorkerPool:
     def running(self) -> dict[str, int]:
         """The process id of the worker process that runs each client's task now, by client."""
         return {slot.task[1]: slot.pid for slot in self._slots if slot.task is not None and slot.pid is not None}
+
+    def peak_rss_mb(self) -> float | None:
+        """The largest peak resident memory (MiB) of the pool's processes so far: each running one read now, one
+        that has ended as read after its last task; None where none could be read (not Linux, none started)."""
+        for slot in self._slots:
+            self._read_peak(slot)
+        return max(self._peaks.values(), default=None)
+
+    def _read_peak(self, slot: _Slot) -> None:
+        if slot.alive and slot.pid is not None and (peak := process_peak_rss_mb(slot.pid)) is not None:
+            self._peaks[slot.index] = max(peak, self._peaks.get(slot.index, 0.0))
 
     def run(
         self,
@@ -301,6 +314,7 @@ class WorkerPool:
                 continue
             _, client_id = slot.task
             slot.task = None
+            self._read_peak(slot)
             self._finish(tag, (client_id, value if ok else _as_error(value), seconds))
         return bool(ready)
 

@@ -196,6 +196,11 @@ class Engine:
     def close(self) -> None:
         """Release what the engine holds (nothing by default)."""
 
+    def workers_peak_rss_mb(self) -> float | None:
+        """The largest peak resident memory (MiB) of the worker processes this engine runs clients on, so far;
+        None where the clients run in this process or on other machines (by default)."""
+        return None
+
     def cost_rows(self) -> list[JSONObject]:
         """The engine's own cost rows for ``costs.jsonl`` (none by default; the Flower engine's per node)."""
         return []

@@ -312,11 +312,13 @@ class _PhaseMeasurement(TypedDict):
 
 class PhaseMeasurement(_PhaseMeasurement, total=False):
     """The wall seconds and peak resident memory (MB) of one method's phase of a rehearsal, from its
-    ``costs.jsonl``; a federated phase also the seconds its server state took to build before the first round
+    ``costs.jsonl`` (the main process's; ``workers_peak_rss_mb``: the largest of its worker processes', where it
+    had any); a federated phase also the seconds its server state took to build before the first round
     (``server_init_s``, outside ``wall_s``)."""
 
     wall_s: float
     peak_rss_mb: float
+    workers_peak_rss_mb: float
     server_init_s: float
 
 
@@ -340,7 +342,8 @@ class RehearseSection(TypedDict, total=False):
 
 class RehearsalSummary(TypedDict):
     """A rehearsal's ``rehearsal.json``: its config's name and cut, its notes, each phase's measurements, its wall
-    seconds in all and in the run's phases, the largest peak memory of a phase, and its steps' measurements."""
+    seconds in all and in the run's phases, the largest peak memory of a phase in the main process and in a worker
+    process (None: the clients ran in the main process), and its steps' measurements."""
 
     what: str
     config: str
@@ -350,6 +353,7 @@ class RehearsalSummary(TypedDict):
     total_s: float
     wall_s: float
     peak_rss_mb: float
+    workers_peak_rss_mb: float | None
     steps: list[StepMeasurement]
 
 

@@ -155,11 +155,12 @@ def summarize(
     rows = [json.loads(line) for line in costs.read_text().splitlines() if line.strip()] if costs.is_file() else []
     table: dict[tuple[str, int, str], dict[str, float]] = {}
     for row in rows:
-        if row.get("metric") in ("wall_s", "peak_rss_mb", "server_init_s"):
+        if row.get("metric") in ("wall_s", "peak_rss_mb", "workers_peak_rss_mb", "server_init_s"):
             key = (str(row["method"]), int(row["seed"]), str(row["phase"]))
             table.setdefault(key, {})[row["metric"]] = float(row["value"])
     for (method, seed, phase), values in table.items():
         phases.append(cast(PhaseMeasurement, {"method": method, "seed": seed, "phase": phase, **values}))
+    workers = [p["workers_peak_rss_mb"] for p in phases if "workers_peak_rss_mb" in p]
     summary: RehearsalSummary = {
         "what": NOT_RESULTS,
         "config": cfg.name,
@@ -169,6 +170,7 @@ def summarize(
         "total_s": round(total_s, 1),
         "wall_s": round(sum(p.get("wall_s", 0.0) + p.get("server_init_s", 0.0) for p in phases), 3),
         "peak_rss_mb": max((p.get("peak_rss_mb", 0.0) for p in phases), default=0.0),
+        "workers_peak_rss_mb": max(workers, default=None),
         "steps": steps,
     }
     (run_dir / REHEARSAL_FILE).write_text(json.dumps(summary, indent=2) + "\n")
@@ -188,9 +190,11 @@ def summary_lines(summary: RehearsalSummary) -> list[str]:
         f"  cut: {rehearse['rounds']} rounds, {rehearse['steps']} step(s) per training, {rehearse['eval_batches']} "
         f"batch(es) per evaluation, {rehearse['seeds']} seed(s)"
     )
+    workers = summary.get("workers_peak_rss_mb")
+    where = "in the main process" if workers is None else f"in the main process, {workers:.0f} MB in a worker process"
     lines.append(
         f"  measured: {summary['total_s']:.0f} s in all, {summary['wall_s']:.1f} s of them in the run's phases; peak "
-        f"{summary['peak_rss_mb']:.0f} MB per process"
+        f"{summary['peak_rss_mb']:.0f} MB {where}"
     )
     for step in summary.get("steps", []):
         lines.append("  " + step_line(step))

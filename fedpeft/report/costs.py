@@ -58,6 +58,7 @@ _TOTAL_COLUMNS = (
     ("bytes_down_total", "Down total", _format_bytes),
     ("wall_s", "Wall s", _format_seconds),
     ("peak_rss_mb", "Peak RSS MB", _format_megabytes),
+    ("workers_peak_rss_mb", "Workers' peak RSS MB", _format_megabytes),
     ("peak_cuda_mb", "Peak CUDA MB", _format_megabytes),
 )
 _PHASES = ("base", "federated", ROUND_EVALUATION, "personalization")

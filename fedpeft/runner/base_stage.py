@@ -70,7 +70,7 @@ class BaseStage:
             run.engine.call_worker("export_base", worker, seed=seed, state=phase.state)
             privacy = phase.records  # a DP base stage's epsilon per round
         meter.wall_seconds = time.perf_counter() - started
-        run.directory.write_part(name, privacy, meter.rows(BASE_LABEL, seed, "base"))
+        run.directory.write_part(name, privacy, run.cost_rows(meter, BASE_LABEL, seed, "base"))
         if shared or seed == run.cfg.seeds[0]:
             run.engine.call_worker("save_base_model", worker, seed=seed)
 
@@ -91,7 +91,7 @@ class BaseStage:
         for _ in run.each_client("prepare_client_base", ids, meter.record_failure, seed=seed, state=state):
             pass
         meter.wall_seconds = time.perf_counter() - started
-        return [], meter.rows(BASE_LABEL, seed, "client-base")
+        return [], run.cost_rows(meter, BASE_LABEL, seed, "client-base")
 
     def _base_model_dirs(self) -> list[Path]:
         """Where the base models saved adapters load onto go: one per architecture of a heterogeneous federation."""

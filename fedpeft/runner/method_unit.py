@@ -35,7 +35,7 @@ def run_method(
         else:
             phase = phases.federate(method, method.label, seed, meter=meter)
             state, round_records = phase.state, phase.records
-        costs += meter.rows(method.label, seed, "federated")
+        costs += run.cost_rows(meter, method.label, seed, "federated")
         costs += meter.evaluation_rows(method.label, seed)
         costs += communication_rows(method.label, seed, meter, len(run.data.pool("seen")))
         method.save_server_artifacts(state, run.out, seed)
@@ -63,7 +63,7 @@ def run_method(
         meter.clients += budgets
     meter.wall_seconds = time.perf_counter() - started
     check_clients(f"{method.label}'s personalization (seed {seed})", len(ids), meter.failures)
-    costs += meter.rows(method.label, seed, "personalization")
+    costs += run.cost_rows(meter, method.label, seed, "personalization")
     costs += run.engine.call_worker("compute_costs", run.worker, label=method.label, seed=seed)
     costs += merge_cost_rows(method.label, seed, records, federated_meter)
     return records, costs

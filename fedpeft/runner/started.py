@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.core.config import ExperimentConfig
+from fedpeft.core.costs import CostMeter
 from fedpeft.core.errors import AllClientsFailedError
 from fedpeft.core.progress import Progress
 from fedpeft.data.types import FederatedData
@@ -51,6 +52,11 @@ class StartedRun:
     def client_ids(self) -> list[str]:
         """Every client of every pool, in the data's order."""
         return [c.client_id for c in self.data.clients]
+
+    def cost_rows(self, meter: CostMeter, label: str, seed: int, phase: str) -> list[dict]:
+        """``meter``'s rows of ``phase`` for ``costs.jsonl``, with the peak memory so far of the engine's worker
+        processes (``workers_peak_rss_mb``, where the clients run in worker processes of this machine)."""
+        return meter.rows(label, seed, phase, workers_peak_mb=self.engine.workers_peak_rss_mb())
 
     def each_client(
         self,
