@@ -1,6 +1,8 @@
 """A causal LM's logits only where its loss reads them (``fedpeft.training.labelled_tail``): every training path
 (one client, clients batched, per-example gradients, frozen gradients, example losses) computes the logits from
-the position before the first label on, and trains as with the whole sequence's logits."""
+the position before the first label on, and trains as with the whole sequence's logits. The tiny models' logits are
+far below the size from which the cut applies (``LOGITS_CUT_BYTES``), which these tests set to 0; the last test
+checks the size itself."""
 
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ def runtime(tmp_path_factory) -> ModelRuntime:
         cfg = ModelConfig(name="tiny-llama", vocab_size=300, max_length=32)
         loaded = load_model(cfg, task="generation", corpus=lambda: corpus)
     return ModelRuntime(loaded, max_length=32, max_new_tokens=3)
+
+
+@pytest.fixture(autouse=True)
+def cut_at_any_size(monkeypatch):
+    monkeypatch.setattr(fedpeft.training, "LOGITS_CUT_BYTES", 0)
 
 
 @contextmanager
@@ -191,3 +198,20 @@ def test_a_llava_batch_drops_its_image_positions_logits():
     full, part = loaded.model(**batch), loaded.model(**cut)
     assert part.logits.shape[1] == cut["labels"].shape[1]
     torch.testing.assert_close(part.loss, full.loss, atol=1e-6, rtol=0)
+
+
+def test_logits_smaller_than_the_threshold_are_computed_whole(runtime, monkeypatch):
+    monkeypatch.undo()  # the default size
+    model = runtime.activate(lora(runtime))
+    batch = runtime.encode(examples(7, 4))
+    vocabulary = model.get_output_embeddings().weight.shape[0]
+    assert batch["labels"].numel() * vocabulary * 4 < fedpeft.training.LOGITS_CUT_BYTES
+    assert labelled_tail(model, batch) is batch  # the numbers of the whole computation, bit for bit
+    with computed_logits(runtime) as seen:
+        per_sample_gradients(runtime, examples(7, 4))
+    assert seen == [batch["input_ids"].shape[1]]
+    # The same labels' rows, long enough that the whole logits pass the size: cut.
+    rows = fedpeft.training.LOGITS_CUT_BYTES // (vocabulary * 4 * batch["labels"].shape[1]) + 1
+    labels = batch["labels"].repeat(rows, 1)
+    keep, cut = fedpeft.training.logits_cut(model, labels)
+    assert keep is not None and cut.shape[1] < labels.shape[1]
