@@ -129,7 +129,7 @@ def test_ctrl_c_stops_a_simulation_at_once_and_the_run_resumes(tmp_path):
 def test_simulation_backend_joins_a_cluster_with_per_client_resources_or_starts_ray_here():
     here = simulation_backend(EngineConfig(num_supernodes=3), cuda=False)
     assert here["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
-    assert here["init_args"]["num_cpus"] == min(3, os.cpu_count() or 1) and "address" not in here["init_args"]
+    assert here["init_args"]["num_cpus"] == min(3, os.cpu_count() or 1) and here["init_args"]["address"] == "local"
     gpu_here = simulation_backend(EngineConfig(num_supernodes=1), cuda=True)
     assert gpu_here["client_resources"]["num_gpus"] == 1.0 and gpu_here["init_args"]["num_gpus"] == 1
 
@@ -194,6 +194,10 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_local_engine_records(tmp
         command = [fedpeft, "run", str(config), "--engine", "flower", "--out", str(tmp_path / "cluster")]
         command += ["--set", f"engine.ray_address={address}", "--set", "engine.num_supernodes=2"]
         run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+        # A simulation without engine.ray_address starts a Ray of its own beside the running cluster, which Ray
+        # would otherwise join and refuse the core count it was given.
+        alone = [fedpeft, "run", str(config), "--engine", "flower", "--out", str(tmp_path / "alone")]
+        beside = subprocess.run(alone, capture_output=True, text=True, timeout=600, env=env)
         cluster.stdin.close()
         cluster.wait(timeout=60)
     finally:
@@ -201,10 +205,12 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_local_engine_records(tmp
             os.killpg(cluster.pid, signal.SIGKILL)
             cluster.wait()
     assert run.returncode == 0, run.stderr[-3000:]
+    assert beside.returncode == 0, beside.stderr[-3000:]
     Experiment(validate(raw), tmp_path / "local").run()
     local, flower = read_records(tmp_path / "local"), read_records(tmp_path / "cluster")
     assert local.keys() == flower.keys() and {k[0] for k in local} == {"base", "fedit", "lora"}
     for key, value in local.items():
         assert flower[key] == pytest.approx(value, abs=ATOL), key
+    assert read_records(tmp_path / "alone").keys() == local.keys()
     resolved = yaml.safe_load((tmp_path / "cluster" / "config.yaml").read_text())["engine"]
     assert resolved["ray_address"] == address

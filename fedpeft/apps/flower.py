@@ -191,7 +191,9 @@ def simulation_backend(engine: EngineConfig, cuda: bool, *, verbose: bool = Fals
     """The Ray backend of Flower's simulation engine: where Ray runs and what one client's work takes.
 
     Without ``engine.ray_address``, Ray starts in this process with at most ``num_supernodes`` clients at once,
-    each ``client_cpus`` of this machine's cores, sharing its one GPU on a ``cuda`` run. With it, Ray joins that
+    each ``client_cpus`` of this machine's cores, sharing its one GPU on a ``cuda`` run: a Ray instance of its own
+    (``address="local"``), even where a cluster runs on this machine, which Ray would otherwise join (and then
+    refuse the core count it was given). With it, Ray joins that
     cluster and every client takes ``client_cpus`` and ``client_gpus`` (on a ``cuda`` run by default
     ``1 / workers_per_gpu`` of a GPU), so Flower runs as many at once as the cluster's nodes hold.
     """
@@ -208,6 +210,7 @@ def simulation_backend(engine: EngineConfig, cuda: bool, *, verbose: bool = Fals
     return {
         "client_resources": {"num_cpus": engine.client_cpus, "num_gpus": gpus},
         "init_args": {
+            "address": "local",
             "num_cpus": max(1, round(parallel * engine.client_cpus)),
             "num_gpus": 1 if gpus else 0,
             "include_dashboard": False,
