@@ -37,6 +37,7 @@ CONFIG_FILE = "config.yaml"
 ENV_FILE = "env.json"  # what produced the run: versions, commit, device, command line (of its latest start)
 DATA_FILE = "data.json"  # the data overview the summary's Data section renders (fedpeft.report.records.DATA_FILE)
 PARTS_DIR = "parts"
+CLIENTS_SUFFIX = ".clients"  # parts/<unit>.clients.jsonl: a unit's clients done so far
 LOCK_FILE = ".fedpeft-lock"  # locked (flock) while a run writes the directory; names its holder
 RUN_WRITES = (
     RUN_MARKER,
@@ -272,6 +273,32 @@ class RunDirectory:
         earlier = part.read_text() if append and part.exists() else ""
         lines = [json.dumps(r) for r in records] + [json.dumps({"_cost": c}) for c in costs]
         write_text_atomic(part, earlier + "".join(line + "\n" for line in lines), fsync=True)
+
+    def clients_part(self, name: str) -> str:
+        """The part that holds unit ``name``'s clients done so far (``parts/<name>.clients.jsonl``), one line
+        each: what ``--resume`` starts a long personalization from instead of its first client."""
+        return f"{name}{CLIENTS_SUFFIX}"
+
+    def read_clients(self, name: str) -> list[dict]:
+        """The whole lines of unit ``name``'s clients part (:meth:`clients_part`); a cut last line is left out and
+        removed from the file, so that the lines appended next start whole."""
+        rows, whole = self._part_rows(self.clients_part(name))
+        if not whole:
+            text = "".join(json.dumps(row) + "\n" for row in rows)
+            write_text_atomic(self.part(self.clients_part(name)), text, fsync=True)
+        return rows
+
+    def append_client(self, name: str, row: dict) -> None:
+        """Add one done client's line to unit ``name``'s clients part (flushed; a line cut by a crash is read as
+        not there, and that client runs again)."""
+        part = self.part(self.clients_part(name))
+        with part.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(row) + "\n")
+            file.flush()
+
+    def drop_clients(self, name: str) -> None:
+        """Remove unit ``name``'s clients part once the unit's own part holds its records."""
+        self.part(self.clients_part(name)).unlink(missing_ok=True)
 
     def read_part(self, name: str) -> tuple[list[ResultRecord], list[dict]]:
         """Unit ``name``'s result records and cost rows (none when it has not finished; a cut last line, as a copy

@@ -16,9 +16,11 @@ from fedpeft.runner.started import StartedRun, check_clients
 
 
 def run_method(
-    run: StartedRun, phases: FederatedPhases, method: Method, seed: int
+    run: StartedRun, phases: FederatedPhases, method: Method, seed: int, unit: str | None = None
 ) -> tuple[list[ResultRecord], list[dict]]:
-    """The records and cost rows of ``method``'s unit of ``seed`` (federated phases run by ``phases``)."""
+    """The records and cost rows of ``method``'s unit of ``seed`` (federated phases run by ``phases``). With
+    ``unit`` (its name in ``parts/``), each personalized client is kept on disk as it ends, and a resumed unit
+    personalizes only the clients not kept yet (:func:`personalize_clients`)."""
     costs: list[dict] = []
     state = ServerState()
     records: list[ResultRecord] = []
@@ -40,16 +42,48 @@ def run_method(
         costs += communication_rows(method.label, seed, meter, len(run.data.pool("seen")))
         method.save_server_artifacts(state, run.out, seed)
         records += round_records
-    ids = run.client_ids()
     budgets = len(run.cfg.budgets) if method.uses_budget else 1
-    run.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
-    run.progress.clients(len(ids))
     meter = CostMeter()
+    records += personalize_clients(run, method, seed, state, extra, meter, budgets, unit)
+    check_clients(f"{method.label}'s personalization (seed {seed})", len(run.client_ids()), meter.failures)
+    costs += run.cost_rows(meter, method.label, seed, "personalization")
+    costs += run.engine.call_worker("compute_costs", run.worker, label=method.label, seed=seed)
+    costs += merge_cost_rows(method.label, seed, records, federated_meter)
+    return records, costs
+
+
+def personalize_clients(
+    run: StartedRun,
+    method: Method,
+    seed: int,
+    state: ServerState,
+    extra: dict[str, Any],
+    meter: CostMeter,
+    budgets: int,
+    unit: str | None,
+) -> list[ResultRecord]:
+    """Every client personalized at each budget and evaluated: their records in client order, ``meter`` counting
+    their seconds, failures and wall time. With ``unit``, each client's records go to its clients part as it ends
+    (:meth:`~fedpeft.rundir.RunDirectory.append_client`); the clients already there (a resumed unit) are read
+    back, not run again, and the wall time adds the earlier sittings' (the last kept client's ``elapsed``)."""
+    ids = run.client_ids()
+    kept = {row["client"]: row for row in run.directory.read_clients(unit)} if unit else {}
+    todo = [client_id for client_id in ids if client_id not in kept]
+    run.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
+    if kept:
+        run.progress.note(f"{len(ids) - len(todo)} of {len(ids)} clients personalized in an earlier sitting")
+    run.progress.clients(len(todo))
+    earlier = max((float(row["elapsed"]) for row in kept.values()), default=0.0)
+    by_client: dict[str, list[ResultRecord]] = {}
+    for client_id, row in kept.items():
+        by_client[client_id] = row["records"]
+        meter.client_seconds += float(row["seconds"])
+        meter.clients += budgets
     save = run.cfg.output.save_adapters and seed == run.cfg.seeds[0]
     started = time.perf_counter()
-    for _, result in run.each_client(
+    for client_id, result in run.each_client(
         "personalize",
-        ids,
+        todo,
         meter.record_failure,
         label=method.label,
         seed=seed,
@@ -58,15 +92,15 @@ def run_method(
         **extra,
     ):
         client_records, seconds = result
-        records += client_records
+        by_client[client_id] = client_records
         meter.client_seconds += seconds
         meter.clients += budgets
-    meter.wall_seconds = time.perf_counter() - started
-    check_clients(f"{method.label}'s personalization (seed {seed})", len(ids), meter.failures)
-    costs += run.cost_rows(meter, method.label, seed, "personalization")
-    costs += run.engine.call_worker("compute_costs", run.worker, label=method.label, seed=seed)
-    costs += merge_cost_rows(method.label, seed, records, federated_meter)
-    return records, costs
+        if unit:
+            elapsed = earlier + time.perf_counter() - started
+            row = {"client": client_id, "seconds": seconds, "elapsed": elapsed, "records": client_records}
+            run.directory.append_client(unit, row)
+    meter.wall_seconds = earlier + time.perf_counter() - started
+    return [record for client_id in ids for record in by_client.get(client_id, [])]
 
 
 def _personalize_facts(records: list[ResultRecord], metric: str) -> list[float]:

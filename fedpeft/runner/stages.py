@@ -22,6 +22,11 @@ from fedpeft.runner.units import Units, UnitWork
 from fedpeft.worker import Worker
 
 
+def method_unit_name(method: Method, seed: int) -> str:
+    """The unit of ``method`` for ``seed``, as ``parts/`` names it."""
+    return f"{method.label}-seed{seed}"
+
+
 class Stages:
     """The stages of one started run, with everything they use given at construction: the base stage of each seed,
     its clients' bases, the base model's evaluation and every method, each a unit whose records go to ``parts/``
@@ -58,11 +63,11 @@ class Stages:
                     self.units.run(f"client-base-seed{seed}", lambda s=seed: self.base_stage.client_bases(s))
                 # The base model's evaluation and the methods need nothing of each other (they may run at once).
                 evaluations.append((f"base-seed{seed}", self._base_evaluation_unit(seed)))
-                methods.append([(f"{m.label}-seed{seed}", self._method_unit(m, seed)) for m in self.methods])
+                methods.append([(method_unit_name(m, seed), self._method_unit(m, seed)) for m in self.methods])
             self.units.run_seeds(evaluations, methods)
 
     def _method_unit(self, method: Method, seed: int) -> UnitWork:
-        return lambda: run_method(self.started, self.phases, method, seed)
+        return lambda: run_method(self.started, self.phases, method, seed, unit=method_unit_name(method, seed))
 
     def _base_evaluation_unit(self, seed: int) -> UnitWork:
         return lambda: evaluate_base(self.started, seed)

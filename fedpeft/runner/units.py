@@ -47,6 +47,7 @@ class Units:
             return
         records, costs = work()
         self.directory.write_part(name, records, costs)
+        self.directory.drop_clients(name)
         self.metric_log.unit(records)
 
     def run_seeds(self, evaluations: list[tuple[str, UnitWork]], methods: list[list[tuple[str, UnitWork]]]) -> None:
