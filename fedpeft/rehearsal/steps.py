@@ -1,12 +1,14 @@
 """One training step of a stand-in model at several depths, each in a fresh process: the step time and peak memory
 per layer, and from them the step at the model's true depth.
 
-A step is the one a client takes in the rehearsed config: a batch of the first method's ``batch_size`` examples of
-the largest client, the config's ``max_length`` and dtype, a LoRA adapter (rank 8) on every target, forward,
-backward and the optimizer's update. Each depth runs in its own process (``python -m fedpeft.rehearsal.steps``), so
-that its peak resident memory (``ru_maxrss``) is its own. With depths ``d1 < d2`` measured, a layer costs
-``(t2 - t1) / (d2 - d1)`` and the rest (embeddings, head, optimizer) ``t1 - d1`` times that; the true depth's step is
-extrapolated from them, and measured too when it fits (``check_full_depth``).
+A step is the one a client takes in the rehearsed config: a batch of the first method's ``batch_size`` examples drawn
+at random (seeded) from every client's training examples, so that it is padded as a run's batches are (a batch pads
+to its longest example: the first four examples of one client of the SNI stand-in held 584 tokens padded, a random
+batch of four holds 813 on average), the config's ``max_length`` and dtype, a LoRA adapter (rank 8) on every target,
+forward, backward and the optimizer's update. Each depth runs in its own process (``python -m
+fedpeft.rehearsal.steps``), so that its peak resident memory (``ru_maxrss``) is its own. With depths ``d1 < d2``
+measured, a layer costs ``(t2 - t1) / (d2 - d1)`` and the rest (embeddings, head, optimizer) ``t1 - d1`` times that;
+the true depth's step is extrapolated from them, and measured too when it fits (``check_full_depth``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import subprocess
 import sys
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fedpeft.core.config import ExperimentConfig, dump_given
+from fedpeft.data.types import Example, FederatedData
 from fedpeft.models.paper_configs import model_config
 from fedpeft.planning.shapes import DepthStep, StepMeasurement
 from fedpeft.rehearsal.standin_model import cut_depth, true_depth
@@ -168,18 +172,28 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
     # The step's own peak: loading the weights can pass it (a shallow model's drawn embeddings), which would hide
     # the layers' memory from the per-layer difference.
     step_peak = _reset_peak()
-    client = max(data.clients, key=lambda c: len(c.train))
-    examples = (client.train * batch_size)[:batch_size]
+    warm_up, timed = drawn_batches(data, batch_size)
     runtime.activate(LoraSpec(rank=8, alpha=16.0, targets=tuple(runtime.loaded.lora_targets)))
-    runtime.train(examples, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=1))  # warm-up
+    runtime.train(warm_up, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=1))
     start = time.perf_counter()
-    runtime.train(examples, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS))
+    runtime.train(timed, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS))
     seconds = (time.perf_counter() - start) / MEASURED_STEPS
     return {
         "step_s": seconds,
         "peak_rss_mb": (_high_water_mb() if step_peak else _peak_mb()) - before,
         "weights_mb": loaded - before,
     }
+
+
+def drawn_batches(data: FederatedData, batch_size: int, seed: int = 0) -> tuple[list[Example], list[Example]]:
+    """A warm-up batch and :data:`MEASURED_STEPS` timed batches of ``batch_size`` examples each, drawn with
+    replacement (seeded) from every client's training examples pooled."""
+    pool = [example for client in data.clients for example in client.train]
+    if not pool:
+        raise ValueError("the rehearsal's federation holds no training examples")
+    rng = random.Random(seed)
+    drawn = [pool[rng.randrange(len(pool))] for _ in range(batch_size * (1 + MEASURED_STEPS))]
+    return drawn[:batch_size], drawn[batch_size:]
 
 
 def _rss_mb() -> float:
