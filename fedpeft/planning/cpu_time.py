@@ -64,18 +64,20 @@ CLIENT_FIXED_S = 0.01
 """A client unit's fixed part: installing its model (a fresh or received adapter), saving its adapter, its
 records. Measured 8 to 15 ms per client and budget in the smoke (tiny-bert) and the mBERT rehearsal."""
 
-FULL_TRAINING_BYTES = 1300.0
+FULL_TRAINING_BYTES = 500.0
 """One client's full fine-tuning (FedAvg of the whole model, DEPT) beside its FLOPs, in bytes per base parameter at
 the measured memory bandwidth: AdamW's two moments created and updated, the gradients, the copy of the weights the
 client restores afterwards, the update's finiteness and norm checks, its aggregation, each a pass over every
-parameter (about 120 bytes a parameter of traffic), and what a machine shared with other jobs makes of them. An
-effective figure: a one-step client round of mBERT (one layer, 100 M parameters, 92 M of them its embeddings) took
-11 to 24 s in three rehearsals here, of which under 1.5 s the step's FLOPs, at 13 GB/s measured by numpy."""
+parameter (about 120 bytes a parameter of traffic), and the fresh tensors' first touch. An effective figure, from
+the idle machine: a one-round, one-client base stage of mBERT (one layer, 100 M parameters, 92 M of them its
+embeddings) took 5.3 s with nothing else running, of which under 0.1 s the step's FLOPs, at 13 GB/s measured by
+numpy (500 here and :data:`FULL_PHASE_BYTES` give 5.2 s); other jobs' memory traffic made the same stage 8.7 to 24 s
+in three rehearsals on the shared machine."""
 
-FULL_PHASE_BYTES = 220.0
+FULL_PHASE_BYTES = 85.0
 """Per base parameter and round (and once more for the exported base model), what a phase that trains the base
 weights writes and reads besides its clients: its server state checkpointed, the base model exported (an effective
-figure from the same rehearsals: 3 to 5 s of mBERT's stage)."""
+figure from the same idle rehearsal, with :data:`FULL_TRAINING_BYTES`)."""
 
 DEFAULT_BANDWIDTH = 13e9
 """This CPU's memory bandwidth (bytes/s) for the parts that read or write every weight (full fine-tuning's passes,
@@ -251,11 +253,12 @@ def run_seconds(
     return out
 
 
-WORKER_OP_S = 0.5
+WORKER_OP_S = 0.1
 """On worker processes (``engine.workers`` of 2 or more, or ``auto`` on several cores), each client's operation (a
 round's training, a personalization with its evaluation, the base model's evaluation) is a message to a process
-that reads the client's state from disk and writes it back: 0.5 s of a process here (the smoke, tiny-bert: 0.15 to
-0.5 s more per operation than in one process, its clients two at a time)."""
+that reads the client's state from disk and writes it back: 0.1 s of a process here. The smoke (tiny-bert, 120
+operations) on 2 worker processes took 6 s longer than in one, 0.06 s an operation beside the workers' start, with
+nothing else running; 0.15 to 0.5 s an operation when other jobs shared the cores."""
 
 WORKER_START_S = 6.0
 """Starting the worker processes: each imports torch, builds the data and loads the model (about 6 s, side by side
