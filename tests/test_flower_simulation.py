@@ -214,3 +214,54 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_local_engine_records(tmp
     assert read_records(tmp_path / "alone").keys() == local.keys()
     resolved = yaml.safe_load((tmp_path / "cluster" / "config.yaml").read_text())["engine"]
     assert resolved["ray_address"] == address
+
+
+# ---------------------------------------------------------------------------------------------- an unreachable Ray
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_ray_address_where_nothing_listens_is_one_sentence_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """Ray itself retries such an address for minutes; the run is refused at once and writes nothing."""
+    from fedpeft import cli
+
+    address = f"127.0.0.1:{closed_port()}"
+    out = tmp_path / "out"
+    argv = ["fedpeft", "run", "smoke", "--engine", "flower", "--set", f"engine.ray_address={address}"]
+    argv += ["--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: No Ray cluster answers at engine.ray_address='{address}'")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_simulation_whose_ray_cannot_start_ends_at_once_with_one_sentence(tmp_path, monkeypatch):
+    """Ray's start fails inside Flower's simulation runtime (here: no cluster to join, Ray's own error injected:
+    a real ``auto`` would join whatever Ray another test runs on this machine): the run ends with the
+    cause in one sentence, and the ServerApp's thread, which would wait for its virtual nodes' answers for
+    ``SIMULATION_NODE_TIMEOUT`` (600 s), ends with it."""
+    import threading
+
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    from fedpeft.core.errors import UserError
+
+    def no_cluster(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(raybackend.ray, "init", no_cluster)  # what Ray raises where no cluster runs
+    before = set(threading.enumerate())
+    with pytest.raises(UserError, match="Ray could not join the cluster at engine.ray_address='auto'"):
+        run_flower_simulation(validate(tiny_raw(engine={"ray_address": "auto"})), tmp_path / "out")
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), f"{thread.name} still runs after the simulation failed"

@@ -27,6 +27,7 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 import threading
 import warnings
 from collections.abc import Callable
@@ -219,6 +220,42 @@ def simulation_backend(engine: EngineConfig, cuda: bool, *, verbose: bool = Fals
     }
 
 
+RAY_PROBE_SECONDS = 5.0
+"""How long a ``host:port`` in ``engine.ray_address`` may take to accept a connection before the run is refused
+(Ray itself retries an unreachable address for minutes before it gives up)."""
+
+
+def check_ray_address(address: str | None) -> None:
+    """Refuse, in one sentence, an ``engine.ray_address`` of the form ``host:port`` (or ``ray://host:port``) whose
+    port accepts no connection within :data:`RAY_PROBE_SECONDS`; ``auto`` and ``local`` are Ray's to resolve."""
+    if address is None or address in ("auto", "local"):
+        return
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return  # not host:port: Ray reads it (and says what is wrong with it)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_SECONDS):
+            pass
+    except OSError as err:
+        raise UserError(
+            f"No Ray cluster answers at engine.ray_address={address!r} ({err.strerror or err}); start it there "
+            "(`ray start --head --port PORT`) or leave engine.ray_address unset to simulate on this machine."
+        ) from None
+
+
+def _connection_error(err: BaseException) -> BaseException | None:
+    """The ``ConnectionError`` among ``err``'s causes (Ray's, when it could not join a cluster), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConnectionError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def run_flower_simulation(
     cfg: ExperimentConfig,
     out: Path,
@@ -291,6 +328,7 @@ def run_flower_simulation(
         end_descendants()
         raise KeyboardInterrupt
 
+    check_ray_address(cfg.engine.ray_address)
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         with warnings.catch_warnings():
@@ -298,6 +336,17 @@ def run_flower_simulation(
             run_simulation(
                 server_app=server_app, client_app=client_app, num_supernodes=nodes, backend_config=backend_config
             )
+    except Exception as err:
+        # The simulation's runtime failed (Ray did not start or join): its ServerApp thread would wait for the
+        # virtual nodes' answers until SIMULATION_NODE_TIMEOUT; it stops at its next exchange instead.
+        stop.set()
+        unreachable = _connection_error(err)
+        if unreachable is not None and cfg.engine.ray_address is not None:
+            raise UserError(
+                f"Ray could not join the cluster at engine.ray_address={cfg.engine.ray_address!r} ({unreachable}); "
+                "start it (`ray start --head`) or leave engine.ray_address unset to simulate on this machine."
+            ) from None
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
     if failures:
