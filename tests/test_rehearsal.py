@@ -337,6 +337,11 @@ def test_the_plan_of_a_rehearsal_sets_its_phases_beside_the_measured_ones(tmp_pa
                                     "rehearse.layers=2"]).output  # fmt: skip
     assert "This CPU from the rehearsal" in text and "the rehearsal measured 4.0 s" in text
     assert "CPU (rehearsed)" in text
+    for workers, side_by_side in (("1", False), ("2", True)):  # several processes: each phase waits for others
+        text = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path), "--set",
+                                        "rehearse.layers=2", "--set", f"engine.workers={workers}"]).output  # fmt: skip
+        assert "the rehearsal measured 4.0 s" in text
+        assert ("on 2 worker processes a run's methods take turns" in text) == side_by_side
     missing = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path / "none")])
     assert isinstance(missing.exception, UserError) and "does not exist" in str(missing.exception)  # exit 2
 

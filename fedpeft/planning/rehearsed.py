@@ -148,6 +148,7 @@ def rehearsed_cpu(data: PlanData, rehearsal: MeasuredRehearsal) -> RehearsedCpu:
         "cpu_hours": cpu["total_s"] / 3600,
         "peak_rss_bytes": peak,
         "against": against_measured(data, cpu["seconds"], rehearsal) if is_rehearsal_of(data, rehearsal) else [],
+        "processes": data["cpu"]["processes"],
     }
 
 
@@ -217,6 +218,11 @@ def rehearsed_lines(rehearsed: RehearsedCpu) -> list[str]:
         f"{_seconds(rehearsed['start_s'])} to start and {_seconds(rehearsed['report_s'])} for the report; training, "
         "forward passes, generation, client units and full fine-tuning's memory work as docs/plan.md counts them)."
     )
+    if rehearsed["against"] and rehearsed.get("processes", 1) > 1:
+        lines.append(
+            f"  (on {rehearsed['processes']} worker processes a run's methods take turns on them side by side: each "
+            "phase's measured time includes its waits for the others', so compare the whole run's clock)"
+        )
     for row in rehearsed["against"]:
         if row["planned_s"] is None or not row["measured_s"]:
             continue

@@ -232,6 +232,7 @@ class RehearsedCpu(TypedDict):
     cpu_hours: float
     peak_rss_bytes: float
     against: list[AgainstRow]
+    processes: int  # the worker processes the planned run uses (several: its phases run side by side)
 
 
 class _PlanData(TypedDict):
