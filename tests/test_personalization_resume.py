@@ -1,6 +1,6 @@
-"""A personalization stopped midway (Ctrl-C, a killed machine) resumes from its next client: each client's
-records are kept in ``parts/<unit>.clients.jsonl`` as it ends, a resumed unit personalizes only the others, and
-the run's records are those of a run never stopped."""
+"""A personalization or the base model's evaluation stopped midway (Ctrl-C, a killed machine) resumes from its next
+client: each client's records are kept in ``parts/<unit>.clients.jsonl`` as it ends, a resumed unit runs only the
+others, and the run's records are those of a run never stopped."""
 
 from __future__ import annotations
 
@@ -98,3 +98,34 @@ def test_a_cut_last_line_is_a_client_to_run_again(tmp_path, monkeypatch):
     monkeypatch.setattr(Worker, "personalize", personalize)
     out = Experiment(validate(lora_raw()), run).run(resume=True)
     assert not (out / "parts" / "lora-seed0.clients.jsonl").exists()
+
+
+def test_the_base_models_evaluation_stopped_midway_resumes_from_its_next_client(tmp_path, monkeypatch):
+    reference = Experiment(validate(lora_raw()), tmp_path / "reference").run()
+    evaluate = Worker.evaluate_base
+    ran: list[str] = []
+
+    def stop_at_the_third(self, seed, client_id, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if len(ran) == 2:
+            raise KeyboardInterrupt
+        ran.append(client_id)
+        return evaluate(self, seed, client_id, *args, **kwargs)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(Worker, "evaluate_base", stop_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        Experiment(validate(lora_raw()), run).run()
+    part = run / "parts" / "base-seed0.clients.jsonl"
+    assert [json.loads(line)["client"] for line in part.read_text().splitlines()] == ran
+
+    resumed: list[str] = []
+
+    def counted(self, seed, client_id, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        resumed.append(client_id)
+        return evaluate(self, seed, client_id, *args, **kwargs)
+
+    monkeypatch.setattr(Worker, "evaluate_base", counted)
+    out = Experiment(validate(lora_raw()), run).run(resume=True)
+    assert resumed and set(resumed).isdisjoint(ran)
+    assert read_records(out) == read_records(reference)
+    assert not part.exists()

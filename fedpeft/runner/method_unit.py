@@ -4,7 +4,6 @@ budgets and evaluated, then the unit's costs (time, memory, traffic, the method'
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fedpeft.core.costs import CostMeter
@@ -63,44 +62,29 @@ def personalize_clients(
     unit: str | None,
 ) -> list[ResultRecord]:
     """Every client personalized at each budget and evaluated: their records in client order, ``meter`` counting
-    their seconds, failures and wall time. With ``unit``, each client's records go to its clients part as it ends
-    (:meth:`~fedpeft.rundir.RunDirectory.append_client`); the clients already there (a resumed unit) are read
-    back, not run again, and the wall time adds the earlier sittings' (the last kept client's ``elapsed``)."""
-    ids = run.client_ids()
-    kept = {row["client"]: row for row in run.directory.read_clients(unit)} if unit else {}
-    todo = [client_id for client_id in ids if client_id not in kept]
+    their seconds, failures and wall time. With ``unit``, each client's records are kept as it ends and a resumed
+    unit runs only the clients not kept (:meth:`~fedpeft.runner.started.StartedRun.each_client_kept`); its wall
+    time adds the earlier sittings'."""
     run.progress.stage(f"{method.label}: personalization and evaluation, seed {seed}")
-    if kept:
-        run.progress.note(f"{len(ids) - len(todo)} of {len(ids)} clients personalized in an earlier sitting")
-    run.progress.clients(len(todo))
-    earlier = max((float(row["elapsed"]) for row in kept.values()), default=0.0)
-    by_client: dict[str, list[ResultRecord]] = {}
-    for client_id, row in kept.items():
-        by_client[client_id] = row["records"]
-        meter.client_seconds += float(row["seconds"])
-        meter.clients += budgets
     save = run.cfg.output.save_adapters and seed == run.cfg.seeds[0]
-    started = time.perf_counter()
-    for client_id, result in run.each_client(
+    done = run.each_client_kept(
+        unit,
         "personalize",
-        todo,
+        run.client_ids(),
         meter.record_failure,
         label=method.label,
         seed=seed,
         state=state,
         save_adapters=save,
         **extra,
-    ):
-        client_records, seconds = result
-        by_client[client_id] = client_records
+    )
+    records: list[ResultRecord] = []
+    for client_records, seconds in done.results.values():
+        records += client_records
         meter.client_seconds += seconds
         meter.clients += budgets
-        if unit:
-            elapsed = earlier + time.perf_counter() - started
-            row = {"client": client_id, "seconds": seconds, "elapsed": elapsed, "records": client_records}
-            run.directory.append_client(unit, row)
-    meter.wall_seconds = earlier + time.perf_counter() - started
-    return [record for client_id in ids for record in by_client.get(client_id, [])]
+    meter.wall_seconds = done.wall_seconds
+    return records
 
 
 def _personalize_facts(records: list[ResultRecord], metric: str) -> list[float]:

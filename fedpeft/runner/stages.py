@@ -62,15 +62,15 @@ class Stages:
                 if worker.bases.per_client_base:
                     self.units.run(f"client-base-seed{seed}", lambda s=seed: self.base_stage.client_bases(s))
                 # The base model's evaluation and the methods need nothing of each other (they may run at once).
-                evaluations.append((f"base-seed{seed}", self._base_evaluation_unit(seed)))
+                evaluations.append((f"base-seed{seed}", self._base_evaluation_unit(seed, f"base-seed{seed}")))
                 methods.append([(method_unit_name(m, seed), self._method_unit(m, seed)) for m in self.methods])
             self.units.run_seeds(evaluations, methods)
 
     def _method_unit(self, method: Method, seed: int) -> UnitWork:
         return lambda: run_method(self.started, self.phases, method, seed, unit=method_unit_name(method, seed))
 
-    def _base_evaluation_unit(self, seed: int) -> UnitWork:
-        return lambda: evaluate_base(self.started, seed)
+    def _base_evaluation_unit(self, seed: int, unit: str) -> UnitWork:
+        return lambda: evaluate_base(self.started, seed, unit)
 
     def write_engine_costs(self, rows: list[dict[str, Any]]) -> None:
         """Keep the engine's own cost rows in ``costs.jsonl`` (:meth:`Units.write_engine_costs`)."""

@@ -3,6 +3,7 @@ display, given once (:class:`StartedRun`), and the one way a stage runs a worker
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,14 @@ class StartedRun:
         processes (``workers_peak_rss_mb``, where the clients run in worker processes of this machine)."""
         return meter.rows(label, seed, phase, workers_peak_mb=self.engine.workers_peak_rss_mb())
 
+    def each_client_kept(
+        self, unit: str | None, op: str, ids: list[str], record: Callable[[str, BaseException], None], **kwargs: Any
+    ) -> KeptResults:
+        """The results of :meth:`each_client` for clients ``ids``, with ``unit`` (its name in ``parts/``) each kept
+        in the unit's clients part as it ends (:meth:`~fedpeft.rundir.RunDirectory.append_client`): a resumed unit
+        reads those back and runs only the other clients; counts the clients to run on the progress display."""
+        return _each_client_kept(self, unit, op, ids, record, **kwargs)
+
     def each_client(
         self,
         op: str,
@@ -72,6 +81,37 @@ class StartedRun:
                 record(client_id, result)
             else:
                 yield client_id, result
+
+
+@dataclass
+class KeptResults:
+    """What :meth:`StartedRun.each_client_kept` gives: every client's result that did not fail (a kept one read
+    back as JSON gives lists for tuples), keyed by client in the order asked, and the seconds its unit ran, this
+    sitting's and the earlier sittings' of a resumed unit."""
+
+    results: dict[str, Any]
+    wall_seconds: float
+
+
+def _each_client_kept(
+    run: StartedRun, unit: str | None, op: str, ids: list[str], record: Callable[[str, BaseException], None],
+    **kwargs: Any,
+) -> KeptResults:  # fmt: skip
+    kept = {row["client"]: row for row in run.directory.read_clients(unit)} if unit else {}
+    todo = [client_id for client_id in ids if client_id not in kept]
+    if kept:
+        run.progress.note(f"{len(ids) - len(todo)} of {len(ids)} clients done in an earlier sitting")
+    run.progress.clients(len(todo))
+    earlier = max((float(row["elapsed"]) for row in kept.values()), default=0.0)
+    found = {client_id: row["result"] for client_id, row in kept.items()}
+    started = time.perf_counter()
+    for client_id, result in run.each_client(op, todo, record, **kwargs):
+        found[client_id] = result
+        if unit:
+            row = {"client": client_id, "elapsed": earlier + time.perf_counter() - started, "result": result}
+            run.directory.append_client(unit, row)
+    ordered = {client_id: found[client_id] for client_id in ids if client_id in found}
+    return KeptResults(ordered, earlier + time.perf_counter() - started)
 
 
 def check_clients(step: str, clients: int, failures: list[str]) -> None:
