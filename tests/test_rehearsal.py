@@ -49,6 +49,19 @@ def test_max_batches_cuts_every_evaluation(toy_runtime, toy_clients):
     rt.evaluator.max_batches = None
 
 
+def test_max_statistics_batches_cuts_every_clients_statistics(toy_runtime, toy_clients):
+    from fedpeft.adapters import feature_statistics
+
+    examples = toy_clients[0].train
+    first_batches = feature_statistics(toy_runtime, examples[:6], batch_size=3)
+    assert not torch.equal(feature_statistics(toy_runtime, examples, batch_size=3), first_batches)
+    toy_runtime.statistics_max_batches = 2
+    try:
+        assert torch.equal(feature_statistics(toy_runtime, examples, batch_size=3), first_batches)
+    finally:
+        toy_runtime.statistics_max_batches = None
+
+
 def test_a_run_written_before_a_key_existed_is_the_same_run():
     cfg = ExperimentConfig()
     text = dump_config(cfg)
@@ -65,7 +78,7 @@ def test_the_cut_keeps_the_shape_and_cuts_the_compute():
     notes: list[str] = []
     cut = rehearsal_config(cfg, RehearseConfig(rounds=2, steps=1, eval_batches=1, seeds=1), notes)
     assert cut.seeds == [0] and cut.device == "cpu" and notes == []
-    assert cut.train.max_steps == 1 and cut.eval.max_batches == 1
+    assert cut.train.max_steps == 1 and cut.eval.max_batches == 1 and cut.train.max_statistics_batches == 1
     assert cut.base.method.rounds == 2 and cut.base.method.fraction == cfg.base.method.fraction
     by_name = {entry.name: entry for entry in cut.methods}
     assert by_name["fedp2eft"].rounds == 2 and by_name["fedl2p"].rounds == 2
@@ -272,6 +285,21 @@ def test_the_plan_times_this_cpu_from_the_measured_step(tmp_path):
     assert seconds == pytest.approx(forward * cpu_time.FORWARD_SHARE + fixed)
     fedp2eft, seconds = phases[("fedp2eft", "personalization")]
     assert fedp2eft["forward_examples"] > 0  # the clients' statistics its rounds did not compute
+    # A rehearsal's cut of every client's statistics to its first batch (of 8 here; the smoke's clients hold 60).
+    small = [
+        "--set",
+        f"methods.{[m.name for m in load_config('smoke', []).methods].index('fedp2eft')}.stats_batch_size=8",
+    ]
+    whole, cut = (
+        next(
+            p
+            for p in _plan(tmp_path, rehearsal, *small, *more)["phases"]
+            if p["method"] == "fedp2eft" and p["phase"] == "personalization"
+        )
+        for more in ([], ["--set", "train.max_statistics_batches=1"])
+    )
+    assert cut["forward_examples"] == pytest.approx(8 * cut["forward_batches"])
+    assert whole["forward_batches"] == pytest.approx(8 * cut["forward_batches"])  # ceil(60 / 8) batches a client
     statistics = fedp2eft["forward_examples"] + cpu_time.STEP_FIXED_EXAMPLES * fedp2eft["forward_batches"]
     assert data["rehearsed"]["parts"][list(phases).index(("fedp2eft", "personalization"))]["forward"] == (
         pytest.approx(statistics * per_example * cpu_time.FORWARD_SHARE)

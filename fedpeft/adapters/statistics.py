@@ -26,7 +26,8 @@ def feature_statistics(runtime: ModelRuntime, examples: list[Example], batch_siz
     Args:
         runtime: a :class:`~fedpeft.models.runtime.ModelRuntime`; its current base weights are used and any
             adapter is bypassed.
-        examples: the client's training examples.
+        examples: the client's training examples (their first ``train.max_statistics_batches`` batches where a
+            rehearsal sets it: the runtime's ``statistics_max_batches``).
         batch_size: examples per forward pass (does not change the result beyond float rounding).
 
     Returns:
@@ -34,6 +35,8 @@ def feature_statistics(runtime: ModelRuntime, examples: list[Example], batch_siz
     """
     if not examples:
         raise ValueError("feature statistics need at least one example")
+    cap = runtime.statistics_max_batches  # a rehearsal's cut (``train.max_statistics_batches``)
+    examples = examples if cap is None else examples[: cap * batch_size]
     modules = [module for _, module in runtime.target_modules]
     count = len(modules)
     # Accumulated where the features are (a GPU's 0-dim sums cannot be added into CPU tensors).

@@ -571,10 +571,14 @@ class TrainConfig(_Strict):
     ``max_steps``: cut every training call (a client's local work, a base stage, a fine-tuning) to at most this
     many optimizer steps, whatever its epochs or steps say (``None``: no cap); a rehearsal (docs/rehearsal.md)
     sets it, a result never should.
+
+    ``max_statistics_batches``: compute every client's feature statistics (FedL2P's, FedP2EFT's inputs) from its
+    first this many batches only (``None``: every training example); a rehearsal sets it, a result never should.
     """
 
     grad_accum_steps: int = Field(default=1, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
+    max_statistics_batches: int | None = Field(default=None, ge=1)
 
 
 class OutputConfig(_Strict):
@@ -671,7 +675,8 @@ class RehearseConfig(_Strict):
         layers: the depth the models are cut to (``None``: their true depth).
         rounds: the most rounds of every federated phase (and of any other count of rounds a method has).
         steps: the most optimizer steps of every training call (``train.max_steps``).
-        eval_batches: the most batches of every evaluation (``eval.max_batches``).
+        eval_batches: the most batches of every evaluation (``eval.max_batches``) and of every client's feature
+            statistics (``train.max_statistics_batches``).
         batch_size: the most examples of every batch of the run, training and evaluation (``None``: the
             config's); the per-depth step measurements use the config's own batch.
         new_tokens: the most tokens generated per answer (``eval.max_new_tokens``).

@@ -164,6 +164,8 @@ class ModelRuntime:
         chat_template: format generation prompts (and training responses) with the tokenizer's chat template.
         max_steps: the most optimizer steps of one :meth:`train` call (``train.max_steps``; ``None``: no cap).
         eval_max_batches: the most batches of one :meth:`evaluate` call (``eval.max_batches``; ``None``: all).
+        statistics_max_batches: the most batches of a client's feature statistics
+            (``train.max_statistics_batches``; ``None``: all its examples).
     """
 
     def __init__(
@@ -179,9 +181,11 @@ class ModelRuntime:
         chat_template: bool = False,
         max_steps: int | None = None,
         eval_max_batches: int | None = None,
+        statistics_max_batches: int | None = None,
     ) -> None:
         self.loaded = loaded
         self.task: str = loaded.task
+        self.statistics_max_batches = statistics_max_batches
         torch_device = torch.device(resolve_device(device))
         if dtype not in DTYPES:
             raise UserError(f"model.dtype must be one of {', '.join(DTYPES)}, not {dtype!r}.")

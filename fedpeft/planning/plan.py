@@ -306,6 +306,7 @@ class _Planner:
         self.generation = self.federation.task == "generation"
         self.accum = cfg.train.grad_accum_steps
         self.max_steps = cfg.train.max_steps  # a rehearsal's cut of every training call
+        self.max_statistics_batches = cfg.train.max_statistics_batches  # and of every client's statistics
 
     # ------------------------------------------------------------------------------------------ shared sizes
     def tokens(self, examples: float | None) -> float | None:
@@ -386,11 +387,12 @@ class _Planner:
         statistics_batches = 0.0
         if name in STATISTICS_ONCE:  # each sampled client once, its statistics kept for the later rounds
             sampled = self.sampled_clients(seen, k, rounds)
-            statistics = None if train_seen is None else sampled * train_seen
-            statistics_batches = sampled * self.statistics_batches(method, train_seen)
+            once = self.statistics_examples(method, train_seen)
+            statistics = None if once is None else sampled * once
+            statistics_batches = sampled * self.statistics_batches(method, once)
         elif name in STATISTICS_EVERY_TIME:  # every client round, over its training split less the validation
             share = 1.0 - float(_field(method, "val_fraction", 0.0) or 0.0)
-            per_client = None if train_seen is None else train_seen * share
+            per_client = self.statistics_examples(method, None if train_seen is None else train_seen * share)
             statistics = None if per_client is None else k * rounds * repeats * per_client
             statistics_batches = k * rounds * repeats * self.statistics_batches(method, per_client)
         # A checkpoint of the server state, and (upper bound) one adapter of its own per client on disk.
@@ -417,6 +419,12 @@ class _Planner:
             full=full,
             notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],
         )
+
+    def statistics_examples(self, method: MethodConfig, per_client: float | None) -> float | None:
+        """The examples of one client's statistics over ``per_client`` under ``train.max_statistics_batches``."""
+        if per_client is None or self.max_statistics_batches is None:
+            return per_client
+        return min(per_client, float(self.max_statistics_batches * int(_field(method, "stats_batch_size", 64) or 64)))
 
     @staticmethod
     def statistics_batches(method: MethodConfig, per_client: float | None) -> float:
@@ -471,6 +479,7 @@ class _Planner:
         budgets = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
         saved = self.adapter_bytes(method) * clients * budgets if self.cfg.output.save_adapters else 0.0
         statistics = self.personal_statistics(method)
+        stats_per_client = self.statistics_examples(method, per_client)
         return Phase(
             method=label,
             phase="personalization",
@@ -483,8 +492,8 @@ class _Planner:
             peak_memory=self.peak(method, False),
             disk=saved,
             parallel_clients=clients,
-            forward_examples=None if per_client is None else statistics * per_client,
-            forward_batches=statistics * self.statistics_batches(method, per_client),
+            forward_examples=None if stats_per_client is None else statistics * stats_per_client,
+            forward_batches=statistics * self.statistics_batches(method, stats_per_client),
             client_units=clients * budgets,
         )
 

@@ -85,7 +85,9 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
             "models": {name: cut_model(m, device, notes, rehearse.max_length) for name, m in cfg.models.items()},
             "methods": [cut_method(entry, rehearse.rounds, batch) for entry in cfg.methods],
             "base": base,
-            "train": cfg.train.model_copy(update={"max_steps": rehearse.steps}),
+            "train": cfg.train.model_copy(
+                update={"max_steps": rehearse.steps, "max_statistics_batches": rehearse.eval_batches}
+            ),
             "eval": cfg.eval.model_copy(
                 update={
                     "max_batches": rehearse.eval_batches,

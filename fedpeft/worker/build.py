@@ -60,6 +60,7 @@ def build_runtime(cfg: ExperimentConfig, data: FederatedData, model: ModelConfig
         chat_template=model.chat_template,
         max_steps=cfg.train.max_steps,
         eval_max_batches=cfg.eval.max_batches,
+        statistics_max_batches=cfg.train.max_statistics_batches,
     )
 
 
