@@ -79,6 +79,10 @@ def test_the_cut_keeps_the_shape_and_cuts_the_compute():
     cut = rehearsal_config(cfg, RehearseConfig(rounds=2, steps=1, eval_batches=1, seeds=1), notes)
     assert cut.seeds == [0] and cut.device == "cpu" and notes == []
     assert cut.train.max_steps == 1 and cut.eval.max_batches == 1 and cut.train.max_statistics_batches == 1
+    # No method computes feature statistics: the key stays unset (a rehearsal from before it resumes as it was).
+    assert (
+        rehearsal_config(load_config("fedmosaic-hflb", []), RehearseConfig(), []).train.max_statistics_batches is None
+    )
     assert cut.base.method.rounds == 2 and cut.base.method.fraction == cfg.base.method.fraction
     by_name = {entry.name: entry for entry in cut.methods}
     assert by_name["fedp2eft"].rounds == 2 and by_name["fedl2p"].rounds == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig
 from fedpeft.core.method_class import MethodConfig
+from fedpeft.planning.plan import STATISTICS_EVERY_TIME, STATISTICS_ONCE
 
 
 def is_round_count(key: str, value: object) -> bool:
@@ -66,6 +67,16 @@ def cut_model(model: ModelConfig, device: str, notes: list[str], max_length: int
     return model.model_copy(update=updates) if updates else model
 
 
+def train_cut(cfg: ExperimentConfig, rehearse: RehearseConfig) -> dict[str, int]:
+    """The ``train`` keys a rehearsal cuts: every training call's steps, and, where a method computes its clients'
+    feature statistics (FedL2P, FedP2EFT), their batches (other configs keep the key unset, so that a rehearsal
+    started before the key existed resumes as the same run)."""
+    cut = {"max_steps": rehearse.steps}
+    if any(entry.name in STATISTICS_ONCE | STATISTICS_EVERY_TIME for entry in cfg.methods):
+        cut["max_statistics_batches"] = rehearse.eval_batches
+    return cut
+
+
 def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: list[str]) -> ExperimentConfig:
     """``cfg`` with its compute cut as ``rehearse`` says (models and data are stood in for by the caller);
     ``notes`` collects what had to change beyond the cut."""
@@ -85,9 +96,7 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
             "models": {name: cut_model(m, device, notes, rehearse.max_length) for name, m in cfg.models.items()},
             "methods": [cut_method(entry, rehearse.rounds, batch) for entry in cfg.methods],
             "base": base,
-            "train": cfg.train.model_copy(
-                update={"max_steps": rehearse.steps, "max_statistics_batches": rehearse.eval_batches}
-            ),
+            "train": cfg.train.model_copy(update=train_cut(cfg, rehearse)),
             "eval": cfg.eval.model_copy(
                 update={
                     "max_batches": rehearse.eval_batches,
