@@ -424,14 +424,19 @@ class _Planner:
         """The examples of one client's statistics over ``per_client`` under ``train.max_statistics_batches``."""
         if per_client is None or self.max_statistics_batches is None:
             return per_client
-        return min(per_client, float(self.max_statistics_batches * int(_field(method, "stats_batch_size", 64) or 64)))
+        return min(per_client, float(self.max_statistics_batches * self.stats_batch(method)))
+
+    @staticmethod
+    def stats_batch(method: MethodConfig) -> int:
+        """The examples of one forward batch of a client's statistics (``stats_batch_size``, else 64)."""
+        return int(_field(method, "stats_batch_size", 64) or 64)
 
     @staticmethod
     def statistics_batches(method: MethodConfig, per_client: float | None) -> float:
-        """The forward batches of one client's statistics (``stats_batch_size``, else 64) over ``per_client``."""
+        """The forward batches of one client's statistics over ``per_client``."""
         if not per_client:
             return 0.0
-        return float(math.ceil(per_client / int(_field(method, "stats_batch_size", 64) or 64) - 1e-9))
+        return float(math.ceil(per_client / _Planner.stats_batch(method) - 1e-9))
 
     @staticmethod
     def sampled_clients(seen: int, k: int, rounds: int) -> float:

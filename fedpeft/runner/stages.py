@@ -62,7 +62,8 @@ class Stages:
                 if worker.bases.per_client_base:
                     self.units.run(f"client-base-seed{seed}", lambda s=seed: self.base_stage.client_bases(s))
                 # The base model's evaluation and the methods need nothing of each other (they may run at once).
-                evaluations.append((f"base-seed{seed}", self._base_evaluation_unit(seed, f"base-seed{seed}")))
+                base_unit = f"base-seed{seed}"
+                evaluations.append((base_unit, self._base_evaluation_unit(seed, base_unit)))
                 methods.append([(method_unit_name(m, seed), self._method_unit(m, seed)) for m in self.methods])
             self.units.run_seeds(evaluations, methods)
 
