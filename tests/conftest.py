@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import threading
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,12 +23,20 @@ os.environ["FEDPEFT_WORKERS"] = "1"
 # Tiny models run fastest on one thread, and a second thread only contends on a shared machine.
 torch.set_num_threads(1)
 
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``cuda`` need a CUDA device: where none is visible they are deselected (reported as
-    deselected, never as passed or skipped); benchmarks/gpu.sh runs them on a GPU machine with ``-m cuda``."""
+    deselected, never as passed or skipped); benchmarks/gpu.sh runs them on a GPU machine with ``-m cuda``.
+
+    The files come in the order of their measured seconds, longest first (tests/file_seconds.json; a file not in
+    it after them, in collection order), each file's tests in their own order: ``--dist loadfile`` hands the files
+    out in this order (see :func:`pytest_configure`), so the long ones no longer end the run on one worker."""
+    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable: files stay whole
     if torch.cuda.is_available():
         return
     gpu_only = [item for item in items if item.get_closest_marker("cuda") is not None]
@@ -51,6 +61,10 @@ def pytest_configure(config: pytest.Config) -> None:
     Python's handler first, as an interactive start has it."""
     if threading.current_thread() is threading.main_thread() and _sigint_ignored():
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # xdist's controller would reorder the files by their count of tests, most first (which put the few-test Flower
+    # and deployment files, the longest, last); keep the order pytest_collection_modifyitems gives.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.fixture(autouse=True)
