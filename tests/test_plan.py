@@ -115,6 +115,7 @@ def test_the_method_facts_match_the_method_classes():
         assert (name in planning.FEDERATED_PER_BUDGET) == cls.federated_per_budget, name
         assert (name in planning.TRAINS_BASE_WEIGHTS) == cls.trains_base_weights, name
         assert (name not in planning.NOT_COMMUNICATING) == cls.communicates, name
+        assert (2 if name in planning.TRAINS_TWICE else 1) == cls.trainings_per_round, name
 
 
 def test_the_workers_that_fit_and_the_json_output():
@@ -207,3 +208,24 @@ def test_a_llava_sequence_is_never_shorter_than_its_image_tokens():
         logits = activation_bytes(a, 4, 579, 2, False)["logits"]
         assert logits == 4 * 2 * a.vocab * (2 + 4 + 4)  # bfloat16 logits, their float32 copy and log-probabilities
     assert [m.max_length for m in planning.models_of(cfg)] == [2048, 2048]  # a longer limit stands
+
+
+def test_distillation_counts_the_public_answers_and_the_server_and_ditto_style_methods_train_twice(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        SMALL + "  - {name: perada, rounds: 2, fraction: 1.0, local_steps: 3, batch_size: 4, rank: 2, "
+        "targets: [q_proj, v_proj], kd_samples: 6, kd_steps: 2, kd_batch_size: 2}\n"
+        + "  - {name: ditto, rounds: 2, fraction: 1.0, local_steps: 3, batch_size: 4, rank: 2, "
+        "targets: [q_proj, v_proj]}\n"
+    )
+    plan = make_plan(load_config(str(path)))
+    fedit, perada, ditto = (p for p in plan.phases if p.phase == "federated")
+    # Ditto: the global and the personal adapter, 2 x 3 steps of 4 a client round, 2 clients, 2 rounds.
+    assert (ditto.examples, ditto.steps, ditto.public_examples, ditto.decode_steps) == (96, 24, 0, 0)
+    # PerAda trains twice as well, and each of its 4 client rounds answers the round's 6 public examples (one
+    # batch of generation, eval.batch_size 64, 32 new tokens; one batch of losses) and the server distils the
+    # global adapter every round: 2 steps of 2.
+    assert (perada.public_examples, perada.public_batches, perada.decode_steps, perada.decode_batch) == (24, 8, 128, 6)
+    assert (perada.examples, perada.steps) == (96 + 2 * 2 * 2, 24 + 2 * 2)
+    assert perada.flops > ditto.flops  # the public passes' forward FLOPs
+    assert fedit.public_examples == 0 and fedit.examples == 48

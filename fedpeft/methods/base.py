@@ -103,6 +103,8 @@ class Method(Generic[ConfigT, ServerT, ClientT]):
     # Trains the base model's own weights (full fine-tuning), which a float16 base cannot (model.dtype float16
     # keeps them in float16, and loss scaling cannot update float16 weights): refused at start there.
     trains_base_weights: ClassVar[bool] = False
+    # Trainings a client runs in one round (Ditto-style methods train the global adapter, then the personal one).
+    trainings_per_round: ClassVar[int] = 1
     # Its clients each train one LoRA with nothing of their own but data and seed (no extra loss, gradient edit or
     # hook): ``client_update`` runs ``client_training`` and uploads :func:`trained_update`, ``personalize`` runs
     # ``personal_training`` (where it gives one), so an engine may train several clients in one batch

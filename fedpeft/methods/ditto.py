@@ -20,6 +20,7 @@ class Ditto(BranchedLoraMethod[DittoConfig]):
     """Global LoRA by FedAvg; personal LoRA with a proximal term toward the received global one."""
 
     name = "ditto"
+    trainings_per_round = 2
     Config = DittoConfig
 
     def client_update(

@@ -57,6 +57,7 @@ class FedDAT(BranchedLoraMethod[FedDATConfig]):
     """Frozen global + client-specific adapter (the teacher) and a global student, distilled both ways."""
 
     name = "feddat"
+    trainings_per_round = 2
     Config = FedDATConfig
     branches = ("global", "frozen", "local")
     personal_view = TEACHER

@@ -22,6 +22,7 @@ class PerAda(PublicDistillation[PerAdaConfig]):
     """Ditto-style personal adapters around a global adapter distilled from the clients' ensemble."""
 
     name = "perada"
+    trainings_per_round = 2
     Config = PerAdaConfig
 
     def client_update(

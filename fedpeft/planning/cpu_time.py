@@ -215,6 +215,16 @@ def phase_seconds(
         parts["forward"] += (
             (statistics + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE * (1.0 - head_share(a))
         )
+        # Distillation's public examples: a prediction and a loss each (output layer included), and, generating,
+        # each decoding step one read of the weights and one token of compute per sequence.
+        public = phase.get("public_examples", 0.0) * weight
+        public_batches = phase.get("public_batches", 0.0) * weight
+        parts["forward"] += (2.0 * public + STEP_FIXED_EXAMPLES * public_batches) * per_example * FORWARD_SHARE
+        decode = phase.get("decode_steps", 0.0) * weight
+        if decode:
+            tokens = max(model["tokens_per_example"], 1)
+            parts["generation"] += decode * model["weights_bytes"] / machine.bandwidth
+            parts["generation"] += decode * phase.get("decode_batch", 1.0) * per_example * FORWARD_SHARE / tokens
     parts["fixed"] += phase.get("client_units", 0) * CLIENT_FIXED_S
     return parts
 

@@ -43,12 +43,14 @@ from fedpeft.planning.shapes import MachineUse, PhaseData
 
 # The methods' class facts the plan needs (fedpeft/methods; tests/test_plan.py checks them against the classes):
 # those without a federated phase, those that personalize once per budget, those with one federation per budget,
-# and those that train the base model's weights (full fine-tuning).
+# those that train the base model's weights (full fine-tuning) and those that train twice a round.
 NOT_FEDERATED = frozenset({"lora", "adalora", "bayestune_lora", "local"})
 USES_BUDGET = frozenset({"lora", "adalora", "bayestune_lora", "fedl2p", "fedp2eft"})
 FEDERATED_PER_BUDGET = frozenset({"fedl2p"})
 TRAINS_BASE_WEIGHTS = frozenset({"fedavg_full", "dept_spec"})
 NOT_COMMUNICATING = frozenset({"sft_rounds"})
+# Methods whose clients train twice a round (the global adapter, then the personal one or the student).
+TRAINS_TWICE = frozenset({"ditto", "feddat", "perada"})
 # Methods whose clients compute feature statistics (a forward pass over every training example, fedpeft/adapters/
 # statistics.py): FedP2EFT once per client (kept in its client state), FedL2P at every round and personalization.
 STATISTICS_ONCE = frozenset({"fedp2eft"})
@@ -110,6 +112,9 @@ class Phase:
     forward_examples: float | None = 0.0  # forward passes outside training and evaluation (client statistics)
     forward_batches: float = 0.0  # their batches
     eval_batches: float = 0.0  # evaluation batches (each client's test set in batches of eval.batch_size)
+    public_examples: float = 0.0  # public examples the clients answer and score (distillation), 2 passes each
+    public_batches: float = 0.0  # their forward batches (predictions and losses)
+    decode_batch: float = 0.0  # the sequences of one decoding step of those answers
     client_units: int = 0  # clients' units of work: a training, a personalization at a budget, an evaluation
     full: bool = False  # trains the base weights (full fine-tuning)
     notes: list[str] = field(default_factory=list)
@@ -147,6 +152,27 @@ class Plan:
     @property
     def disk(self) -> float:
         return float(sum(p.disk * p.times for p in self.phases))
+
+
+LOSS_BATCH = 16
+"""The batch of a client's losses on the public examples' reference answers (distillation)."""
+
+DISTILS_PER_TEACHER = frozenset({"takfl"})
+"""Methods whose server distils each architecture once per teacher architecture (task arithmetic over them)."""
+
+
+@dataclass(frozen=True)
+class PublicWork:
+    """A federated phase's distillation on public data: the clients' forward passes over the public examples
+    (with their batches and, generating, decoding steps), and the server's distillation training."""
+
+    examples: float = 0.0
+    batches: float = 0.0
+    decode_steps: float = 0.0
+    decode_batch: float = 0.0
+    server_examples: float = 0.0
+    server_steps: float = 0.0
+    flops: float = 0.0
 
 
 def model_architecture(model: ModelConfig) -> Architecture:
@@ -369,7 +395,8 @@ class _Planner:
         k = min(seen, max(int(_field(method, "min_clients", 1)), math.ceil(fraction * seen - 1e-9)))
         repeats = len(self.budgets) if name in FEDERATED_PER_BUDGET and self.budgets else 1
         per_round = self.examples_per_client_round(method, self.federation.train_per_client("seen"))
-        examples = None if per_round is None else per_round * k * rounds * repeats
+        trainings = 2 if name in TRAINS_TWICE else 1
+        examples = None if per_round is None else per_round * trainings * k * rounds * repeats
         batch = int(_field(method, "batch_size", 16)) * self.accum
         full = name in TRAINS_BASE_WEIGHTS
         if full:
@@ -395,6 +422,9 @@ class _Planner:
             per_client = self.statistics_examples(method, None if train_seen is None else train_seen * share)
             statistics = None if per_client is None else k * rounds * repeats * per_client
             statistics_batches = k * rounds * repeats * self.statistics_batches(method, per_client)
+        public = self.public_work(method, k * rounds * repeats, rounds * repeats)
+        if examples is not None:
+            examples += public.server_examples
         # A checkpoint of the server state, and (upper bound) one adapter of its own per client on disk.
         state = (self.mean(lambda m: m.weights) + payload) if full else self.adapter_bytes(method) * (1 + seen)
         return Phase(
@@ -404,8 +434,8 @@ class _Planner:
             client_trainings=k * rounds * repeats,
             examples=examples,
             tokens=self.tokens(examples),
-            steps=None if examples is None else examples / batch,
-            flops=self.flops(examples, method, full),
+            steps=None if examples is None else (examples - public.server_examples) / batch + public.server_steps,
+            flops=None if examples is None else (self.flops(examples, method, full) or 0.0) + public.flops,
             rounds=rounds * repeats,
             clients_per_round=k,
             bytes_up_per_round=k * up,
@@ -415,9 +445,42 @@ class _Planner:
             parallel_clients=k,
             forward_examples=statistics,
             forward_batches=statistics_batches,
+            decode_steps=public.decode_steps,
+            public_examples=public.examples,
+            public_batches=public.batches,
+            decode_batch=public.decode_batch,
             client_units=k * rounds * repeats,
             full=full,
             notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],
+        )
+
+    def public_work(self, method: MethodConfig, client_rounds: int, rounds: int) -> PublicWork:
+        """Distillation on public data (PerAda, TAKFL, FedMKT, ``kd_samples`` > 0): every client round answers the
+        round's ``kd_samples`` public examples (predictions in batches of ``eval.batch_size``, generated where the
+        task generates, and the loss on each reference answer in batches of 16: two forward passes an example), and
+        every round the server distils each architecture's adapter, ``kd_steps`` steps of ``kd_batch_size`` (TAKFL
+        once per teacher architecture)."""
+        samples = int(_field(method, "kd_samples", 0) or 0)
+        if not samples:
+            return PublicWork()
+        prediction_batches = math.ceil(samples / self.cfg.eval.batch_size)
+        batches = client_rounds * (prediction_batches + math.ceil(samples / LOSS_BATCH))
+        new_tokens = self.cfg.eval.max_new_tokens if self.generation else 0
+        kd_batch = int(_field(method, "kd_batch_size", 4))
+        per_distillation = self.call(float(int(_field(method, "kd_steps", 0)) * kd_batch), kd_batch)
+        distillations = rounds * len(self.models) * (len(self.models) if method.name in DISTILS_PER_TEACHER else 1)
+        server = per_distillation * distillations
+        flops = 2 * client_rounds * samples * self.mean(
+            lambda m: (m.tokens_per_example + new_tokens) * forward_flops_per_token(m.architecture)
+            + extra_forward_flops(m.architecture))  # fmt: skip
+        return PublicWork(
+            examples=float(samples * client_rounds),
+            batches=float(batches),
+            decode_steps=float(client_rounds * prediction_batches * new_tokens),
+            decode_batch=float(min(samples, self.cfg.eval.batch_size)),
+            server_examples=server,
+            server_steps=server / kd_batch,
+            flops=flops,
         )
 
     def statistics_examples(self, method: MethodConfig, per_client: float | None) -> float | None:

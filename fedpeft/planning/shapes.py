@@ -92,6 +92,9 @@ class PhaseData(TypedDict):
     forward_examples: float | None
     forward_batches: float
     eval_batches: float
+    public_examples: float
+    public_batches: float
+    decode_batch: float
     client_units: int
     full: bool
     notes: list[str]
