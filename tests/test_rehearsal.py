@@ -112,6 +112,18 @@ def test_round_counts_are_found_by_name():
     assert (cut.rounds, cut.local_rounds, cut.rank, cut.batch_size) == (2, 2, potara.rank, potara.batch_size)
 
 
+def test_distillation_answers_one_evaluations_worth_of_public_examples_a_round():
+    cfg = load_config("fedmosaic-hflb", [])
+    cut = rehearsal_config(cfg, RehearseConfig(), [])
+    for entry, whole in zip(cut.methods, cfg.methods, strict=True):
+        if whole.name in ("perada", "takfl", "fedmkt"):  # 32 a round as shipped; one batch of 4 rehearsed
+            assert (whole.kd_samples, entry.kd_samples, entry.kd_steps) == (32, 4, whole.kd_steps), whole.name
+        else:
+            assert "kd_samples" not in type(entry).model_fields, whole.name
+    wider = rehearsal_config(cfg, RehearseConfig(eval_batches=2, batch_size=None), [])
+    assert {e.kd_samples for e in wider.methods if e.name == "perada"} == {32}  # 2 batches of 64 hold them all
+
+
 def test_float16_and_quantization_become_what_the_cpu_runs():
     cfg = load_config("smoke", ["model.dtype=float16"])
     notes: list[str] = []

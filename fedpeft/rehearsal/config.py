@@ -4,7 +4,8 @@ Everything that gives the run its shape stays: the clients, pools, groups and pe
 their settings (ranks, tiers, budgets, fractions, aggregation), the engine, the evaluation's splits, the outputs.
 What is cut, by :class:`~fedpeft.core.config.RehearseConfig`: the rounds of every federated phase (every method key
 that counts rounds), the optimizer steps of every training call (``train.max_steps``), the batches of every
-evaluation (``eval.max_batches``) and the examples of every batch (training and evaluation), the tokens generated
+evaluation (``eval.max_batches``) and the public examples a distilling client answers each round (``kd_samples``,
+to one evaluation's), the examples of every batch (training and evaluation), the tokens generated
 per answer, the seeds, and the models' depth. The step at the config's own batch is measured apart
 (:mod:`fedpeft.rehearsal.steps`). The device is
 the rehearsal's (this CPU by default); float16, which needs a GPU, becomes bfloat16 on the CPU, and quantization,
@@ -35,17 +36,26 @@ def is_batch(key: str, value: object) -> bool:
     )
 
 
-def cut_method(entry: MethodConfig, rounds: int, batch_size: int | None = None) -> MethodConfig:
-    """``entry`` with every round count at most ``rounds`` and its ``batch_size`` at most ``batch_size`` (an
-    entry's own nested configs included)."""
+PUBLIC_SAMPLE_KEYS = frozenset({"kd_samples"})
+"""Method keys that count the public examples every client answers each round (distillation): an evaluation's
+work, cut as evaluations are."""
+
+
+def cut_method(
+    entry: MethodConfig, rounds: int, batch_size: int | None = None, public: int | None = None
+) -> MethodConfig:
+    """``entry`` with every round count at most ``rounds``, its ``batch_size`` at most ``batch_size`` and its
+    public examples a round (``kd_samples``) at most ``public`` (an entry's own nested configs included)."""
     updates: dict[str, object] = {}
     for key, value in entry:
         if is_round_count(key, value) and value > rounds:
             updates[key] = rounds
         elif is_batch(key, value) and batch_size is not None and value > batch_size:
             updates[key] = batch_size
+        elif key in PUBLIC_SAMPLE_KEYS and public is not None and isinstance(value, int) and value > public:
+            updates[key] = public
         elif isinstance(value, MethodConfig):
-            updates[key] = cut_method(value, rounds, batch_size)
+            updates[key] = cut_method(value, rounds, batch_size, public)
     return entry.model_copy(update=updates) if updates else entry
 
 
@@ -81,6 +91,9 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
     """``cfg`` with its compute cut as ``rehearse`` says (models and data are stood in for by the caller);
     ``notes`` collects what had to change beyond the cut."""
     device, batch = rehearse.device, rehearse.batch_size
+    # The public examples a client answers each round: as many as one evaluation of the rehearsal scores (a LLaVA
+    # client's 32 answers took 53 s of each PerAda round in the HFLB rehearsal, its evaluation batch 7 s).
+    public = rehearse.eval_batches * min(cfg.eval.batch_size, batch or cfg.eval.batch_size)
     base = cfg.base.model_copy(
         update={
             "method": cut_method(cfg.base.method, rehearse.rounds, batch),
@@ -94,7 +107,7 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
             # A federation of architectures leaves `model` at its default (the config refuses both).
             "model": cut_model(cfg.model, device, notes, None if cfg.models else rehearse.max_length),
             "models": {name: cut_model(m, device, notes, rehearse.max_length) for name, m in cfg.models.items()},
-            "methods": [cut_method(entry, rehearse.rounds, batch) for entry in cfg.methods],
+            "methods": [cut_method(entry, rehearse.rounds, batch, public) for entry in cfg.methods],
             "base": base,
             "train": cfg.train.model_copy(update=train_cut(cfg, rehearse)),
             "eval": cfg.eval.model_copy(
