@@ -110,9 +110,12 @@ def test_rows_pair_example_by_example_with_each_rows_owner():
     g = generator(3)
     pivot = [torch.randn(4, 4, generator=g), torch.randn(0, 4), torch.randn(3, 4, generator=g)]
     other = [torch.randn(4, 6, generator=g), torch.randn(0, 6), torch.randn(3, 6, generator=g)]
+    expected_p, expected_o = torch.cat(pivot), torch.cat(other)
+    last_other = other[2]
     x_p, x_o, owner = paired_rows(pivot, other)
     assert x_p.shape == (7, 4) and x_o.shape == (7, 6) and owner.tolist() == [0, 0, 0, 0, 2, 2, 2]
-    torch.testing.assert_close(x_o[4:], other[2])
+    assert torch.equal(x_p, expected_p) and torch.equal(x_o, expected_o) and torch.equal(x_o[4:], last_other)
+    assert pivot == [] and other == []  # consumed: each example's rows are no longer held twice
 
 
 def test_rows_are_all_kept_or_a_uniform_draw_over_every_example_and_position():

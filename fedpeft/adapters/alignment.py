@@ -161,10 +161,26 @@ def paired_rows(
     pivot: list[torch.Tensor], other: list[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Matched feature rows of two models on the same examples (each example's rows as :func:`site_inputs` kept
-    them, the same count on both sides), and each row's example index."""
+    them, the same count on both sides), and each row's example index.
+
+    Both lists are consumed (emptied) as their rows are copied into place, so the rows are held once, not twice as
+    a concatenation of lists still referenced would hold them (at true width a site's rows are gigabytes)."""
     counts = torch.tensor([len(rows) for rows in pivot])
     owner = torch.repeat_interleave(torch.arange(len(pivot)), counts)
-    return torch.cat(pivot), torch.cat(other), owner
+    return _consumed_cat(pivot), _consumed_cat(other), owner
+
+
+def _consumed_cat(pieces: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(pieces)`` that releases each piece once copied (``pieces`` is left empty)."""
+    total = sum(len(piece) for piece in pieces)
+    out = torch.empty(total, pieces[0].shape[1], dtype=pieces[0].dtype)
+    pieces.reverse()  # pop from the end, in the original order
+    start = 0
+    while pieces:
+        piece = pieces.pop()
+        out[start : start + len(piece)] = piece
+        start += len(piece)
+    return out
 
 
 def module_groups(items: list[T], widths: list[int], rows: int, budget: int) -> list[list[T]]:
@@ -365,8 +381,13 @@ def align_frames(
     for group in module_groups(pairs, [p.d_in + o.d_in for p, o in pairs], rows, budget):
         inputs_p = site_inputs(pivot, [p.module for p, _ in group], public, batch, keep=keep, pooled=not token_level)
         inputs_o = site_inputs(other, [o.module for _, o in group], public, batch, keep=keep, pooled=not token_level)
-        for p, o in group:
-            x_p, x_o, owner = paired_rows(inputs_p[p.module], inputs_o[o.module])
+        for number, (p, o) in enumerate(group):
+            # Each site's captured rows are held once: consumed into the pair's matrices (a module that a later
+            # pair of the group also reads is copied instead).
+            later = group[number + 1 :]
+            rows_p = list(inputs_p[p.module]) if any(q.module == p.module for q, _ in later) else inputs_p.pop(p.module)
+            rows_o = list(inputs_o[o.module]) if any(q.module == o.module for _, q in later) else inputs_o.pop(o.module)
+            x_p, x_o, owner = paired_rows(rows_p, rows_o)
             a_p, b_p = pivot_frames[p.key]["A"], pivot_frames[p.key]["B"]
             a_init, b_init = other_frames[o.key]["A"], other_frames[o.key]["B"]
             target_norm = (x_p @ a_p.T).norm().clamp_min(1e-12)
