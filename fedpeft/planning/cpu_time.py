@@ -198,8 +198,7 @@ def phase_seconds(
             tokens = max(model["tokens_per_example"], 1)
             parts["forward"] += passes * (1.0 - head_share(a) * (1.0 - 1.0 / tokens))
             decode = phase["decode_steps"] * weight
-            parts["generation"] += decode * model["weights_bytes"] / machine.bandwidth
-            parts["generation"] += decode * (examples / max(batches, 1.0)) * per_example * FORWARD_SHARE / tokens
+            parts["generation"] += decoding_seconds(decode, examples / max(batches, 1.0), model, per_example, machine)
             continue
         examples, steps = phase["examples"] * weight, (phase["steps"] or 0.0) * weight
         full_factor = 1.0
@@ -222,11 +221,16 @@ def phase_seconds(
         parts["forward"] += (2.0 * public + STEP_FIXED_EXAMPLES * public_batches) * per_example * FORWARD_SHARE
         decode = phase.get("decode_steps", 0.0) * weight
         if decode:
-            tokens = max(model["tokens_per_example"], 1)
-            parts["generation"] += decode * model["weights_bytes"] / machine.bandwidth
-            parts["generation"] += decode * phase.get("decode_batch", 1.0) * per_example * FORWARD_SHARE / tokens
+            parts["generation"] += decoding_seconds(decode, phase.get("decode_batch", 1.0), model, per_example, machine)
     parts["fixed"] += phase.get("client_units", 0) * CLIENT_FIXED_S
     return parts
+
+
+def decoding_seconds(decode: float, batch: float, model: TimedModel, per_example: float, machine: Machine) -> float:
+    """``decode`` decoding steps of ``batch`` sequences each: one read of the weights at the memory bandwidth and one
+    token's compute per sequence (a token's share of a forward example)."""
+    tokens = max(model["tokens_per_example"], 1)
+    return decode * (model["weights_bytes"] / machine.bandwidth + batch * per_example * FORWARD_SHARE / tokens)
 
 
 def client_operations(phases: Sequence[PhaseData]) -> list[float]:

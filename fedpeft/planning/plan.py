@@ -423,6 +423,7 @@ class _Planner:
             statistics = None if per_client is None else k * rounds * repeats * per_client
             statistics_batches = k * rounds * repeats * self.statistics_batches(method, per_client)
         public = self.public_work(method, k * rounds * repeats, rounds * repeats)
+        steps = None if examples is None else examples / batch + public.server_steps
         if examples is not None:
             examples += public.server_examples
         # A checkpoint of the server state, and (upper bound) one adapter of its own per client on disk.
@@ -434,7 +435,7 @@ class _Planner:
             client_trainings=k * rounds * repeats,
             examples=examples,
             tokens=self.tokens(examples),
-            steps=None if examples is None else (examples - public.server_examples) / batch + public.server_steps,
+            steps=steps,
             flops=None if examples is None else (self.flops(examples, method, full) or 0.0) + public.flops,
             rounds=rounds * repeats,
             clients_per_round=k,
