@@ -11,7 +11,7 @@ import yaml
 
 from fedpeft.core.config import ExperimentConfig, RehearseConfig, dump_config, load_config, same_run
 from fedpeft.methods.base import lora_spec
-from fedpeft.rehearsal.config import cut_method, is_round_count, rehearsal_config
+from fedpeft.rehearsal.config import ALIGNMENT_ROWS, cut_method, is_round_count, rehearsal_config
 from fedpeft.rehearsal.standin_model import cut_depth, true_depth
 from fedpeft.rehearsal.steps import MEASURED_STEPS, extrapolate
 from fedpeft.training import TrainArgs
@@ -122,6 +122,27 @@ def test_distillation_answers_one_evaluations_worth_of_public_examples_a_round()
             assert "kd_samples" not in type(entry).model_fields, whole.name
     wider = rehearsal_config(cfg, RehearseConfig(eval_batches=2, batch_size=None), [])
     assert {e.kd_samples for e in wider.methods if e.name == "perada"} == {32}  # 2 batches of 64 hold them all
+
+
+def test_fedmosaics_alignment_reads_the_fewest_public_examples_that_fill_its_draw_of_rows():
+    from fedpeft.adapters.alignment import AlignmentSettings
+
+    assert ALIGNMENT_ROWS == AlignmentSettings().max_rows == 20_000
+    for preset in ("fedmosaic-hflb", "fedmosaic-fedscope"):
+        cfg = load_config(preset, [])
+        (whole,) = (e for e in cfg.methods if e.name == "fedmosaic")
+        cut = rehearsal_config(cfg, RehearseConfig(), [])
+        (entry,) = (e for e in cut.methods if e.name == "fedmosaic")
+        # 5,000 as shipped; at 32 tokens an example, 625 of them hold the 20,000 rows the alignment draws
+        assert (whole.align_samples, entry.align_samples) == (5000, 625), preset
+        assert all("align_samples" not in type(e).model_fields for e in cut.methods if e.name != "fedmosaic")
+    # at the models' own length (the cut kept off), fewer examples fill it; never more than the config's
+    uncut = rehearsal_config(load_config("fedmosaic-fedscope", []), RehearseConfig(max_length=None), [])
+    (entry,) = (e for e in uncut.methods if e.name == "fedmosaic")
+    longest = max(m.max_length for m in uncut.models.values())
+    assert longest == 1024 and entry.align_samples == 20 < 625
+    small = cut_method(entry.model_copy(update={"align_samples": 100}), 2, 4, 4, aligned=625)
+    assert small.align_samples == 100
 
 
 def test_float16_and_quantization_become_what_the_cpu_runs():

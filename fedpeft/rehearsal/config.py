@@ -5,7 +5,8 @@ their settings (ranks, tiers, budgets, fractions, aggregation), the engine, the 
 What is cut, by :class:`~fedpeft.core.config.RehearseConfig`: the rounds of every federated phase (every method key
 that counts rounds), the optimizer steps of every training call (``train.max_steps``), the batches of every
 evaluation (``eval.max_batches``) and the public examples a distilling client answers each round (``kd_samples``,
-to one evaluation's), the examples of every batch (training and evaluation), the tokens generated
+to one evaluation's), FedMosaic's public examples for its alignment (``align_samples``, to the fewest that still
+fill its draw of rows), the examples of every batch (training and evaluation), the tokens generated
 per answer, the seeds, and the models' depth. The step at the config's own batch is measured apart
 (:mod:`fedpeft.rehearsal.steps`). The device is
 the rehearsal's (this CPU by default); float16, which needs a GPU, becomes bfloat16 on the CPU, and quantization,
@@ -13,6 +14,8 @@ which needs CUDA, is dropped (both said in the rehearsal's notes).
 """
 
 from __future__ import annotations
+
+import math
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig
 from fedpeft.core.method_class import MethodConfig
@@ -40,12 +43,26 @@ PUBLIC_SAMPLE_KEYS = frozenset({"kd_samples"})
 """Method keys that count the public examples every client answers each round (distillation): an evaluation's
 work, cut as evaluations are."""
 
+ALIGNMENT_SAMPLE_KEYS = frozenset({"align_samples"})
+"""Method keys that count the public examples an alignment of architectures reads (FedMosaic): forward passes over
+them (their rows counted, then captured once per group of sites), of which it keeps a draw of
+:data:`ALIGNMENT_ROWS` rows."""
+
+ALIGNMENT_ROWS = 20_000
+"""The rows FedMosaic's alignment draws from its public examples' positions
+(:attr:`fedpeft.adapters.alignment.AlignmentSettings.max_rows`; a test checks they agree)."""
+
 
 def cut_method(
-    entry: MethodConfig, rounds: int, batch_size: int | None = None, public: int | None = None
+    entry: MethodConfig,
+    rounds: int,
+    batch_size: int | None = None,
+    public: int | None = None,
+    aligned: int | None = None,
 ) -> MethodConfig:
-    """``entry`` with every round count at most ``rounds``, its ``batch_size`` at most ``batch_size`` and its
-    public examples a round (``kd_samples``) at most ``public`` (an entry's own nested configs included)."""
+    """``entry`` with every round count at most ``rounds``, its ``batch_size`` at most ``batch_size``, its
+    public examples a round (``kd_samples``) at most ``public`` and the public examples of its alignment
+    (``align_samples``) at most ``aligned`` (an entry's own nested configs included)."""
     updates: dict[str, object] = {}
     for key, value in entry:
         if is_round_count(key, value) and value > rounds:
@@ -54,8 +71,10 @@ def cut_method(
             updates[key] = batch_size
         elif key in PUBLIC_SAMPLE_KEYS and public is not None and isinstance(value, int) and value > public:
             updates[key] = public
+        elif key in ALIGNMENT_SAMPLE_KEYS and aligned is not None and isinstance(value, int) and value > aligned:
+            updates[key] = aligned
         elif isinstance(value, MethodConfig):
-            updates[key] = cut_method(value, rounds, batch_size, public)
+            updates[key] = cut_method(value, rounds, batch_size, public, aligned)
     return entry.model_copy(update=updates) if updates else entry
 
 
@@ -94,6 +113,13 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
     # The public examples a client answers each round: as many as one evaluation of the rehearsal scores (a LLaVA
     # client's 32 answers took 53 s of each PerAda round in the HFLB rehearsal, its evaluation batch 7 s).
     public = rehearse.eval_batches * min(cfg.eval.batch_size, batch or cfg.eval.batch_size)
+    # FedMosaic's alignment: the fewest public examples whose tokens at the cut length still fill its draw of
+    # rows, so that its captured rows and fits keep their true size while its forward passes shrink (5,000 LLaVA
+    # examples took 22 minutes of HFLB's rehearsal before the first of its captures was half done).
+    length = max(m.max_length for m in (cfg.models.values() if cfg.models else [cfg.model]))
+    if rehearse.max_length is not None:
+        length = min(length, rehearse.max_length)
+    aligned = math.ceil(ALIGNMENT_ROWS / max(length, 1))
     base = cfg.base.model_copy(
         update={
             "method": cut_method(cfg.base.method, rehearse.rounds, batch),
@@ -107,7 +133,7 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
             # A federation of architectures leaves `model` at its default (the config refuses both).
             "model": cut_model(cfg.model, device, notes, None if cfg.models else rehearse.max_length),
             "models": {name: cut_model(m, device, notes, rehearse.max_length) for name, m in cfg.models.items()},
-            "methods": [cut_method(entry, rehearse.rounds, batch, public) for entry in cfg.methods],
+            "methods": [cut_method(entry, rehearse.rounds, batch, public, aligned) for entry in cfg.methods],
             "base": base,
             "train": cfg.train.model_copy(update=train_cut(cfg, rehearse)),
             "eval": cfg.eval.model_copy(
