@@ -128,21 +128,22 @@ def test_fedmosaics_alignment_reads_the_fewest_public_examples_that_fill_its_dra
     from fedpeft.adapters.alignment import AlignmentSettings
 
     assert ALIGNMENT_ROWS == AlignmentSettings().max_rows == 20_000
-    for preset in ("fedmosaic-hflb", "fedmosaic-fedscope"):
+    # 5,000 as shipped; Fed-Scope's text at 32 tokens: 625 examples hold the 20,000 rows the alignment draws; a
+    # LLaVA example holds one image's 576 patches besides (CLIP ViT-L/14 at 336 pixels): 33 of them
+    for preset, examples in (("fedmosaic-fedscope", 625), ("fedmosaic-hflb", 33), ("fedmosaic-drake", 33)):
         cfg = load_config(preset, [])
         (whole,) = (e for e in cfg.methods if e.name == "fedmosaic")
         cut = rehearsal_config(cfg, RehearseConfig(), [])
         (entry,) = (e for e in cut.methods if e.name == "fedmosaic")
-        # 5,000 as shipped; at 32 tokens an example, 625 of them hold the 20,000 rows the alignment draws
-        assert (whole.align_samples, entry.align_samples) == (5000, 625), preset
+        assert (whole.align_samples, entry.align_samples) == (5000, examples), preset
         assert all("align_samples" not in type(e).model_fields for e in cut.methods if e.name != "fedmosaic")
-    # at the models' own length (the cut kept off), fewer examples fill it; never more than the config's
-    uncut = rehearsal_config(load_config("fedmosaic-fedscope", []), RehearseConfig(max_length=None), [])
-    (entry,) = (e for e in uncut.methods if e.name == "fedmosaic")
-    longest = max(m.max_length for m in uncut.models.values())
-    assert longest == 1024 and entry.align_samples == 20 < 625
-    small = cut_method(entry.model_copy(update={"align_samples": 100}), 2, 4, 4, aligned=625)
-    assert small.align_samples == 100
+    # at the models' own length (the cut kept off) fewer fill it: 1,024 tokens, 2,048 tokens and an image
+    for preset, examples in (("fedmosaic-fedscope", 20), ("fedmosaic-hflb", 8)):
+        uncut = rehearsal_config(load_config(preset, []), RehearseConfig(max_length=None), [])
+        assert {e.align_samples for e in uncut.methods if e.name == "fedmosaic"} == {examples}, preset
+    # never more than the config's
+    (entry,) = (e for e in load_config("fedmosaic-fedscope", []).methods if e.name == "fedmosaic")
+    assert cut_method(entry.model_copy(update={"align_samples": 100}), 2, 4, 4, aligned=625).align_samples == 100
 
 
 def test_float16_and_quantization_become_what_the_cpu_runs():

@@ -19,6 +19,8 @@ import math
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig
 from fedpeft.core.method_class import MethodConfig
+from fedpeft.models.paper_configs import model_config
+from fedpeft.planning.architecture import UnsupportedArchitectureError, from_config
 from fedpeft.planning.plan import STATISTICS_EVERY_TIME, STATISTICS_ONCE
 
 
@@ -96,6 +98,28 @@ def cut_model(model: ModelConfig, device: str, notes: list[str], max_length: int
     return model.model_copy(update=updates) if updates else model
 
 
+def example_positions(model: ModelConfig, max_length: int | None) -> int:
+    """The most positions an example of ``model`` holds at the cut length: its tokens, and for a LLaVA model one
+    image's patches (its shipped or local ``config.json``; the class token is dropped, as LLaVA's default feature
+    selection does). An alignment at the token level draws its rows from these positions."""
+    length = model.max_length if max_length is None else min(model.max_length, max_length)
+    values = model_config(model.name)
+    if values is None or values.get("model_type") != "llava":
+        return length
+    try:
+        vision = from_config(values).vision
+    except (UnsupportedArchitectureError, KeyError, TypeError, ValueError):
+        return length
+    return length + max(int(vision.get("tokens", 1)) - 1, 0)
+
+
+def alignment_examples(cfg: ExperimentConfig, max_length: int | None) -> int:
+    """The public examples that fill the alignment's draw of :data:`ALIGNMENT_ROWS` rows when each holds the most
+    positions (:func:`example_positions`) of the federation's shortest model; a rehearsal reads no more of them."""
+    models = list(cfg.models.values()) if cfg.models else [cfg.model]
+    return math.ceil(ALIGNMENT_ROWS / max(min(example_positions(m, max_length) for m in models), 1))
+
+
 def train_cut(cfg: ExperimentConfig, rehearse: RehearseConfig) -> dict[str, int]:
     """The ``train`` keys a rehearsal cuts: every training call's steps, and, where a method computes its clients'
     feature statistics (FedL2P, FedP2EFT), their batches (other configs keep the key unset, so that a rehearsal
@@ -113,13 +137,10 @@ def rehearsal_config(cfg: ExperimentConfig, rehearse: RehearseConfig, notes: lis
     # The public examples a client answers each round: as many as one evaluation of the rehearsal scores (a LLaVA
     # client's 32 answers took 53 s of each PerAda round in the HFLB rehearsal, its evaluation batch 7 s).
     public = rehearse.eval_batches * min(cfg.eval.batch_size, batch or cfg.eval.batch_size)
-    # FedMosaic's alignment: the fewest public examples whose tokens at the cut length still fill its draw of
-    # rows, so that its captured rows and fits keep their true size while its forward passes shrink (5,000 LLaVA
-    # examples took 22 minutes of HFLB's rehearsal before the first of its captures was half done).
-    length = max(m.max_length for m in (cfg.models.values() if cfg.models else [cfg.model]))
-    if rehearse.max_length is not None:
-        length = min(length, rehearse.max_length)
-    aligned = math.ceil(ALIGNMENT_ROWS / max(length, 1))
+    # FedMosaic's alignment: the fewest public examples that still fill its draw of rows, so that its captured rows
+    # and fits keep their true size while its forward passes shrink (5,000 LLaVA examples took 22 minutes of HFLB's
+    # rehearsal before the first of its captures was half done).
+    aligned = alignment_examples(cfg, rehearse.max_length)
     base = cfg.base.model_copy(
         update={
             "method": cut_method(cfg.base.method, rehearse.rounds, batch),
