@@ -229,3 +229,31 @@ def test_distillation_counts_the_public_answers_and_the_server_and_ditto_style_m
     assert (perada.examples, perada.steps) == (96 + 2 * 2 * 2, 24 + 2 * 2)
     assert perada.flops > ditto.flops  # the public passes' forward FLOPs
     assert fedit.public_examples == 0 and fedit.examples == 48
+
+
+@pytest.mark.parametrize(
+    ("every", "others_clients", "max_batches", "passes", "others", "batches"),
+    [
+        # no round evaluations: the final pass over the 2 clients' 5 test examples, one batch each
+        (None, 32, None, 1, 0, 2),
+        # every 5 of 2 rounds: none is due, but the last round is evaluated; each client also scores 3 examples
+        # of the other client (eval.others_per_client), one more batch each
+        (5, 32, None, 2, 2 * 3, 2 * 2 + 2),
+        # every round: 2 round evaluations
+        (1, 32, None, 3, 2 * 2 * 3, 2 * 3 + 2 * 2),
+        # a rehearsal's cut to 1 batch of 2: own and others' at most 2 examples each
+        (1, 32, 1, 3, 2 * 2 * 2, 2 * 3 + 2 * 2),
+    ],
+)
+def test_round_evaluations_count_the_last_round_and_the_others_sample(
+    tmp_path, every, others_clients, max_batches, passes, others, batches
+):
+    path = tmp_path / "small.yaml"
+    cut = {} if max_batches is None else {"max_batches": max_batches, "batch_size": 2}
+    evaluation = {"every": every, "others_per_client": 3, "others_clients": others_clients, **cut}
+    path.write_text(SMALL + f"eval: {json.dumps(evaluation)}\n")
+    final = make_plan(load_config(str(path))).phases[-1]
+    own = 2 * 5 * passes if max_batches is None else 2 * 2 * passes
+    assert (final.phase, final.examples, final.eval_batches) == ("evaluation", own + others, batches)
+    assert final.decode_steps == batches * 32  # eval.max_new_tokens, every batch generating
+    assert final.client_units == 2 * passes

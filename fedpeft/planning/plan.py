@@ -580,10 +580,13 @@ class _Planner:
         return 0.0
 
     def evaluation(self, label: str, times: int, evaluations: int, rounds: int = 0) -> Phase:
-        """``evaluations`` passes over every client's test set (a budget each), and round evaluations."""
+        """``evaluations`` passes over every client's test set (a budget each), and round evaluations: every
+        ``eval.every`` rounds and after the last, each over every client's test set and its sample of the other
+        clients' (``split: others``)."""
         clients = self.federation.total_clients
         every = self.cfg.eval.every
-        passes = evaluations + (rounds // every if every and rounds else 0)
+        round_passes = math.ceil(rounds / every) if every and rounds else 0
+        passes = evaluations + round_passes
         test = self.federation.test_rows
         known = all(v is not None for v in test.values())
         examples = float(sum(v or 0 for v in test.values())) * passes if known else None
@@ -593,6 +596,10 @@ class _Planner:
         new_tokens = self.cfg.eval.max_new_tokens if self.generation else 0
         batch = self.cfg.eval.batch_size
         batches = self.eval_batches(passes)
+        others, others_batches = self.others_per_evaluation()
+        if examples is not None:
+            examples += others * clients * round_passes
+        batches += others_batches * clients * round_passes
         tokens = None if examples is None else examples * self.mean(lambda m: m.tokens_per_example + new_tokens)
         flops = None if examples is None else examples * self.mean(
             lambda m: (m.tokens_per_example + new_tokens) * forward_flops_per_token(m.architecture)
@@ -612,8 +619,24 @@ class _Planner:
             parallel_clients=clients,
             eval_batches=batches,
             client_units=clients * passes,
-            notes=[f"{passes} pass(es) over every client's test set"],
+            notes=[f"{passes} pass(es) over every client's test set"]
+            + ([f"{round_passes} with a sample of the other clients' (Others)"] if round_passes and others else []),
         )
+
+    def others_per_evaluation(self) -> tuple[float, float]:
+        """(examples, batches) of one client's "Others" score in a round evaluation: ``eval.others_per_client``
+        test examples of each of at most ``eval.others_clients`` other clients, in batches of ``eval.batch_size``,
+        at most ``eval.max_batches`` of them."""
+        ev = self.cfg.eval
+        others = max(self.federation.total_clients - 1, 0)
+        if ev.others_clients is not None:
+            others = min(others, ev.others_clients)
+        examples = float(others * ev.others_per_client)
+        batches = float(math.ceil(examples / ev.batch_size - 1e-9)) if examples else 0.0
+        if ev.max_batches is not None:
+            batches = min(batches, float(ev.max_batches))
+            examples = min(examples, float(ev.max_batches * ev.batch_size))
+        return examples, batches
 
     def eval_batches(self, passes: int) -> float:
         """The batches of ``passes`` evaluations of every client: each client's test set in batches of
