@@ -257,3 +257,45 @@ def test_round_evaluations_count_the_last_round_and_the_others_sample(
     assert (final.phase, final.examples, final.eval_batches) == ("evaluation", own + others, batches)
     assert final.decode_steps == batches * 32  # eval.max_new_tokens, every batch generating
     assert final.client_units == 2 * passes
+
+
+def test_a_llava_steps_logits_are_its_texts_so_an_evaluation_keeps_most_of_its_forward_pass():
+    """A training step computes a causal LM's logits where its loss reads them (fedpeft.training.labelled_tail):
+    for a text model the plan takes every position (the output layer's share of the active parameters), for LLaVA
+    its text's only (its image tokens and vision tower compute none). The evaluation's prompt pass keeps the
+    forward pass less the output layer at all but the last of those positions."""
+    from fedpeft.planning.architecture import active_parameters, extra_forward_flops
+    from fedpeft.planning.cpu_time import head_share, logit_positions
+
+    text = planning.models_of(load_config("guidance-sni"))[0].architecture
+    assert logit_positions(text, 512) == 512
+    assert head_share(text, 512) == pytest.approx(text.vocab * text.hidden / active_parameters(text))
+    cfg = load_config("fedmosaic-drake")
+    cut = cfg.model_copy(update={"models": {k: m.model_copy(update={"max_length": 32}) for k, m in cfg.models.items()}})
+    llava = planning.models_of(cut)[0].architecture
+    head = llava.vocab * llava.hidden
+    assert logit_positions(llava, 579) == 2  # 579 positions, 577 of them the image's
+    body = 2 * (active_parameters(llava) - head) * 579 + extra_forward_flops(llava)
+    assert head_share(llava, 579) == pytest.approx(2 * head * 2 / (body + 2 * head * 2))
+    assert head_share(llava, 579) < 0.01 < 0.1 < head_share(text, 512)  # Llama-3.2-1B: 0.21
+
+
+def test_an_evaluation_of_two_models_costs_the_mean_of_theirs():
+    """Each model of a federation times its share of a phase at its own rate, whatever the model before it."""
+    from fedpeft.planning.cpu_time import Machine, ModelRate, phase_seconds, tokens_of
+
+    cfg = load_config("fedmosaic-drake")
+    cut = cfg.model_copy(update={"models": {k: m.model_copy(update={"max_length": 32}) for k, m in cfg.models.items()}})
+    data = plan_json(make_plan(cut), gpu("H100"), 1, None)
+    phase = next(p for p in data["phases"] if p["phase"] == "evaluation")
+    phase = {**phase, "examples": 40.0, "eval_batches": 10.0, "decode_steps": 40.0}
+    models = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
+    rates = [ModelRate(m["name"], 0.5 + i, "rehearsal", 2) for i, m in enumerate(models)]
+    machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
+
+    def alone(i: int) -> float:
+        parts = phase_seconds(phase, [{**models[i], "share": 1.0}], [rates[i]], machine, True)
+        return sum(parts.values())
+
+    both = phase_seconds(phase, [{**m, "share": 0.5} for m in models], rates, machine, True)
+    assert sum(both.values()) == pytest.approx((alone(0) + alone(1)) / 2)

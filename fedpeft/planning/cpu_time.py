@@ -142,11 +142,24 @@ def flops_rate(architecture: Architecture, dtype: str, cpu_flops: float | None) 
     return cpu_flops * TRAINING_EFFICIENCY.get(dtype, 1.0)
 
 
-def head_share(architecture: Architecture) -> float:
-    """The share of a causal LM's forward FLOPs in its output layer (0 for an encoder)."""
+def logit_positions(architecture: Architecture, tokens: int) -> int:
+    """The positions of an example of ``tokens`` whose logits a training step computes: every one of a text model's
+    (an upper bound: a step computes them from the first its loss reads, fedpeft.training.labelled_tail), the text's
+    of a LLaVA model's (never its image tokens; at least 2, as :func:`~.architecture.activation_bytes` counts)."""
+    return max(tokens - architecture.extra_tokens, 2) if architecture.extra_tokens else max(tokens, 1)
+
+
+def head_share(architecture: Architecture, tokens: int = 1) -> float:
+    """The share of a causal LM's training forward FLOPs on an example of ``tokens`` in its output layer, at the
+    positions :func:`logit_positions` gives (0 for an encoder): for a text model the output layer's share of the
+    active parameters; for a LLaVA model far less, its image tokens and vision tower computing no logits."""
     if architecture.kind == "encoder":
         return 0.0
-    return architecture.vocab * architecture.hidden / max(active_parameters(architecture), 1)
+    head = architecture.vocab * architecture.hidden
+    vision = architecture.extra_params * architecture.extra_tokens
+    body = (active_parameters(architecture) - head) * max(tokens, 1) + vision
+    logits = head * logit_positions(architecture, tokens)
+    return logits / max(body + logits, 1)
 
 
 def machine_of(cfg: ExperimentConfig, clients: int, bandwidth: float | None = None) -> Machine:
@@ -179,13 +192,14 @@ def phase_seconds(
     if phase["examples"] is None or phase.get("forward_examples") is None:
         return None
     parts = {"training": 0.0, "forward": 0.0, "generation": 0.0, "fixed": 0.0, "memory": 0.0}
-    share = machine.compute_share
+    compute_share = machine.compute_share
     for model, rate in zip(models, rates, strict=True):
         weight = model["share"]
         a = Architecture(**model["architecture"])
-        per_example = rate.seconds_per_example / share
+        per_example = rate.seconds_per_example / compute_share
         fixed = step_fixed_s(a)
         params = parameters(a)["total"]
+        tokens = max(model["tokens_per_example"], 1)
         if phase["phase"] == "evaluation":
             examples, batches = phase["examples"] * weight, phase["eval_batches"] * weight
             passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE
@@ -195,8 +209,8 @@ def phase_seconds(
                 continue
             # The prompt's forward pass, its output layer at the last position only, and one read of the
             # weights per decoding step (each also one token's compute for the batch).
-            tokens = max(model["tokens_per_example"], 1)
-            parts["forward"] += passes * (1.0 - head_share(a) * (1.0 - 1.0 / tokens))
+            head = head_share(a, tokens)
+            parts["forward"] += passes * (1.0 - head * (1.0 - 1.0 / logit_positions(a, tokens)))
             decode = phase["decode_steps"] * weight
             parts["generation"] += decoding_seconds(decode, examples / max(batches, 1.0), model, per_example, machine)
             continue
@@ -212,7 +226,7 @@ def phase_seconds(
         statistics = (phase.get("forward_examples") or 0.0) * weight
         batches = phase.get("forward_batches", 0.0) * weight
         parts["forward"] += (
-            (statistics + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE * (1.0 - head_share(a))
+            (statistics + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE * (1.0 - head_share(a, tokens))
         )
         # Distillation's public examples: a prediction and a loss each (output layer included), and, generating,
         # each decoding step one read of the weights and one token of compute per sequence.
