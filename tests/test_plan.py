@@ -263,9 +263,9 @@ def test_a_llava_steps_logits_are_its_texts_so_an_evaluation_keeps_most_of_its_f
     """A training step computes a causal LM's logits where its loss reads them (fedpeft.training.labelled_tail):
     for a text model the plan takes every position (the output layer's share of the active parameters), for LLaVA
     its text's only (its image tokens and vision tower compute none). The evaluation's prompt pass keeps the
-    forward pass less the output layer at all but the last of those positions."""
+    forward pass less the output layer at all but the last of those positions, and all of the vision tower's."""
     from fedpeft.planning.architecture import active_parameters, extra_forward_flops
-    from fedpeft.planning.cpu_time import head_share, logit_positions
+    from fedpeft.planning.cpu_time import FORWARD_SHARE, forward_share, head_share, logit_positions
 
     text = planning.models_of(load_config("guidance-sni"))[0].architecture
     assert logit_positions(text, 512) == 512
@@ -278,6 +278,13 @@ def test_a_llava_steps_logits_are_its_texts_so_an_evaluation_keeps_most_of_its_f
     body = 2 * (active_parameters(llava) - head) * 579 + extra_forward_flops(llava)
     assert head_share(llava, 579) == pytest.approx(2 * head * 2 / (body + 2 * head * 2))
     assert head_share(llava, 579) < 0.01 < 0.1 < head_share(text, 512)  # Llama-3.2-1B: 0.21
+    # A forward pass's share of a step: the measured FORWARD_SHARE of the language model's part, all of the frozen
+    # vision tower's (forward only in training too), the parts' times as their FLOPs
+    assert forward_share(text, 512) == FORWARD_SHARE
+    language = 2 * ((active_parameters(llava) - head) * 579 + head * 2)
+    vision = extra_forward_flops(llava) / (extra_forward_flops(llava) + language / FORWARD_SHARE)
+    assert forward_share(llava, 579) == pytest.approx(vision + (1 - vision) * FORWARD_SHARE)
+    assert FORWARD_SHARE < forward_share(llava, 579) < 1
 
 
 def test_an_evaluation_of_two_models_costs_the_mean_of_theirs():

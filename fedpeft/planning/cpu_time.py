@@ -31,7 +31,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from fedpeft.planning.architecture import Architecture, active_parameters, forward_flops_per_token, parameters
+from fedpeft.planning.architecture import (
+    Architecture,
+    active_parameters,
+    extra_forward_flops,
+    forward_flops_per_token,
+    parameters,
+)
 from fedpeft.planning.shapes import CpuTimes, ModelRow, PhaseData, PlanData, TimedModel
 
 if TYPE_CHECKING:
@@ -162,6 +168,19 @@ def head_share(architecture: Architecture, tokens: int = 1) -> float:
     return logits / max(body + logits, 1)
 
 
+def forward_share(architecture: Architecture, tokens: int) -> float:
+    """A forward pass's share of a training example's time on an example of ``tokens``: :data:`FORWARD_SHARE` of
+    the part a training step also runs backward through, and all of a frozen vision tower's (LLaVA's runs forward
+    only in both), the two parts' times in the ratio of their FLOPs."""
+    vision = extra_forward_flops(architecture)
+    if not vision:
+        return FORWARD_SHARE
+    head = architecture.vocab * architecture.hidden
+    language = 2.0 * ((active_parameters(architecture) - head) * tokens + head * logit_positions(architecture, tokens))
+    part = vision / (vision + language / FORWARD_SHARE)
+    return part + (1.0 - part) * FORWARD_SHARE
+
+
 def machine_of(cfg: ExperimentConfig, clients: int, bandwidth: float | None = None) -> Machine:
     """The worker processes and threads a local-engine run of ``cfg`` uses on this machine, as the engine resolves
     them (fedpeft/engine/resources.py; memory aside): a number of ``engine.workers`` as given, ``auto`` one process
@@ -202,7 +221,7 @@ def phase_seconds(
         tokens = max(model["tokens_per_example"], 1)
         if phase["phase"] == "evaluation":
             examples, batches = phase["examples"] * weight, phase["eval_batches"] * weight
-            passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE
+            passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * forward_share(a, tokens)
             parts["fixed"] += batches * EVAL_BATCH_FIXED_S
             if not generation:
                 parts["forward"] += passes
@@ -226,13 +245,18 @@ def phase_seconds(
         statistics = (phase.get("forward_examples") or 0.0) * weight
         batches = phase.get("forward_batches", 0.0) * weight
         parts["forward"] += (
-            (statistics + STEP_FIXED_EXAMPLES * batches) * per_example * FORWARD_SHARE * (1.0 - head_share(a, tokens))
+            (statistics + STEP_FIXED_EXAMPLES * batches)
+            * per_example
+            * forward_share(a, tokens)
+            * (1.0 - head_share(a, tokens))
         )
         # Distillation's public examples: a prediction and a loss each (output layer included), and, generating,
         # each decoding step one read of the weights and one token of compute per sequence.
         public = phase.get("public_examples", 0.0) * weight
         public_batches = phase.get("public_batches", 0.0) * weight
-        parts["forward"] += (2.0 * public + STEP_FIXED_EXAMPLES * public_batches) * per_example * FORWARD_SHARE
+        parts["forward"] += (
+            (2.0 * public + STEP_FIXED_EXAMPLES * public_batches) * per_example * forward_share(a, tokens)
+        )
         decode = phase.get("decode_steps", 0.0) * weight
         if decode:
             parts["generation"] += decoding_seconds(decode, phase.get("decode_batch", 1.0), model, per_example, machine)
