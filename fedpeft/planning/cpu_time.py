@@ -155,29 +155,30 @@ def logit_positions(architecture: Architecture, tokens: int) -> int:
     return max(tokens - architecture.extra_tokens, 2) if architecture.extra_tokens else max(tokens, 1)
 
 
+def forward_flops(architecture: Architecture, tokens: int) -> tuple[float, float, float]:
+    """FLOPs of a training step's forward pass on an example of ``tokens``: the language model's blocks, its output
+    layer at :func:`logit_positions`, a frozen vision tower's (LLaVA's; 0 for other models)."""
+    head = architecture.vocab * architecture.hidden if architecture.kind != "encoder" else 0
+    blocks = 2.0 * (active_parameters(architecture) - head) * max(tokens, 1)
+    return blocks, 2.0 * head * logit_positions(architecture, tokens), extra_forward_flops(architecture)
+
+
 def head_share(architecture: Architecture, tokens: int = 1) -> float:
     """The share of a causal LM's training forward FLOPs on an example of ``tokens`` in its output layer, at the
     positions :func:`logit_positions` gives (0 for an encoder): for a text model the output layer's share of the
     active parameters; for a LLaVA model far less, its image tokens and vision tower computing no logits."""
-    if architecture.kind == "encoder":
-        return 0.0
-    head = architecture.vocab * architecture.hidden
-    vision = architecture.extra_params * architecture.extra_tokens
-    body = (active_parameters(architecture) - head) * max(tokens, 1) + vision
-    logits = head * logit_positions(architecture, tokens)
-    return logits / max(body + logits, 1)
+    blocks, logits, vision = forward_flops(architecture, tokens)
+    return logits / max(blocks + logits + vision, 1.0)
 
 
 def forward_share(architecture: Architecture, tokens: int) -> float:
     """A forward pass's share of a training example's time on an example of ``tokens``: :data:`FORWARD_SHARE` of
     the part a training step also runs backward through, and all of a frozen vision tower's (LLaVA's runs forward
     only in both), the two parts' times in the ratio of their FLOPs."""
-    vision = extra_forward_flops(architecture)
+    blocks, logits, vision = forward_flops(architecture, tokens)
     if not vision:
         return FORWARD_SHARE
-    head = architecture.vocab * architecture.hidden
-    language = 2.0 * ((active_parameters(architecture) - head) * tokens + head * logit_positions(architecture, tokens))
-    part = vision / (vision + language / FORWARD_SHARE)
+    part = vision / (vision + (blocks + logits) / FORWARD_SHARE)
     return part + (1.0 - part) * FORWARD_SHARE
 
 
