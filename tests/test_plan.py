@@ -214,10 +214,10 @@ def test_distillation_counts_the_public_answers_and_the_server_and_ditto_style_m
     path = tmp_path / "small.yaml"
     path.write_text(
         SMALL + "  - {name: perada, rounds: 2, fraction: 1.0, local_steps: 3, batch_size: 4, rank: 2, "
-        "targets: [q_proj, v_proj], kd_samples: 6, kd_steps: 2, kd_batch_size: 2}\n"
+        "targets: [q_proj, v_proj], kd_samples: 6, kd_steps: 2, kd_batch_size: 2, compute_scale: 1.0}\n"
         + "  - {name: ditto, rounds: 2, fraction: 1.0, local_steps: 3, batch_size: 4, rank: 2, "
-        "targets: [q_proj, v_proj]}\n"
-    )
+        "targets: [q_proj, v_proj], compute_scale: 1.0}\n"
+    )  # compute matching off: each training call takes its local_steps
     plan = make_plan(load_config(str(path)))
     fedit, perada, ditto = (p for p in plan.phases if p.phase == "federated")
     # Ditto: the global and the personal adapter, 2 x 3 steps of 4 a client round, 2 clients, 2 rounds.
@@ -229,6 +229,68 @@ def test_distillation_counts_the_public_answers_and_the_server_and_ditto_style_m
     assert (perada.examples, perada.steps) == (96 + 2 * 2 * 2, 24 + 2 * 2)
     assert perada.flops > ditto.flops  # the public passes' forward FLOPs
     assert fedit.public_examples == 0 and fedit.examples == 48
+
+
+def test_compute_matched_methods_plan_their_matched_steps_feddat_its_teacher_and_fedmosaic_its_gradients(tmp_path):
+    """FedMosaic and its baselines train ``round(local_steps / compute_scale)`` steps a call (the paper's ratios
+    by default); FedDAT's teacher predicts every example it trains on (a forward pass each), FedMosaic takes the
+    smallest model's gradient at steps 0, m, 2m, ... of each call: one batch's forward pass each."""
+    from fedpeft.methods.families.branched import matched_steps
+    from fedpeft.methods.feddat_config import FedDATConfig
+    from fedpeft.methods.fedmosaic_config import FedMosaicConfig
+    from fedpeft.planning.architecture import active_parameters
+
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        SMALL + "  - {name: feddat, rounds: 2, fraction: 1.0, local_steps: 10, batch_size: 4, rank: 2, "
+        "targets: [q_proj, v_proj]}\n"
+        + "  - {name: fedmosaic, rounds: 2, fraction: 1.0, local_steps: 10, batch_size: 4, rank: 2, grad_every: 3, "
+        "targets: [q_proj, v_proj]}\n"
+    )
+    cfg = load_config(str(path))
+    plan = make_plan(cfg)
+    fedit, feddat, fedmosaic = (p for p in plan.phases if p.phase == "federated")
+    dat, mosaic = (m for m in cfg.methods if m.name != "fedit")
+    assert isinstance(dat, FedDATConfig) and isinstance(mosaic, FedMosaicConfig)
+    # FedDAT: round(10 / 2.564) = 4 steps of 4, trained twice (the client-specific adapter, then the student), by
+    # 2 clients in each of 2 rounds; FedMosaic: round(10 / 1.098) = 9 steps, gradients at steps 0, 3 and 6.
+    assert planning.matched_steps(dat, 10) == matched_steps(dat) == 4
+    assert planning.matched_steps(mosaic, 10) == matched_steps(mosaic) == 9
+    assert (feddat.examples, feddat.steps, feddat.teacher_examples) == (4 * 4 * 2 * 2 * 2, 4 * 2 * 2 * 2, 128)
+    assert (fedmosaic.examples, fedmosaic.steps, fedmosaic.teacher_examples) == (9 * 4 * 2 * 2, 9 * 2 * 2, 0)
+    assert (fedmosaic.pivot_batches, fedmosaic.pivot_examples) == (3 * 2 * 2, 3 * 4 * 2 * 2)
+    assert fedit.teacher_examples == fedit.pivot_batches == 0 and fedit.examples == 3 * 4 * 2 * 2
+    model = plan.models[0]
+    n, lora = active_parameters(model.architecture), sum(planning.adapter_split(model, dat, [], None))
+    # 4 N + 6 N_LoRA a token trained, and 2 N a token the teacher predicts
+    assert feddat.flops == pytest.approx(128 * model.tokens_per_example * ((4 * n + 6 * lora) + 2 * n))
+    # Their time on this CPU: FedDAT's teacher a forward pass an example, FedMosaic's gradients a forward pass and
+    # the output layer's backward a batch (each batch with the step's fixed examples).
+    from fedpeft.planning.cpu_time import (
+        STEP_FIXED_EXAMPLES,
+        Machine,
+        ModelRate,
+        forward_share,
+        head_share,
+        phase_seconds,
+        tokens_of,
+    )
+
+    data = plan_json(plan, gpu("H100"), 1, None)
+    models = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
+    rates = [ModelRate("tiny", 0.25, "rehearsal", 2)]
+    machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
+    a, tokens = model.architecture, model.tokens_per_example
+    rows = {p["method"]: p for p in data["phases"] if p["phase"] == "federated"}
+
+    def forward_s(method: str, **change: float) -> float:
+        return phase_seconds({**rows[method], **change}, models, rates, machine, True)["forward"]
+
+    assert forward_s("feddat") - forward_s("feddat", teacher_examples=0.0) == pytest.approx(
+        128 * 0.25 * forward_share(a, tokens)
+    )
+    gradients = (48 + STEP_FIXED_EXAMPLES * 12) * 0.25 * forward_share(a, tokens) * (1 + head_share(a, tokens))
+    assert forward_s("fedmosaic") - forward_s("fedmosaic", pivot_batches=0.0) == pytest.approx(gradients)
 
 
 @pytest.mark.parametrize(

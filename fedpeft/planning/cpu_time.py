@@ -261,8 +261,28 @@ def phase_seconds(
         decode = phase.get("decode_steps", 0.0) * weight
         if decode:
             parts["generation"] += decoding_seconds(decode, phase.get("decode_batch", 1.0), model, per_example, machine)
+        # A frozen teacher's logits on every training example (FedDAT): a forward pass each, output layer included.
+        parts["forward"] += phase.get("teacher_examples", 0.0) * weight * per_example * forward_share(a, tokens)
+    parts["forward"] += relevance_seconds(phase, models, rates, compute_share)
     parts["fixed"] += phase.get("client_units", 0) * CLIENT_FIXED_S
     return parts
+
+
+def relevance_seconds(
+    phase: PhaseData, models: Sequence[TimedModel], rates: list[ModelRate], compute_share: float
+) -> float:
+    """FedMosaic's relevance gradients, on the smallest model whichever model the client holds: each a forward
+    pass of its batch and the output layer's backward down to the last layer's weight (the blocks' backward
+    beneath it is not needed)."""
+    gradients = phase.get("pivot_batches", 0.0)
+    if not gradients:
+        return 0.0
+    sizes = [parameters(Architecture(**m["architecture"]))["total"] for m in models]
+    smallest = sizes.index(min(sizes))
+    a, tokens = Architecture(**models[smallest]["architecture"]), max(models[smallest]["tokens_per_example"], 1)
+    per_example = rates[smallest].seconds_per_example / compute_share
+    examples = phase.get("pivot_examples", 0.0) + STEP_FIXED_EXAMPLES * gradients
+    return examples * per_example * forward_share(a, tokens) * (1.0 + head_share(a, tokens))
 
 
 def decoding_seconds(decode: float, batch: float, model: TimedModel, per_example: float, machine: Machine) -> float:

@@ -8,7 +8,9 @@ personalization, the budgets of a method that uses them; tokens are ``max_length
 or a ViT's fixed patches. Beside the training, a phase counts what its time on a CPU needs
 (:mod:`fedpeft.planning.cpu_time`): the forward passes of FedP2EFT's and FedL2P's client statistics, the
 evaluation's batches, the client units (each a model installed, evaluated, its adapter saved) and whether it trains
-the base weights. Work a method adds beyond these (distillation, alignment, hypernetwork steps) is not counted.
+the base weights, the public examples distillation answers, the compute-matched local steps of FedMosaic and its
+baselines (``compute_scale``), FedDAT's teacher passes and FedMosaic's relevance gradients. Work a method adds beyond
+these (FedMosaic's alignment, hypernetwork steps) is not counted.
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ TRAINS_BASE_WEIGHTS = frozenset({"fedavg_full", "dept_spec"})
 NOT_COMMUNICATING = frozenset({"sft_rounds"})
 # Methods whose clients train twice a round (the global adapter, then the personal one or the student).
 TRAINS_TWICE = frozenset({"ditto", "feddat", "perada"})
+# Methods whose every training step also asks a frozen teacher for its logits (no gradient, output layer included):
+# FedDAT's mutual distillation, both of its trainings (fedpeft/methods/feddat.py, ``distillation``).
+TEACHER_EVERY_STEP = frozenset({"feddat"})
+# Methods whose clients take the frozen smallest model's gradient of one weight matrix every ``grad_every`` local
+# steps (a forward pass of that model and its output layer's backward): FedMosaic's RELA (``relevance_gradient``).
+RELEVANCE_GRADIENTS = frozenset({"fedmosaic"})
 # Methods whose clients compute feature statistics (a forward pass over every training example, fedpeft/adapters/
 # statistics.py): FedP2EFT once per client (kept in its client state), FedL2P at every round and personalization.
 STATISTICS_ONCE = frozenset({"fedp2eft"})
@@ -115,6 +123,9 @@ class Phase:
     public_examples: float = 0.0  # public examples the clients answer and score (distillation), 2 passes each
     public_batches: float = 0.0  # their forward batches (predictions and losses)
     decode_batch: float = 0.0  # the sequences of one decoding step of those answers
+    teacher_examples: float = 0.0  # training examples a frozen teacher also predicts (a forward pass each)
+    pivot_examples: float = 0.0  # examples of relevance gradients on the smallest model (forward, head backward)
+    pivot_batches: float = 0.0  # those gradients (one batch each)
     client_units: int = 0  # clients' units of work: a training, a personalization at a budget, an evaluation
     full: bool = False  # trains the base weights (full fine-tuning)
     notes: list[str] = field(default_factory=list)
@@ -262,6 +273,16 @@ def _field(method: MethodConfig, name: str, default: Any = None) -> Any:
     return getattr(method, name, default)
 
 
+def matched_steps(method: MethodConfig, local_steps: int) -> int:
+    """The local steps of one training call of a compute-matched method (FedMosaic and its baselines, whose config
+    has ``compute_scale``): ``max(1, round(local_steps / compute_scale))``, as
+    ``fedpeft.methods.families.branched.matched_steps``; ``local_steps`` for every other method."""
+    scale = _field(method, "compute_scale")
+    if scale is None:
+        return int(local_steps)
+    return max(1, round(int(local_steps or 1) / float(scale)))
+
+
 def ranks_of(method: MethodConfig, budgets: Iterable[int]) -> int:
     """The largest LoRA rank ``method`` trains: its ``rank``, tiers, ``r_init`` (BayesTune), else the budgets."""
     tiers = [t.rank for t in _field(method, "tiers", None) or []]
@@ -297,6 +318,12 @@ def train_flops_per_token(model: ModelPlan, full: bool, lora_params: int) -> flo
     if full:
         return 3 * forward + recompute
     return 2 * forward + 6.0 * lora_params + recompute
+
+
+def forward_pass_flops(model: ModelPlan) -> float:
+    """FLOPs of one example's forward pass: 2 N per token and a frozen vision tower's."""
+    a = model.architecture
+    return model.tokens_per_example * forward_flops_per_token(a) + extra_forward_flops(a)
 
 
 def train_memory(model: ModelPlan, batch: int, trainable: int, full: bool) -> float:
@@ -341,6 +368,10 @@ class _Planner:
     def mean(self, value: Callable[[ModelPlan], float]) -> float:
         return sum(m.share * value(m) for m in self.models)
 
+    def pivot(self) -> ModelPlan:
+        """The model with the fewest parameters (FedMosaic's W_s; the first on a tie)."""
+        return min(self.models, key=lambda m: parameters(m.architecture)["total"])
+
     def flops(self, examples: float | None, method: MethodConfig, full: bool) -> float | None:
         if examples is None:
             return None
@@ -373,7 +404,7 @@ class _Planner:
     def _examples_per_client_round(self, method: MethodConfig, per_client: float | None, batch: int) -> float | None:
         steps = _field(method, "local_steps")
         if steps is not None:
-            return float(steps * batch)
+            return float(matched_steps(method, steps) * batch)
         epochs = _field(method, "local_epochs")
         if epochs is None and _field(method, "r_init"):  # FedP2EFT: a client's round trains its BayesTune scales
             stage1_steps = _field(method, "stage1_steps")
@@ -424,6 +455,12 @@ class _Planner:
             statistics_batches = k * rounds * repeats * self.statistics_batches(method, per_client)
         public = self.public_work(method, k * rounds * repeats, rounds * repeats)
         steps = None if examples is None else examples / batch + public.server_steps
+        teacher = (examples or 0.0) if name in TEACHER_EVERY_STEP else 0.0
+        gradients = 0.0
+        if name in RELEVANCE_GRADIENTS and per_round is not None:  # at steps 0, m, 2m, ... of every training call
+            gradients = math.ceil(per_round / batch / int(_field(method, "grad_every", 1)) - 1e-9) * k * rounds
+        pivot = self.pivot()
+        extra = teacher * self.mean(forward_pass_flops) + gradients * batch * forward_pass_flops(pivot)
         if examples is not None:
             examples += public.server_examples
         # A checkpoint of the server state, and (upper bound) one adapter of its own per client on disk.
@@ -436,7 +473,7 @@ class _Planner:
             examples=examples,
             tokens=self.tokens(examples),
             steps=steps,
-            flops=None if examples is None else (self.flops(examples, method, full) or 0.0) + public.flops,
+            flops=None if examples is None else (self.flops(examples, method, full) or 0.0) + public.flops + extra,
             rounds=rounds * repeats,
             clients_per_round=k,
             bytes_up_per_round=k * up,
@@ -450,6 +487,9 @@ class _Planner:
             public_examples=public.examples,
             public_batches=public.batches,
             decode_batch=public.decode_batch,
+            teacher_examples=teacher,
+            pivot_examples=gradients * batch,
+            pivot_batches=gradients,
             client_units=k * rounds * repeats,
             full=full,
             notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],

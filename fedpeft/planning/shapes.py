@@ -95,6 +95,9 @@ class PhaseData(TypedDict):
     public_examples: float
     public_batches: float
     decode_batch: float
+    teacher_examples: float
+    pivot_examples: float
+    pivot_batches: float
     client_units: int
     full: bool
     notes: list[str]
