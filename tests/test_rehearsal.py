@@ -387,7 +387,11 @@ def test_the_plan_of_a_rehearsal_sets_its_phases_beside_the_measured_ones(tmp_pa
     from fedpeft.core.errors import UserError
 
     measured = [{"method": "base", "seed": 0, "phase": "base", "wall_s": 2.0},
-                {"method": "lora", "seed": 0, "phase": "personalization", "wall_s": 4.0}]  # fmt: skip
+                {"method": "lora", "seed": 0, "phase": "personalization", "wall_s": 4.0},
+                {"method": "fedit", "seed": 0, "phase": "federated", "wall_s": 5.0},
+                {"method": "fedit", "seed": 0, "phase": "round_evaluation", "wall_s": 1.5},
+                {"method": "fedit", "seed": 0, "phase": "personalization", "wall_s": 0.5},
+                {"method": "fedit", "seed": 1, "phase": "round_evaluation", "wall_s": 9.0}]  # fmt: skip
     rehearsal = {"config": "smoke", "rehearse": {"steps": 1}, "steps": [_step(8, {1: 0.3, 2: 0.5})],
                  "phases": measured}  # fmt: skip
     data = _plan(tmp_path, rehearsal, "--set", "rehearse.layers=2")  # the smoke's own rehearsal config
@@ -397,6 +401,9 @@ def test_the_plan_of_a_rehearsal_sets_its_phases_beside_the_measured_ones(tmp_pa
     assert lora["measured_s"] == 4.0
     assert lora["planned_s"] == pytest.approx(seconds[("lora", "personalization")] + seconds[("lora", "evaluation")])
     assert rows[("base", "base")]["planned_s"] == pytest.approx(seconds[("base: centralized", "base stage")])
+    # the evaluations between rounds are the plan's evaluation too, outside the federated phase's time (seed 0's)
+    assert (rows[("fedit", "federated")]["measured_s"], rows[("fedit", "personalization")]["measured_s"]) == (5.0, 2.0)
+    assert rows[("fedit", "personalization")]["planned_s"] == pytest.approx(seconds[("fedit", "evaluation")])
     assert not _plan(tmp_path, rehearsal)["rehearsed"]["against"]  # the uncut preset is another run
 
     text = CliRunner().invoke(app, ["plan", "smoke", "--no-measure-cpu", "--rehearsal", str(tmp_path), "--set",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedpeft.core.costs import ROUND_EVALUATION
 from fedpeft.planning.architecture import Architecture
 from fedpeft.planning.cpu_time import (
     STEP_FIXED_EXAMPLES,
@@ -174,10 +175,18 @@ def _measured_key(method: str, phase: str) -> tuple[str, str] | None:
 
 def against_measured(data: PlanData, seconds: list[float | None], rehearsal: RehearsalSummary) -> list[AgainstRow]:
     """The plan's seconds of each phase the rehearsal timed (its first seed), beside the measured wall seconds; a
-    method's personalization and evaluation together, as the run times them. Only where the plan is of the
+    method's personalization and evaluation together, as the run times them, with its evaluations between rounds
+    (``round_evaluation``, outside the federated phase's time in a run's costs). Only where the plan is of the
     rehearsal's own config (the same name and cut) do the two mean the same run."""
-    measured = {(p["method"], p["phase"]): p.get("wall_s") for p in rehearsal.get("phases", []) if p.get("seed", 0)
-                == min((q.get("seed", 0) for q in rehearsal.get("phases", [])), default=0)}  # fmt: skip
+    first = min((q.get("seed", 0) for q in rehearsal.get("phases", [])), default=0)
+    measured: dict[tuple[str, str], float | None] = {}
+    for p in rehearsal.get("phases", []):
+        if p.get("seed", 0) == first and p["phase"] != ROUND_EVALUATION:
+            measured[(p["method"], p["phase"])] = p.get("wall_s")
+    for p in rehearsal.get("phases", []):  # the evaluations between rounds: the plan's evaluation counts them
+        own = (p["method"], "personalization")
+        if p.get("seed", 0) == first and p["phase"] == ROUND_EVALUATION and measured.get(own) is not None:
+            measured[own] = (measured[own] or 0.0) + (p.get("wall_s") or 0.0)
     rows: dict[tuple[str, str], AgainstRow] = {}
     for phase, value in zip(data["phases"], seconds, strict=True):
         key = _measured_key(phase["method"], phase["phase"])
