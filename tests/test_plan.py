@@ -349,6 +349,49 @@ def test_a_llava_steps_logits_are_its_texts_so_an_evaluation_keeps_most_of_its_f
     assert FORWARD_SHARE < forward_share(llava, 579) < 1
 
 
+def test_a_measured_logit_share_keeps_a_text_models_output_layer_out_of_its_step_and_in_each_decoded_token():
+    """Where a rehearsal measured the share of its step's positions with logits (a causal LM's loss reads its
+    answers only, and computes their logits only once the whole logits would be large), the output layer's part
+    of the step is at that share, an evaluation's prompt pass keeps the rest of the step's forward pass, and a
+    decoded token costs one position through the blocks and the output layer over the whole vocabulary, at the
+    forward pass's FLOPs rate."""
+    from fedpeft.planning.architecture import active_parameters
+    from fedpeft.planning.cpu_time import (
+        FORWARD_SHARE,
+        STEP_FIXED_EXAMPLES,
+        Machine,
+        ModelRate,
+        head_share,
+        logit_positions,
+        phase_seconds,
+        token_seconds,
+        tokens_of,
+    )
+
+    cfg = load_config("guidance-sni")
+    text = planning.models_of(cfg)[0].architecture
+    head, n = text.vocab * text.hidden, active_parameters(text)
+    blocks, logits = 2 * (n - head) * 512, 2 * head * 51.2
+    assert logit_positions(text, 512, 0.1) == pytest.approx(51.2)
+    assert head_share(text, 512, 0.1) == pytest.approx(logits / (blocks + logits))
+    assert head_share(text, 512, 0.1) < head_share(text, 512) / 5  # every position's: the upper bound
+    seconds_per_flop = 2.0 * FORWARD_SHARE / (blocks + logits)
+    assert token_seconds(text, 512, 2.0, 0.1) == pytest.approx(seconds_per_flop * (2 * (n - head) + 2 * head))
+
+    data = plan_json(make_plan(cfg), gpu("H100"), 1, None)
+    phase = next(p for p in data["phases"] if p["phase"] == "evaluation")
+    phase = {**phase, "examples": 40.0, "eval_batches": 10.0, "decode_steps": 40.0}
+    models = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
+    machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
+    parts = phase_seconds(phase, models, [ModelRate("1B", 2.0, "rehearsal", 16, 0.1)], machine, True)
+    passes = (40 + STEP_FIXED_EXAMPLES * 10) * 2.0 * FORWARD_SHARE
+    tokens = tokens_of(data["models"][0])
+    share = head_share(text, tokens, 0.1)
+    assert parts["forward"] == pytest.approx(passes * (1 - share * (1 - 1 / logit_positions(text, tokens, 0.1))))
+    token = token_seconds(text, tokens, 2.0, 0.1)
+    assert parts["generation"] == pytest.approx(40 * (models[0]["weights_bytes"] / 10e9 + 4 * token))
+
+
 def test_an_evaluation_of_two_models_costs_the_mean_of_theirs():
     """Each model of a federation times its share of a phase at its own rate, whatever the model before it."""
     from fedpeft.planning.cpu_time import Machine, ModelRate, phase_seconds, tokens_of

@@ -439,6 +439,26 @@ def test_a_step_measures_its_own_peak_after_loading():
     assert steps._high_water_mb() > low + 90
 
 
+def test_a_step_measures_the_share_of_its_positions_with_logits():
+    """A causal LM's step computes logits from its answers on once a batch's whole logits would pass
+    LOGITS_CUT_BYTES (Llama 3's vocabulary from about 260 positions): the measurement says which share of its
+    batches' positions had them, for the plan's output layer (fedpeft/planning/cpu_time.py)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fedpeft.rehearsal.steps import logit_share
+
+    config = LlamaConfig(vocab_size=128_256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    prompt_then_answer = torch.full((4, 300), -100)
+    prompt_then_answer[:, 250:] = 7  # 4 x 300 positions: 154 MB of float32 logits, cut from position 249 on
+    short = torch.full((1, 200), -100)
+    short[:, 150:] = 7  # 103 MB: every position's logits
+    assert logit_share(model, [prompt_then_answer]) == pytest.approx(51 / 300)
+    assert logit_share(model, [short]) == 1.0
+    assert logit_share(model, [prompt_then_answer, short]) == pytest.approx((4 * 51 + 200) / (4 * 300 + 200))
+
+
 def test_a_full_depth_check_that_failed_is_said_and_the_rest_kept():
     from fedpeft.rehearsal.driver import step_line
 

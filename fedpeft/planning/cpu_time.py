@@ -109,6 +109,7 @@ class ModelRate:
     seconds_per_example: float
     source: str  # "rehearsal" or "FLOPs"
     layers: int
+    logit_share: float | None = None  # the share of its step's positions with logits, where a rehearsal measured it
 
 
 @dataclass(frozen=True)
@@ -148,38 +149,58 @@ def flops_rate(architecture: Architecture, dtype: str, cpu_flops: float | None) 
     return cpu_flops * TRAINING_EFFICIENCY.get(dtype, 1.0)
 
 
-def logit_positions(architecture: Architecture, tokens: int) -> int:
-    """The positions of an example of ``tokens`` whose logits a training step computes: every one of a text model's
-    (an upper bound: a step computes them from the first its loss reads, fedpeft.training.labelled_tail), the text's
-    of a LLaVA model's (never its image tokens; at least 2, as :func:`~.architecture.activation_bytes` counts)."""
-    return max(tokens - architecture.extra_tokens, 2) if architecture.extra_tokens else max(tokens, 1)
+def logit_positions(architecture: Architecture, tokens: int, share: float | None = None) -> float:
+    """The positions of an example of ``tokens`` whose logits a training step computes: the text's of a LLaVA model
+    (never its image tokens; at least 2, as :func:`~.architecture.activation_bytes` counts); a text model's from
+    the first its loss reads on (fedpeft.training.labelled_tail), ``share`` of them where a rehearsal measured that
+    share on its step's batches (:class:`ModelRate`), else every one (an upper bound)."""
+    if architecture.extra_tokens:
+        return max(tokens - architecture.extra_tokens, 2)
+    if share is not None:
+        return max(tokens * share, 1.0)
+    return max(tokens, 1)
 
 
-def forward_flops(architecture: Architecture, tokens: int) -> tuple[float, float, float]:
+def forward_flops(architecture: Architecture, tokens: int, share: float | None = None) -> tuple[float, float, float]:
     """FLOPs of a training step's forward pass on an example of ``tokens``: the language model's blocks, its output
     layer at :func:`logit_positions`, a frozen vision tower's (LLaVA's; 0 for other models)."""
-    head = architecture.vocab * architecture.hidden if architecture.kind != "encoder" else 0
+    head = output_parameters(architecture)
     blocks = 2.0 * (active_parameters(architecture) - head) * max(tokens, 1)
-    return blocks, 2.0 * head * logit_positions(architecture, tokens), extra_forward_flops(architecture)
+    return blocks, 2.0 * head * logit_positions(architecture, tokens, share), extra_forward_flops(architecture)
 
 
-def head_share(architecture: Architecture, tokens: int = 1) -> float:
+def output_parameters(architecture: Architecture) -> int:
+    """The output layer's weights of a causal LM (vocabulary x hidden; none for an encoder's)."""
+    return architecture.vocab * architecture.hidden if architecture.kind != "encoder" else 0
+
+
+def head_share(architecture: Architecture, tokens: int = 1, share: float | None = None) -> float:
     """The share of a causal LM's training forward FLOPs on an example of ``tokens`` in its output layer, at the
-    positions :func:`logit_positions` gives (0 for an encoder): for a text model the output layer's share of the
-    active parameters; for a LLaVA model far less, its image tokens and vision tower computing no logits."""
-    blocks, logits, vision = forward_flops(architecture, tokens)
+    positions :func:`logit_positions` gives (0 for an encoder): for a text model without a measured ``share`` the
+    output layer's share of the active parameters; far less for a LLaVA model, whose image tokens and vision tower
+    compute no logits, and for a text model whose loss reads its answers' positions only."""
+    blocks, logits, vision = forward_flops(architecture, tokens, share)
     return logits / max(blocks + logits + vision, 1.0)
 
 
-def forward_share(architecture: Architecture, tokens: int) -> float:
+def forward_share(architecture: Architecture, tokens: int, share: float | None = None) -> float:
     """A forward pass's share of a training example's time on an example of ``tokens``: :data:`FORWARD_SHARE` of
     the part a training step also runs backward through, and all of a frozen vision tower's (LLaVA's runs forward
     only in both), the two parts' times in the ratio of their FLOPs."""
-    blocks, logits, vision = forward_flops(architecture, tokens)
+    blocks, logits, vision = forward_flops(architecture, tokens, share)
     if not vision:
         return FORWARD_SHARE
     part = vision / (vision + (blocks + logits) / FORWARD_SHARE)
     return part + (1.0 - part) * FORWARD_SHARE
+
+
+def token_seconds(architecture: Architecture, tokens: int, per_example: float, share: float | None = None) -> float:
+    """One sequence's token of a decoding step: one position through the language model's blocks and the output
+    layer over the whole vocabulary, at the FLOPs rate of the training example's forward pass (``per_example``
+    seconds a training example, its forward pass :func:`forward_share` of them)."""
+    blocks, logits, vision = forward_flops(architecture, tokens, share)
+    seconds_per_flop = per_example * forward_share(architecture, tokens, share) / max(blocks + logits + vision, 1.0)
+    return seconds_per_flop * (blocks / max(tokens, 1) + 2.0 * output_parameters(architecture))
 
 
 def machine_of(cfg: ExperimentConfig, clients: int, bandwidth: float | None = None) -> Machine:
@@ -220,19 +241,21 @@ def phase_seconds(
         fixed = step_fixed_s(a)
         params = parameters(a)["total"]
         tokens = max(model["tokens_per_example"], 1)
+        share = rate.logit_share
         if phase["phase"] == "evaluation":
             examples, batches = phase["examples"] * weight, phase["eval_batches"] * weight
-            passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * forward_share(a, tokens)
+            passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * forward_share(a, tokens, share)
             parts["fixed"] += batches * EVAL_BATCH_FIXED_S
             if not generation:
                 parts["forward"] += passes
                 continue
             # The prompt's forward pass, its output layer at the last position only, and one read of the
             # weights per decoding step (each also one token's compute for the batch).
-            head = head_share(a, tokens)
-            parts["forward"] += passes * (1.0 - head * (1.0 - 1.0 / logit_positions(a, tokens)))
+            head = head_share(a, tokens, share)
+            parts["forward"] += passes * (1.0 - head * (1.0 - 1.0 / logit_positions(a, tokens, share)))
             decode = phase["decode_steps"] * weight
-            parts["generation"] += decoding_seconds(decode, examples / max(batches, 1.0), model, per_example, machine)
+            token = token_seconds(a, tokens, per_example, share)
+            parts["generation"] += decoding_seconds(decode, examples / max(batches, 1.0), model, token, machine)
             continue
         examples, steps = phase["examples"] * weight, (phase["steps"] or 0.0) * weight
         full_factor = 1.0
@@ -248,21 +271,22 @@ def phase_seconds(
         parts["forward"] += (
             (statistics + STEP_FIXED_EXAMPLES * batches)
             * per_example
-            * forward_share(a, tokens)
-            * (1.0 - head_share(a, tokens))
+            * forward_share(a, tokens, share)
+            * (1.0 - head_share(a, tokens, share))
         )
         # Distillation's public examples: a prediction and a loss each (output layer included), and, generating,
         # each decoding step one read of the weights and one token of compute per sequence.
         public = phase.get("public_examples", 0.0) * weight
         public_batches = phase.get("public_batches", 0.0) * weight
         parts["forward"] += (
-            (2.0 * public + STEP_FIXED_EXAMPLES * public_batches) * per_example * forward_share(a, tokens)
+            (2.0 * public + STEP_FIXED_EXAMPLES * public_batches) * per_example * forward_share(a, tokens, share)
         )
         decode = phase.get("decode_steps", 0.0) * weight
         if decode:
-            parts["generation"] += decoding_seconds(decode, phase.get("decode_batch", 1.0), model, per_example, machine)
+            token = token_seconds(a, tokens, per_example, share)
+            parts["generation"] += decoding_seconds(decode, phase.get("decode_batch", 1.0), model, token, machine)
         # A frozen teacher's logits on every training example (FedDAT): a forward pass each, output layer included.
-        parts["forward"] += phase.get("teacher_examples", 0.0) * weight * per_example * forward_share(a, tokens)
+        parts["forward"] += phase.get("teacher_examples", 0.0) * weight * per_example * forward_share(a, tokens, share)
     parts["forward"] += relevance_seconds(phase, models, rates, compute_share)
     parts["fixed"] += phase.get("client_units", 0) * CLIENT_FIXED_S
     return parts
@@ -280,16 +304,15 @@ def relevance_seconds(
     sizes = [parameters(Architecture(**m["architecture"]))["total"] for m in models]
     smallest = sizes.index(min(sizes))
     a, tokens = Architecture(**models[smallest]["architecture"]), max(models[smallest]["tokens_per_example"], 1)
-    per_example = rates[smallest].seconds_per_example / compute_share
+    per_example, share = rates[smallest].seconds_per_example / compute_share, rates[smallest].logit_share
     examples = phase.get("pivot_examples", 0.0) + STEP_FIXED_EXAMPLES * gradients
-    return examples * per_example * forward_share(a, tokens) * (1.0 + head_share(a, tokens))
+    return examples * per_example * forward_share(a, tokens, share) * (1.0 + head_share(a, tokens, share))
 
 
-def decoding_seconds(decode: float, batch: float, model: TimedModel, per_example: float, machine: Machine) -> float:
+def decoding_seconds(decode: float, batch: float, model: TimedModel, token: float, machine: Machine) -> float:
     """``decode`` decoding steps of ``batch`` sequences each: one read of the weights at the memory bandwidth and one
-    token's compute per sequence (a token's share of a forward example)."""
-    tokens = max(model["tokens_per_example"], 1)
-    return decode * (model["weights_bytes"] / machine.bandwidth + batch * per_example * FORWARD_SHARE / tokens)
+    token's compute per sequence (``token`` seconds: :func:`token_seconds`)."""
+    return decode * (model["weights_bytes"] / machine.bandwidth + batch * token)
 
 
 def client_operations(phases: Sequence[PhaseData]) -> list[float]:

@@ -110,6 +110,15 @@ def seconds_per_example(model: ModelRow, step: StepMeasurement, rehearsal: Rehea
     return lora_train_flops_per_example(a, tokens) / rate, f"scaled by FLOPs from {depths} layer(s)"
 
 
+def measured_logit_share(model: ModelRow, step: StepMeasurement, rehearsal: RehearsalSummary) -> float | None:
+    """The share of its positions with logits that the step :func:`seconds_per_example` times for ``model``
+    computed (the mean over its depths; ``None`` where an older rehearsal did not measure it)."""
+    standins = (rehearsal.get("rehearse") or {}).get("models") or {}
+    depths = step["cut"]["depths"] if model["name"] in standins and step.get("cut") else step.get("depths", [])
+    shares = [float(d["logit_share"]) for d in depths if "logit_share" in d]
+    return sum(shares) / len(shares) if shares else None
+
+
 def rehearsed_cpu(data: PlanData, rehearsal: MeasuredRehearsal) -> RehearsedCpu:
     """This CPU's time per phase and in all, and the memory per worker process, for the planned run ``data``
     (:func:`~fedpeft.planning.render.plan_json`) from ``rehearsal``'s measured steps; with the rehearsal's own
@@ -119,10 +128,12 @@ def rehearsed_cpu(data: PlanData, rehearsal: MeasuredRehearsal) -> RehearsedCpu:
     steps: list[RehearsedStep] = []
     for model in data["models"]:
         step = step_of(model, rehearsal)
+        share = None
         if step is None:  # a model the rehearsal did not measure: the mean of the measured ones
             per = [seconds_per_example(model, s, rehearsal)[0] for s in rehearsal["steps"]]
             seconds, how = sum(per) / len(per), "the mean of the measured models"
         else:
+            share = measured_logit_share(model, step, rehearsal)
             seconds, how = seconds_per_example(model, step, rehearsal)
             true: ModelRow = {**model, "architecture": {**model["architecture"], "layers": int(step["true_layers"])}}
             a = Architecture(**true["architecture"])
@@ -132,7 +143,7 @@ def rehearsed_cpu(data: PlanData, rehearsal: MeasuredRehearsal) -> RehearsedCpu:
                           * (batch + STEP_FIXED_EXAMPLES),
                           "peak_rss_bytes": step["full_peak_mb"] * 2**20})  # fmt: skip
         layers = int(model["architecture"]["layers"])
-        rates.append(ModelRate(model["label"] or model["name"], seconds, "rehearsal", layers))
+        rates.append(ModelRate(model["label"] or model["name"], seconds, "rehearsal", layers, share))
         models.append({"model": model["name"], "layers": layers, "seconds_per_example": seconds, "how": how,
                        "measured": step["model"] if step else None})  # fmt: skip
     cpu = timed(data, rates)

@@ -267,14 +267,19 @@ class PlanData(_PlanData, total=False):
 # A rehearsal's measurements (fedpeft/rehearsal/steps.py and driver.py)
 
 
-class DepthStep(TypedDict):
-    """One depth's timed training step of a stand-in model: its seconds, the peak resident memory of its process
-    and its weights' (MB)."""
-
+class _DepthStep(TypedDict):
     layers: int
     step_s: float
     peak_rss_mb: float
     weights_mb: float
+
+
+class DepthStep(_DepthStep, total=False):
+    """One depth's timed training step of a stand-in model: its seconds, the peak resident memory of its process
+    and its weights' (MB), and the share of its batches' positions whose logits the step computed (a causal LM's
+    from the first its loss reads on; 1 where it keeps every position's)."""
+
+    logit_share: float
 
 
 class CutStep(TypedDict):

@@ -173,7 +173,7 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
     # the layers' memory from the per-layer difference.
     step_peak = _reset_peak()
     warm_up, timed = drawn_batches(data, batch_size)
-    runtime.activate(LoraSpec(rank=8, alpha=16.0, targets=tuple(runtime.loaded.lora_targets)))
+    active = runtime.activate(LoraSpec(rank=8, alpha=16.0, targets=tuple(runtime.loaded.lora_targets)))
     runtime.train(warm_up, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=1))
     start = time.perf_counter()
     runtime.train(timed, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS))
@@ -182,7 +182,25 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
         "step_s": seconds,
         "peak_rss_mb": (_high_water_mb() if step_peak else _peak_mb()) - before,
         "weights_mb": loaded - before,
+        "logit_share": logit_share(
+            active, [runtime.encode(timed[i : i + batch_size])["labels"] for i in range(0, len(timed), batch_size)]
+        ),
     }
+
+
+def logit_share(model: Any, labels: list[Any]) -> float:
+    """The share of the positions of batches with ``labels`` whose logits ``model``'s training step computes
+    (fedpeft.training.logits_cut), over all of them; 1 where it computes every position's."""
+    from fedpeft.training import logits_cut
+
+    kept = total = 0
+    for rows in labels:
+        if rows.dim() < 2:  # one label an example: no logits over a vocabulary
+            continue
+        keep, _ = logits_cut(model, rows)
+        total += rows.numel()
+        kept += rows.numel() if keep is None else rows.shape[0] * keep if isinstance(keep, int) else keep.numel()
+    return kept / total if total else 1.0
 
 
 def drawn_batches(data: FederatedData, batch_size: int, seed: int = 0) -> tuple[list[Example], list[Example]]:
