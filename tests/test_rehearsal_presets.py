@@ -1,6 +1,7 @@
-"""One paper preset of each family rehearsed end to end at a cut size (`fedpeft run PRESET --rehearse`): stand-in
-data through the real loader, a random-weight stand-in of the paper model at true width (one layer), every phase,
-the report, `--resume`. What a rehearsal at the presets' own size measured is in docs/results/paper-scale.md."""
+"""One paper preset of each family rehearsed end to end at a cut size (`fedpeft run PRESET --rehearse`; four of the
+five families in the suite, ``HERE``): stand-in data through the real loader, a random-weight stand-in of the paper
+model at true width (one layer), every phase, the report, `--resume`. What a rehearsal at the presets' own size
+measured is in docs/results/paper-scale.md."""
 
 from __future__ import annotations
 
@@ -77,11 +78,12 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("fedpeft-cache")
 
 
-# The families the suite rehearses: FedP2EFT's (an encoder, hundreds of clients' worth of phases) and Guidance's
-# (a Llama 3 with generation). Potara's, FLAME's and FedMosaic's (a 3B Llama, a 64-expert OLMoE, two LLaVA) take
-# several minutes each on two cores, too long for the suite: rehearse them with `fedpeft run PRESET --rehearse` and
-# the cuts FAMILIES gives.
-HERE = ("fedp2eft", "guidance")
+# The families the suite rehearses: FedP2EFT's (an encoder, hundreds of clients' worth of phases), Guidance's (a
+# Llama 3 with generation), Potara's (Llama-3.2-3B's width) and FLAME's (OLMoE's 64 experts), 40 to 80 s each on an
+# idle 2-core machine. FedMosaic's (two LLaVA and the alignment of their adapter frames, 80 s of it whatever the
+# public examples) took 226 s there, too long for the suite: rehearse it with `fedpeft run fedmosaic-hflb
+# --rehearse` and the cut FAMILIES gives.
+HERE = ("fedp2eft", "guidance", "potara", "flame")
 
 
 @pytest.mark.slow
