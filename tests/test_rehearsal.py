@@ -445,7 +445,7 @@ def test_a_step_measures_the_share_of_its_positions_with_logits():
     batches' positions had them, for the plan's output layer (fedpeft/planning/cpu_time.py)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from fedpeft.rehearsal.steps import logit_share
+    from fedpeft.rehearsal.steps import logit_share, timed_shape
 
     config = LlamaConfig(vocab_size=128_256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
@@ -457,6 +457,14 @@ def test_a_step_measures_the_share_of_its_positions_with_logits():
     assert logit_share(model, [prompt_then_answer]) == pytest.approx(51 / 300)
     assert logit_share(model, [short]) == 1.0
     assert logit_share(model, [prompt_then_answer, short]) == pytest.approx((4 * 51 + 200) / (4 * 300 + 200))
+    # with the batches' positions a row (each padded to its longest) and, where they hold pictures, pictures a row
+    batches = [{"input_ids": torch.zeros(4, 300, dtype=torch.long), "labels": prompt_then_answer,
+                "pixel_values": torch.zeros(6, 3, 8, 8)},
+               {"input_ids": torch.zeros(1, 200, dtype=torch.long), "labels": short}]  # fmt: skip
+    shape = timed_shape(model, batches)
+    assert shape["positions"] == pytest.approx((4 * 300 + 200) / 5) and shape["images"] == pytest.approx(6 / 5)
+    assert shape["logit_share"] == logit_share(model, [prompt_then_answer, short])
+    assert "images" not in timed_shape(model, batches[1:])
 
 
 def test_a_full_depth_check_that_failed_is_said_and_the_rest_kept():

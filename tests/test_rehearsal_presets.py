@@ -112,6 +112,8 @@ def rehearses_end_to_end(family: str, tmp_path, cache, monkeypatch) -> None:
         (step,) = summary["steps"]
         assert [d["layers"] for d in step["depths"]] == [1, 2] and step["true_layers"] == 12
         assert step["full_step_s"] > 0 and step["per_layer_mb"] is not None
+        # what its batches held: mBERT's examples of at most 256 tokens, one label each (no logits over words)
+        assert all(0 < d["positions"] <= 256 and d["logit_share"] == 1.0 for d in step["depths"])
         # at the preset's length, and at the rehearsal's own batch and length, at the depth it ran, for the plan of
         # the rehearsal config itself
         assert step["length"] == 256 and (step["cut"]["batch_size"], step["cut"]["length"]) == (1, 32)

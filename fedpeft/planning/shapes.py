@@ -276,10 +276,13 @@ class _DepthStep(TypedDict):
 
 class DepthStep(_DepthStep, total=False):
     """One depth's timed training step of a stand-in model: its seconds, the peak resident memory of its process
-    and its weights' (MB), and the share of its batches' positions whose logits the step computed (a causal LM's
-    from the first its loss reads on; 1 where it keeps every position's)."""
+    and its weights' (MB), and what its batches held: the share of their positions whose logits the step computed
+    (a causal LM's from the first its loss reads on; 1 where it keeps every position's), their positions a row
+    (each batch padded to its longest) and a multimodal model's pictures a row."""
 
     logit_share: float
+    positions: float
+    images: float
 
 
 class CutStep(TypedDict):

@@ -14,6 +14,7 @@ the true depth's step is extrapolated from them, and measured too when it fits (
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -182,10 +183,22 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
         "step_s": seconds,
         "peak_rss_mb": (_high_water_mb() if step_peak else _peak_mb()) - before,
         "weights_mb": loaded - before,
-        "logit_share": logit_share(
-            active, [runtime.encode(timed[i : i + batch_size])["labels"] for i in range(0, len(timed), batch_size)]
-        ),
+        **timed_shape(active, list(itertools.islice(runtime.batches(timed, batch_size, 0), MEASURED_STEPS))),
     }
+
+
+def timed_shape(model: Any, batches: list[dict[str, Any]]) -> dict[str, float]:
+    """What the timed steps' batches (as the step drew them) held: the share of their positions whose logits
+    ``model``'s step computed (:func:`logit_share`), their positions a row (padded to each batch's longest) and,
+    for a model with pictures, the pictures a row."""
+    rows = sum(int(b["input_ids"].shape[0]) for b in batches)
+    shape = {
+        "logit_share": logit_share(model, [b["labels"] for b in batches]),
+        "positions": sum(int(b["input_ids"].numel()) for b in batches) / max(rows, 1),
+    }
+    if any("pixel_values" in b for b in batches):
+        shape["images"] = sum(int(b["pixel_values"].shape[0]) for b in batches if "pixel_values" in b) / max(rows, 1)
+    return shape
 
 
 def logit_share(model: Any, labels: list[Any]) -> float:
