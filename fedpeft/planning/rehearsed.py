@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from fedpeft.core.costs import ROUND_EVALUATION
 from fedpeft.planning.architecture import Architecture
@@ -84,13 +85,20 @@ def step_of(model: ModelRow, rehearsal: MeasuredRehearsal) -> StepMeasurement | 
     return steps[0] if len(steps) == 1 else None
 
 
+def timed_step(model: ModelRow, step: StepMeasurement, rehearsal: RehearsalSummary) -> StepMeasurement:
+    """The measurement that times ``model``: for the rehearsal config itself (its model a stand-in) the step at
+    its cut batch and length where one was taken, else ``step`` as measured."""
+    standins = (rehearsal.get("rehearse") or {}).get("models") or {}
+    if model["name"] in standins and step.get("cut"):
+        return cast(StepMeasurement, {**step, **step["cut"]})
+    return step
+
+
 def seconds_per_example(model: ModelRow, step: StepMeasurement, rehearsal: RehearsalSummary) -> tuple[float, str]:
     """Seconds of one training example of ``model`` at the depth the config runs (its architecture's layers), less
     the step's fixed part, and how it was found."""
     a = Architecture(**model["architecture"])
-    standins = (rehearsal.get("rehearse") or {}).get("models") or {}
-    if model["name"] in standins and step.get("cut"):  # the rehearsal config itself: its steps at its cut batch
-        step = {**step, **step["cut"]}
+    step = timed_step(model, step, rehearsal)
     depth, batch = a.layers, int(step["batch_size"])
     scale = MEASURED_STEPS / timed_steps(step, rehearsal)
     measured = {int(d["layers"]): float(d["step_s"]) * scale for d in step.get("depths", [])}
@@ -113,8 +121,7 @@ def seconds_per_example(model: ModelRow, step: StepMeasurement, rehearsal: Rehea
 def measured_logit_share(model: ModelRow, step: StepMeasurement, rehearsal: RehearsalSummary) -> float | None:
     """The share of its positions with logits that the step :func:`seconds_per_example` times for ``model``
     computed (the mean over its depths; ``None`` where an older rehearsal did not measure it)."""
-    standins = (rehearsal.get("rehearse") or {}).get("models") or {}
-    depths = step["cut"]["depths"] if model["name"] in standins and step.get("cut") else step.get("depths", [])
+    depths = timed_step(model, step, rehearsal).get("depths", [])
     shares = [float(d["logit_share"]) for d in depths if "logit_share" in d]
     return sum(shares) / len(shares) if shares else None
 
