@@ -293,6 +293,76 @@ def test_compute_matched_methods_plan_their_matched_steps_feddat_its_teacher_and
     assert forward_s("fedmosaic") - forward_s("fedmosaic", pivot_batches=0.0) == pytest.approx(gradients)
 
 
+def test_fedl2p_plans_its_meta_steps_fine_tunings_and_hypergradients(tmp_path):
+    """A FedL2P client round is ``outer_steps`` meta-steps, each a fresh LoRA fine-tuned for the local schedule on
+    the training split less the validation, then a hypergradient on a batch of ``outer_batch_size`` (at most the
+    validation split): its passes and Neumann steps counted in training steps of that batch."""
+    from fedpeft.planning.cpu_time import STEP_FIXED_EXAMPLES, Machine, ModelRate, phase_seconds, step_fixed_s
+    from fedpeft.planning.cpu_time import tokens_of as tokens_in
+
+    path = tmp_path / "l2p.yaml"
+    path.write_text(
+        SMALL.replace("budgets: []", "budgets: [2, 4]")
+        + "  - {name: fedl2p, rounds: 2, fraction: 1.0, local_steps: 3, batch_size: 4, outer_steps: 3, "
+        "outer_batch_size: 4, neumann_steps: 3, val_fraction: 0.2, default_rank: 2}\n"
+    )
+    plan = make_plan(load_config(str(path)))
+    fedit, l2p = (p for p in plan.phases if p.phase == "federated")
+    # 2 clients a round, 2 rounds, one federation per budget (2), 3 meta-steps a client round, each fine-tuning
+    # 3 steps of 4; the hypergradient's batch: the 2 validation examples of a client's 10 (8 train on).
+    assert (l2p.client_trainings, l2p.rounds) == (2 * 2 * 2, 4)
+    assert (l2p.examples, l2p.steps) == (3 * 4 * 3 * 2 * 2 * 2, 3 * 3 * 2 * 2 * 2)
+    per_meta_step = planning.HYPERGRADIENT_PASSES + 3 * planning.HYPERGRADIENT_PER_NEUMANN
+    assert l2p.hypergradient_batches == pytest.approx(3 * 2 * 2 * 2 * per_meta_step)
+    assert l2p.hypergradient_examples == pytest.approx(2 * l2p.hypergradient_batches)
+    assert l2p.forward_examples == 2 * 2 * 2 * 8  # statistics over the training split at every client round
+    assert fedit.hypergradient_batches == fedit.hypergradient_examples == 0
+    model = plan.models[0]
+    per_token = planning.train_flops_per_token(
+        model, False, sum(planning.adapter_split(model, plan_method(path), [2, 4], None))
+    )
+    assert l2p.flops == pytest.approx(
+        (l2p.examples + l2p.hypergradient_examples) * model.tokens_per_example * per_token
+    )
+    # On this CPU: the hypergradients' steps at the step's fixed part, their examples at the training rate.
+    data = plan_json(plan, gpu("H100"), 1, None)
+    models = [{**m, "tokens_per_example": tokens_in(m)} for m in data["models"]]
+    row = next(p for p in data["phases"] if p["method"] == "fedl2p" and p["phase"] == "federated")
+    machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
+    rates = [ModelRate("tiny", 0.25, "rehearsal", 2)]
+
+    def training_s(**change: float) -> float:
+        return phase_seconds({**row, **change}, models, rates, machine, True)["training"]
+
+    hyper = training_s() - training_s(hypergradient_examples=0.0, hypergradient_batches=0.0)
+    steps = l2p.hypergradient_batches
+    expected = steps * step_fixed_s(model.architecture) + (2 * steps + STEP_FIXED_EXAMPLES * steps) * 0.25
+    assert hyper == pytest.approx(expected)
+
+
+def plan_method(path):
+    return next(m for m in load_config(str(path)).methods if m.name == "fedl2p")
+
+
+def test_a_rehearsal_whose_stand_in_model_is_gone_plans_from_the_model_it_stood_for(tmp_path):
+    """A rehearsal's run folder names its stand-in checkpoint; once that directory is cleared, the plan reads the
+    configuration of the model it stood for (``rehearse.models``), cut to ``rehearse.layers``."""
+    gone = tmp_path / "stand-in"
+    path = tmp_path / "rehearsed.yaml"
+    path.write_text(
+        SMALL.replace("{name: tiny-llama, max_length: 16}", f"{{name: {gone}, max_length: 16}}")
+        + f"rehearse: {{layers: 2, models: {{{gone}: meta-llama/Llama-3.2-1B}}}}\n"
+    )
+    cfg = load_config(str(path))
+    architecture = make_plan(cfg).models[0].architecture
+    true = from_config(model_config("meta-llama/Llama-3.2-1B"), "shipped")
+    assert (architecture.layers, architecture.hidden, architecture.vocab) == (2, true.hidden, true.vocab)
+    assert true.layers == 16
+    unknown = cfg.model_copy(update={"rehearse": cfg.rehearse.model_copy(update={"models": {}})})
+    with pytest.raises(planning.UserError, match="No config.json is known"):
+        make_plan(unknown)
+
+
 @pytest.mark.parametrize(
     ("every", "others_clients", "max_batches", "passes", "others", "batches"),
     [

@@ -11,8 +11,8 @@ import yaml
 
 from fedpeft.core.config import ExperimentConfig, RehearseConfig, dump_config, load_config, same_run
 from fedpeft.methods.base import lora_spec
+from fedpeft.models.paper_configs import cut_depth, true_depth
 from fedpeft.rehearsal.config import ALIGNMENT_ROWS, cut_method, is_round_count, rehearsal_config
-from fedpeft.rehearsal.standin_model import cut_depth, true_depth
 from fedpeft.rehearsal.steps import MEASURED_STEPS, extrapolate
 from fedpeft.training import TrainArgs
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from fedpeft.core.jsontypes import JSONObject
 
@@ -71,3 +72,32 @@ def model_config(name: str, *, local: Path | None = None) -> JSONObject | None:
             return dict(json.loads(path.read_text()))
     shipped = config_file(name)
     return dict(json.loads(shipped.read_text())) if shipped is not None else None
+
+
+def cut_depth(config: dict[str, Any], layers: int | None) -> dict[str, Any]:
+    """``config`` with at most ``layers`` hidden layers in its text model and vision tower (``None``: as it is);
+    per-layer lists (``layer_types``) are cut with them."""
+    config = json.loads(json.dumps(config))
+    if layers is None:
+        return config
+    for part in (config, config.get("text_config"), config.get("vision_config")):
+        if not isinstance(part, dict) or "num_hidden_layers" not in part:
+            continue
+        depth = min(int(part["num_hidden_layers"]), layers)
+        part["num_hidden_layers"] = depth
+        if isinstance(part.get("layer_types"), list):
+            part["layer_types"] = part["layer_types"][:depth]
+        if isinstance(part.get("max_window_layers"), int):
+            part["max_window_layers"] = min(part["max_window_layers"], depth)
+    return config
+
+
+def text_part(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's part of a configuration (``text_config`` of an image-text model, else all of it)."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def true_depth(config: dict[str, Any]) -> int:
+    """The hidden layers of a configuration's text model."""
+    return int(text_part(config).get("num_hidden_layers", 0))

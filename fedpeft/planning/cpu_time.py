@@ -7,6 +7,8 @@ A phase's time is the sum of what it spends, each part counted from the plan's p
   of the model at the depth the config runs; a full fine-tuning step costs its FLOPs' share more (6 N against
   4 N + 6 N_LoRA) and, per client training, :data:`FULL_TRAINING_BYTES` per base parameter of memory traffic
   (AdamW's moments, gradients, the copy the client restores, the update's checks and aggregation);
+- **hypergradients** (FedL2P): each meta-step's passes beyond its fine-tuning, as training steps of their batch
+  (:data:`~.plan.HYPERGRADIENT_PASSES`, :data:`~.plan.HYPERGRADIENT_PER_NEUMANN` per Neumann step);
 - **forward passes**: evaluation's and FedP2EFT's / FedL2P's client statistics, each example at
   :data:`FORWARD_SHARE` of a training example (statistics stop at the last adapted layer: a causal LM's output
   layer is not run), each batch at a fixed part;
@@ -266,6 +268,9 @@ def phase_seconds(
             rounds = max(phase.get("rounds") or 0, 1)
             parts["memory"] += (rounds + 1) * weight * params * FULL_PHASE_BYTES / machine.bandwidth
         parts["training"] += steps * fixed + (examples + STEP_FIXED_EXAMPLES * steps) * per_example * full_factor
+        # FedL2P's hypergradients, in training steps' worth of their batches (plan.HYPERGRADIENT_PASSES).
+        hyper, hyper_steps = phase.get("hypergradient_examples", 0.0), phase.get("hypergradient_batches", 0.0)
+        parts["training"] += weight * (hyper_steps * fixed + (hyper + STEP_FIXED_EXAMPLES * hyper_steps) * per_example)
         statistics = (phase.get("forward_examples") or 0.0) * weight
         batches = phase.get("forward_batches", 0.0) * weight
         parts["forward"] += (

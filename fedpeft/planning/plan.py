@@ -9,8 +9,9 @@ or a ViT's fixed patches. Beside the training, a phase counts what its time on a
 (:mod:`fedpeft.planning.cpu_time`): the forward passes of FedP2EFT's and FedL2P's client statistics, the
 evaluation's batches, the client units (each a model installed, evaluated, its adapter saved) and whether it trains
 the base weights, the public examples distillation answers, the compute-matched local steps of FedMosaic and its
-baselines (``compute_scale``), FedDAT's teacher passes and FedMosaic's relevance gradients. Work a method adds beyond
-these (FedMosaic's alignment, hypernetwork steps) is not counted.
+baselines (``compute_scale``), FedDAT's teacher passes, FedMosaic's relevance gradients and FedL2P's meta-steps (each a
+fine-tuning and a hypergradient). Work a method adds beyond these (FedMosaic's alignment, FedP2EFT's PSG steps) is not
+counted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fedpeft.core.config import ExperimentConfig, ModelConfig
 from fedpeft.core.errors import UserError
 from fedpeft.core.jsontypes import JSONObject
 from fedpeft.core.method_class import MethodConfig
-from fedpeft.models.paper_configs import model_config
+from fedpeft.models.paper_configs import cut_depth, model_config
 from fedpeft.planning.architecture import (
     Architecture,
     UnsupportedArchitectureError,
@@ -59,6 +60,20 @@ TEACHER_EVERY_STEP = frozenset({"feddat"})
 # Methods whose clients take the frozen smallest model's gradient of one weight matrix every ``grad_every`` local
 # steps (a forward pass of that model and its output layer's backward): FedMosaic's RELA (``relevance_gradient``).
 RELEVANCE_GRADIENTS = frozenset({"fedmosaic"})
+# Methods whose client round is ``outer_steps`` meta-steps (FedL2P, fedpeft/methods/fedl2p.py ``meta_step``): each a
+# fresh LoRA fine-tuned for the local schedule on the training split less the validation, then the implicit-function
+# hypergradient on one batch of ``outer_batch_size`` from each split.
+META_LEARNED = frozenset({"fedl2p"})
+HYPERGRADIENT_PASSES = 3.5
+"""A hypergradient's passes beyond its Neumann series, in training steps of its batch: the validation batch's
+forward and backward, the training batch's forward and backward keeping the graph, and the mixed second
+derivative. Measured with :data:`HYPERGRADIENT_PER_NEUMANN` (a meta-step with ``neumann_steps`` 0 and 3 against a
+LoRA step of the same batch, fedpeft's FedL2P on stand-ins cut to one layer, this 2-core CPU): Llama-3.2-1B at batch
+4 x 32 and 8 x 64, mBERT at 8 x 64: the meta-step with no Neumann step took 4.2 to 5.2 steps, one of them its
+fine-tuning."""
+HYPERGRADIENT_PER_NEUMANN = 1.5
+"""A Neumann step of the hypergradient (a Hessian-vector product through the training gradient's graph), in training
+steps of its batch: measured 1.2 to 1.9 (with :data:`HYPERGRADIENT_PASSES`)."""
 # Methods whose clients compute feature statistics (a forward pass over every training example, fedpeft/adapters/
 # statistics.py): FedP2EFT once per client (kept in its client state), FedL2P at every round and personalization.
 STATISTICS_ONCE = frozenset({"fedp2eft"})
@@ -126,6 +141,8 @@ class Phase:
     teacher_examples: float = 0.0  # training examples a frozen teacher also predicts (a forward pass each)
     pivot_examples: float = 0.0  # examples of relevance gradients on the smallest model (forward, head backward)
     pivot_batches: float = 0.0  # those gradients (one batch each)
+    hypergradient_examples: float = 0.0  # FedL2P's hypergradients, in training examples' worth
+    hypergradient_batches: float = 0.0  # and in training steps' worth
     client_units: int = 0  # clients' units of work: a training, a personalization at a budget, an evaluation
     full: bool = False  # trains the base weights (full fine-tuning)
     notes: list[str] = field(default_factory=list)
@@ -186,15 +203,20 @@ class PublicWork:
     flops: float = 0.0
 
 
-def model_architecture(model: ModelConfig) -> Architecture:
+def model_architecture(model: ModelConfig, stands_for: str | None = None, layers: int | None = None) -> Architecture:
     """The architecture of ``model``: its ``config.json`` from a local directory, the shipped configurations or the
-    Hugging Face cache, or a registered model's known shape.
+    Hugging Face cache, or a registered model's known shape. ``stands_for``: the model a rehearsal's stand-in
+    checkpoint ``model.name`` stands for (its ``rehearse.models``), whose configuration cut to ``layers`` is the
+    stand-in's when its directory has since been removed (a rehearsal's run folder stays plannable).
 
     Raises:
         UserError: no configuration is found, or it is not one the formulas model.
     """
     values = model_config(model.name)
     source = "config.json"
+    if values is None and stands_for is not None:
+        original = model_config(stands_for)
+        values = None if original is None else cut_depth(original, layers)
     if values is None:
         values, source = REGISTERED_SHAPES.get(model.name), "registered model"
         if values is not None:
@@ -258,7 +280,9 @@ def models_of(cfg: ExperimentConfig) -> list[ModelPlan]:
     total = sum(counts.values())
     plans = []
     for label, m in entries.items():
-        architecture = model_architecture(m)
+        stand_ins = cfg.rehearse.models if cfg.rehearse else {}
+        layers = cfg.rehearse.layers if cfg.rehearse else None
+        architecture = model_architecture(m, stand_ins.get(m.name), layers)
         # A LLaVA prompt's image tokens are never cut (fedpeft.models.multimodal): a length shorter than one image
         # still holds it, the begin-of-sequence token and one more.
         length = max(m.max_length, architecture.extra_tokens + 2) if architecture.extra_tokens else m.max_length
@@ -425,8 +449,12 @@ class _Planner:
         fraction = float(_field(method, "fraction", 1.0))
         k = min(seen, max(int(_field(method, "min_clients", 1)), math.ceil(fraction * seen - 1e-9)))
         repeats = len(self.budgets) if name in FEDERATED_PER_BUDGET and self.budgets else 1
-        per_round = self.examples_per_client_round(method, self.federation.train_per_client("seen"))
-        trainings = 2 if name in TRAINS_TWICE else 1
+        train_seen = self.federation.train_per_client("seen")
+        meta_steps = int(_field(method, "outer_steps", 1) or 1) if name in META_LEARNED else 0
+        if meta_steps and train_seen is not None:  # a meta-step fine-tunes on the training split less the validation
+            train_seen *= 1.0 - float(_field(method, "val_fraction", 0.0) or 0.0)
+        per_round = self.examples_per_client_round(method, train_seen)
+        trainings = 2 if name in TRAINS_TWICE else max(meta_steps, 1)
         examples = None if per_round is None else per_round * trainings * k * rounds * repeats
         batch = int(_field(method, "batch_size", 16)) * self.accum
         full = name in TRAINS_BASE_WEIGHTS
@@ -440,7 +468,6 @@ class _Planner:
             up = down = (share_a * lora_a + share_b * lora_b) * FLOAT32
         if name in NOT_COMMUNICATING:
             up = down = 0.0
-        train_seen = self.federation.train_per_client("seen")
         statistics: float | None = 0.0
         statistics_batches = 0.0
         if name in STATISTICS_ONCE:  # each sampled client once, its statistics kept for the later rounds
@@ -449,8 +476,7 @@ class _Planner:
             statistics = None if once is None else sampled * once
             statistics_batches = sampled * self.statistics_batches(method, once)
         elif name in STATISTICS_EVERY_TIME:  # every client round, over its training split less the validation
-            share = 1.0 - float(_field(method, "val_fraction", 0.0) or 0.0)
-            per_client = self.statistics_examples(method, None if train_seen is None else train_seen * share)
+            per_client = self.statistics_examples(method, train_seen)
             statistics = None if per_client is None else k * rounds * repeats * per_client
             statistics_batches = k * rounds * repeats * self.statistics_batches(method, per_client)
         public = self.public_work(method, k * rounds * repeats, rounds * repeats)
@@ -461,6 +487,15 @@ class _Planner:
             gradients = math.ceil(per_round / batch / int(_field(method, "grad_every", 1)) - 1e-9) * k * rounds
         pivot = self.pivot()
         extra = teacher * self.mean(forward_pass_flops) + gradients * batch * forward_pass_flops(pivot)
+        hyper_batches = (
+            meta_steps
+            * k
+            * rounds
+            * repeats
+            * (HYPERGRADIENT_PASSES + HYPERGRADIENT_PER_NEUMANN * int(_field(method, "neumann_steps", 0) or 0))
+        )
+        hyper = hyper_batches * self.hypergradient_batch(method, train_seen)
+        extra += self.flops(hyper, method, False) or 0.0
         if examples is not None:
             examples += public.server_examples
         # A checkpoint of the server state, and (upper bound) one adapter of its own per client on disk.
@@ -490,10 +525,22 @@ class _Planner:
             teacher_examples=teacher,
             pivot_examples=gradients * batch,
             pivot_batches=gradients,
+            hypergradient_examples=hyper,
+            hypergradient_batches=hyper_batches,
             client_units=k * rounds * repeats,
             full=full,
             notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],
         )
+
+    def hypergradient_batch(self, method: MethodConfig, train: float | None) -> float:
+        """The examples of one batch of a hypergradient: ``outer_batch_size``, at most the validation split of a
+        client of ``train`` examples (its training split less the validation)."""
+        batch = float(int(_field(method, "outer_batch_size", 16) or 16))
+        if train is None:
+            return batch
+        share = float(_field(method, "val_fraction", 0.0) or 0.0)
+        validation = train * share / (1.0 - share) if share < 1.0 else train
+        return min(batch, float(max(round(validation), 1)))
 
     def public_work(self, method: MethodConfig, client_rounds: int, rounds: int) -> PublicWork:
         """Distillation on public data (PerAda, TAKFL, FedMKT, ``kd_samples`` > 0): every client round answers the

@@ -98,6 +98,8 @@ class PhaseData(TypedDict):
     teacher_examples: float
     pivot_examples: float
     pivot_batches: float
+    hypergradient_examples: float
+    hypergradient_batches: float
     client_units: int
     full: bool
     notes: list[str]

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedpeft.core.errors import UserError
 from fedpeft.data.tokenizer import cache_root, corpus_key, publish_dir
+from fedpeft.models.paper_configs import cut_depth, text_part
 
 if TYPE_CHECKING:
     import torch
@@ -43,35 +44,6 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-
-
-def cut_depth(config: dict[str, Any], layers: int | None) -> dict[str, Any]:
-    """``config`` with at most ``layers`` hidden layers in its text model and vision tower (``None``: as it is);
-    per-layer lists (``layer_types``) are cut with them."""
-    config = json.loads(json.dumps(config))
-    if layers is None:
-        return config
-    for part in (config, config.get("text_config"), config.get("vision_config")):
-        if not isinstance(part, dict) or "num_hidden_layers" not in part:
-            continue
-        depth = min(int(part["num_hidden_layers"]), layers)
-        part["num_hidden_layers"] = depth
-        if isinstance(part.get("layer_types"), list):
-            part["layer_types"] = part["layer_types"][:depth]
-        if isinstance(part.get("max_window_layers"), int):
-            part["max_window_layers"] = min(part["max_window_layers"], depth)
-    return config
-
-
-def text_part(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's part of a configuration (``text_config`` of an image-text model, else all of it)."""
-    text = config.get("text_config")
-    return text if isinstance(text, dict) else config
-
-
-def true_depth(config: dict[str, Any]) -> int:
-    """The hidden layers of a configuration's text model."""
-    return int(text_part(config).get("num_hidden_layers", 0))
 
 
 def standin_checkpoint(

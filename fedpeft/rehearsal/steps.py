@@ -28,9 +28,8 @@ from typing import Any, cast
 
 from fedpeft.core.config import ExperimentConfig, dump_given
 from fedpeft.data.types import Example, FederatedData
-from fedpeft.models.paper_configs import model_config
+from fedpeft.models.paper_configs import cut_depth, model_config, true_depth
 from fedpeft.planning.shapes import DepthStep, StepMeasurement
-from fedpeft.rehearsal.standin_model import cut_depth, true_depth
 
 MEASURED_STEPS = 2  # timed steps after one warm-up step
 
