@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -208,6 +209,92 @@ def test_a_llava_sequence_is_never_shorter_than_its_image_tokens():
         logits = activation_bytes(a, 4, 579, 2, False)["logits"]
         assert logits == 4 * 2 * a.vocab * (2 + 4 + 4)  # bfloat16 logits, their float32 copy and log-probabilities
     assert [m.max_length for m in planning.models_of(cfg)] == [2048, 2048]  # a longer limit stands
+
+
+def test_image_counts_give_an_image_text_example_its_padded_positions_and_its_tower_its_pictures():
+    """A batch pads to its longest row, and a row holds at least its images' positions: drawn from a client whose
+    examples hold 1 picture (3 in 4) or 3 (1 in 4), a batch of 4 holds a 3-picture one with probability
+    1 - 0.75^4, and then every row is 3 x 577 + 2 positions long; the vision tower encodes only the pictures there
+    are (1.5 an example there, 1 at a one-picture client)."""
+    one, mixed = [0.0, 8.0], [0.0, 6.0, 0.0, 2.0]
+    p3 = 1 - 0.75**4
+    positions, most = planning.padded_positions([one, mixed], 4, 32, 577)
+    assert positions == pytest.approx((579 + (1 - p3) * 579 + p3 * 1733) / 2)
+    assert most == pytest.approx((1 + (1 - p3) + 3 * p3) / 2)
+    assert planning.images_per_example([one, mixed]) == pytest.approx((1 + 1.5) / 2)
+    # at the preset's length, only a row whose pictures outgrow it is longer
+    assert planning.padded_positions([one], 4, 2048, 577) == (2048, 1.0)
+    assert planning.padded_positions([[0.0, 0.0, 0.0, 0.0, 1.0]], 4, 2048, 577)[0] == 4 * 577 + 2
+    assert planning.padded_positions([], 4, 32, 577) == (579, 1.0) and planning.images_per_example([]) == 1.0
+
+
+def test_a_local_image_text_benchmark_is_counted_by_pictures_and_planned_with_them(tmp_path):
+    """FedMosaic's benchmarks in a local directory: the plan counts each client's training rows by their pictures
+    (a capped task keeps its shares), and plans each LLaVA example at its padded positions, its vision tower at
+    the mean pictures and its output layer at the text's positions."""
+    from fedpeft.planning.architecture import extra_forward_flops
+    from fedpeft.planning.cpu_time import logit_positions
+    from fedpeft.planning.federation import federation_of
+
+    cfg = drake_with_pictures(tmp_path)
+    federation = federation_of(cfg)
+    assert federation.images == [[0.0, 6.0], [0.0, 6.0, 2.0, 2.0]]
+    capped = cfg.model_copy(update={"data": cfg.data.model_copy(update={"options": {"train_per_task": 3}})})
+    assert federation_of(capped).images == [[0.0, 3.0], [0.0, 3.0, 1.5, 1.5]]
+    (model, *_) = planning.models_of(cfg, federation)
+    a = model.architecture
+    positions, most = planning.padded_positions(federation.images, 4, 32, 577)  # SFT's batch of 4, the first method's
+    assert (model.tokens_per_example, a.padded_images) == (pytest.approx(positions), pytest.approx(most))
+    assert a.images == pytest.approx((1 + (6 + 2 * 2 + 2 * 3) / 10) / 2)
+    one = planning.models_of(cfg)[0].architecture  # nothing counted: one picture an example
+    assert extra_forward_flops(a) == pytest.approx(extra_forward_flops(one) * a.images)
+    assert logit_positions(a, model.tokens_per_example) == pytest.approx(positions - 577 * most)
+
+
+def drake_with_pictures(tmp_path):
+    """fedmosaic-drake cut to 32 tokens on a local directory of two clients: one whose 6 questions hold a picture
+    each, one with those and a multi-image task (2 questions of 3 pictures, 2 of 2)."""
+    root = tmp_path / "drake"
+    listing = {"client-01": ["vqa"], "client-02": ["vqa", "multi"]}
+    rows = {"vqa": [{"image": "a.png"}] * 6, "multi": [{"image": ["a.png"] * 3}] * 2 + [{"image": ["a.png"] * 2}] * 2}
+    for task, items in rows.items():
+        (root / "tasks" / task).mkdir(parents=True)
+        for split in ("train", "test"):
+            lines = [json.dumps({"question": "q", "answer": "a", **item}) for item in items]
+            (root / "tasks" / task / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "clients.json").write_text(json.dumps(listing))
+    cfg = load_config("fedmosaic-drake")
+    models = {k: m.model_copy(update={"max_length": 32}) for k, m in cfg.models.items()}
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(root)}), "models": models})
+
+
+def test_a_measured_image_text_step_is_scaled_to_the_planned_examples_pictures_and_positions(tmp_path):
+    """The step a rehearsal timed drew its own batches: an image-text model's seconds per example are scaled from
+    the timed batches' positions and pictures a row to the plan's by the step's FLOPs; a text model's are taken as
+    measured (its step drew examples like the plan's), as is a step measured before those were recorded."""
+    from fedpeft.planning.architecture import Architecture
+    from fedpeft.planning.cpu_time import STEP_FIXED_EXAMPLES, step_fixed_s, step_flops
+    from fedpeft.planning.rehearsed import seconds_per_example
+
+    data = plan_json(make_plan(drake_with_pictures(tmp_path)), gpu("H100"), 1, None)
+    model = data["models"][0]
+    a = Architecture(**model["architecture"])
+    depths = [{"layers": a.layers, "step_s": 6.0, "peak_rss_mb": 1.0, "positions": 579.0, "images": 1.0}]
+    step = {"model": model["name"], "true_layers": 16, "timed_steps": 2, "batch_size": 4, "depths": depths}
+    seconds, how = seconds_per_example(model, step, {"rehearse": {"steps": 2}})
+    as_timed = (6.0 - step_fixed_s(a)) / (4 + STEP_FIXED_EXAMPLES)
+    timed = replace(a, images=1.0, padded_images=1.0)
+    factor = step_flops(a, model["tokens_per_example"]) / step_flops(timed, 579.0)
+    assert seconds == pytest.approx(as_timed * factor) and how == f"measured at {a.layers} layer(s)"
+    assert factor > 1.5  # a quarter of one client's questions hold 2 or 3 pictures: most batches pad to them
+    old = {**step, "depths": [{k: v for k, v in depths[0].items() if k not in ("positions", "images")}]}
+    assert seconds_per_example(model, old, {"rehearse": {"steps": 2}})[0] == pytest.approx(as_timed)
+    text = plan_json(make_plan(load_config("guidance-sni")), gpu("H100"), 1, None)["models"][0]
+    t = Architecture(**text["architecture"])
+    text_step = {**step, "model": text["name"], "depths": [{**depths[0], "layers": t.layers, "positions": 100.0}]}
+    assert seconds_per_example(text, text_step, {"rehearse": {"steps": 2}})[0] == pytest.approx(
+        (6.0 - step_fixed_s(t)) / (4 + STEP_FIXED_EXAMPLES)
+    )
 
 
 def test_distillation_counts_the_public_answers_and_the_server_and_ditto_style_methods_train_twice(tmp_path):

@@ -20,7 +20,9 @@ class Architecture:
     (OLMoE: ``experts`` SwiGLU experts of width ``intermediate``, ``top_k`` per token) or ``encoder`` (BERT / ViT:
     LayerNorm, GELU MLP, biases). ``tokens``: fixed sequence length (ViT: patches + 1), else 0. ``extra_params``:
     frozen parameters outside the modelled stack (a LLaVA model's vision tower and projector), which run
-    ``extra_tokens`` tokens forward per example."""
+    ``extra_tokens`` tokens forward per image, ``images`` images an example (their mean over the data, where the plan
+    counted them; else one); ``padded_images``: the images whose positions a row of a batch is padded to (the
+    expected most among a batch's examples; one where not counted)."""
 
     kind: str
     hidden: int
@@ -40,6 +42,8 @@ class Architecture:
     model_type: str = ""
     source: str = "config.json"
     vision: dict[str, int] = field(default_factory=dict)
+    images: float = 1.0
+    padded_images: float = 1.0
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -255,8 +259,8 @@ def forward_flops_per_token(a: Architecture) -> float:
 
 def extra_forward_flops(a: Architecture) -> float:
     """FLOPs of one example through the frozen parts outside the modelled stack (a LLaVA model's vision tower and
-    projector, one image per example): 2 x their parameters x their tokens."""
-    return 2.0 * a.extra_params * a.extra_tokens
+    projector, once per image): 2 x their parameters x their tokens x the example's images."""
+    return 2.0 * a.extra_params * a.extra_tokens * a.images
 
 
 def kv_cache_bytes(a: Architecture, batch: int, length: int, p: int) -> float:

@@ -134,7 +134,7 @@ def step_fixed_s(architecture: Architecture) -> float:
     return STEP_FIXED_BASE_S + STEP_FIXED_PER_LAYER_S * architecture.layers
 
 
-def lora_train_flops_per_example(architecture: Architecture, tokens: int, lora_params: float = 0.0) -> float:
+def lora_train_flops_per_example(architecture: Architecture, tokens: float, lora_params: float = 0.0) -> float:
     """FLOPs of one example's LoRA training step: 4 N + 6 N_LoRA per token (docs/plan.md)."""
     return tokens * (2.0 * forward_flops_per_token(architecture) + 6.0 * lora_params)
 
@@ -151,19 +151,20 @@ def flops_rate(architecture: Architecture, dtype: str, cpu_flops: float | None) 
     return cpu_flops * TRAINING_EFFICIENCY.get(dtype, 1.0)
 
 
-def logit_positions(architecture: Architecture, tokens: int, share: float | None = None) -> float:
+def logit_positions(architecture: Architecture, tokens: float, share: float | None = None) -> float:
     """The positions of an example of ``tokens`` whose logits a training step computes: the text's of a LLaVA model
-    (never its image tokens; at least 2, as :func:`~.architecture.activation_bytes` counts); a text model's from
+    (never its image tokens, those of ``padded_images`` pictures in a padded batch; at least 2, as
+    :func:`~.architecture.activation_bytes` counts); a text model's from
     the first its loss reads on (fedpeft.training.labelled_tail), ``share`` of them where a rehearsal measured that
     share on its step's batches (:class:`ModelRate`), else every one (an upper bound)."""
     if architecture.extra_tokens:
-        return max(tokens - architecture.extra_tokens, 2)
+        return max(tokens - architecture.extra_tokens * architecture.padded_images, 2)
     if share is not None:
         return max(tokens * share, 1.0)
     return max(tokens, 1)
 
 
-def forward_flops(architecture: Architecture, tokens: int, share: float | None = None) -> tuple[float, float, float]:
+def forward_flops(architecture: Architecture, tokens: float, share: float | None = None) -> tuple[float, float, float]:
     """FLOPs of a training step's forward pass on an example of ``tokens``: the language model's blocks, its output
     layer at :func:`logit_positions`, a frozen vision tower's (LLaVA's; 0 for other models)."""
     head = output_parameters(architecture)
@@ -171,12 +172,19 @@ def forward_flops(architecture: Architecture, tokens: int, share: float | None =
     return blocks, 2.0 * head * logit_positions(architecture, tokens, share), extra_forward_flops(architecture)
 
 
+def step_flops(architecture: Architecture, tokens: float, share: float | None = None) -> float:
+    """FLOPs of a LoRA training step on one example of ``tokens``: its forward and backward through the language
+    model (twice the forward's), a frozen vision tower's forward (:func:`forward_flops`)."""
+    blocks, logits, vision = forward_flops(architecture, tokens, share)
+    return 2.0 * (blocks + logits) + vision
+
+
 def output_parameters(architecture: Architecture) -> int:
     """The output layer's weights of a causal LM (vocabulary x hidden; none for an encoder's)."""
     return architecture.vocab * architecture.hidden if architecture.kind != "encoder" else 0
 
 
-def head_share(architecture: Architecture, tokens: int = 1, share: float | None = None) -> float:
+def head_share(architecture: Architecture, tokens: float = 1, share: float | None = None) -> float:
     """The share of a causal LM's training forward FLOPs on an example of ``tokens`` in its output layer, at the
     positions :func:`logit_positions` gives (0 for an encoder): for a text model without a measured ``share`` the
     output layer's share of the active parameters; far less for a LLaVA model, whose image tokens and vision tower
@@ -185,7 +193,7 @@ def head_share(architecture: Architecture, tokens: int = 1, share: float | None 
     return logits / max(blocks + logits + vision, 1.0)
 
 
-def forward_share(architecture: Architecture, tokens: int, share: float | None = None) -> float:
+def forward_share(architecture: Architecture, tokens: float, share: float | None = None) -> float:
     """A forward pass's share of a training example's time on an example of ``tokens``: :data:`FORWARD_SHARE` of
     the part a training step also runs backward through, and all of a frozen vision tower's (LLaVA's runs forward
     only in both), the two parts' times in the ratio of their FLOPs."""
@@ -196,7 +204,7 @@ def forward_share(architecture: Architecture, tokens: int, share: float | None =
     return part + (1.0 - part) * FORWARD_SHARE
 
 
-def token_seconds(architecture: Architecture, tokens: int, per_example: float, share: float | None = None) -> float:
+def token_seconds(architecture: Architecture, tokens: float, per_example: float, share: float | None = None) -> float:
     """One sequence's token of a decoding step: one position through the language model's blocks and the output
     layer over the whole vocabulary, at the FLOPs rate of the training example's forward pass (``per_example``
     seconds a training example, its forward pass :func:`forward_share` of them)."""
@@ -376,9 +384,10 @@ REPORT_PER_METHOD_S = 0.15
 6 methods: 1.9 s, two methods 1.0 to 1.9 s)."""
 
 
-def tokens_of(model: ModelRow) -> int:
-    """Tokens of one example of a model of :func:`~.render.plan_json` (a ViT's patches, else ``max_length``)."""
-    return int(model["architecture"].get("tokens") or model["max_length"])
+def tokens_of(model: ModelRow) -> float:
+    """Tokens of one example of a model of :func:`~.render.plan_json` (its ``tokens_per_example``: a ViT's patches,
+    an image-text example's padded positions, else ``max_length``)."""
+    return float(model.get("tokens_per_example") or model["architecture"].get("tokens") or model["max_length"])
 
 
 def flops_rates(models: Sequence[ModelRow], cpu_flops: float | None) -> list[ModelRate] | None:

@@ -33,6 +33,9 @@ class Federation:
     labels: int | None = None
     base_rows: int = 0
     notes: list[str] = field(default_factory=list)
+    # Image-text data read here: per client, its training examples by how many images each holds (index n: the
+    # examples with n images); empty where unknown (an image-text model then counts one an example).
+    images: list[list[float]] = field(default_factory=list)
 
     @property
     def total_clients(self) -> int:
@@ -257,16 +260,25 @@ def mosaic_tasks(cfg: ExperimentConfig) -> Federation:
     cap: tuple[int | None, int | None] = (data.options.get("train_per_task"), data.options.get("test_per_task"))
     if directory is not None and (directory / "clients.json").is_file():
         listing: dict[str, list[str]] = json.loads((directory / "clients.json").read_text())
-        rows = [0, 0]
+        rows, images = [0, 0], []
         for tasks in listing.values():
+            held: list[float] = []
             for task in tasks:
                 for i, split in enumerate(("train", "test")):
                     path = directory / "tasks" / task / f"{split}.jsonl"
-                    count = sum(1 for line in path.open() if line.strip()) if path.is_file() else 0
+                    lines = [line for line in path.open() if line.strip()] if path.is_file() else []
                     limit = cap[i]
-                    rows[i] += min(count, limit) if limit else count
+                    kept = min(len(lines), limit) if limit else len(lines)
+                    rows[i] += kept
+                    if split == "train" and lines:  # a capped task keeps a seeded sample: the same shares
+                        for line in lines:
+                            n = _images_of(line)
+                            held += [0.0] * (n + 1 - len(held))
+                            held[n] += kept / len(lines)
+            images.append(held)
         return _even(name, len(listing), rows[0], rows[1], "generation", f"{len(listing)} clients of "
-                     f"{directory / 'clients.json'}, their tasks' rows", f"counted in {directory}")  # fmt: skip
+                     f"{directory / 'clients.json'}, their tasks' rows", f"counted in {directory}",
+                     images=images)  # fmt: skip
     clients = sum(cfg.assign.counts.values()) or MOSAIC_CLIENTS[name]
     known = [cap[0] * 4 * clients if cap[0] else None, cap[1] * 4 * clients if cap[1] else None]
     return _even(
@@ -279,6 +291,14 @@ def mosaic_tasks(cfg: ExperimentConfig) -> Federation:
         "unknown: the local directory is not here",
         notes=[f"{name}'s sizes are unknown until data.path ({data.path}) holds it; epoch-based work is unknown."],
     )
+
+
+def _images_of(line: str) -> int:
+    """The images of one row of an image-text task's JSON Lines file (``image``: a path or a list of them)."""
+    image = json.loads(line).get("image")
+    if image is None:
+        return 0
+    return len(image) if isinstance(image, list) else 1
 
 
 REAL: dict[str, Callable[[ExperimentConfig], Federation]] = {

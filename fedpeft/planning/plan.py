@@ -17,8 +17,8 @@ counted.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
 from fedpeft.core.config import ExperimentConfig, ModelConfig
@@ -98,10 +98,11 @@ class ModelPlan:
     max_length: int
     checkpointing: bool
     share: float  # the share of the clients that hold this model
+    padded: float = 0.0  # an image-text example's positions in a batch padded to its longest, where images are known
 
     @property
-    def tokens_per_example(self) -> int:
-        return self.architecture.tokens or self.max_length
+    def tokens_per_example(self) -> float:
+        return self.architecture.tokens or self.padded or self.max_length
 
     @property
     def activation_precision(self) -> int:
@@ -273,9 +274,46 @@ REGISTERED_SHAPES: dict[str, JSONObject] = {
 }  # fmt: skip
 
 
-def models_of(cfg: ExperimentConfig) -> list[ModelPlan]:
-    """Every model of ``cfg`` with the share of the clients it serves (``assign.counts``, else equal)."""
+def images_per_example(images: Sequence[Sequence[float]]) -> float:
+    """The mean images of a client's training example, over the clients (each client's examples by their images,
+    :attr:`~.federation.Federation.images`; one where none is known)."""
+    means = [sum(n * c for n, c in enumerate(held)) / sum(held) for held in images if sum(held)]
+    return sum(means) / len(means) if means else 1.0
+
+
+def padded_positions(
+    images: Sequence[Sequence[float]], batch: int, length: int, image_tokens: int
+) -> tuple[float, float]:
+    """(positions, images) of one row of a batch of ``batch`` examples a client draws, padded to the batch's
+    longest (means over the clients): an example with n images holds at least n x ``image_tokens`` + 2 positions
+    (its image tokens are never cut, fedpeft.models.multimodal) and at most ``length`` otherwise, so a batch holds
+    max(``length``, N x ``image_tokens`` + 2) positions a row, N the most images among its examples."""
+    positions, most = [], []
+    for held in images:
+        total = sum(held)
+        if not total:
+            continue
+        share, below, value, expected = 0.0, 0.0, 0.0, 0.0
+        for n, count in enumerate(held):
+            share += count / total
+            at_most = min(share, 1.0) ** batch  # P(the batch's most images <= n)
+            value += (at_most - below) * max(length, n * image_tokens + 2)
+            expected += (at_most - below) * n
+            below = at_most
+        positions.append(value)
+        most.append(expected)
+    if not positions:
+        return float(max(length, image_tokens + 2)), 1.0
+    return sum(positions) / len(positions), sum(most) / len(most)
+
+
+def models_of(cfg: ExperimentConfig, federation: Federation | None = None) -> list[ModelPlan]:
+    """Every model of ``cfg`` with the share of the clients it serves (``assign.counts``, else equal); an
+    image-text model with ``federation``'s images counted: their mean an example and the positions of an example
+    padded to its batch's longest, at the batch of the config's first method (the batch a rehearsal times)."""
     entries = dict(cfg.models) if cfg.models else {"": cfg.model}
+    images = federation.images if federation is not None else []
+    batch = int(_field(cfg.methods[0], "batch_size", 16) or 16) if cfg.methods else 16
     counts = {label: cfg.assign.counts.get(label, 0) for label in entries}
     total = sum(counts.values())
     plans = []
@@ -287,9 +325,12 @@ def models_of(cfg: ExperimentConfig) -> list[ModelPlan]:
         # still holds it, the begin-of-sequence token and one more.
         length = max(m.max_length, architecture.extra_tokens + 2) if architecture.extra_tokens else m.max_length
         share = counts[label] / total if total else 1 / len(entries)
-        plans.append(
-            ModelPlan(label, m.name, architecture, m.dtype, m.quantization, length, m.gradient_checkpointing, share)
-        )
+        padded = 0.0
+        if architecture.extra_tokens and images:
+            padded, most = padded_positions(images, batch, m.max_length, architecture.extra_tokens)
+            architecture = replace(architecture, images=images_per_example(images), padded_images=most)
+        plans.append(ModelPlan(label, m.name, architecture, m.dtype, m.quantization, length, m.gradient_checkpointing,
+                               share, padded))  # fmt: skip
     return plans
 
 
@@ -377,8 +418,8 @@ class _Planner:
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
-        self.models = models_of(cfg)
         self.federation = federation_of(cfg)
+        self.models = models_of(cfg, self.federation)
         self.budgets = list(cfg.budgets)
         self.generation = self.federation.task == "generation"
         self.accum = cfg.train.grad_accum_steps

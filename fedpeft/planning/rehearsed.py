@@ -19,6 +19,7 @@ stage, each method's federated phase and its personalization with its evaluation
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -30,6 +31,7 @@ from fedpeft.planning.cpu_time import (
     at_depth,
     lora_train_flops_per_example,
     step_fixed_s,
+    step_flops,
     timed,
     tokens_of,
 )
@@ -109,13 +111,29 @@ def seconds_per_example(model: ModelRow, step: StepMeasurement, rehearsal: Rehea
         return max(seconds - step_fixed_s(at_depth(a, layers)), 0.1 * seconds)
 
     examples = batch + STEP_FIXED_EXAMPLES  # a step of ``batch`` costs this many examples (its fixed part aside)
+    shape, timed_a, timed_tokens = image_text_shape(model, step)
     if depth in measured:
-        return compute(depth, measured[depth]) / examples, f"measured at {depth} layer(s)"
-    tokens = tokens_of(model)
-    flops = {d: lora_train_flops_per_example(at_depth(a, d), tokens) for d in measured}
+        return compute(depth, measured[depth]) / examples * shape, f"measured at {depth} layer(s)"
+    flops = {d: lora_train_flops_per_example(at_depth(timed_a, d), timed_tokens) for d in measured}
     rate = sum(flops.values()) * examples / sum(compute(d, t) for d, t in measured.items())
     depths = " and ".join(str(d) for d in sorted(measured))
-    return lora_train_flops_per_example(a, tokens) / rate, f"scaled by FLOPs from {depths} layer(s)"
+    seconds = lora_train_flops_per_example(timed_a, timed_tokens) / rate * shape
+    return seconds, f"scaled by FLOPs from {depths} layer(s)"
+
+
+def image_text_shape(model: ModelRow, step: StepMeasurement) -> tuple[float, Architecture, float]:
+    """How an image-text example of the plan compares with the measured step's: the ratio of their training FLOPs
+    (the plan's positions and images an example against the timed batches' ``positions`` and ``images`` a row), the
+    architecture and tokens the step timed. A text model's, or a step measured before those were recorded: 1, as
+    planned (the step's examples are the plan's examples)."""
+    a, tokens = Architecture(**model["architecture"]), tokens_of(model)
+    depths = [d for d in step.get("depths", []) if "positions" in d and "images" in d]
+    if not a.extra_tokens or not depths:
+        return 1.0, a, tokens
+    positions = sum(float(d["positions"]) for d in depths) / len(depths)
+    images = sum(float(d["images"]) for d in depths) / len(depths)
+    timed_a = replace(a, images=images, padded_images=images)
+    return step_flops(a, tokens) / step_flops(timed_a, positions), timed_a, positions
 
 
 def measured_logit_share(model: ModelRow, step: StepMeasurement, rehearsal: RehearsalSummary) -> float | None:

@@ -64,6 +64,7 @@ def plan_json(plan: Plan, gpu: Gpu, gpus: int, cpu_flops: float | None) -> PlanD
                 "source": m.architecture.source,
                 "weights_bytes": m.weights,
                 "architecture": cast(ArchitectureData, asdict(m.architecture)),
+                "tokens_per_example": m.tokens_per_example,
             }
             for m in plan.models
         ],  # fmt: skip

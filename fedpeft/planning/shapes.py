@@ -32,6 +32,8 @@ class ArchitectureData(TypedDict):
     model_type: str
     source: str
     vision: dict[str, int]
+    images: float
+    padded_images: float
 
 
 class ModelRow(TypedDict):
@@ -46,12 +48,11 @@ class ModelRow(TypedDict):
     source: str
     weights_bytes: float
     architecture: ArchitectureData
+    tokens_per_example: float
 
 
 class TimedModel(ModelRow):
     """A model of a plan with the tokens of one of its examples, as the CPU time counts them."""
-
-    tokens_per_example: int
 
 
 class FederationData(TypedDict):
@@ -67,6 +68,7 @@ class FederationData(TypedDict):
     labels: int | None
     base_rows: int
     notes: list[str]
+    images: list[list[float]]
     total_clients: int
 
 
