@@ -416,7 +416,7 @@ def test_fedl2p_plans_its_meta_steps_fine_tunings_and_hypergradients(tmp_path):
     models = [{**m, "tokens_per_example": tokens_in(m)} for m in data["models"]]
     row = next(p for p in data["phases"] if p["method"] == "fedl2p" and p["phase"] == "federated")
     machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
-    rates = [ModelRate("tiny", 0.25, "rehearsal", 2)]
+    rates = [ModelRate("tiny", 0.25, "rehearsal", 2, None, l2p.lora_params[0])]  # timed with FedL2P's own adapter
 
     def training_s(**change: float) -> float:
         return phase_seconds({**row, **change}, models, rates, machine, True)["training"]
@@ -425,6 +425,47 @@ def test_fedl2p_plans_its_meta_steps_fine_tunings_and_hypergradients(tmp_path):
     steps = l2p.hypergradient_batches
     expected = steps * step_fixed_s(model.architecture) + (2 * steps + STEP_FIXED_EXAMPLES * steps) * 0.25
     assert hyper == pytest.approx(expected)
+
+
+def test_a_methods_adapter_is_timed_against_the_one_its_rate_was_measured_with(tmp_path):
+    """The seconds of a training example come from a step with its own adapter (a rehearsal's: rank 8 on every
+    linear layer): a method's larger or smaller adapter costs the difference in the step's FLOPs, 6 x its
+    parameters a token."""
+    from fedpeft.planning.architecture import lora_parameters
+    from fedpeft.planning.cpu_time import Machine, ModelRate, adapter_factor, phase_seconds, step_fixed_s, step_flops
+    from fedpeft.planning.cpu_time import tokens_of as tokens_in
+
+    path = tmp_path / "ranks.yaml"
+    path.write_text(
+        SMALL + "  - {name: fedit, label: wide, rounds: 2, fraction: 1.0, local_steps: 3, batch_size: 4, rank: 64}\n"
+    )
+    plan = make_plan(load_config(str(path)))
+    narrow, wide = (p for p in plan.phases if p.phase == "federated")
+    a = plan.models[0].architecture
+    assert narrow.lora_params == [896.0] and wide.lora_params == [float(lora_parameters(a, 64))]
+    data = plan_json(plan, gpu("H100"), 1, None)
+    models = [{**m, "tokens_per_example": tokens_in(m)} for m in data["models"]]
+    rows = {p["method"]: p for p in data["phases"] if p["phase"] == "federated"}
+    machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
+    timed = float(lora_parameters(a, 8))
+    rates = [ModelRate("tiny", 0.25, "rehearsal", 2, None, timed)]
+    tokens = models[0]["tokens_per_example"]
+
+    def training_s(method: str, **change: object) -> float:
+        return phase_seconds({**rows[method], **change}, models, rates, machine, True)["training"]
+
+    for method, adapter in (("fedit", 896.0), ("wide", float(lora_parameters(a, 64)))):
+        factor = adapter_factor(a, tokens, None, adapter, timed)
+        assert factor == pytest.approx(
+            (step_flops(a, tokens) + 6 * adapter * tokens) / (step_flops(a, tokens) + 6 * timed * tokens)
+        )
+        fixed = rows[method]["steps"] * step_fixed_s(a)  # the steps' fixed part does not grow with the adapter
+        assert training_s(method) - fixed == pytest.approx(factor * (training_s(method, lora_params=[]) - fixed))
+    assert (
+        adapter_factor(a, tokens, None, 896.0, timed)
+        < 1
+        < adapter_factor(a, tokens, None, lora_parameters(a, 64), timed)
+    )
 
 
 def plan_method(path):

@@ -296,12 +296,14 @@ def test_the_plan_times_this_cpu_from_the_measured_step(tmp_path):
     steps it divided by); each phase counts its steps, examples, forward passes and client units from it."""
     from fedpeft.engine.resources import WORKERS_VARIABLE
     from fedpeft.planning import cpu_time
-    from fedpeft.planning.architecture import from_config
+    from fedpeft.planning.architecture import from_config, lora_parameters
     from fedpeft.planning.plan import REGISTERED_SHAPES
     from fedpeft.planning.rehearsed import MEASURED_STEPS as PLANNED_STEPS
+    from fedpeft.planning.rehearsed import STEP_RANK
     from fedpeft.rehearsal import steps
 
     assert PLANNED_STEPS == steps.MEASURED_STEPS and cpu_time.WORKERS_VARIABLE == WORKERS_VARIABLE
+    assert STEP_RANK == steps.STEP_RANK
     a = from_config({**REGISTERED_SHAPES["tiny-bert"], "vocab_size": 1000})
     rehearsal = {"config": "smoke", "rehearse": {"steps": 1}, "steps": [_step(8, {1: 0.3, 2: 0.5})], "wall_s": 1.0}
     data = _plan(tmp_path, rehearsal)
@@ -313,8 +315,13 @@ def test_the_plan_times_this_cpu_from_the_measured_step(tmp_path):
     rows = zip(data["phases"], data["rehearsed"]["phases"], strict=True)
     phases = {(p["method"], p["phase"]): (p, s) for p, s in rows}
     lora, seconds = phases[("lora", "personalization")]
+    # LoRA's adapter (its largest budget, on the smoke's targets) against the step's rank 8 on every linear layer
+    timed_adapter = lora_parameters(a, STEP_RANK)
+    tokens = data["models"][0]["tokens_per_example"]
+    adapter = cpu_time.adapter_factor(a, tokens, None, lora["lora_params"][0], timed_adapter)
+    assert adapter < 1 and lora["lora_params"][0] < timed_adapter
     training = lora["steps"] * cpu_time.step_fixed_s(a)
-    training += (lora["examples"] + cpu_time.STEP_FIXED_EXAMPLES * lora["steps"]) * per_example
+    training += (lora["examples"] + cpu_time.STEP_FIXED_EXAMPLES * lora["steps"]) * per_example * adapter
     assert seconds == pytest.approx(training + lora["client_units"] * cpu_time.CLIENT_FIXED_S)
     evaluation, seconds = phases[("lora", "evaluation")]
     forward = (evaluation["examples"] + cpu_time.STEP_FIXED_EXAMPLES * evaluation["eval_batches"]) * per_example

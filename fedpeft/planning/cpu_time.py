@@ -112,6 +112,7 @@ class ModelRate:
     source: str  # "rehearsal" or "FLOPs"
     layers: int
     logit_share: float | None = None  # the share of its step's positions with logits, where a rehearsal measured it
+    lora_params: float = 0.0  # the adapter its step trained (a rehearsal's: rank 8 on every linear layer)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,8 @@ def phase_seconds(
         return None
     parts = {"training": 0.0, "forward": 0.0, "generation": 0.0, "fixed": 0.0, "memory": 0.0}
     compute_share = machine.compute_share
-    for model, rate in zip(models, rates, strict=True):
+    adapters = phase.get("lora_params") or []
+    for index, (model, rate) in enumerate(zip(models, rates, strict=True)):
         weight = model["share"]
         a = Architecture(**model["architecture"])
         per_example = rate.seconds_per_example / compute_share
@@ -268,6 +270,8 @@ def phase_seconds(
             parts["generation"] += decoding_seconds(decode, examples / max(batches, 1.0), model, token, machine)
             continue
         examples, steps = phase["examples"] * weight, (phase["steps"] or 0.0) * weight
+        # The method's adapter against the one the rate's step trained, by the step's FLOPs.
+        adapter = adapter_factor(a, tokens, share, adapters[index], rate.lora_params) if adapters else 1.0
         full_factor = 1.0
         if phase.get("full"):
             forward = forward_flops_per_token(a)
@@ -275,10 +279,11 @@ def phase_seconds(
             parts["memory"] += phase["client_trainings"] * weight * params * FULL_TRAINING_BYTES / machine.bandwidth
             rounds = max(phase.get("rounds") or 0, 1)
             parts["memory"] += (rounds + 1) * weight * params * FULL_PHASE_BYTES / machine.bandwidth
-        parts["training"] += steps * fixed + (examples + STEP_FIXED_EXAMPLES * steps) * per_example * full_factor
+        trained = per_example * full_factor * adapter
+        parts["training"] += steps * fixed + (examples + STEP_FIXED_EXAMPLES * steps) * trained
         # FedL2P's hypergradients, in training steps' worth of their batches (plan.HYPERGRADIENT_PASSES).
         hyper, hyper_steps = phase.get("hypergradient_examples", 0.0), phase.get("hypergradient_batches", 0.0)
-        parts["training"] += weight * (hyper_steps * fixed + (hyper + STEP_FIXED_EXAMPLES * hyper_steps) * per_example)
+        parts["training"] += weight * (hyper_steps * fixed + (hyper + STEP_FIXED_EXAMPLES * hyper_steps) * trained)
         statistics = (phase.get("forward_examples") or 0.0) * weight
         batches = phase.get("forward_batches", 0.0) * weight
         parts["forward"] += (
@@ -303,6 +308,15 @@ def phase_seconds(
     parts["forward"] += relevance_seconds(phase, models, rates, compute_share)
     parts["fixed"] += phase.get("client_units", 0) * CLIENT_FIXED_S
     return parts
+
+
+def adapter_factor(
+    architecture: Architecture, tokens: float, share: float | None, trained: float, timed: float
+) -> float:
+    """A training example with an adapter of ``trained`` parameters against one with the ``timed`` adapter of the
+    step its rate comes from: the ratio of their steps' FLOPs (:func:`step_flops` and 6 x the adapter a token)."""
+    step = step_flops(architecture, tokens, share)
+    return (step + 6.0 * trained * tokens) / (step + 6.0 * timed * tokens)
 
 
 def relevance_seconds(

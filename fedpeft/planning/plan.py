@@ -144,6 +144,7 @@ class Phase:
     pivot_batches: float = 0.0  # those gradients (one batch each)
     hypergradient_examples: float = 0.0  # FedL2P's hypergradients, in training examples' worth
     hypergradient_batches: float = 0.0  # and in training steps' worth
+    lora_params: list[float] = field(default_factory=list)  # per model, the adapter a LoRA training trains
     client_units: int = 0  # clients' units of work: a training, a personalization at a budget, an evaluation
     full: bool = False  # trains the base weights (full fine-tuning)
     notes: list[str] = field(default_factory=list)
@@ -453,6 +454,11 @@ class _Planner:
         return max(train_memory(m, batch, sum(adapter_split(m, method, self.budgets, self.federation.labels)), full)
                    for m in self.models)  # fmt: skip
 
+    def lora_params(self, method: MethodConfig) -> list[float]:
+        """Per model, the parameters of ``method``'s adapter (at its largest rank, with a classification head)."""
+        labels = self.federation.labels
+        return [float(sum(adapter_split(m, method, self.budgets, labels))) for m in self.models]
+
     def adapter_bytes(self, method: MethodConfig) -> float:
         labels = self.federation.labels
         return self.mean(lambda m: sum(adapter_split(m, method, self.budgets, labels))) * FLOAT32
@@ -568,6 +574,7 @@ class _Planner:
             pivot_batches=gradients,
             hypergradient_examples=hyper,
             hypergradient_batches=hyper_batches,
+            lora_params=[] if full else self.lora_params(method),
             client_units=k * rounds * repeats,
             full=full,
             notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],
@@ -691,6 +698,7 @@ class _Planner:
             parallel_clients=clients,
             forward_examples=None if stats_per_client is None else statistics * stats_per_client,
             forward_batches=statistics * self.statistics_batches(method, stats_per_client),
+            lora_params=self.lora_params(method),
             client_units=clients * budgets,
         )
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import cast
 
 from fedpeft.core.costs import ROUND_EVALUATION
-from fedpeft.planning.architecture import Architecture
+from fedpeft.planning.architecture import Architecture, lora_parameters
 from fedpeft.planning.cpu_time import (
     STEP_FIXED_EXAMPLES,
     ModelRate,
@@ -46,6 +46,9 @@ from fedpeft.planning.shapes import (
     RehearsedStep,
     StepMeasurement,
 )
+
+STEP_RANK = 8
+"""The rank of the LoRA a rehearsal's step trains, on every linear layer of the blocks (fedpeft/rehearsal/steps.py)."""
 
 MEASURED_STEPS = 2
 """The steps a rehearsal times per depth after its warm-up step (fedpeft/rehearsal/steps.py), dividing their time by
@@ -168,7 +171,8 @@ def rehearsed_cpu(data: PlanData, rehearsal: MeasuredRehearsal) -> RehearsedCpu:
                           * (batch + STEP_FIXED_EXAMPLES),
                           "peak_rss_bytes": step["full_peak_mb"] * 2**20})  # fmt: skip
         layers = int(model["architecture"]["layers"])
-        rates.append(ModelRate(model["label"] or model["name"], seconds, "rehearsal", layers, share))
+        timed_adapter = float(lora_parameters(Architecture(**model["architecture"]), STEP_RANK))
+        rates.append(ModelRate(model["label"] or model["name"], seconds, "rehearsal", layers, share, timed_adapter))
         models.append({"model": model["name"], "layers": layers, "seconds_per_example": seconds, "how": how,
                        "measured": step["model"] if step else None})  # fmt: skip
     cpu = timed(data, rates)

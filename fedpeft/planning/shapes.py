@@ -102,6 +102,7 @@ class PhaseData(TypedDict):
     pivot_batches: float
     hypergradient_examples: float
     hypergradient_batches: float
+    lora_params: list[float]
     client_units: int
     full: bool
     notes: list[str]

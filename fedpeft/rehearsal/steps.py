@@ -32,6 +32,7 @@ from fedpeft.models.paper_configs import cut_depth, model_config, true_depth
 from fedpeft.planning.shapes import DepthStep, StepMeasurement
 
 MEASURED_STEPS = 2  # timed steps after one warm-up step
+STEP_RANK = 8  # the rank of the step's LoRA, on every target of the model
 
 
 def first_batch(cfg: ExperimentConfig) -> int:
@@ -173,7 +174,9 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
     # the layers' memory from the per-layer difference.
     step_peak = _reset_peak()
     warm_up, timed = drawn_batches(data, batch_size)
-    active = runtime.activate(LoraSpec(rank=8, alpha=16.0, targets=tuple(runtime.loaded.lora_targets)))
+    active = runtime.activate(
+        LoraSpec(rank=STEP_RANK, alpha=2.0 * STEP_RANK, targets=tuple(runtime.loaded.lora_targets))
+    )
     runtime.train(warm_up, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=1))
     start = time.perf_counter()
     runtime.train(timed, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS))
