@@ -472,6 +472,9 @@ def test_a_step_measures_the_share_of_its_positions_with_logits():
     assert shape["positions"] == pytest.approx((4 * 300 + 200) / 5) and shape["images"] == pytest.approx(6 / 5)
     assert shape["logit_share"] == logit_share(model, [prompt_then_answer, short])
     assert "images" not in timed_shape(model, batches[1:])
+    # an image classifier's batches hold pixels and one label an image: no positions, one picture a row
+    pictures = [{"pixel_values": torch.zeros(3, 3, 8, 8), "labels": torch.tensor([0, 1, 2])}]
+    assert timed_shape(model, pictures) == {"logit_share": 1.0, "images": 1.0}
 
 
 def test_a_full_depth_check_that_failed_is_said_and_the_rest_kept():

@@ -191,13 +191,12 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
 
 def timed_shape(model: Any, batches: list[dict[str, Any]]) -> dict[str, float]:
     """What the timed steps' batches (as the step drew them) held: the share of their positions whose logits
-    ``model``'s step computed (:func:`logit_share`), their positions a row (padded to each batch's longest) and,
-    for a model with pictures, the pictures a row."""
-    rows = sum(int(b["input_ids"].shape[0]) for b in batches)
-    shape = {
-        "logit_share": logit_share(model, [b["labels"] for b in batches]),
-        "positions": sum(int(b["input_ids"].numel()) for b in batches) / max(rows, 1),
-    }
+    ``model``'s step computed (:func:`logit_share`), their positions a row (padded to each batch's longest; none for
+    an image classifier, whose batches hold pixels only) and, for a model with pictures, the pictures a row."""
+    rows = sum(int((b["input_ids"] if "input_ids" in b else b["pixel_values"]).shape[0]) for b in batches)
+    shape = {"logit_share": logit_share(model, [b["labels"] for b in batches])}
+    if all("input_ids" in b for b in batches):
+        shape["positions"] = sum(int(b["input_ids"].numel()) for b in batches) / max(rows, 1)
     if any("pixel_values" in b for b in batches):
         shape["images"] = sum(int(b["pixel_values"].shape[0]) for b in batches if "pixel_values" in b) / max(rows, 1)
     return shape
