@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from fedpeft.core.config import ExperimentConfig, RehearseConfig, dump_config, load_config, same_run
+from fedpeft.core.config import ExperimentConfig, ModelConfig, RehearseConfig, dump_config, load_config, same_run
 from fedpeft.methods.base import lora_spec
 from fedpeft.models.paper_configs import cut_depth, true_depth
 from fedpeft.rehearsal.config import ALIGNMENT_ROWS, cut_method, is_round_count, rehearsal_config
@@ -475,6 +475,29 @@ def test_a_step_measures_the_share_of_its_positions_with_logits():
     # an image classifier's batches hold pixels and one label an image: no positions, one picture a row
     pictures = [{"pixel_values": torch.zeros(3, 3, 8, 8), "labels": torch.tensor([0, 1, 2])}]
     assert timed_shape(model, pictures) == {"logit_share": 1.0, "images": 1.0}
+
+
+def test_the_measured_step_adapts_a_mixture_of_experts_experts_as_its_methods_do():
+    """The step a rehearsal times trains rank-8 LoRA on the model's targets and, for OLMoE, on its fused experts
+    (every FLAME-family method puts LoRA there, and PEFT forms each expert's update at every forward pass), so that
+    the plan's rate has that cost and its adapter is the plan's (fedpeft.planning.architecture.lora_parameters:
+    the attention projections and the experts)."""
+    from fedpeft.models.runtime import ModelRuntime
+    from fedpeft.models.table import load_model
+    from fedpeft.planning.architecture import from_config, lora_parameters
+    from fedpeft.planning.plan import REGISTERED_SHAPES
+    from fedpeft.rehearsal.steps import STEP_RANK, step_adapter
+
+    loaded = load_model(ModelConfig(name="tiny-olmoe"), task="generation", corpus=lambda: ["a b c d"] * 20)
+    spec = step_adapter(loaded)
+    assert spec.rank == STEP_RANK and spec.targets == tuple(loaded.lora_targets)
+    assert spec.target_parameters == tuple(loaded.lora_parameters) and spec.target_parameters
+    runtime = ModelRuntime(loaded)
+    runtime.activate(spec)
+    trained = sum(p.numel() for p in runtime.adapter_parameters().values())
+    assert trained == lora_parameters(from_config(REGISTERED_SHAPES["tiny-olmoe"] | {"vocab_size": 2000}), STEP_RANK)
+    text = load_model(ModelConfig(name="tiny-llama"), task="generation", corpus=lambda: ["a b c d"] * 20)
+    assert step_adapter(text).target_parameters == ()
 
 
 def test_a_full_depth_check_that_failed_is_said_and_the_rest_kept():
