@@ -486,18 +486,18 @@ def test_the_measured_step_adapts_a_mixture_of_experts_experts_as_its_methods_do
     from fedpeft.models.table import load_model
     from fedpeft.planning.architecture import from_config, lora_parameters
     from fedpeft.planning.plan import REGISTERED_SHAPES
-    from fedpeft.rehearsal.steps import STEP_RANK, step_adapter
+    from fedpeft.rehearsal.steps import STEP_RANK
 
     loaded = load_model(ModelConfig(name="tiny-olmoe"), task="generation", corpus=lambda: ["a b c d"] * 20)
-    spec = step_adapter(loaded)
+    runtime = ModelRuntime(loaded)
+    spec = lora_spec(runtime, STEP_RANK)  # the step's adapter (fedpeft/rehearsal/steps.py)
     assert spec.rank == STEP_RANK and spec.targets == tuple(loaded.lora_targets)
     assert spec.target_parameters == tuple(loaded.lora_parameters) and spec.target_parameters
-    runtime = ModelRuntime(loaded)
     runtime.activate(spec)
     trained = sum(p.numel() for p in runtime.adapter_parameters().values())
     assert trained == lora_parameters(from_config(REGISTERED_SHAPES["tiny-olmoe"] | {"vocab_size": 2000}), STEP_RANK)
     text = load_model(ModelConfig(name="tiny-llama"), task="generation", corpus=lambda: ["a b c d"] * 20)
-    assert step_adapter(text).target_parameters == ()
+    assert lora_spec(ModelRuntime(text), STEP_RANK).target_parameters == ()
 
 
 def test_a_full_depth_check_that_failed_is_said_and_the_rest_kept():

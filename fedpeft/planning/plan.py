@@ -315,12 +315,12 @@ def models_of(cfg: ExperimentConfig, federation: Federation | None = None) -> li
     entries = dict(cfg.models) if cfg.models else {"": cfg.model}
     images = federation.images if federation is not None else []
     batch = int(_field(cfg.methods[0], "batch_size", 16) or 16) if cfg.methods else 16
+    stand_ins = cfg.rehearse.models if cfg.rehearse else {}
+    layers = cfg.rehearse.layers if cfg.rehearse else None
     counts = {label: cfg.assign.counts.get(label, 0) for label in entries}
     total = sum(counts.values())
     plans = []
     for label, m in entries.items():
-        stand_ins = cfg.rehearse.models if cfg.rehearse else {}
-        layers = cfg.rehearse.layers if cfg.rehearse else None
         architecture = model_architecture(m, stand_ins.get(m.name), layers)
         # A LLaVA prompt's image tokens are never cut (fedpeft.models.multimodal): a length shorter than one image
         # still holds it, the begin-of-sequence token and one more.
@@ -460,8 +460,7 @@ class _Planner:
         return [float(sum(adapter_split(m, method, self.budgets, labels))) for m in self.models]
 
     def adapter_bytes(self, method: MethodConfig) -> float:
-        labels = self.federation.labels
-        return self.mean(lambda m: sum(adapter_split(m, method, self.budgets, labels))) * FLOAT32
+        return sum(m.share * p for m, p in zip(self.models, self.lora_params(method), strict=True)) * FLOAT32
 
     def call(self, examples: float, batch: int) -> float:
         """The examples one training call of ``examples`` processes under ``train.max_steps``."""

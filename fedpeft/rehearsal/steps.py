@@ -157,6 +157,7 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
     import torch
 
     from fedpeft.core.config import load_config
+    from fedpeft.methods.base import lora_spec
     from fedpeft.training import TrainArgs
     from fedpeft.worker import build_data, build_runtime
 
@@ -173,7 +174,9 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
     # the layers' memory from the per-layer difference.
     step_peak = _reset_peak()
     warm_up, timed = drawn_batches(data, batch_size)
-    active = runtime.activate(step_adapter(runtime.loaded))
+    # rank STEP_RANK on every LoRA target and a mixture of experts' fused experts, as the methods adapt the model
+    # (PEFT forms each expert's update at every forward pass: a cost the step must pay too)
+    active = runtime.activate(lora_spec(runtime, STEP_RANK))
     runtime.train(warm_up, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=1))
     start = time.perf_counter()
     runtime.train(timed, TrainArgs(lr=1e-4, batch_size=batch_size, seed=0, steps=MEASURED_STEPS))
@@ -184,20 +187,6 @@ def _one_depth(config_file: Path, key: str, directory: str, batch_size: int, len
         "weights_mb": loaded - before,
         **timed_shape(active, list(itertools.islice(runtime.batches(timed, batch_size, 0), MEASURED_STEPS))),
     }
-
-
-def step_adapter(loaded: Any) -> Any:
-    """The LoRA a measured step trains: rank :data:`STEP_RANK` on every LoRA target of the model and, for a
-    mixture of experts, on its fused expert parameters (PEFT ``target_parameters``), as every method that adapts
-    the model puts one there (and pays for it at each forward pass: PEFT forms each expert's update then)."""
-    from fedpeft.models.weights import LoraSpec
-
-    return LoraSpec(
-        rank=STEP_RANK,
-        alpha=2.0 * STEP_RANK,
-        targets=tuple(loaded.lora_targets),
-        target_parameters=tuple(getattr(loaded, "lora_parameters", ())),
-    )
 
 
 def timed_shape(model: Any, batches: list[dict[str, Any]]) -> dict[str, float]:
