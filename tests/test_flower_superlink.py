@@ -272,9 +272,11 @@ def test_a_launch_survives_a_locked_database_and_a_superlink_restart(tmp_path):
             f"knows the run; continue it with `fedpeft {' '.join(forgotten[1:])} --resume`."
         ), err[-3000:]
         assert "Traceback" not in err and "Connection to the SuperLink is unavailable" not in err, err[-3000:]
-        # The run's workers end on their lease: at most 60 s after the last keepalive, sent before the restart.
+        # The run's workers end on their lease: 60 s after the last keepalive, sent before the restart and renewed
+        # by a ClientApp process that may start a few seconds later on a loaded machine (65.6 s seen at a load of 2),
+        # then the worker's exit. Far less than the node timeout of 180 s the run would otherwise wait.
         assert_nothing_left(worker_dir, seconds=90)
-        assert time.monotonic() - stopped < 65
+        assert time.monotonic() - stopped < 80
 
     streamed = (tmp_path / "launch.log").read_text()
     assert "database is locked" not in superlink_log
