@@ -373,3 +373,16 @@ def test_rehearse_presets_interrupts_a_preset_past_its_minutes_and_says_where_it
     assert "interrupted" not in row["last_progress"]
     assert "federated training" in row["last_progress"]
     assert "| smoke | stopped after 0.5 min, in: " in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_expert_lora_passes_quick_times_a_pass_with_and_without_the_experts_lora(tmp_path):
+    out = tmp_path / "expert_lora_passes.json"
+    result = benchmark("expert_lora_passes").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    # OLMoE's proportions at hidden 256: 64 experts of width 128 in each of two layers (gate_up and down)
+    assert result["expert_weights"] == 2 * 64 * (256 * 2 * 128 + 128 * 256)
+    for name, row in result["passes"].items():
+        assert row["lora_s"] > row["bare_s"] > 0, name  # every expert's update formed: a pass costs more
+        assert row["seconds_per_expert_weight"] == pytest.approx(row["extra_s"] / result["expert_weights"])
+    assert result["passes"]["decode"]["batch"] == [4, 1] and result["passes"]["prompt"]["batch"] == [4, 8]

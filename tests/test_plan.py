@@ -609,3 +609,92 @@ def test_an_evaluation_of_two_models_costs_the_mean_of_theirs():
 
     both = phase_seconds(phase, [{**m, "share": 0.5} for m in models], rates, machine, True)
     assert sum(both.values()) == pytest.approx((alone(0) + alone(1)) / 2)
+
+
+def test_a_lora_on_fused_experts_costs_every_forward_pass_outside_training_its_adapted_weights():
+    """FLAME's OLMoE: a method's LoRA adapts every expert of every layer (PEFT's ``target_parameters``), whose
+    adapted weights each forward pass forms whatever its batch: every evaluation batch and decoding step pays
+    EXPERT_LORA_S per expert weight (on all the cores; twice that on half of them). The base model's evaluation,
+    and a LoRA on the attention only, pay nothing."""
+    from fedpeft.planning.cpu_time import EXPERT_LORA_S, Machine, ModelRate, phase_seconds, tokens_of
+
+    cfg = load_config("flame-dolly")
+    experts = 16 * 64 * (2048 * 2 * 1024 + 1024 * 2048)  # layers x experts x (gate_up + down)
+    plan = make_plan(cfg)
+    by_phase = {(p.method, p.phase): p for p in plan.phases}
+    assert by_phase[("base model", "evaluation")].expert_weights == [0.0]
+    for name in ("flame", "hetlora", "flexlora"):
+        assert by_phase[(name, "evaluation")].expert_weights == [float(experts)], name
+    assert by_phase[("flame", "federated")].expert_weights == [float(experts)]
+    attention = cfg.model_copy(
+        update={"methods": [m.model_copy(update={"targets": ["q_proj", "v_proj"]}) for m in cfg.methods[:2]]}
+    )
+    assert {p.method: p.expert_weights for p in make_plan(attention).phases if p.phase == "evaluation"} == {
+        "base model": [0.0],
+        "base-at-tier": [0.0],
+        "flame": [0.0],
+    }
+
+    data = plan_json(plan, gpu("H100"), 1, None)
+    models = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
+    machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
+    rates = [ModelRate("OLMoE", 2.0, "rehearsal", 16, 0.1)]
+    for method, expected in (("flame", experts), ("base model", 0)):
+        row = next(p for p in data["phases"] if p["method"] == method and p["phase"] == "evaluation")
+        row = {**row, "examples": 40.0, "eval_batches": 10.0, "decode_steps": 40.0}
+        parts = phase_seconds(row, models, rates, machine, True)
+        assert parts["experts"] == pytest.approx((10 + 40) * expected * EXPERT_LORA_S)
+    # A training phase's forward batches outside its steps (here, statistics) pay it too; its steps do not.
+    federated = next(p for p in data["phases"] if p["method"] == "flame" and p["phase"] == "federated")
+    quiet = {**federated, "forward_batches": 0.0, "public_batches": 0.0, "decode_steps": 0.0}
+    assert phase_seconds(quiet, models, rates, machine, True)["experts"] == 0.0
+    busy = {**quiet, "forward_batches": 3.0}
+    assert phase_seconds(busy, models, rates, machine, True)["experts"] == pytest.approx(3 * experts * EXPERT_LORA_S)
+    one_thread = Machine(processes=2, threads=1, cores=2, bandwidth=10e9)
+    assert phase_seconds(busy, models, rates, one_thread, True)["experts"] == pytest.approx(
+        2 * 3 * experts * EXPERT_LORA_S
+    )
+
+
+def test_a_merge_from_sample_gradients_counts_them_and_evaluates_its_parts():
+    """Potara and Fisher merging: each client's personalization takes per-sample gradients of ``merge_samples``
+    examples at its FedIT and its local adapter (two vectorized calls), counted in its FLOPs and CPU time; the
+    evaluation scores the merge and, with ``parts``, each of the two beside it (a grid search: its choice and every
+    weight of its grid too)."""
+    from fedpeft.planning.cpu_time import SAMPLE_GRADIENT_PASSES, Machine, ModelRate, phase_seconds, tokens_of
+
+    cfg = load_config("potara-cifar100")
+    plan = make_plan(cfg)
+    by_phase = {(p.method, p.phase): p for p in plan.phases}
+    clients = plan.federation.total_clients
+    for name in ("potara", "fisher_merge"):
+        personal = by_phase[(name, "personalization")]
+        assert personal.sample_gradient_examples == 2 * 30 * clients and personal.sample_gradient_calls == 2 * clients
+        assert by_phase[(name, "evaluation")].notes[0].startswith("3 pass(es)")
+    assert by_phase[("local", "personalization")].sample_gradient_examples == 0.0
+    assert by_phase[("fedit", "evaluation")].notes[0].startswith("1 pass(es)")
+    potara = next(m for m in cfg.methods if m.name == "potara")
+    fewer = potara.model_copy(update={"merge_samples": 8, "parts": False, "grid_search": True, "grid": [0.0, 0.5, 1.0]})
+    phases = {p.phase: p for p in make_plan(cfg.model_copy(update={"methods": [fewer]})).phases if p.method == "potara"}
+    assert phases["personalization"].sample_gradient_examples == 2 * 8 * clients
+    assert phases["evaluation"].notes[0].startswith("5 pass(es)")  # the merge, the grid's choice, its 3 weights
+    # The FLOPs: a training example's forward and backward each, beyond the local training's.
+    without = make_plan(cfg.model_copy(update={"methods": [fewer.model_copy(update={"name": "local"})]}))
+    local = next(p for p in without.phases if p.phase == "personalization")
+    gradient_flops = phases["personalization"].flops - local.flops * phases["personalization"].examples / local.examples
+    assert gradient_flops == pytest.approx(local.flops / local.examples * 2 * 8 * clients, rel=1e-6)
+
+    data = plan_json(plan, gpu("H100"), 1, None)
+    models = [{**m, "tokens_per_example": tokens_of(m)} for m in data["models"]]
+    machine = Machine(processes=1, threads=2, cores=2, bandwidth=10e9)
+    rates = [ModelRate("ViT", 0.5, "rehearsal", 12)]
+    row = next(p for p in data["phases"] if p["method"] == "potara" and p["phase"] == "personalization")
+    with_gradients = phase_seconds(row, models, rates, machine, False)["training"]
+    without_gradients = phase_seconds({**row, "sample_gradient_examples": 0.0, "sample_gradient_calls": 0.0},
+                                      models, rates, machine, False)["training"]  # fmt: skip
+    fixed = 0.003 + 0.003 * 12  # step_fixed_s at 12 layers
+    trained = (without_gradients - row["steps"] * fixed) / (row["examples"] + row["steps"])  # a training example's
+    calls, samples = 2 * clients, 2 * 30 * clients
+    assert with_gradients - without_gradients == pytest.approx(
+        calls * fixed + (samples * SAMPLE_GRADIENT_PASSES + calls) * trained, rel=1e-6
+    )

@@ -9,11 +9,16 @@ A phase's time is the sum of what it spends, each part counted from the plan's p
   (AdamW's moments, gradients, the copy the client restores, the update's checks and aggregation);
 - **hypergradients** (FedL2P): each meta-step's passes beyond its fine-tuning, as training steps of their batch
   (:data:`~.plan.HYPERGRADIENT_PASSES`, :data:`~.plan.HYPERGRADIENT_PER_NEUMANN` per Neumann step);
+- **per-sample gradients** (Potara, Fisher merging): each :data:`SAMPLE_GRADIENT_PASSES` training examples,
+  each vectorized call a training step's fixed part;
 - **forward passes**: evaluation's and FedP2EFT's / FedL2P's client statistics, each example at
   :data:`FORWARD_SHARE` of a training example (statistics stop at the last adapted layer: a causal LM's output
   layer is not run), each batch at a fixed part;
 - **generation**: the prompt's forward pass (the output layer for its last position only) and every decoding
   step one read of the weights at this CPU's memory bandwidth;
+- **experts' LoRA**: a LoRA on a mixture of experts' fused expert tensors forms every expert's adapted weight at each
+  forward pass, whatever its batch: :data:`EXPERT_LORA_S` per adapted expert weight for each evaluation batch,
+  decoding step and forward batch outside training (a training step's is in its measured rate);
 - **client units** (a training, a personalization at a budget, an evaluation): :data:`CLIENT_FIXED_S` each for
   installing the client's model, saving its adapter and its records;
 - **a phase that trains the base weights**: its checkpoint each round and the exported base model,
@@ -231,6 +236,22 @@ def machine_of(cfg: ExperimentConfig, clients: int, bandwidth: float | None = No
     return Machine(processes, threads, cores, bandwidth or DEFAULT_BANDWIDTH)
 
 
+SAMPLE_GRADIENT_PASSES = 1.0
+"""One example's per-sample gradient (``torch.func``'s gradient of its own loss, vectorized over the sample:
+fedpeft/adapters/gradients.py), in training examples' worth of the method's step: its forward and backward, and
+every adapter tensor's gradient kept per example rather than summed."""
+
+EXPERT_LORA_S = 1.5e-9
+"""A forward pass of a model whose fused expert tensors carry a LoRA (PEFT's ``target_parameters``: each expert's
+W + s B A formed by one batched product over every expert, before any token is routed), beyond the same pass
+without it: seconds per adapted expert weight on all of this CPU's cores, whatever the pass's batch and the rank.
+Measured by benchmarks/expert_lora_passes.py (OLMoE-1B-7B's width at two layers, bfloat16, 805 M expert weights):
+1.41 to 1.54 ns at ranks 8 and 20 on the 2 cores, for a decoding step of 4 sequences (0.06 s bare, 1.2-1.3 s with
+the LoRA) and a prompt of 4 x 64 alike; 2.7 ns on one thread, so compute, not the memory bandwidth, bounds it.
+OLMoE-1B-7B's 6.4 G expert weights cost 9.7 s a pass here (docs/benchmarks.md, "Experts' LoRA at each forward
+pass")."""
+
+
 WORKERS_VARIABLE = "FEDPEFT_WORKERS"
 """What ``engine.workers: auto`` resolves to where set (the engine's variable of the same name)."""
 
@@ -243,9 +264,10 @@ def phase_seconds(
     example, weights), ``rates``: their seconds per training example."""
     if phase["examples"] is None or phase.get("forward_examples") is None:
         return None
-    parts = {"training": 0.0, "forward": 0.0, "generation": 0.0, "fixed": 0.0, "memory": 0.0}
+    parts = {"training": 0.0, "forward": 0.0, "generation": 0.0, "experts": 0.0, "fixed": 0.0, "memory": 0.0}
     compute_share = machine.compute_share
     adapters = phase.get("lora_params") or []
+    experts = phase.get("expert_weights") or []
     for index, (model, rate) in enumerate(zip(models, rates, strict=True)):
         weight = model["share"]
         a = Architecture(**model["architecture"])
@@ -254,8 +276,11 @@ def phase_seconds(
         params = parameters(a)["total"]
         tokens = max(model["tokens_per_example"], 1)
         share = rate.logit_share
+        # The experts' adapted weights formed at each forward pass outside training (expert_pass_seconds).
+        per_pass = expert_pass_seconds(experts[index] if experts else 0.0, compute_share)
         if phase["phase"] == "evaluation":
             examples, batches = phase["examples"] * weight, phase["eval_batches"] * weight
+            parts["experts"] += (batches + (phase["decode_steps"] * weight if generation else 0.0)) * per_pass
             passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * forward_share(a, tokens, share)
             parts["fixed"] += batches * EVAL_BATCH_FIXED_S
             if not generation:
@@ -284,6 +309,11 @@ def phase_seconds(
         # FedL2P's hypergradients, in training steps' worth of their batches (plan.HYPERGRADIENT_PASSES).
         hyper, hyper_steps = phase.get("hypergradient_examples", 0.0), phase.get("hypergradient_batches", 0.0)
         parts["training"] += weight * (hyper_steps * fixed + (hyper + STEP_FIXED_EXAMPLES * hyper_steps) * trained)
+        # Potara's and Fisher merging's per-sample gradients (SAMPLE_GRADIENT_PASSES), a vectorized call each.
+        samples, calls = phase.get("sample_gradient_examples", 0.0), phase.get("sample_gradient_calls", 0.0)
+        parts["training"] += weight * (
+            calls * fixed + (samples * SAMPLE_GRADIENT_PASSES + STEP_FIXED_EXAMPLES * calls) * trained
+        )
         statistics = (phase.get("forward_examples") or 0.0) * weight
         batches = phase.get("forward_batches", 0.0) * weight
         parts["forward"] += (
@@ -303,11 +333,18 @@ def phase_seconds(
         if decode:
             token = token_seconds(a, tokens, per_example, share)
             parts["generation"] += decoding_seconds(decode, phase.get("decode_batch", 1.0), model, token, machine)
+        parts["experts"] += (batches + public_batches + decode) * per_pass
         # A frozen teacher's logits on every training example (FedDAT): a forward pass each, output layer included.
         parts["forward"] += phase.get("teacher_examples", 0.0) * weight * per_example * forward_share(a, tokens, share)
     parts["forward"] += relevance_seconds(phase, models, rates, compute_share)
     parts["fixed"] += phase.get("client_units", 0) * CLIENT_FIXED_S
     return parts
+
+
+def expert_pass_seconds(expert_weights: float, compute_share: float = 1.0) -> float:
+    """One forward pass's seconds forming the adapted weights of ``expert_weights`` fused expert weights on
+    ``compute_share`` of the cores (:data:`EXPERT_LORA_S` each on all of them; 0 without them)."""
+    return expert_weights * EXPERT_LORA_S / compute_share
 
 
 def adapter_factor(

@@ -74,6 +74,10 @@ fine-tuning."""
 HYPERGRADIENT_PER_NEUMANN = 1.5
 """A Neumann step of the hypergradient (a Hessian-vector product through the training gradient's graph), in training
 steps of its batch: measured 1.2 to 1.9 (with :data:`HYPERGRADIENT_PASSES`)."""
+# Methods that merge a client's FedIT and local adapters from per-sample gradients of both on ``merge_samples`` of its
+# training examples (fedpeft/adapters/gradients.py ``per_sample_gradients``), and evaluate each of the two beside the
+# merge where ``parts`` (Potara, Fisher merging; a ``grid_search`` also each weight of its grid on the test split).
+MERGES_FROM_SAMPLE_GRADIENTS = frozenset({"potara", "fisher_merge"})
 # Methods whose clients compute feature statistics (a forward pass over every training example, fedpeft/adapters/
 # statistics.py): FedP2EFT once per client (kept in its client state), FedL2P at every round and personalization.
 STATISTICS_ONCE = frozenset({"fedp2eft"})
@@ -144,7 +148,10 @@ class Phase:
     pivot_batches: float = 0.0  # those gradients (one batch each)
     hypergradient_examples: float = 0.0  # FedL2P's hypergradients, in training examples' worth
     hypergradient_batches: float = 0.0  # and in training steps' worth
+    sample_gradient_examples: float = 0.0  # examples of per-sample gradients (Potara's merge)
+    sample_gradient_calls: float = 0.0  # their vectorized calls (two a client: the FedIT and the local adapter)
     lora_params: list[float] = field(default_factory=list)  # per model, the adapter a LoRA training trains
+    expert_weights: list[float] = field(default_factory=list)  # per model, the fused expert weights it adapts
     client_units: int = 0  # clients' units of work: a training, a personalization at a budget, an evaluation
     full: bool = False  # trains the base weights (full fine-tuning)
     notes: list[str] = field(default_factory=list)
@@ -375,6 +382,19 @@ def adapter_split(model: ModelPlan, method: MethodConfig, budgets: list[int], la
     return lora_a, lora_b + head
 
 
+def adapted_expert_weights(model: ModelPlan, method: MethodConfig | None) -> float:
+    """The weights of ``model``'s fused expert tensors that ``method``'s LoRA adapts (PEFT's ``target_parameters``:
+    every expert's update formed at each forward pass); 0 for a model without experts, or no method."""
+    a = model.architecture
+    if method is None or a.kind != "moe" or method.name in TRAINS_BASE_WEIGHTS:
+        return 0.0
+    targets = _field(method, "targets")
+    targets = ["q_proj", "v_proj"] if targets == "qv" else targets
+    shapes = lora_shapes(a)
+    roles = targeted_roles(a, targets if isinstance(targets, list) else None)
+    return float(a.layers * sum(shapes[r][0] * shapes[r][1] * shapes[r][2] for r in roles if shapes[r][2] > 1))
+
+
 def train_flops_per_token(model: ModelPlan, full: bool, lora_params: int) -> float:
     """Training FLOPs per token: full fine-tuning 6 N (forward 2 N, backward 4 N); LoRA 4 N + 6 N_LoRA (forward,
     and a backward that computes activation gradients through the frozen weights but no weight gradients); with
@@ -458,6 +478,10 @@ class _Planner:
         """Per model, the parameters of ``method``'s adapter (at its largest rank, with a classification head)."""
         labels = self.federation.labels
         return [float(sum(adapter_split(m, method, self.budgets, labels))) for m in self.models]
+
+    def expert_weights(self, method: MethodConfig | None) -> list[float]:
+        """Per model, the fused expert weights ``method``'s LoRA adapts (:func:`adapted_expert_weights`)."""
+        return [adapted_expert_weights(m, method) for m in self.models]
 
     def adapter_bytes(self, method: MethodConfig) -> float:
         return sum(m.share * p for m, p in zip(self.models, self.lora_params(method), strict=True)) * FLOAT32
@@ -574,6 +598,7 @@ class _Planner:
             hypergradient_examples=hyper,
             hypergradient_batches=hyper_batches,
             lora_params=[] if full else self.lora_params(method),
+            expert_weights=[] if full else self.expert_weights(method),
             client_units=k * rounds * repeats,
             full=full,
             notes=[f"one federation per budget ({repeats})"] if repeats > 1 else [],
@@ -683,6 +708,11 @@ class _Planner:
         saved = self.adapter_bytes(method) * clients * budgets if self.cfg.output.save_adapters else 0.0
         statistics = self.personal_statistics(method)
         stats_per_client = self.statistics_examples(method, per_client)
+        gradients, calls = self.sample_gradients(method, per_client)
+        gradients *= clients
+        flops = self.flops(examples, method, False)
+        if flops is not None:
+            flops += self.flops(gradients, method, False) or 0.0  # a training example's forward and backward each
         return Phase(
             method=label,
             phase="personalization",
@@ -691,15 +721,41 @@ class _Planner:
             examples=examples,
             tokens=self.tokens(examples),
             steps=None if examples is None else examples / batch,
-            flops=self.flops(examples, method, False),
+            flops=flops,
             peak_memory=self.peak(method, False),
             disk=saved,
             parallel_clients=clients,
             forward_examples=None if stats_per_client is None else statistics * stats_per_client,
             forward_batches=statistics * self.statistics_batches(method, stats_per_client),
+            sample_gradient_examples=gradients,
+            sample_gradient_calls=calls * clients,
             lora_params=self.lora_params(method),
+            expert_weights=self.expert_weights(method),
             client_units=clients * budgets,
         )
+
+    @staticmethod
+    def sample_gradients(method: MethodConfig, per_client: float | None) -> tuple[float, float]:
+        """(examples, calls) of one client's per-sample gradients in a personalization that merges from them
+        (:data:`MERGES_FROM_SAMPLE_GRADIENTS`): ``merge_samples`` of its training examples at each of its two adapters
+        (at most its training split; its mean size where known, else ``merge_samples``)."""
+        if method.name not in MERGES_FROM_SAMPLE_GRADIENTS:
+            return 0.0, 0.0
+        samples = float(int(_field(method, "merge_samples", 30)))
+        if per_client is not None:
+            samples = min(samples, per_client)
+        return 2.0 * samples, 2.0
+
+    def evaluations(self, method: MethodConfig) -> int:
+        """Passes over every client's test set of ``method``'s evaluation: one a budget (methods that use them), and
+        a merge's parts beside it (its FedIT and its local adapter; a ``grid_search``'s chosen weight and every
+        weight of its grid)."""
+        passes = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
+        if method.name in MERGES_FROM_SAMPLE_GRADIENTS:
+            passes += 2 if _field(method, "parts", True) else 0
+            if _field(method, "grid_search", False):
+                passes += 1 + len(_field(method, "grid", []) or [])
+        return passes
 
     def personal_statistics(self, method: MethodConfig) -> float:
         """How many client statistics personalization computes: FedP2EFT's for every client the federated rounds
@@ -714,10 +770,12 @@ class _Planner:
             return float(clients * (len(self.budgets) if self.budgets else 1))
         return 0.0
 
-    def evaluation(self, label: str, times: int, evaluations: int, rounds: int = 0) -> Phase:
+    def evaluation(
+        self, label: str, times: int, evaluations: int, rounds: int = 0, method: MethodConfig | None = None
+    ) -> Phase:
         """``evaluations`` passes over every client's test set (a budget each), and round evaluations: every
         ``eval.every`` rounds and after the last, each over every client's test set and its sample of the other
-        clients' (``split: others``)."""
+        clients' (``split: others``); with ``method``'s adapter (none: the base model)."""
         clients = self.federation.total_clients
         every = self.cfg.eval.every
         round_passes = math.ceil(rounds / every) if every and rounds else 0
@@ -753,6 +811,7 @@ class _Planner:
             decode_steps=decode,
             parallel_clients=clients,
             eval_batches=batches,
+            expert_weights=self.expert_weights(method),
             client_units=clients * passes,
             notes=[f"{passes} pass(es) over every client's test set"]
             + ([f"{round_passes} with a sample of the other clients' (Others)"] if round_passes and others else []),
@@ -819,8 +878,8 @@ class _Planner:
             federated = self.federated(method, label, seeds)
             personal = self.personalization(method, label, seeds)
             phases += [p for p in (federated, personal) if p is not None]
-            evaluations = len(self.budgets) if method.name in USES_BUDGET and self.budgets else 1
-            phases.append(self.evaluation(label, seeds, evaluations, federated.rounds if federated else 0))
+            rounds = federated.rounds if federated else 0
+            phases.append(self.evaluation(label, seeds, self.evaluations(method), rounds, method))
         return phases
 
 

@@ -102,7 +102,10 @@ class PhaseData(TypedDict):
     pivot_batches: float
     hypergradient_examples: float
     hypergradient_batches: float
+    sample_gradient_examples: float
+    sample_gradient_calls: float
     lora_params: list[float]
+    expert_weights: list[float]
     client_units: int
     full: bool
     notes: list[str]
