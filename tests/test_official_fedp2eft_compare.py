@@ -212,3 +212,36 @@ def test_flower_timestamps_give_round_and_evaluation_times(tmp_path):
     )
     assert compare.flower_phases(log) == {"fit_s": 5.5, "rounds": 2, "evaluate_s": 10.2, "evaluated": 4}
     assert compare.flower_phases(tmp_path / "missing.log") == {}
+
+
+def test_kept_steps_restore_a_run_folder_elsewhere_in_the_order_they_finished(tmp_path):
+    """``run --keep``: each finished step's new and changed files go to ``<step>.tar.gz`` with its record; a run
+    folder that lacks them takes them back (a later step's version of a shared file last) and skips those steps."""
+    run, keep, elsewhere = tmp_path / "run", tmp_path / "keep", tmp_path / "elsewhere"
+    (run / "fedpeft" / "lora").mkdir(parents=True)
+    (run / "plan.json").write_text("{}")
+    before = compare.snapshot(run)
+    (run / "fedpeft" / "lora" / "results.jsonl").write_text("first\n")
+    (run / "logs").mkdir()
+    (run / "logs" / "a.log").write_text("a")
+    compare.keep_step(keep, run, "a", before, {"wall_s": 1.0, "finished": "2026-12-07T10:00:00"})
+    before = compare.snapshot(run)
+    (run / "fedpeft" / "lora" / "results.jsonl").write_text("second\n")  # changed by the later step
+    (run / "authors" / "models" / "b").mkdir(parents=True)
+    (run / "authors" / "models" / "b" / "weights.pkl").write_bytes(b"\x00\x01")
+    compare.keep_step(keep, run, "b", before, {"wall_s": 2.0, "finished": "2026-12-07T11:00:00"})
+    with compare.tarfile.open(keep / "b.tar.gz") as archive:  # only what b wrote, not a's log or the plan
+        assert sorted(archive.getnames()) == [
+            "files/authors/models/b/weights.pkl",
+            "files/fedpeft/lora/results.jsonl",
+            "record.json",
+        ]
+
+    elsewhere.mkdir()
+    steps = compare.Steps(elsewhere)
+    assert compare.restore_steps(keep, elsewhere, steps) == ["a", "b"]
+    assert (elsewhere / "fedpeft" / "lora" / "results.jsonl").read_text() == "second\n"
+    assert (elsewhere / "authors" / "models" / "b" / "weights.pkl").read_bytes() == b"\x00\x01"
+    assert (elsewhere / "logs" / "a.log").read_text() == "a"
+    assert compare.Steps(elsewhere).records["b"]["wall_s"] == 2.0  # saved to steps.json
+    assert compare.restore_steps(keep, elsewhere, compare.Steps(elsewhere)) == []  # nothing twice

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import io
 import json
 import math
 import os
@@ -46,6 +47,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -309,6 +311,61 @@ def sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
+def snapshot(run: Path) -> dict[str, tuple[int, float]]:
+    """Every file under ``run`` (relative path: size, modification time), ``steps.json`` and ``keep`` aside."""
+    files = {}
+    for path in run.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            stat = path.stat()
+            files[str(path.relative_to(run))] = (stat.st_size, stat.st_mtime)
+    files.pop("steps.json", None)
+    return files
+
+
+def keep_step(keep: Path, run: Path, step: str, before: dict[str, tuple[int, float]], record: dict) -> Path:
+    """Archive what step ``step`` wrote or changed under ``run`` (against ``before``) and its record, as
+    ``keep/<step>.tar.gz``: a machine that lacks the run folder restores it with :func:`restore_steps`."""
+    keep.mkdir(parents=True, exist_ok=True)
+    changed = sorted(name for name, stat in snapshot(run).items() if before.get(name) != stat)
+    target = keep / f"{step}.tar.gz"
+    temporary = target.with_name(f".{target.name}.tmp")
+    with tarfile.open(temporary, "w:gz") as archive:
+        for name in changed:
+            archive.add(run / name, arcname=f"files/{name}")
+        data = (json.dumps(record, indent=1) + "\n").encode()
+        info = tarfile.TarInfo("record.json")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    temporary.replace(target)
+    return target
+
+
+def restore_steps(keep: Path, run: Path, steps: Steps) -> list[str]:
+    """Extract every ``keep/<step>.tar.gz`` whose step ``steps`` has no record of into ``run``, in the order the
+    steps finished (a later step's files replace an earlier one's), and take its record; the steps restored."""
+    archives = []
+    for path in sorted(keep.glob("*.tar.gz")):
+        step = path.name.removesuffix(".tar.gz")
+        if step in steps.records:
+            continue
+        with tarfile.open(path, "r:gz") as archive:
+            member = archive.extractfile("record.json")
+            record = json.loads(member.read()) if member is not None else {}
+        archives.append((record.get("finished", ""), step, path, record))
+    restored = []
+    for _, step, path, record in sorted(archives):
+        with tarfile.open(path, "r:gz") as archive:
+            files = [m for m in archive.getmembers() if m.name.startswith("files/")]
+            for member in files:
+                member.name = member.name.removeprefix("files/")
+            archive.extractall(run, members=files, filter="data")
+        steps.records[step] = {**record, "restored_from": str(path)}
+        restored.append(step)
+    if restored:
+        steps.save()
+    return restored
+
+
 def measured(run: Path, step: str, command: list[str], cwd: Path, env: dict | None = None) -> dict:
     """Run ``command`` under measure.py from ``cwd``, output to ``logs/<step>.log``; the measurement."""
     logs = run / "logs"
@@ -341,6 +398,10 @@ class Driver:
                 sys.exit(f"{self.run} holds steps of another plan ({', '.join(changed)} differ); use another --run")
         saved.write_text(json.dumps(self.plan, indent=1) + "\n")
         self.steps = Steps(self.run)
+        self.keep = args.keep.resolve() if getattr(args, "keep", None) else None
+        if self.keep is not None and self.keep.is_dir():
+            for step in restore_steps(self.keep, self.run, self.steps):
+                print(f"[kept] {step}: restored from {self.keep}", flush=True)
         self.federation = self.run / "federation"
         self.authors = self.run / "authors"
         self.authors.mkdir(exist_ok=True)
@@ -355,6 +416,7 @@ class Driver:
             return
         command = command_fn()
         print(f"[run ] {name}", flush=True)
+        before = snapshot(self.run) if self.keep is not None else {}
         result = measured(self.run, name, command, cwd, env)
         result["workers"] = self.plan["workers"]
         result.update(extra() if callable(extra) else (extra or {}))
@@ -364,6 +426,9 @@ class Driver:
             log = self.run / "logs" / f"{name}.log"
             sys.exit(f"step {name} ended (exit code {result.get('returncode')}) without its outputs: see {log}")
         print(f"       {result.get('wall_s')} s, peak tree {result.get('peak_tree_rss_mib')} MiB", flush=True)
+        if self.keep is not None:
+            kept = keep_step(self.keep, self.run, name, before, result)
+            print(f"       kept: {kept} ({kept.stat().st_size / 2**20:.1f} MiB)", flush=True)
 
     # fedpeft ---------------------------------------------------------------------------------------------------
 
@@ -949,6 +1014,12 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     run.add_argument("--sides", nargs="+", choices=["fedpeft", "authors"], default=["fedpeft", "authors"])
     run.add_argument("--quick", action="store_true", help="the smoke-size federation (4 seen, 6 unseen clients)")
+    run.add_argument(
+        "--keep",
+        type=Path,
+        help="a folder that receives each finished step's outputs as <step>.tar.gz, restored from there into a run "
+        "folder that lacks them: the comparison taken up on another machine or checkout",
+    )
     run.add_argument("--rounds", type=int, help="federated rounds (default: aligned 60, authors 150; --quick 3)")
     run.add_argument("--fraction", type=float, help="share of the seen pool per round (default 0.1; --quick 0.5)")
     run.add_argument(
