@@ -222,6 +222,10 @@ def test_kept_steps_restore_a_run_folder_elsewhere_in_the_order_they_finished(tm
     (run / "plan.json").write_text("{}")
     before = compare.snapshot(run)
     (run / "fedpeft" / "lora" / "results.jsonl").write_text("first\n")
+    for unkept in ("adapters/lora/seed0/client-1/r2/adapter.safetensors", "checkpoints/lora/seed0.safetensors"):
+        (run / "fedpeft" / "lora" / "seed0" / unkept).parent.mkdir(parents=True)
+        (run / "fedpeft" / "lora" / "seed0" / unkept).write_bytes(b"big")  # saved adapters: no step reads them
+    (run / "fedpeft" / "lora" / "seed0" / "results.jsonl").write_text("kept\n")
     (run / "logs").mkdir()
     (run / "logs" / "a.log").write_text("a")
     compare.keep_step(keep, run, "a", before, {"wall_s": 1.0, "finished": "2026-12-07T10:00:00"})
@@ -243,5 +247,8 @@ def test_kept_steps_restore_a_run_folder_elsewhere_in_the_order_they_finished(tm
     assert (elsewhere / "fedpeft" / "lora" / "results.jsonl").read_text() == "second\n"
     assert (elsewhere / "authors" / "models" / "b" / "weights.pkl").read_bytes() == b"\x00\x01"
     assert (elsewhere / "logs" / "a.log").read_text() == "a"
+    assert (elsewhere / "fedpeft" / "lora" / "seed0" / "results.jsonl").read_text() == "kept\n"
+    assert not (elsewhere / "fedpeft" / "lora" / "seed0" / "adapters").exists()
+    assert not (elsewhere / "fedpeft" / "lora" / "seed0" / "checkpoints").exists()
     assert compare.Steps(elsewhere).records["b"]["wall_s"] == 2.0  # saved to steps.json
     assert compare.restore_steps(keep, elsewhere, compare.Steps(elsewhere)) == []  # nothing twice
