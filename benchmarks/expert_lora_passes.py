@@ -13,7 +13,9 @@ random weights in bfloat16, is timed (median of ``--repeats`` passes after a war
 a LoRA of ``--rank`` (8) on the attention projections and the fused experts, as fedpeft's methods adapt it
 (:func:`fedpeft.methods.base.lora_spec`). The difference divided by the expert weights is the seconds per adapted
 expert weight the plan uses; numpy's copy bandwidth, measured in the same process, says whether memory traffic
-could explain it (bytes per weight at that bandwidth: a few would; tens mean compute bounds it).
+could explain it (bytes per weight at that bandwidth: a few would; tens mean compute bounds it). Each pass is timed
+a third time as fedpeft's predictions run it (:func:`fedpeft.models.weights.parameter_adapters_formed`): the
+adapted weights formed once, at the warm-up pass, and read by every timed one.
 
 ``--quick``: OLMoE's proportions at hidden 256 (64 experts of width 128), two layers, one timed pass: checks that
 it runs.
@@ -38,6 +40,7 @@ from transformers import OlmoeConfig, OlmoeForCausalLM
 
 from fedpeft.models.paper_configs import model_config
 from fedpeft.models.targets import FAMILY_LORA_PARAMETERS, FAMILY_LORA_TARGETS
+from fedpeft.models.weights import parameter_adapters_formed
 from fedpeft.planning.cpu_time import EXPERT_LORA_S
 
 OLMOE = "allenai/OLMoE-1B-7B-0924"
@@ -111,6 +114,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     adapted = get_peft_model(model, lora).eval()
     with_lora = {name: pass_seconds(adapted, batch, args.repeats) for name, batch in ids.items()}
+    formed = {}
+    for name, batch in ids.items():  # as a prediction runs: the weights formed at its first pass (the warm-up)
+        with parameter_adapters_formed(adapted):
+            formed[name] = pass_seconds(adapted, batch, args.repeats)
     bandwidth = copy_bandwidth()
     rows = {}
     for name in shapes:
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
             "batch": list(shapes[name]),
             "bare_s": bare[name],
             "lora_s": with_lora[name],
+            "formed_s": formed[name],
             "extra_s": extra,
             "seconds_per_expert_weight": per_weight,
             "bytes_per_expert_weight": per_weight * bandwidth,
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, row in rows.items():
         print(f"  {name} {row['batch']}: bare {row['bare_s']:.3f} s, with LoRA {row['lora_s']:.3f} s, "
               f"{row['seconds_per_expert_weight'] * 1e9:.2f} ns = {row['bytes_per_expert_weight']:.1f} bytes "
-              "per expert weight")  # fmt: skip
+              f"per expert weight; formed once, as a prediction: {row['formed_s']:.3f} s")  # fmt: skip
     print(f"the plan: {EXPERT_LORA_S * 1e9:.2f} ns per expert weight on all the cores -> {args.out}")
     return result
 

@@ -384,5 +384,6 @@ def test_expert_lora_passes_quick_times_a_pass_with_and_without_the_experts_lora
     assert result["expert_weights"] == 2 * 64 * (256 * 2 * 128 + 128 * 256)
     for name, row in result["passes"].items():
         assert row["lora_s"] > row["bare_s"] > 0, name  # every expert's update formed: a pass costs more
+        assert row["formed_s"] > 0
         assert row["seconds_per_expert_weight"] == pytest.approx(row["extra_s"] / result["expert_weights"])
     assert result["passes"]["decode"]["batch"] == [4, 1] and result["passes"]["prompt"]["batch"] == [4, 8]

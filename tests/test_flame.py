@@ -3,6 +3,7 @@ controls (top-k, rescaler, activation counts, gradients), tiers and sampling, an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -672,3 +673,50 @@ def test_router_lora_and_training_at_the_tier_top_k(toy_moe_runtime, toy_moe_cli
     finally:
         handle.remove()
     assert set(seen) == {2}  # c2 is tier3: trains at top-2
+
+
+# ------------------------------------------------------------------------------- predictions with expert LoRA
+
+
+def test_a_prediction_forms_each_expert_lora_once_with_the_per_pass_outputs(
+    toy_moe_runtime, toy_moe_clients, monkeypatch
+):
+    """Generation with a LoRA on the fused experts: each adapted expert tensor is formed once per prediction, not
+    at every forward pass (the prompt's and each decoding step's), and the responses are those of forming it at
+    every pass, to the token; afterwards the layers form per pass again and train as before."""
+    from peft.tuners.lora import layer as peft_layer
+
+    import fedpeft.models.evaluator as evaluator_module
+    from fedpeft.models.weights import FORMED
+
+    runtime = toy_moe_runtime
+    spec = method("flame").spec(runtime, 3)
+    runtime.install(ClientModel(lora=spec), seed=0)
+    wrappers = [m for m in runtime.peft.modules() if isinstance(m, ParamWrapper)]
+    with torch.no_grad():
+        for wrapper in wrappers:
+            wrapper.lora_B[spec.key].weight.normal_(std=0.5)  # a LoRA that changes the answers
+    formed = []
+    for proxy in (peft_layer._LoraFactorsProxy, peft_layer._LoraParameterProxy):
+        original = proxy.forward
+        monkeypatch.setattr(proxy, "forward", lambda self, *a, _f=original, **k: formed.append(1) or _f(self, *a, **k))
+    examples = toy_moe_clients[0].test  # 6 prompts, one batch, 3 new tokens: the prompt's pass and 2 decoding steps
+
+    once = runtime.evaluator.predict(examples)
+    formed_once = len(formed)
+    # Per adapted tensor for the whole prediction: one forming, and one by torch's register_parametrization, which
+    # evaluates a parametrization to check its output (PEFT's per-pass path pays both at every pass).
+    assert formed_once == 2 * len(wrappers)
+    formed.clear()
+    monkeypatch.setattr(evaluator_module, "parameter_adapters_formed", lambda model: contextlib.nullcontext())
+    every_pass = runtime.evaluator.predict(examples)
+    assert len(formed) == 3 * 2 * len(wrappers)  # PEFT alone: at the prompt's pass and at 2 decoding steps
+    assert once == every_pass and any(once)
+
+    for wrapper in wrappers:  # nothing left behind: no merged mark, no parametrization
+        assert FORMED not in wrapper.merged_adapters and not wrapper.merged
+        assert not torch.nn.utils.parametrize.is_parametrized(wrapper.get_base_layer())
+    batch = runtime.encode(toy_moe_clients[0].train[:4])
+    loss = runtime.peft(**batch).loss
+    loss.backward()
+    assert all(w.lora_B[spec.key].weight.grad is not None for w in wrappers)

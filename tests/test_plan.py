@@ -613,9 +613,10 @@ def test_an_evaluation_of_two_models_costs_the_mean_of_theirs():
 
 def test_a_lora_on_fused_experts_costs_every_forward_pass_outside_training_its_adapted_weights():
     """FLAME's OLMoE: a method's LoRA adapts every expert of every layer (PEFT's ``target_parameters``), whose
-    adapted weights each forward pass forms whatever its batch: every evaluation batch and decoding step pays
-    EXPERT_LORA_S per expert weight (on all the cores; twice that on half of them). The base model's evaluation,
-    and a LoRA on the attention only, pay nothing."""
+    adapted weights each forward pass forms whatever its batch: each client's prediction pays EXPERT_LORA_S per
+    expert weight once (it forms them at its first pass and holds them: their bytes in its peak), every other
+    forward batch outside training each time (on all the cores; twice that on half of them). The base model's
+    evaluation, and a LoRA on the attention only, pay nothing."""
     from fedpeft.planning.cpu_time import EXPERT_LORA_S, Machine, ModelRate, phase_seconds, tokens_of
 
     cfg = load_config("flame-dolly")
@@ -641,9 +642,13 @@ def test_a_lora_on_fused_experts_costs_every_forward_pass_outside_training_its_a
     rates = [ModelRate("OLMoE", 2.0, "rehearsal", 16, 0.1)]
     for method, expected in (("flame", experts), ("base model", 0)):
         row = next(p for p in data["phases"] if p["method"] == method and p["phase"] == "evaluation")
-        row = {**row, "examples": 40.0, "eval_batches": 10.0, "decode_steps": 40.0}
+        row = {**row, "examples": 40.0, "eval_batches": 10.0, "decode_steps": 40.0, "client_units": 4}
         parts = phase_seconds(row, models, rates, machine, True)
-        assert parts["experts"] == pytest.approx((10 + 40) * expected * EXPERT_LORA_S)
+        assert parts["experts"] == pytest.approx(4 * expected * EXPERT_LORA_S)  # once a client, not a batch or token
+    # the formed weights held through a prediction, in bfloat16
+    assert by_phase[("flame", "evaluation")].peak_memory - by_phase[("base model", "evaluation")].peak_memory == (
+        2 * experts
+    )
     # A training phase's forward batches outside its steps (here, statistics) pay it too; its steps do not.
     federated = next(p for p in data["phases"] if p["method"] == "flame" and p["phase"] == "federated")
     quiet = {**federated, "forward_batches": 0.0, "public_batches": 0.0, "decode_steps": 0.0}

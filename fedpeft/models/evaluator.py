@@ -9,7 +9,7 @@ import torch
 from fedpeft.core.types import Metrics
 from fedpeft.data.types import Example
 from fedpeft.models.text import TextEncoder
-from fedpeft.models.weights import ModelWeights
+from fedpeft.models.weights import ModelWeights, parameter_adapters_formed
 
 
 class Evaluator:
@@ -41,13 +41,14 @@ class Evaluator:
 
     @torch.no_grad()
     def predict(self, examples: list[Example]) -> list[Any]:
-        """Predicted labels (classification) or generated responses (generation)."""
+        """Predicted labels (classification) or generated responses (generation); a LoRA on a parameter (a
+        mixture of experts' fused experts) formed once for all of them (:func:`parameter_adapters_formed`)."""
         model = self.weights.model()
         was_training = model.training
         model.eval()
         outputs: list[Any] = []
         try:
-            with self.weights.forward_context():
+            with self.weights.forward_context(), parameter_adapters_formed(model):
                 for start in range(0, len(examples), self.eval_batch_size):
                     chunk = examples[start : start + self.eval_batch_size]
                     if self.text.task == "classification":

@@ -342,6 +342,39 @@ class ModelWeights(BaseWeights):
             yield
 
 
+FORMED = "fedpeft-formed"
+"""The name :func:`parameter_adapters_formed` lists among a parameter LoRA's merged adapters while it holds the
+adapted weight formed, so that the layer's forward reads it rather than forming it again."""
+
+
+@contextlib.contextmanager
+def parameter_adapters_formed(model: torch.nn.Module) -> Iterator[None]:
+    """Within: every active LoRA on a parameter (PEFT's ``ParamWrapper``: a mixture of experts' fused expert
+    tensors, ``target_parameters``) forms its adapted weight once, at the first forward pass that reads it, and
+    every later pass reads that one, rather than forming every expert's W + s B A again at each pass (a decoding
+    step of OLMoE-1B-7B forms 6.4 G weights: benchmarks/expert_lora_passes.py). For predictions only: nothing
+    formed keeps a gradient.
+
+    It is PEFT's own forming, entered once: the layer's parametrization registered as its forward registers it,
+    inside ``torch.nn.utils.parametrize.cached()``, so every output is the per-pass one, bit for bit. It holds the
+    formed weights of every such layer at once (as much memory as their parameters) until it exits. A PEFT without
+    that mechanism (``_activate_lora``) forms them at each pass, as before.
+    """
+    from peft.tuners.lora.layer import ParamWrapper
+
+    with contextlib.ExitStack() as stack:
+        for module in model.modules():
+            if not isinstance(module, ParamWrapper) or module.disable_adapters or module.merged:
+                continue
+            activate = getattr(module, "_activate_lora", None)
+            if activate is None or not any(name in module.lora_A for name in module.active_adapters):
+                continue
+            stack.enter_context(activate(module.active_adapters))
+            module.merged_adapters.append(FORMED)  # its forward now calls the parametrized base layer as it is
+            stack.callback(module.merged_adapters.remove, FORMED)
+        yield
+
+
 def unload_adapters(model: PeftModel) -> torch.nn.Module:
     """Remove a PEFT model's adapter layers and head copies, putting the original base modules back in place."""
     for module in model.modules():

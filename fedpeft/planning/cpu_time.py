@@ -17,8 +17,9 @@ A phase's time is the sum of what it spends, each part counted from the plan's p
 - **generation**: the prompt's forward pass (the output layer for its last position only) and every decoding
   step one read of the weights at this CPU's memory bandwidth;
 - **experts' LoRA**: a LoRA on a mixture of experts' fused expert tensors forms every expert's adapted weight at each
-  forward pass, whatever its batch: :data:`EXPERT_LORA_S` per adapted expert weight for each evaluation batch,
-  decoding step and forward batch outside training (a training step's is in its measured rate);
+  forward pass, whatever its batch: :data:`EXPERT_LORA_S` per adapted expert weight once for each client's
+  evaluation (a prediction forms them once: fedpeft.models.weights.parameter_adapters_formed) and for each forward
+  batch and decoding step outside training and evaluation (a training step's is in its measured rate);
 - **client units** (a training, a personalization at a budget, an evaluation): :data:`CLIENT_FIXED_S` each for
   installing the client's model, saving its adapter and its records;
 - **a phase that trains the base weights**: its checkpoint each round and the exported base model,
@@ -245,6 +246,8 @@ EXPERT_LORA_S = 1.5e-9
 """A forward pass of a model whose fused expert tensors carry a LoRA (PEFT's ``target_parameters``: each expert's
 W + s B A formed by one batched product over every expert, before any token is routed), beyond the same pass
 without it: seconds per adapted expert weight on all of this CPU's cores, whatever the pass's batch and the rank.
+A prediction pays it once (the weights formed at its first pass, fedpeft.models.weights.parameter_adapters_formed:
+a decoding step of 4 sequences then 0.09 s where 1.4 s); other passes outside training pay it each.
 Measured by benchmarks/expert_lora_passes.py (OLMoE-1B-7B's width at two layers, bfloat16, 805 M expert weights):
 1.41 to 1.54 ns at ranks 8 and 20 on the 2 cores, for a decoding step of 4 sequences (0.06 s bare, 1.2-1.3 s with
 the LoRA) and a prompt of 4 x 64 alike; 2.7 ns on one thread, so compute, not the memory bandwidth, bounds it.
@@ -280,7 +283,7 @@ def phase_seconds(
         per_pass = expert_pass_seconds(experts[index] if experts else 0.0, compute_share)
         if phase["phase"] == "evaluation":
             examples, batches = phase["examples"] * weight, phase["eval_batches"] * weight
-            parts["experts"] += (batches + (phase["decode_steps"] * weight if generation else 0.0)) * per_pass
+            parts["experts"] += phase["client_units"] * weight * per_pass  # once a client's prediction
             passes = (examples + STEP_FIXED_EXAMPLES * batches) * per_example * forward_share(a, tokens, share)
             parts["fixed"] += batches * EVAL_BATCH_FIXED_S
             if not generation:

@@ -425,13 +425,14 @@ def train_memory(model: ModelPlan, batch: int, trainable: int, full: bool) -> fl
     return model.weights + optimizer + acts + CUDA_CONTEXT_BYTES
 
 
-def eval_memory(model: ModelPlan, batch: int, new_tokens: int, generation: bool) -> float:
+def eval_memory(model: ModelPlan, batch: int, new_tokens: int, generation: bool, formed: float = 0.0) -> float:
     """Peak bytes of one worker evaluating: weights, one layer's activations of a batch (nothing kept for a
-    backward pass), the logits and, when generating, the key/value cache."""
+    backward pass), the logits and, when generating, the key/value cache; and the ``formed`` adapted expert weights
+    a prediction holds (fedpeft.models.weights.parameter_adapters_formed), in the weights' precision."""
     a, p = model.architecture, model.activation_precision
     acts = activation_bytes(a, batch, model.max_length, p, True)["total"]
     cache = kv_cache_bytes(a, batch, model.max_length + new_tokens, p) if generation else 0.0
-    return model.weights + acts + cache + CUDA_CONTEXT_BYTES
+    return model.weights + acts + cache + formed * p + CUDA_CONTEXT_BYTES
 
 
 class _Planner:
@@ -807,7 +808,10 @@ class _Planner:
             tokens=tokens,
             steps=0.0,
             flops=flops,
-            peak_memory=max(eval_memory(m, batch, new_tokens, self.generation) for m in self.models),
+            peak_memory=max(
+                eval_memory(m, batch, new_tokens, self.generation, adapted_expert_weights(m, method))
+                for m in self.models
+            ),
             decode_steps=decode,
             parallel_clients=clients,
             eval_batches=batches,
