@@ -48,12 +48,13 @@ PIP=("$WORK/venv/bin/python" -m pip install --quiet)
 "${PIP[@]}" "torch==2.13.0"
 # Their pins, less what cannot install or run here (README.md, "Environment"): flash-attn (CUDA build), torchaudio
 # (pins torch 2.4.0; no file imports it), pip (the venv's own), unstructured and python-pptx (no file imports them),
-# learn2learn (below). Four additions that their pins leave open: flwr 1.7.0 needs numpy < 2, which the newest
-# pyarrow and pandas refuse; wandb 0.14.0 imports pkg_resources, gone from setuptools 81 (torch 2.13 wants >= 77);
+# learn2learn (below). Five additions that their pins leave open: flwr 1.7.0 needs numpy < 2, which the newest
+# pyarrow and pandas refuse; wandb 0.14.0 imports pkg_resources, gone from setuptools 81 (torch 2.13 wants >= 77),
+# and sentry_sdk.Hub, gone from sentry-sdk 3 (its pins leave sentry-sdk open: 3.0.1 broke every run of theirs);
 # trl 0.10.1 imports rich without declaring it.
 SKIP='^(flash-attn|torchaudio|pip|unstructured|python-pptx|learn2learn)=='
 grep -v -E "$SKIP" "$WORK/repo/requirement.txt" > "$WORK/requirements.cpu.txt"
-"${PIP[@]}" -r "$WORK/requirements.cpu.txt" "torch==2.13.0" "pyarrow<19" "pandas<2.3" "setuptools>=77,<81" rich
+"${PIP[@]}" -r "$WORK/requirements.cpu.txt" "torch==2.13.0" "pyarrow<19" "pandas<2.3" "setuptools>=77,<81" "sentry-sdk<2" rich
 # learn2learn 0.1.7 does not build for Python 3.11 (its generated C includes longintrepr.h) and its import needs a
 # torchvision matching torch (this machine's is a CUDA build); their code imports one class from it, for FedL2P.
 # A stand-in (shims/learn2learn) provides the name and refuses to be used.
