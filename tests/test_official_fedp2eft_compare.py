@@ -222,7 +222,8 @@ def test_kept_steps_restore_a_run_folder_elsewhere_in_the_order_they_finished(tm
     (run / "plan.json").write_text("{}")
     before = compare.snapshot(run)
     (run / "fedpeft" / "lora" / "results.jsonl").write_text("first\n")
-    for unkept in ("adapters/lora/seed0/client-1/r2/adapter.safetensors", "checkpoints/lora/seed0.safetensors"):
+    for unkept in ("adapters/lora/seed0/client-1/r2/adapter.safetensors", "checkpoints/lora/seed0.safetensors",
+                   "plots/mean_seen.png", "parts/lora-seed0.jsonl"):  # fmt: skip
         (run / "fedpeft" / "lora" / "seed0" / unkept).parent.mkdir(parents=True)
         (run / "fedpeft" / "lora" / "seed0" / unkept).write_bytes(b"big")  # saved adapters: no step reads them
     (run / "fedpeft" / "lora" / "seed0" / "results.jsonl").write_text("kept\n")
@@ -250,5 +251,6 @@ def test_kept_steps_restore_a_run_folder_elsewhere_in_the_order_they_finished(tm
     assert (elsewhere / "fedpeft" / "lora" / "seed0" / "results.jsonl").read_text() == "kept\n"
     assert not (elsewhere / "fedpeft" / "lora" / "seed0" / "adapters").exists()
     assert not (elsewhere / "fedpeft" / "lora" / "seed0" / "checkpoints").exists()
+    assert not (elsewhere / "fedpeft" / "lora" / "seed0" / "plots").exists()
     assert compare.Steps(elsewhere).records["b"]["wall_s"] == 2.0  # saved to steps.json
     assert compare.restore_steps(keep, elsewhere, compare.Steps(elsewhere)) == []  # nothing twice

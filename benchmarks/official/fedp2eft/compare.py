@@ -311,9 +311,10 @@ def sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-UNKEPT = ("fedpeft/*/seed*/adapters/*", "fedpeft/*/seed*/checkpoints/*")
+UNKEPT = tuple(f"fedpeft/*/seed*/{part}/*" for part in ("adapters", "checkpoints", "plots", "parts"))
 """What ``--keep`` leaves out of a step's archive: a finished fedpeft run's saved adapters (58 MiB for LoRA's 174
-clients x 4 budgets) and checkpoints, which neither a later step nor the report reads."""
+clients x 4 budgets), checkpoints, plots and per-unit record parts (merged into its results), which neither a later
+step nor the report reads."""
 
 
 def snapshot(run: Path) -> dict[str, tuple[int, float]]:
