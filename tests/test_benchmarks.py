@@ -382,8 +382,8 @@ def test_expert_lora_passes_quick_times_a_pass_with_and_without_the_experts_lora
     assert json.loads(out.read_text()) == result
     # OLMoE's proportions at hidden 256: 64 experts of width 128 in each of two layers (gate_up and down)
     assert result["expert_weights"] == 2 * 64 * (256 * 2 * 128 + 128 * 256)
-    for name, row in result["passes"].items():
-        assert row["lora_s"] > row["bare_s"] > 0, name  # every expert's update formed: a pass costs more
-        assert row["formed_s"] > 0
+    for name, row in result["passes"].items():  # timed once each: a check that it runs, not a measurement
+        assert min(row["bare_s"], row["lora_s"], row["formed_s"]) > 0, name
+        assert row["extra_s"] == max(row["lora_s"] - row["bare_s"], 0.0)
         assert row["seconds_per_expert_weight"] == pytest.approx(row["extra_s"] / result["expert_weights"])
     assert result["passes"]["decode"]["batch"] == [4, 1] and result["passes"]["prompt"]["batch"] == [4, 8]
