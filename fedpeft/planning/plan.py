@@ -368,10 +368,7 @@ def adapter_split(model: ModelPlan, method: MethodConfig, budgets: list[int], la
     """(A, B) parameters of ``method``'s LoRA on ``model`` at its largest rank (a classification head with B)."""
     a = model.architecture
     rank = ranks_of(method, budgets)
-    targets = _field(method, "targets")
-    targets = ["q_proj", "v_proj"] if targets == "qv" else targets
-    shapes = lora_shapes(a)
-    roles = targeted_roles(a, targets if isinstance(targets, list) else None)
+    shapes, roles = lora_shapes(a), method_roles(a, method)
     lora_a = a.layers * sum(rank * shapes[r][0] * shapes[r][2] for r in roles)
     lora_b = a.layers * sum(rank * shapes[r][1] * shapes[r][2] for r in roles)
     head = (
@@ -382,17 +379,23 @@ def adapter_split(model: ModelPlan, method: MethodConfig, budgets: list[int], la
     return lora_a, lora_b + head
 
 
+def method_roles(a: Architecture, method: MethodConfig) -> list[str]:
+    """The module roles of ``a`` that ``method``'s LoRA targets (``targets``; ``qv``: the query and value
+    projections; none: every linear layer of the blocks)."""
+    targets = _field(method, "targets")
+    targets = ["q_proj", "v_proj"] if targets == "qv" else targets
+    return targeted_roles(a, targets if isinstance(targets, list) else None)
+
+
 def adapted_expert_weights(model: ModelPlan, method: MethodConfig | None) -> float:
     """The weights of ``model``'s fused expert tensors that ``method``'s LoRA adapts (PEFT's ``target_parameters``:
     every expert's update formed at each forward pass); 0 for a model without experts, or no method."""
     a = model.architecture
     if method is None or a.kind != "moe" or method.name in TRAINS_BASE_WEIGHTS:
         return 0.0
-    targets = _field(method, "targets")
-    targets = ["q_proj", "v_proj"] if targets == "qv" else targets
     shapes = lora_shapes(a)
-    roles = targeted_roles(a, targets if isinstance(targets, list) else None)
-    return float(a.layers * sum(shapes[r][0] * shapes[r][1] * shapes[r][2] for r in roles if shapes[r][2] > 1))
+    return float(a.layers * sum(shapes[r][0] * shapes[r][1] * shapes[r][2] for r in method_roles(a, method)
+                                if shapes[r][2] > 1))  # fmt: skip
 
 
 def train_flops_per_token(model: ModelPlan, full: bool, lora_params: int) -> float:
@@ -711,9 +714,8 @@ class _Planner:
         stats_per_client = self.statistics_examples(method, per_client)
         gradients, calls = self.sample_gradients(method, per_client)
         gradients *= clients
-        flops = self.flops(examples, method, False)
-        if flops is not None:
-            flops += self.flops(gradients, method, False) or 0.0  # a training example's forward and backward each
+        # a per-sample gradient is a training example's forward and backward
+        flops = self.flops(None if examples is None else examples + gradients, method, False)
         return Phase(
             method=label,
             phase="personalization",
