@@ -202,6 +202,10 @@ def test_deployment_quick_runs_the_local_engine_and_a_loopback_deployment(tmp_pa
 
 @pytest.mark.slow
 def test_async_deployment_quick_runs_sync_and_fedasync_on_two_nodes_of_two_tiers(tmp_path):
+    """Two SuperNodes on loopback, one client each, the second a tier slower (an injected wait per update):
+    the synchronous round waits for the slow node; FedAsync is not held up by it (each server step applies one
+    reply as it comes, while the other client's update is still in flight). The suite's asynchronous schedule on a
+    real deployment."""
     out = tmp_path / "run"
     result = benchmark("async_deployment").main(["--quick", "--out", str(out)])
     assert json.loads((out / "async_deployment.json").read_text()) == result
@@ -210,7 +214,16 @@ def test_async_deployment_quick_runs_sync_and_fedasync_on_two_nodes_of_two_tiers
     assert set(rows) == {"sync", "fedasync"}
     assert (rows["sync"]["server_steps"], rows["fedasync"]["server_steps"]) == (1, 2)
     assert all(row["phase_seconds"] > 0 for row in rows.values())
-    # both clients in flight at once: FedAsync's second step applies an update computed on the global before the first
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+    def steps(label: str, metric: str) -> list[float]:
+        found = [r for r in records if r["method"] == label and r["split"] == "train" and r["metric"] == metric]
+        return [r["value"] for r in sorted(found, key=lambda r: r["round"])]
+
+    slow = (result["tiers"][1] - 1.0) * result["unit"]
+    assert steps("sync", "clients") == [2.0] and steps("sync", "seconds")[0] >= slow  # it waited for the slow node
+    assert steps("fedasync", "clients") == [1.0, 1.0]  # each step one reply, the other client's still in flight:
+    # FedAsync's second step applies an update computed on the global before the first
     assert rows["sync"]["mean_staleness"] == 0.0 and rows["fedasync"]["mean_staleness"] > 0
     assert rows["fedasync"]["final_rougeL"] is not None
 

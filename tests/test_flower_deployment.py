@@ -113,42 +113,5 @@ def test_deployment_on_loopback(tmp_path):
         assert counters["message_seconds"] > counters["client_work_seconds"]
 
 
-@pytest.mark.slow
-def test_an_asynchronous_schedule_is_not_held_up_by_a_slow_node_on_loopback(tmp_path):
-    """Two SuperNodes on loopback, one client each, the second one slow (an injected 6 s per round): synchronous
-    FedIT waits for it every round; FedAsync (2 clients in flight, a server step on every reply) takes the fast
-    node's replies as they come. Both complete their 3 server steps; the asynchronous ones take less wall time."""
-    slow = 6.0
-    fedit = tiny_raw()["methods"][0]
-    methods = [fedit | {"label": "sync", "rounds": 3}]
-    methods.append(fedit | {"label": "async", "rounds": 3, "schedule": {"kind": "fedasync", "concurrency": 2}})
-    raw = tiny_raw(base={"kind": "pretrained"}, methods=methods)
-    raw["data"] = {**raw["data"], "groups": ["lat1"], "unseen_pool": False}
-    raw["faults"] = [{"kind": "slow", "clients": ["lat1-seen-01"], "value": slow}]
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    out = tmp_path / "out"
-    worker_dir = Path(tempfile.mkdtemp(prefix="fp"))  # short: a Unix socket's path is limited to ~100 bytes
-    node_configs = [
-        f"partition-id={i} num-partitions=2 run-dir='{tmp_path / f'node{i}'}' worker-dir='{worker_dir}'"
-        for i in range(2)
-    ]
-    with LoopbackDeployment(tmp_path, node_configs, {"OMP_NUM_THREADS": "1"}) as deployment:
-        finished = launch(deployment, config, out)
-        logs = finished.stdout + finished.stderr
-        assert finished.returncode == 0, logs[-4000:]
-        assert_nothing_left(worker_dir)
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-
-    def steps(label: str, metric: str) -> list[float]:
-        found = [r for r in rows if r["method"] == label and r["split"] == "train" and r["metric"] == metric]
-        return [r["value"] for r in sorted(found, key=lambda r: r["round"])]
-
-    assert steps("sync", "clients") == [2.0, 2.0, 2.0] and steps("async", "clients") == [1.0, 1.0, 1.0]
-    assert all(seconds >= slow for seconds in steps("sync", "seconds"))  # every round waits for the slow node
-    # The same server steps in less wall time (measured here: 26 s against 60 s, the first of each with the
-    # nodes' start).
-    assert sum(steps("async", "seconds")) < sum(steps("sync", "seconds")), (
-        steps("async", "seconds"),
-        steps("sync", "seconds"),
-    )
+# An asynchronous schedule on loopback (FedAsync not held up by a slow node) is tests/test_benchmarks.py's
+# test_async_deployment_quick_..., which runs benchmarks/async_deployment.py's quick mode on two SuperNodes.
