@@ -254,3 +254,21 @@ def test_kept_steps_restore_a_run_folder_elsewhere_in_the_order_they_finished(tm
     assert not (elsewhere / "fedpeft" / "lora" / "seed0" / "plots").exists()
     assert compare.Steps(elsewhere).records["b"]["wall_s"] == 2.0  # saved to steps.json
     assert compare.restore_steps(keep, elsewhere, compare.Steps(elsewhere)) == []  # nothing twice
+
+
+def test_fedpeft_start_up_is_the_mean_run_less_the_mean_phases_over_the_seeds():
+    # Three seeds' runs of one method: walls 300, 200, 100 s; base stages 30 s; personalizations 230, 130, 40 s.
+    steps = {f"fedpeft-lora-s{seed}": {"wall_s": wall} for seed, wall in enumerate((300.0, 200.0, 100.0))}
+    costs = {
+        "lora": [
+            {"method": method, "seed": seed, "phase": phase, "metric": "wall_s", "value": value}
+            for seed, personalization in enumerate((230.0, 130.0, 40.0))
+            for method, phase, value in (("base", "base", 30.0), ("lora", "personalization", personalization))
+        ]
+    }
+    plan = {"seeds": [0, 1, 2], "budgets": [2, 4, 8, 16], "methods": ["lora"], "fraction": 0.1}
+    clients = [{"pool": "seen", "train": 50}, {"pool": "unseen", "train": 50}]
+    lora = compare.estimate(plan, steps, costs, clients, rounds=60)["fedpeft"]["methods"]["lora"]
+    # mean wall 200 s less the mean phases (30 + 133.3 s): 36.7 s of start-up, whichever seed ran last
+    assert lora["startup_s"] == pytest.approx(200.0 - 30.0 - 400.0 / 3, abs=0.05)
+    assert lora["base_stage_s"] == 30.0

@@ -902,17 +902,16 @@ def estimate(plan: dict, steps: dict, costs: dict[str, list[dict]], clients: lis
         }
 
     by_method = phase_costs(costs)
-    walls = {
-        name.split("-")[1]: rec["wall_s"]
-        for name, rec in steps.items()
-        if name.startswith("fedpeft-") and "wall_s" in rec
-    }
+    walls: dict[str, list[float]] = {}  # each method's runs, one a seed: their phases are means over the seeds too
+    for name, rec in steps.items():
+        if name.startswith("fedpeft-") and "wall_s" in rec:
+            walls.setdefault(name.split("-")[1], []).append(rec["wall_s"])
     if by_method and walls:
         fixed = scaled = 0.0
         detail = {}
         for method, values in by_method.items():
             phases = sum(value for key, value in values.items() if key.endswith(".wall_s"))
-            startup = statistics.fmean([walls.get(method, phases)]) - phases
+            startup = statistics.fmean(walls.get(method, [phases])) - phases
             # the personalization phase's wall time over the clients (its wall_s_per_client leaves out some of it)
             per_client = values.get("personalization.wall_s", 0) / len(clients) * budgets / len(plan["budgets"])
             per_cr = values.get("federated.wall_s_per_client_round", 0)
