@@ -388,6 +388,21 @@ def test_rehearse_presets_interrupts_a_preset_past_its_minutes_and_says_where_it
     assert "| smoke | stopped after 0.5 min, in: " in capsys.readouterr().out
 
 
+def test_psg_precision_quick_trains_the_psg_federatedly_in_float32_and_bfloat16(tmp_path):
+    out = tmp_path / "psg_precision.json"
+    result = benchmark("psg_precision").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["shape"]["psg"] == "28 -> 56 -> 448" and result["settings"]["rounds"] == 6
+    rows = {row["dtype"]: row for row in result["rows"]}
+    assert set(rows) == {"float32", "bfloat16"}
+    for row in rows.values():
+        assert row["parameters"] == 28 * 56 + 56 + 56 * 448 + 448
+        assert 0 <= row["at_cap_share"] <= 1 and row["mean_scale"] > 0 and row["mean_abs_error"] > 0
+        assert 1 <= row["structures"] <= 12 and 0 <= row["clients_tied_at_cut"] <= 12
+    # an Adam step of lr 1e-4 is less than half of bfloat16's spacing above 2^-5: no parameter gets past it
+    assert rows["bfloat16"]["largest_parameter"] <= 2.0**-5
+
+
 @pytest.mark.slow
 def test_expert_lora_passes_quick_times_a_pass_with_and_without_the_experts_lora(tmp_path):
     out = tmp_path / "expert_lora_passes.json"
