@@ -251,23 +251,23 @@ def test_a_gpu_device_without_a_gpu_is_refused_in_one_sentence(tmp_path, monkeyp
 
 # ---------------------------------------------------------------------------------------------- same numbers
 @pytest.mark.slow
-def test_two_workers_give_the_records_of_one(tmp_path, caplog):
+def test_worker_processes_give_the_records_of_one(tmp_path, caplog):
+    """More workers than clients: as many worker processes as there are clients, said once, with the records of
+    one process (two workers, the default on two cores, are benchmarks/parallel.py's quick mode in
+    tests/test_benchmarks.py)."""
     one = run_with(tmp_path, "one", TINY, 1)
-    two = run_with(tmp_path, "two", TINY, 2)
-    assert comparable(two) == comparable(one)
-    # costs.jsonl gives the worker processes' peak memory so far with every phase they ran, never falling; a run in
-    # one process has none.
-    peaks = [(r["phase"], r["value"]) for r in cost_rows(two) if r["metric"] == "workers_peak_rss_mb"]
-    assert {phase for phase, _ in peaks} >= {"base", "personalization"}
-    values = [value for _, value in peaks]
-    assert values == sorted(values) and values[-1] > 100  # a worker process that trained holds torch and a model
-    assert not [r for r in cost_rows(one) if r["metric"] == "workers_peak_rss_mb"]
-    # More workers than clients: as many as there are clients, said once.
     with caplog.at_level(logging.WARNING, logger="fedpeft"):
         many = run_with(tmp_path, "many", TINY, 64)
     assert comparable(many) == comparable(one)
     said = [r.getMessage() for r in caplog.records if "engine.workers 64" in r.getMessage()]
     assert said == ["engine.workers 64: the federation has 4 clients, so 4 worker processes run"], said
+    # costs.jsonl gives the worker processes' peak memory so far with every phase they ran, never falling; a run in
+    # one process has none.
+    peaks = [(r["phase"], r["value"]) for r in cost_rows(many) if r["metric"] == "workers_peak_rss_mb"]
+    assert {phase for phase, _ in peaks} >= {"base", "personalization"}
+    values = [value for _, value in peaks]
+    assert values == sorted(values) and values[-1] > 100  # a worker process that trained holds torch and a model
+    assert not [r for r in cost_rows(one) if r["metric"] == "workers_peak_rss_mb"]
 
 
 # The default (`engine.workers: auto`) as a user gets it, beside one process, with the records of one process:
