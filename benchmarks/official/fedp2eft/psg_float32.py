@@ -1,0 +1,133 @@
+"""The authors' FedP2EFT with its PSG kept in float32: one change to their client, against their own pipeline.
+
+Their client casts the PSG and its input statistics to bfloat16 before their first use and trains the PSG there
+(docs/methods/fedp2eft.md, "Where the authors' code departs from its paper"). This reruns their FedP2EFT steps of
+one seed of a finished ``compare.py run`` folder with ``variants/psg-float32.patch`` applied (the two casts kept in
+float32, nothing else), then sets the personalized accuracies beside those of their unchanged pipeline and of
+fedpeft's run of the paired seed, client by client.
+
+Each step is the ``compare.py`` step's own command (from its log), with the patched copy of their code, this
+folder's model directory and the step's name changed; the same federation, base model, protocol and seed.
+
+Usage: python benchmarks/official/fedp2eft/psg_float32.py --run runs/official-fedp2eft/aligned
+       [--out runs/official-fedp2eft/psg-float32] [--position 0] [--cells r2-seen r2-unseen ...] [--report-only]
+
+Needs setup.sh's work folder (their patched code and environment) and the ``--run`` folder's federated step and
+the personalization steps named in ``--cells`` (their logs give the commands).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+HERE = Path(__file__).resolve().parent
+PATCH = HERE / "variants" / "psg-float32.patch"
+PREFIX = "f32"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"official_fedp2eft_{name}", HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def their_command(log: Path) -> list[str]:
+    """The command line a step's log starts with (``Command ran: ...``), as its words."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "Command ran: " in line:
+            return line.split("Command ran: ", 1)[1].split()
+    raise SystemExit(f"{log} does not say the command it ran; rerun that step with compare.py first")
+
+
+def retarget(words: list[str], work: Path, repo: Path, models: Path, old_models: Path, seed: int) -> list[str]:
+    """A step's command for the variant: the patched repository, this folder's models, the step renamed."""
+    out = []
+    for word in words:
+        word = word.replace(str(work / "repo"), str(repo)).replace(str(old_models), str(models))
+        word = word.replace(f"authors-fedp2eft-s{seed}-", f"{PREFIX}-fedp2eft-s{seed}-")
+        out.append(word)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, required=True, help="a compare.py run folder")
+    parser.add_argument("--out", type=Path, default=Path("runs/official-fedp2eft/psg-float32"))
+    parser.add_argument("--position", type=int, default=0, help="which seed pair (0: their 42, fedpeft's first)")
+    parser.add_argument("--cells", nargs="+", default=["r2-seen"], help="personalization steps, e.g. r2-seen")
+    parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
+    parser.add_argument("--report-only", action="store_true", help="only compare what has run")
+    args = parser.parse_args(argv)
+    compare, comparison = _load("compare"), _load("comparison")
+    run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
+    plan = json.loads((run / "plan.json").read_text())
+    seed = comparison.their_seed(args.position)
+    repo, authors, logs = out / "repo", out / "authors", out / "logs"
+
+    steps = [f"authors-fedp2eft-s{seed}-federated", *(f"authors-fedp2eft-s{seed}-{cell}" for cell in args.cells)]
+    if not args.report_only:
+        if not repo.exists():
+            shutil.copytree(work / "repo", repo, symlinks=True)
+            subprocess.run(["git", "-C", str(repo), "apply", str(PATCH)], check=True)
+        authors.mkdir(parents=True, exist_ok=True)
+        for step in steps:
+            name = step.replace("authors-", f"{PREFIX}-", 1)
+            if compare.results_of(authors, name) or (authors / "models" / name / "weights_round_60.pkl").exists():
+                print(f"[skip] {name}: its outputs exist")
+                continue
+            words = their_command(run / "logs" / f"{step}.log")
+            command = [
+                str(work / "venv" / "bin" / "python"),
+                *retarget(words, work, repo, authors / "models", run / "authors" / "models", seed),
+            ]
+            print(f"[run ] {name}", flush=True)
+            record = compare.measured(out, name, command, authors, compare.OFFLINE_ENV)
+            print(f"       {record.get('wall_s')} s, exit {record.get('returncode')}", flush=True)
+            (logs / f"{name}.record.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    clients = json.loads((run / "federation" / "clients.json").read_text())
+    fedpeft_seed = plan["seeds"][args.position]
+    records = compare.read_jsonl(run / "fedpeft" / "fedp2eft" / f"seed{fedpeft_seed}" / "results.jsonl")
+    rows = []
+    for cell in args.cells:
+        budget, pool = int(cell.split("-")[0].removeprefix("r")), cell.split("-")[1]
+        ours = comparison.fedpeft_values(records, "fedp2eft", pool, budget, [fedpeft_seed])
+        theirs = comparison.authors_values(
+            {0: compare.results_of(run / "authors", f"authors-fedp2eft-s{seed}-{cell}")}, clients
+        )
+        variant = comparison.authors_values(
+            {0: compare.results_of(authors, f"{PREFIX}-fedp2eft-s{seed}-{cell}")}, clients
+        )
+        rows.append(
+            {
+                "pool": pool,
+                "budget": budget,
+                "float32_minus_bfloat16": comparison.compare_accuracies(variant, theirs),
+                "fedpeft_minus_float32": comparison.compare_accuracies(ours, variant),
+                "fedpeft_minus_bfloat16": comparison.compare_accuracies(ours, theirs),
+            }
+        )
+    result = {"run": str(run), "their_seed": seed, "fedpeft_seed": fedpeft_seed, "patch": PATCH.name, "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "psg_float32.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("| pool | r | their PSG in float32 - in bfloat16 | fedpeft - their float32 | fedpeft - their bfloat16 |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        keys = ("float32_minus_bfloat16", "fedpeft_minus_float32", "fedpeft_minus_bfloat16")
+        cells = [comparison.format_difference(r[key]) for key in keys]
+        print(f"| {r['pool']} | {r['budget']} | " + " | ".join(cells) + " |")
+    return result
+
+
+if __name__ == "__main__":
+    main()
