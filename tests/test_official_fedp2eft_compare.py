@@ -272,3 +272,31 @@ def test_fedpeft_start_up_is_the_mean_run_less_the_mean_phases_over_the_seeds():
     # mean wall 200 s less the mean phases (30 + 133.3 s): 36.7 s of start-up, whichever seed ran last
     assert lora["startup_s"] == pytest.approx(200.0 - 30.0 - 400.0 / 3, abs=0.05)
     assert lora["base_stage_s"] == 30.0
+
+
+def test_the_float32_variant_reruns_a_steps_own_command_on_its_patched_copy(tmp_path):
+    variant = load("psg_float32")
+    work, models = Path("/w/.work"), Path("/r/aligned/authors/models")
+    log = tmp_path / "step.log"
+    log.write_text(
+        "INFO:__main__:Command ran: /w/.work/repo/main.py /w/.work/repo/configs/xnli/xnli_fedp2eft.yaml seed=42 "
+        f"model_directory={models} app.args.load_fedl2p_params={models}/authors-fedp2eft-s42-federated/"
+        "weights_round_60.pkl name=authors-fedp2eft-s42-r2-seen\nDEBUG flwr ...\n"
+    )
+    words = variant.retarget(variant.their_command(log), work, Path("/v/repo"), Path("/v/models"), models, 42)
+    assert words == [
+        "/v/repo/main.py",
+        "/v/repo/configs/xnli/xnli_fedp2eft.yaml",
+        "seed=42",
+        "model_directory=/v/models",
+        "app.args.load_fedl2p_params=/v/models/f32-fedp2eft-s42-federated/weights_round_60.pkl",
+        "name=f32-fedp2eft-s42-r2-seen",
+    ]
+    # the patch changes the PSG's two casts and nothing else
+    patch = (FOLDER / "variants" / "psg-float32.patch").read_text().splitlines()
+    removed = [line for line in patch if line.startswith("-") and not line.startswith("---")]
+    assert len(removed) == 4 and all("dtype=torch.bfloat16" in line for line in removed)
+    silent = tmp_path / "silent.log"
+    silent.write_text("nothing\n")
+    with pytest.raises(SystemExit, match="does not say the command"):
+        variant.their_command(silent)
