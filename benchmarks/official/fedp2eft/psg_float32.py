@@ -118,6 +118,12 @@ def main(argv: list[str] | None = None) -> dict:
             }
         )
     result = {"run": str(run), "their_seed": seed, "fedpeft_seed": fedpeft_seed, "patch": PATCH.name, "rows": rows}
+    # each difference's two sides, in the order its "fedpeft" and "authors" fields hold them
+    result["sides"] = {
+        "float32_minus_bfloat16": ["theirs, PSG in float32", "theirs, unchanged"],
+        "fedpeft_minus_float32": ["fedpeft", "theirs, PSG in float32"],
+        "fedpeft_minus_bfloat16": ["fedpeft", "theirs, unchanged"],
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "psg_float32.json").write_text(json.dumps(result, indent=1) + "\n")
     print("| pool | r | their PSG in float32 - in bfloat16 | fedpeft - their float32 | fedpeft - their bfloat16 |")
