@@ -19,26 +19,15 @@ the personalization steps named in ``--cells`` (their logs give the commands).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 PATCH = HERE / "variants" / "psg-float32.patch"
 PREFIX = "f32"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"official_fedp2eft_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def their_command(log: Path) -> list[str]:
@@ -68,7 +57,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
     parser.add_argument("--report-only", action="store_true", help="only compare what has run")
     args = parser.parse_args(argv)
-    compare, comparison = _load("compare"), _load("comparison")
+    sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
+    import compare
+    import comparison
+
     run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
     plan = json.loads((run / "plan.json").read_text())
     seed = comparison.their_seed(args.position)
