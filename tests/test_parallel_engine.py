@@ -169,6 +169,23 @@ def test_memory_shortfall_names_the_count_that_fits():
     assert tight.endswith("free memory or use a smaller model.")
 
 
+def pool_processes(psutil, count: int, timeout: float = 60.0) -> list:
+    """This process's ``count`` worker-pool children, once each has exec'd its command (a child between fork and
+    exec still shows the parent's command line); zombies of earlier tests in this process are no pool's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for child in psutil.Process().children():
+            try:
+                if "fedpeft.engine.pool" in " ".join(child.cmdline()):
+                    found.append(child)
+            except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def test_worker_processes_are_pinned_to_the_gpus_round_robin(tmp_path):
     """Each process sees one GPU (``CUDA_VISIBLE_DEVICES``), taken in turn; a CPU build of torch ignores it."""
     import psutil
@@ -181,7 +198,7 @@ def test_worker_processes_are_pinned_to_the_gpus_round_robin(tmp_path):
     pool = WorkerPool(dump_given(cfg), tmp_path, 3, 1, None, ["2", "7"])
     pool.start()
     try:
-        children = [p for p in psutil.Process().children() if "fedpeft.engine.pool" in " ".join(p.cmdline())]
+        children = pool_processes(psutil, count=3)
         seen = sorted(p.environ().get("CUDA_VISIBLE_DEVICES") for p in children)
         levels = {p.environ().get(LEVELS_VARIABLE) for p in children}
     finally:

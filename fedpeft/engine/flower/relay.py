@@ -53,6 +53,7 @@ IDLE_TIMEOUT = "worker-idle-timeout"  # node config: seconds a worker lives once
 DEFAULT_IDLE_TIMEOUT = 60.0  # three keepalives missed: the workers of a run that can no longer send end within a minute
 KEEPALIVE_SECONDS = 20.0  # the server's keepalives renew a worker's lease at least this often while the run lives
 START_TIMEOUT = 300.0  # seconds a new worker process may take to import, before its first message
+EXEC_SECONDS = 2.0  # seconds a just-started process may show an empty command line (/proc/PID/cmdline)
 LISTEN_SECONDS = 10.0  # seconds a new worker process may take from binding its socket to listening on it
 
 
@@ -199,11 +200,17 @@ def _starting(address: WorkerAddress) -> int | None:
         return None
     if not process_alive(pid):
         return None
-    try:  # the id may have been reused since: it must be this address's worker
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # no /proc here: trust the pid file
-        return pid
-    return pid if str(address.socket).encode() in command else None
+    # The id may have been reused since: it must be this address's worker. A process in its first moments (just
+    # exec'd) shows an empty command line for a while; so does a kernel thread, for good.
+    deadline = time.monotonic() + EXEC_SECONDS
+    while True:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # no /proc here: trust the pid file
+            return pid
+        if command or time.monotonic() > deadline:
+            return pid if str(address.socket).encode() in command else None
+        time.sleep(0.01)
 
 
 def _wait_for_socket(address: WorkerAddress, pid: int) -> None:
