@@ -539,3 +539,20 @@ def test_the_summary_gives_the_main_and_the_worker_processes_peaks(tmp_path):
     summary = summarize(tmp_path, cfg, [], [], 10.0)
     assert summary["workers_peak_rss_mb"] is None
     assert "peak 900 MB in the main process\n" in "\n".join(summary_lines(summary)) + "\n"
+
+
+def test_a_resumed_rehearsal_counts_its_earlier_sittings_in_all(tmp_path):
+    """Its seconds in all are every sitting's (each summarized), not the last's alone: a finished rehearsal resumed
+    took a few seconds, while its phases, read from the run's costs, took the first sitting's."""
+    from fedpeft.rehearsal.driver import summarize, summary_lines
+
+    cfg = rehearsal_config(load_config("smoke"), RehearseConfig(layers=1), [])
+    row = {"method": "fedit", "seed": 0, "phase": "federated", "metric": "wall_s", "value": 50.0}
+    (tmp_path / "costs.jsonl").write_text(json.dumps(row) + "\n")
+    first = summarize(tmp_path, cfg, [], [], 60.0)
+    assert (first["total_s"], first["sittings"]) == (60.0, 1)
+    assert "measured: 60 s in all, 50.0 s of them" in "\n".join(summary_lines(first))
+    again = summarize(tmp_path, cfg, [], [], 7.0)
+    assert (again["total_s"], again["sittings"]) == (67.0, 2)
+    assert "measured: 67 s in all over 2 sittings, 50.0 s of them" in "\n".join(summary_lines(again))
+    assert json.loads((tmp_path / "rehearsal.json").read_text())["sittings"] == 2

@@ -13,7 +13,7 @@ import pytest
 
 from fedpeft.report.records import REHEARSAL_NOTE
 
-CUT = ["rehearse.layers=1", "rehearse.rounds=1", "rehearse.batch_size=1", "engine.workers=1"]
+CUT = ["rehearse.layers=1", "rehearse.rounds=1", "rehearse.batch_size=1", "rehearse.new_tokens=1", "engine.workers=1"]
 
 # Per family: the preset, what cuts it further (fewer groups or methods), and the clients the federation has then.
 FAMILIES = {
@@ -84,6 +84,9 @@ def cache(tmp_path_factory):
 # potara-commonsense --rehearse`), FLAME's (OLMoE's 64 experts) and FedMosaic's (two LLaVA at true width, the
 # alignment of their adapter frames: FedMosaic alone, FedIT's rounds being every other family's).
 HERE = ("fedp2eft", "guidance", "potara", "flame", "fedmosaic")
+# The families whose finished rehearsal is resumed too (a process more each): hundreds of clients' state on disk,
+# and two architectures' (the resume is the same code for every family).
+RESUMED = ("fedp2eft", "fedmosaic")
 
 
 @pytest.mark.slow
@@ -93,7 +96,7 @@ def test_a_paper_preset_rehearses_end_to_end(family, tmp_path, cache, monkeypatc
 
 
 def rehearses_end_to_end(family: str, tmp_path, cache, monkeypatch) -> None:
-    """Rehearse the family's preset at its cut size and check every output, then resume it."""
+    """Rehearse the family's preset at its cut size and check every output, then (:data:`RESUMED`) resume it."""
     monkeypatch.setenv("FEDPEFT_CACHE", str(cache))
     preset, extra, clients = FAMILIES[family]
     measure = family == "fedp2eft"  # the per-depth step once: two more processes
@@ -125,6 +128,8 @@ def rehearses_end_to_end(family: str, tmp_path, cache, monkeypatch) -> None:
     text = (out / "summary.md").read_text()
     assert REHEARSAL_NOTE in text and "## Headline" not in text
 
+    if family not in RESUMED:
+        return
     before = sorted((out / "results.jsonl").read_text().splitlines())
     again = rehearse(preset, out, overrides, "--resume")  # a finished rehearsal resumes to nothing new
     assert again.returncode == 0, again.stderr[-3000:]

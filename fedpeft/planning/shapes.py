@@ -363,9 +363,14 @@ class RehearseSection(TypedDict, total=False):
     data: str | None
 
 
-class RehearsalSummary(TypedDict):
+class _Sittings(TypedDict, total=False):
+    sittings: int  # how many sittings of a resumed rehearsal its ``total_s`` sums (absent: one)
+
+
+class RehearsalSummary(_Sittings):
     """A rehearsal's ``rehearsal.json``: its config's name and cut, its notes, each phase's measurements, its wall
-    seconds in all and in the run's phases, the largest peak memory of a phase in the main process and in a worker
+    seconds in all (summed over the sittings that ended with a summary, ``sittings``: 1 when absent) and in the run's
+    phases, the largest peak memory of a phase in the main process and in a worker
     process (None: the clients ran in the main process), and its steps' measurements."""
 
     what: str

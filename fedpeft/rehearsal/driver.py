@@ -11,6 +11,7 @@ training step per depth, from which the step at the true depth is extrapolated; 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -148,7 +149,8 @@ def summarize(
 ) -> RehearsalSummary:
     """What the rehearsal in ``run_dir`` measured, written to its ``rehearsal.json``: per method and phase the
     wall time and peak memory (from ``costs.jsonl``), the per-depth step measurements, the notes, and
-    ``total_s``, the whole rehearsal's wall time (stand-ins, the run, the step measurements)."""
+    ``total_s``, the whole rehearsal's wall time (stand-ins, the run, the step measurements), added to the earlier
+    sittings' of a resumed rehearsal (those that ended with a summary)."""
     assert cfg.rehearse is not None
     phases: list[PhaseMeasurement] = []
     costs = run_dir / "costs.jsonl"
@@ -161,6 +163,11 @@ def summarize(
     for (method, seed, phase), values in table.items():
         phases.append(cast(PhaseMeasurement, {"method": method, "seed": seed, "phase": phase, **values}))
     workers = [p["workers_peak_rss_mb"] for p in phases if "workers_peak_rss_mb" in p]
+    sittings = 1
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # a resumed rehearsal: its earlier sittings
+        earlier = json.loads((run_dir / REHEARSAL_FILE).read_text())
+        total_s += float(earlier["total_s"])
+        sittings += int(earlier.get("sittings", 1))
     summary: RehearsalSummary = {
         "what": NOT_RESULTS,
         "config": cfg.name,
@@ -168,6 +175,7 @@ def summarize(
         "notes": notes,
         "phases": phases,
         "total_s": round(total_s, 1),
+        "sittings": sittings,
         "wall_s": round(sum(p.get("wall_s", 0.0) + p.get("server_init_s", 0.0) for p in phases), 3),
         "peak_rss_mb": max((p.get("peak_rss_mb", 0.0) for p in phases), default=0.0),
         "workers_peak_rss_mb": max(workers, default=None),
@@ -190,11 +198,13 @@ def summary_lines(summary: RehearsalSummary) -> list[str]:
         f"  cut: {rehearse['rounds']} rounds, {rehearse['steps']} step(s) per training, {rehearse['eval_batches']} "
         f"batch(es) per evaluation, {rehearse['seeds']} seed(s)"
     )
+    sittings = summary.get("sittings", 1)
+    over = f" over {sittings} sittings" if sittings > 1 else ""
     workers = summary.get("workers_peak_rss_mb")
     where = "in the main process" if workers is None else f"in the main process, {workers:.0f} MB in a worker process"
     lines.append(
-        f"  measured: {summary['total_s']:.0f} s in all, {summary['wall_s']:.1f} s of them in the run's phases; peak "
-        f"{summary['peak_rss_mb']:.0f} MB {where}"
+        f"  measured: {summary['total_s']:.0f} s in all{over}, {summary['wall_s']:.1f} s of them in the run's phases; "
+        f"peak {summary['peak_rss_mb']:.0f} MB {where}"
     )
     for step in summary.get("steps", []):
         lines.append("  " + step_line(step))
