@@ -43,6 +43,19 @@ def test_weighted_mean_of_identical_updates_is_identity():
     torch.testing.assert_close(mean["w"], tensor)
 
 
+def test_weighted_mean_leaves_the_uploads_as_they_were_and_sums_as_in_float64():
+    """Summed in place, never into an upload: a float64 upload (which ``.double()`` would not copy) is left
+    unchanged; the result is the float64 sum of the weighted uploads, bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    uploads = [{"w": torch.randn(64, generator=generator, dtype=dtype)} for dtype in (torch.float64, torch.float32)]
+    kept = [{k: v.clone() for k, v in upload.items()} for upload in uploads]
+    weights = [3.0, 5.0]
+    mean = weighted_mean(ClientUpdate(str(i), u, w) for i, (u, w) in enumerate(zip(uploads, weights, strict=True)))
+    assert all(torch.equal(u["w"], k["w"]) for u, k in zip(uploads, kept, strict=True))
+    expected = (kept[0]["w"] * 3.0 + kept[1]["w"].double() * 5.0) / 8.0
+    assert mean["w"].dtype == torch.float64 and torch.equal(mean["w"], expected)
+
+
 def test_weighted_mean_of_nothing_is_empty():
     assert weighted_mean([]) == {} and metric_mean([]) == {"clients": 0.0}
 

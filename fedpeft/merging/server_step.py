@@ -109,11 +109,16 @@ def weighted_mean(updates: Iterable[ClientUpdate]) -> StateDict:
         total += w
         for key, tensor in update.tensors.items():
             dtypes.setdefault(key, tensor.dtype)
-            contribution = tensor.detach().to(torch.float64) * w
-            sums[key] = sums[key] + contribution if key in sums else contribution
+            # In place on a copy of its own: the same products and sums as ``sum + tensor.double() * w``, without
+            # two more model-sized float64 temporaries per client (the full model's mean took twice as long).
+            contribution = tensor.detach().to(torch.float64, copy=True).mul_(w)
+            if key in sums:
+                sums[key].add_(contribution)
+            else:
+                sums[key] = contribution
     if total <= 0:
         return {}
-    return {k: (v / total).to(dtypes[k]) for k, v in sums.items()}
+    return {k: v.div_(total).to(dtypes[k]) for k, v in sums.items()}
 
 
 class WeightedMean:
