@@ -300,3 +300,51 @@ def test_the_float32_variant_reruns_a_steps_own_command_on_its_patched_copy(tmp_
     silent.write_text("nothing\n")
     with pytest.raises(SystemExit, match="does not say the command"):
         variant.their_command(silent)
+
+
+def test_the_head_variant_gives_their_bayestune_lora_fedpeft_targets_as_their_config_reads_them():
+    variant = load("head_variant")
+    models = Path("/r/aligned/authors/models")
+    words = [
+        "/w/.work/repo/main.py",
+        f"app.client.args.bt_args.load_bts_path={models}/authors-btlora-s42-r16-seen",
+        f"model_directory={models}",
+        "name=authors-btlora-s42-r2-seen",
+    ]
+    command = variant.retarget(words, Path("/v/models"), models, 42)
+    assert command[:4] == [
+        "/w/.work/repo/main.py",  # their code unchanged
+        "app.client.args.bt_args.load_bts_path=/v/models/head-btlora-s42-r16-seen",
+        "model_directory=/v/models",
+        "name=head-btlora-s42-r2-seen",
+    ]
+    # their config.py splits an argument at its one "=" and reads the value with ast.literal_eval
+    values = {}
+    for argument in command[4:]:
+        key, value = argument.split("=")
+        values[key.rsplit(".", 1)[1]] = ast.literal_eval(value)
+    assert values["modules_to_save"] == ["pooler", "classifier"]
+    # PEFT matches a target by the module name's suffix: the encoder's linear layers, never the head
+    bert = [
+        "bert.encoder.layer.0.attention.self.query",
+        "bert.encoder.layer.0.attention.self.key",
+        "bert.encoder.layer.0.attention.self.value",
+        "bert.encoder.layer.0.attention.output.dense",
+        "bert.encoder.layer.0.intermediate.dense",
+        "bert.encoder.layer.0.output.dense",
+        "bert.pooler.dense",
+        "classifier",
+    ]
+    adapted = [name for name in bert if any(name == t or name.endswith("." + t) for t in values["target_modules"])]
+    assert adapted == bert[:6]
+    # each pool's r = 16 step first: the scales the smaller budgets load
+    assert variant.steps_of(["r2-seen", "r4-unseen", "r16-seen"], 42) == [
+        "authors-btlora-s42-r16-seen",
+        "authors-btlora-s42-r16-unseen",
+        "authors-btlora-s42-r2-seen",
+        "authors-btlora-s42-r4-unseen",
+    ]
+    assert variant.steps_of(["r2-seen"], 42, "lora") == ["authors-lora-s42-r2-seen"]  # nothing to load first
+    assert variant.retarget(["name=authors-lora-s42-r2-seen"], Path("/v"), models, 42, "lora")[0] == (
+        "name=head-lora-s42-r2-seen"
+    )

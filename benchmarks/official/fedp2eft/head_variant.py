@@ -1,0 +1,148 @@
+"""The authors' LoRA or BayesTune-LoRA with fedpeft's targets: LoRA on the encoder only, the task head trained whole.
+
+Their configs adapt ``all-linear`` modules: with PEFT 0.12 and no task type, that is every linear layer of the
+sequence classifier, BERT's pooler and the classifier included, and no module is trained whole. BayesTune-LoRA then
+prunes the ranks of all of them to one budget, and their runs keep 47.6 % (r = 2) to 19.9 % (r = 16) of the kept
+ranks in those two modules (docs/results/official-fedp2eft.md). fedpeft adapts the encoder's linear layers and
+trains the head (pooler and classifier) whole, as PEFT's sequence-classification task type does. This reruns their
+steps of one method (``--method btlora`` or ``lora``) and seed of a finished ``compare.py run`` folder with two more
+arguments of their own ``main.py`` (no change to their code)::
+
+    models.net.args.adapter_args.target_modules=['query','key','value','output.dense','intermediate.dense']
+    models.net.args.adapter_args.modules_to_save=['pooler','classifier']
+
+(PEFT matches a name by its suffix: ``output.dense`` is the attention's and the block's output, not
+``pooler.dense``), then sets the personalized accuracies beside those of their unchanged pipeline and of fedpeft's
+run of the paired seed, client by client. A BayesTune-LoRA cell of budget r < 16 loads the scales of the pool's
+r = 16 step (as theirs does), which this runs first.
+
+Usage: python benchmarks/official/fedp2eft/head_variant.py --run runs/official-fedp2eft/aligned [--method btlora]
+       [--out runs/official-fedp2eft/head-variant] [--position 0] [--cells r2-seen ...] [--report-only]
+
+Needs setup.sh's work folder (their patched code and environment) and the ``--run`` folder's steps named in
+``--cells`` (and, for BayesTune-LoRA, their pools' r = 16 steps): their logs give the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PREFIX = "head"
+FEDPEFT_METHOD = {"btlora": "bayestune_lora", "lora": "lora"}  # their step names' method, fedpeft's
+# Python literals: their config.py reads an argument's value with ast.literal_eval (bare words stay one string).
+TARGETS = "models.net.args.adapter_args.target_modules=['query','key','value','output.dense','intermediate.dense']"
+HEAD = "models.net.args.adapter_args.modules_to_save=['pooler','classifier']"
+
+
+def retarget(words: list[str], models: Path, old_models: Path, seed: int, method: str = "btlora") -> list[str]:
+    """A step's command for the variant: this folder's models, the step renamed, fedpeft's targets and head."""
+    out = []
+    for word in words:
+        word = word.replace(str(old_models), str(models))
+        word = word.replace(f"authors-{method}-s{seed}-", f"{PREFIX}-{method}-s{seed}-")
+        out.append(word)
+    return [*out, TARGETS, HEAD]
+
+
+def steps_of(cells: list[str], seed: int, method: str = "btlora") -> list[str]:
+    """The authors' step names to rerun for ``cells``; for BayesTune-LoRA each pool's r = 16 step (the scales the
+    others load) first."""
+    if method != "btlora":
+        return [f"authors-{method}-s{seed}-{cell}" for cell in cells]
+    pools = sorted({cell.split("-")[1] for cell in cells})
+    first = [f"authors-btlora-s{seed}-r16-{pool}" for pool in pools]
+    rest = [f"authors-btlora-s{seed}-{cell}" for cell in cells if not cell.startswith("r16-")]
+    return [*first, *rest]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, required=True, help="a compare.py run folder")
+    parser.add_argument("--method", choices=sorted(FEDPEFT_METHOD), default="btlora", help="their method's name")
+    parser.add_argument("--out", type=Path, default=Path("runs/official-fedp2eft/head-variant"))
+    parser.add_argument("--position", type=int, default=0, help="which seed pair (0: their 42, fedpeft's first)")
+    parser.add_argument("--cells", nargs="+", default=["r2-seen"], help="personalization steps, e.g. r2-seen")
+    parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
+    parser.add_argument("--report-only", action="store_true", help="only compare what has run")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
+    import compare
+    import comparison
+    from psg_float32 import their_command
+
+    run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
+    plan = json.loads((run / "plan.json").read_text())
+    seed = comparison.their_seed(args.position)
+    method, ours_name = args.method, FEDPEFT_METHOD[args.method]
+    authors, logs = out / "authors", out / "logs"
+
+    if not args.report_only:
+        (authors / "models").mkdir(parents=True, exist_ok=True)
+        for step in steps_of(args.cells, seed, method):
+            name = step.replace("authors-", f"{PREFIX}-", 1)
+            if compare.results_of(authors, name):
+                print(f"[skip] {name}: its outputs exist")
+                continue
+            words = their_command(run / "logs" / f"{step}.log")
+            command = [
+                str(work / "venv" / "bin" / "python"),
+                *retarget(words, authors / "models", run / "authors" / "models", seed, method),
+            ]
+            print(f"[run ] {name}", flush=True)
+            record = compare.measured(out, name, command, authors, compare.OFFLINE_ENV)
+            print(f"       {record.get('wall_s')} s, exit {record.get('returncode')}", flush=True)
+            (logs / f"{name}.record.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    clients = json.loads((run / "federation" / "clients.json").read_text())
+    fedpeft_seed = plan["seeds"][args.position]
+    records = compare.read_jsonl(run / "fedpeft" / ours_name / f"seed{fedpeft_seed}" / "results.jsonl")
+    rows = []
+    for cell in args.cells:
+        budget, pool = int(cell.split("-")[0].removeprefix("r")), cell.split("-")[1]
+        ours = comparison.fedpeft_values(records, ours_name, pool, budget, [fedpeft_seed])
+        theirs = comparison.authors_values(
+            {0: compare.results_of(run / "authors", f"authors-{method}-s{seed}-{cell}")}, clients
+        )
+        variant = comparison.authors_values(
+            {0: compare.results_of(authors, f"{PREFIX}-{method}-s{seed}-{cell}")}, clients
+        )
+        rows.append(
+            {
+                "pool": pool,
+                "budget": budget,
+                "head_minus_unchanged": comparison.compare_accuracies(variant, theirs),
+                "fedpeft_minus_head": comparison.compare_accuracies(ours, variant),
+                "fedpeft_minus_unchanged": comparison.compare_accuracies(ours, theirs),
+            }
+        )
+    result = {
+        "run": str(run),
+        "their_seed": seed,
+        "fedpeft_seed": fedpeft_seed,
+        "method": method,
+        "arguments": [TARGETS, HEAD],
+        "rows": rows,
+    }
+    # each difference's two sides, in the order its "fedpeft" and "authors" fields hold them
+    result["sides"] = {
+        "head_minus_unchanged": ["theirs, fedpeft's targets and head", "theirs, unchanged"],
+        "fedpeft_minus_head": ["fedpeft", "theirs, fedpeft's targets and head"],
+        "fedpeft_minus_unchanged": ["fedpeft", "theirs, unchanged"],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"head-{method}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("| pool | r | theirs with fedpeft's targets - unchanged | fedpeft - theirs with them | fedpeft - unchanged |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        keys = ("head_minus_unchanged", "fedpeft_minus_head", "fedpeft_minus_unchanged")
+        cells = [comparison.format_difference(r[key]) for key in keys]
+        print(f"| {r['pool']} | {r['budget']} | " + " | ".join(cells) + " |")
+    return result
+
+
+if __name__ == "__main__":
+    main()
