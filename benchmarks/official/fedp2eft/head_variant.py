@@ -1,12 +1,12 @@
-"""The authors' LoRA or BayesTune-LoRA with fedpeft's targets: LoRA on the encoder only, the task head trained whole.
+"""The authors' LoRA, BayesTune-LoRA or FedP2EFT with fedpeft's targets: the encoder's LoRA, the head trained whole.
 
 Their configs adapt ``all-linear`` modules: with PEFT 0.12 and no task type, that is every linear layer of the
 sequence classifier, BERT's pooler and the classifier included, and no module is trained whole. BayesTune-LoRA then
 prunes the ranks of all of them to one budget, and their runs keep 47.6 % (r = 2) to 19.9 % (r = 16) of the kept
 ranks in those two modules (docs/results/official-fedp2eft.md). fedpeft adapts the encoder's linear layers and
 trains the head (pooler and classifier) whole, as PEFT's sequence-classification task type does. This reruns their
-steps of one method (``--method btlora`` or ``lora``) and seed of a finished ``compare.py run`` folder with two more
-arguments of their own ``main.py`` (no change to their code)::
+steps of one method (``--method btlora``, ``lora`` or ``fedp2eft``) and seed of a finished ``compare.py run``
+folder with two more arguments of their own ``main.py`` (no change to their code)::
 
     models.net.args.adapter_args.target_modules=['query','key','value','output.dense','intermediate.dense']
     models.net.args.adapter_args.modules_to_save=['pooler','classifier']
@@ -14,7 +14,7 @@ arguments of their own ``main.py`` (no change to their code)::
 (PEFT matches a name by its suffix: ``output.dense`` is the attention's and the block's output, not
 ``pooler.dense``), then sets the personalized accuracies beside those of their unchanged pipeline and of fedpeft's
 run of the paired seed, client by client. A BayesTune-LoRA cell of budget r < 16 loads the scales of the pool's
-r = 16 step (as theirs does), which this runs first.
+r = 16 step (as theirs does), and FedP2EFT's cells the PSG of its federated step: this runs those first.
 
 Usage: python benchmarks/official/fedp2eft/head_variant.py --run runs/official-fedp2eft/aligned [--method btlora]
        [--out runs/official-fedp2eft/head-variant] [--position 0] [--cells r2-seen ...] [--report-only]
@@ -32,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "head"
-FEDPEFT_METHOD = {"btlora": "bayestune_lora", "lora": "lora"}  # their step names' method, fedpeft's
+FEDPEFT_METHOD = {"btlora": "bayestune_lora", "lora": "lora", "fedp2eft": "fedp2eft"}  # their steps' name, fedpeft's
 # Python literals: their config.py reads an argument's value with ast.literal_eval (bare words stay one string).
 TARGETS = "models.net.args.adapter_args.target_modules=['query','key','value','output.dense','intermediate.dense']"
 HEAD = "models.net.args.adapter_args.modules_to_save=['pooler','classifier']"
@@ -49,8 +49,10 @@ def retarget(words: list[str], models: Path, old_models: Path, seed: int, method
 
 
 def steps_of(cells: list[str], seed: int, method: str = "btlora") -> list[str]:
-    """The authors' step names to rerun for ``cells``; for BayesTune-LoRA each pool's r = 16 step (the scales the
-    others load) first."""
+    """The authors' step names to rerun for ``cells``; first, for BayesTune-LoRA each pool's r = 16 step (the
+    scales the others load), for FedP2EFT the federated training of its PSG (whose outputs are per adapted module)."""
+    if method == "fedp2eft":
+        return [f"authors-fedp2eft-s{seed}-federated", *(f"authors-fedp2eft-s{seed}-{cell}" for cell in cells)]
     if method != "btlora":
         return [f"authors-{method}-s{seed}-{cell}" for cell in cells]
     pools = sorted({cell.split("-")[1] for cell in cells})
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         (authors / "models").mkdir(parents=True, exist_ok=True)
         for step in steps_of(args.cells, seed, method):
             name = step.replace("authors-", f"{PREFIX}-", 1)
-            if compare.results_of(authors, name):
+            if compare.results_of(authors, name) or (authors / "models" / name / "weights_round_60.pkl").exists():
                 print(f"[skip] {name}: its outputs exist")
                 continue
             words = their_command(run / "logs" / f"{step}.log")
