@@ -344,6 +344,18 @@ def test_the_head_variant_gives_their_bayestune_lora_fedpeft_targets_as_their_co
         "authors-btlora-s42-r2-seen",
         "authors-btlora-s42-r4-unseen",
     ]
+    assert variant.steps_of(["r2-seen"], 42, "fedp2eft") == [
+        "authors-fedp2eft-s42-federated",
+        "authors-fedp2eft-s42-r2-seen",
+    ]
+    # FedP2EFT's steps on the patched copy of their code: one cast to float32 before numpy, nothing else
+    code = (Path("/w/.work/repo"), Path("/v/repo"))
+    assert variant.retarget(words[:1], Path("/v/models"), models, 42, "fedp2eft", code)[0] == "/v/repo/main.py"
+    patch = variant.PATCHES["fedp2eft"].read_text().splitlines()
+    removed = [line for line in patch if line.startswith("-") and not line.startswith("---")]
+    added = [line for line in patch if line.startswith("+") and not line.startswith("+++")]
+    assert len(removed) == len(added) == 1
+    assert added[0][1:].split("#")[0].rstrip() == removed[0][1:].replace(".cpu()", ".cpu().to(torch.float32)")
     assert variant.steps_of(["r2-seen"], 42, "lora") == ["authors-lora-s42-r2-seen"]  # nothing to load first
     assert variant.retarget(["name=authors-lora-s42-r2-seen"], Path("/v"), models, 42, "lora")[0] == (
         "name=head-lora-s42-r2-seen"

@@ -16,6 +16,10 @@ folder with two more arguments of their own ``main.py`` (no change to their code
 run of the paired seed, client by client. A BayesTune-LoRA cell of budget r < 16 loads the scales of the pool's
 r = 16 step (as theirs does), and FedP2EFT's cells the PSG of its federated step: this runs those first.
 
+FedP2EFT's client needs one cast more, ``variants/head-weights-float32.patch``: its evaluation hands the trained
+weights to numpy, which has no bfloat16, and a head trained whole is in the model's bfloat16 where LoRA's weights
+are float32 (their other clients cast there already). Its steps run on a copy of their code with that patch.
+
 Usage: python benchmarks/official/fedp2eft/head_variant.py --run runs/official-fedp2eft/aligned [--method btlora]
        [--out runs/official-fedp2eft/head-variant] [--position 0] [--cells r2-seen ...] [--report-only]
 
@@ -27,21 +31,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "head"
+PATCHES = {"fedp2eft": HERE / "variants" / "head-weights-float32.patch"}  # their code's changes a method needs here
 FEDPEFT_METHOD = {"btlora": "bayestune_lora", "lora": "lora", "fedp2eft": "fedp2eft"}  # their steps' name, fedpeft's
 # Python literals: their config.py reads an argument's value with ast.literal_eval (bare words stay one string).
 TARGETS = "models.net.args.adapter_args.target_modules=['query','key','value','output.dense','intermediate.dense']"
 HEAD = "models.net.args.adapter_args.modules_to_save=['pooler','classifier']"
 
 
-def retarget(words: list[str], models: Path, old_models: Path, seed: int, method: str = "btlora") -> list[str]:
-    """A step's command for the variant: this folder's models, the step renamed, fedpeft's targets and head."""
+def retarget(
+    words: list[str],
+    models: Path,
+    old_models: Path,
+    seed: int,
+    method: str = "btlora",
+    code: tuple[Path, Path] | None = None,
+) -> list[str]:
+    """A step's command for the variant: this folder's models, the step renamed, fedpeft's targets and head (and,
+    with ``code``, their code's copy instead of their work folder's: ``(work folder's, copy)``)."""
     out = []
     for word in words:
+        if code is not None:
+            word = word.replace(str(code[0]), str(code[1]))
         word = word.replace(str(old_models), str(models))
         word = word.replace(f"authors-{method}-s{seed}-", f"{PREFIX}-{method}-s{seed}-")
         out.append(word)
@@ -82,6 +99,12 @@ def main(argv: list[str] | None = None) -> dict:
     method, ours_name = args.method, FEDPEFT_METHOD[args.method]
     authors, logs = out / "authors", out / "logs"
 
+    code = None
+    if not args.report_only and method in PATCHES:
+        code = (work / "repo", out / "repo")
+        if not code[1].exists():
+            shutil.copytree(code[0], code[1], symlinks=True)
+            subprocess.run(["git", "-C", str(code[1]), "apply", str(PATCHES[method])], check=True)
     if not args.report_only:
         (authors / "models").mkdir(parents=True, exist_ok=True)
         for step in steps_of(args.cells, seed, method):
@@ -92,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
             words = their_command(run / "logs" / f"{step}.log")
             command = [
                 str(work / "venv" / "bin" / "python"),
-                *retarget(words, authors / "models", run / "authors" / "models", seed, method),
+                *retarget(words, authors / "models", run / "authors" / "models", seed, method, code),
             ]
             print(f"[run ] {name}", flush=True)
             record = compare.measured(out, name, command, authors, compare.OFFLINE_ENV)
@@ -127,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
         "fedpeft_seed": fedpeft_seed,
         "method": method,
         "arguments": [TARGETS, HEAD],
+        "patch": PATCHES[method].name if method in PATCHES else None,
         "rows": rows,
     }
     # each difference's two sides, in the order its "fedpeft" and "authors" fields hold them
