@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
+
+import compare  # noqa: E402
+import comparison  # noqa: E402
+from rerun import patched_copy, rerun_steps  # noqa: E402
+
 PREFIX = "head"
 PATCHES = {"fedp2eft": HERE / "variants" / "head-weights-float32.patch"}  # their code's changes a method needs here
 FEDPEFT_METHOD = {"btlora": "bayestune_lora", "lora": "lora", "fedp2eft": "fedp2eft"}  # their steps' name, fedpeft's
@@ -88,39 +92,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
     parser.add_argument("--report-only", action="store_true", help="only compare what has run")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
-    import compare
-    import comparison
-    from psg_float32 import their_command
-
     run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
     plan = json.loads((run / "plan.json").read_text())
     seed = comparison.their_seed(args.position)
     method, ours_name = args.method, FEDPEFT_METHOD[args.method]
-    authors, logs = out / "authors", out / "logs"
+    authors = out / "authors"
 
-    code = None
-    if not args.report_only and method in PATCHES:
-        code = (work / "repo", out / "repo")
-        if not code[1].exists():
-            shutil.copytree(code[0], code[1], symlinks=True)
-            subprocess.run(["git", "-C", str(code[1]), "apply", str(PATCHES[method])], check=True)
     if not args.report_only:
-        (authors / "models").mkdir(parents=True, exist_ok=True)
-        for step in steps_of(args.cells, seed, method):
-            name = step.replace("authors-", f"{PREFIX}-", 1)
-            if compare.results_of(authors, name) or (authors / "models" / name / "weights_round_60.pkl").exists():
-                print(f"[skip] {name}: its outputs exist")
-                continue
-            words = their_command(run / "logs" / f"{step}.log")
-            command = [
-                str(work / "venv" / "bin" / "python"),
-                *retarget(words, authors / "models", run / "authors" / "models", seed, method, code),
-            ]
-            print(f"[run ] {name}", flush=True)
-            record = compare.measured(out, name, command, authors, compare.OFFLINE_ENV)
-            print(f"       {record.get('wall_s')} s, exit {record.get('returncode')}", flush=True)
-            (logs / f"{name}.record.json").write_text(json.dumps(record, indent=1) + "\n")
+        code = (
+            (work / "repo", patched_copy(work / "repo", out / "repo", PATCHES[method])) if method in PATCHES else None
+        )
+        models, old_models = authors / "models", run / "authors" / "models"
+        rerun_steps(
+            run,
+            out,
+            steps_of(args.cells, seed, method),
+            PREFIX,
+            work / "venv" / "bin" / "python",
+            lambda words: retarget(words, models, old_models, seed, method, code),
+        )
 
     clients = json.loads((run / "federation" / "clients.json").read_text())
     fedpeft_seed = plan["seeds"][args.position]

@@ -20,22 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
+
+import compare  # noqa: E402
+import comparison  # noqa: E402
+from rerun import patched_copy, rerun_steps, their_command  # noqa: E402
+
+__all__ = ["main", "retarget", "their_command"]
+
 PATCH = HERE / "variants" / "psg-float32.patch"
 PREFIX = "f32"
-
-
-def their_command(log: Path) -> list[str]:
-    """The command line a step's log starts with (``Command ran: ...``), as its words."""
-    for line in log.read_text(errors="replace").splitlines():
-        if "Command ran: " in line:
-            return line.split("Command ran: ", 1)[1].split()
-    raise SystemExit(f"{log} does not say the command it ran; rerun that step with compare.py first")
 
 
 def retarget(words: list[str], work: Path, repo: Path, models: Path, old_models: Path, seed: int) -> list[str]:
@@ -57,35 +55,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
     parser.add_argument("--report-only", action="store_true", help="only compare what has run")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
-    import compare
-    import comparison
-
     run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
     plan = json.loads((run / "plan.json").read_text())
     seed = comparison.their_seed(args.position)
-    repo, authors, logs = out / "repo", out / "authors", out / "logs"
+    authors = out / "authors"
 
     steps = [f"authors-fedp2eft-s{seed}-federated", *(f"authors-fedp2eft-s{seed}-{cell}" for cell in args.cells)]
     if not args.report_only:
-        if not repo.exists():
-            shutil.copytree(work / "repo", repo, symlinks=True)
-            subprocess.run(["git", "-C", str(repo), "apply", str(PATCH)], check=True)
-        authors.mkdir(parents=True, exist_ok=True)
-        for step in steps:
-            name = step.replace("authors-", f"{PREFIX}-", 1)
-            if compare.results_of(authors, name) or (authors / "models" / name / "weights_round_60.pkl").exists():
-                print(f"[skip] {name}: its outputs exist")
-                continue
-            words = their_command(run / "logs" / f"{step}.log")
-            command = [
-                str(work / "venv" / "bin" / "python"),
-                *retarget(words, work, repo, authors / "models", run / "authors" / "models", seed),
-            ]
-            print(f"[run ] {name}", flush=True)
-            record = compare.measured(out, name, command, authors, compare.OFFLINE_ENV)
-            print(f"       {record.get('wall_s')} s, exit {record.get('returncode')}", flush=True)
-            (logs / f"{name}.record.json").write_text(json.dumps(record, indent=1) + "\n")
+        repo = patched_copy(work / "repo", out / "repo", PATCH)
+        models, old_models = authors / "models", run / "authors" / "models"
+        python = work / "venv" / "bin" / "python"
+        rerun_steps(
+            run, out, steps, PREFIX, python, lambda words: retarget(words, work, repo, models, old_models, seed)
+        )
 
     clients = json.loads((run / "federation" / "clients.json").read_text())
     fedpeft_seed = plan["seeds"][args.position]

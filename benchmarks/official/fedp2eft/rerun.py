@@ -1,0 +1,51 @@
+"""Rerunning steps of a finished ``compare.py run`` folder as a variant: their own commands, changed.
+
+A variant (``psg_float32.py``, ``head_variant.py``) takes each step's command from its log, changes it (a patched
+copy of their code, the variant's model folder, the step's name, more arguments) and runs it under ``measure.py``
+into a folder of its own, skipping the steps whose outputs are there already.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import compare
+
+
+def their_command(log: Path) -> list[str]:
+    """The command line a step's log starts with (``Command ran: ...``), as its words."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "Command ran: " in line:
+            return line.split("Command ran: ", 1)[1].split()
+    raise SystemExit(f"{log} does not say the command it ran; rerun that step with compare.py first")
+
+
+def patched_copy(source: Path, copy: Path, patch: Path) -> Path:
+    """``copy``: their code at ``source`` with ``patch`` applied (made once; kept for the variant's later steps)."""
+    if not copy.exists():
+        shutil.copytree(source, copy, symlinks=True)
+        subprocess.run(["git", "-C", str(copy), "apply", str(patch)], check=True)
+    return copy
+
+
+def rerun_steps(
+    run: Path, out: Path, steps: Iterable[str], prefix: str, python: Path, change: Callable[[list[str]], list[str]]
+) -> None:
+    """Run each of ``steps`` (the authors' step names in ``run``) again as ``<prefix>-...`` into ``out/authors``,
+    its command ``change``d, unless its outputs (results, or a federated step's last PSG) are there."""
+    authors, logs = out / "authors", out / "logs"
+    (authors / "models").mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        name = step.replace("authors-", f"{prefix}-", 1)
+        if compare.results_of(authors, name) or (authors / "models" / name / "weights_round_60.pkl").exists():
+            print(f"[skip] {name}: its outputs exist")
+            continue
+        command = [str(python), *change(their_command(run / "logs" / f"{step}.log"))]
+        print(f"[run ] {name}", flush=True)
+        record = compare.measured(out, name, command, authors, compare.OFFLINE_ENV)
+        print(f"       {record.get('wall_s')} s, exit {record.get('returncode')}", flush=True)
+        (logs / f"{name}.record.json").write_text(json.dumps(record, indent=1) + "\n")
