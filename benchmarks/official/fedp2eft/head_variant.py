@@ -37,9 +37,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
-import compare  # noqa: E402
 import comparison  # noqa: E402
-from rerun import patched_copy, rerun_steps  # noqa: E402
+from rerun import compare_cells, patched_copy, rerun_steps  # noqa: E402
 
 PREFIX = "head"
 PATCHES = {"fedp2eft": HERE / "variants" / "head-weights-float32.patch"}  # their code's changes a method needs here
@@ -112,28 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
             lambda words: retarget(words, models, old_models, seed, method, code),
         )
 
-    clients = json.loads((run / "federation" / "clients.json").read_text())
     fedpeft_seed = plan["seeds"][args.position]
-    records = compare.read_jsonl(run / "fedpeft" / ours_name / f"seed{fedpeft_seed}" / "results.jsonl")
-    rows = []
-    for cell in args.cells:
-        budget, pool = int(cell.split("-")[0].removeprefix("r")), cell.split("-")[1]
-        ours = comparison.fedpeft_values(records, ours_name, pool, budget, [fedpeft_seed])
-        theirs = comparison.authors_values(
-            {0: compare.results_of(run / "authors", f"authors-{method}-s{seed}-{cell}")}, clients
-        )
-        variant = comparison.authors_values(
-            {0: compare.results_of(authors, f"{PREFIX}-{method}-s{seed}-{cell}")}, clients
-        )
-        rows.append(
-            {
-                "pool": pool,
-                "budget": budget,
-                "head_minus_unchanged": comparison.compare_accuracies(variant, theirs),
-                "fedpeft_minus_head": comparison.compare_accuracies(ours, variant),
-                "fedpeft_minus_unchanged": comparison.compare_accuracies(ours, theirs),
-            }
-        )
+    keys = ("head_minus_unchanged", "fedpeft_minus_head", "fedpeft_minus_unchanged")
+    rows = compare_cells(run, out, PREFIX, (method, ours_name), (seed, fedpeft_seed), args.cells, keys)
     result = {
         "run": str(run),
         "their_seed": seed,

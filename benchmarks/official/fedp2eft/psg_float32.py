@@ -26,9 +26,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
-import compare  # noqa: E402
 import comparison  # noqa: E402
-from rerun import patched_copy, rerun_steps, their_command  # noqa: E402
+from rerun import compare_cells, patched_copy, rerun_steps, their_command  # noqa: E402
 
 __all__ = ["main", "retarget", "their_command"]
 
@@ -69,28 +68,9 @@ def main(argv: list[str] | None = None) -> dict:
             run, out, steps, PREFIX, python, lambda words: retarget(words, work, repo, models, old_models, seed)
         )
 
-    clients = json.loads((run / "federation" / "clients.json").read_text())
     fedpeft_seed = plan["seeds"][args.position]
-    records = compare.read_jsonl(run / "fedpeft" / "fedp2eft" / f"seed{fedpeft_seed}" / "results.jsonl")
-    rows = []
-    for cell in args.cells:
-        budget, pool = int(cell.split("-")[0].removeprefix("r")), cell.split("-")[1]
-        ours = comparison.fedpeft_values(records, "fedp2eft", pool, budget, [fedpeft_seed])
-        theirs = comparison.authors_values(
-            {0: compare.results_of(run / "authors", f"authors-fedp2eft-s{seed}-{cell}")}, clients
-        )
-        variant = comparison.authors_values(
-            {0: compare.results_of(authors, f"{PREFIX}-fedp2eft-s{seed}-{cell}")}, clients
-        )
-        rows.append(
-            {
-                "pool": pool,
-                "budget": budget,
-                "float32_minus_bfloat16": comparison.compare_accuracies(variant, theirs),
-                "fedpeft_minus_float32": comparison.compare_accuracies(ours, variant),
-                "fedpeft_minus_bfloat16": comparison.compare_accuracies(ours, theirs),
-            }
-        )
+    keys = ("float32_minus_bfloat16", "fedpeft_minus_float32", "fedpeft_minus_bfloat16")
+    rows = compare_cells(run, out, PREFIX, ("fedp2eft", "fedp2eft"), (seed, fedpeft_seed), args.cells, keys)
     result = {"run": str(run), "their_seed": seed, "fedpeft_seed": fedpeft_seed, "patch": PATCH.name, "rows": rows}
     # each difference's two sides, in the order its "fedpeft" and "authors" fields hold them
     result["sides"] = {

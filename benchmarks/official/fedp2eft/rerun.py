@@ -49,3 +49,40 @@ def rerun_steps(
         record = compare.measured(out, name, command, authors, compare.OFFLINE_ENV)
         print(f"       {record.get('wall_s')} s, exit {record.get('returncode')}", flush=True)
         (logs / f"{name}.record.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def compare_cells(
+    run: Path,
+    out: Path,
+    prefix: str,
+    methods: tuple[str, str],
+    seeds: tuple[int, int],
+    cells: Iterable[str],
+    keys: tuple[str, str, str],
+) -> list[dict]:
+    """Per cell (``r2-seen``, ...) the paired differences, client by client, between the variant, their unchanged
+    pipeline and fedpeft: ``keys`` name variant - unchanged, fedpeft - variant and fedpeft - unchanged.
+    ``methods``: their steps' method name and fedpeft's; ``seeds``: theirs and fedpeft's."""
+    import comparison
+
+    (theirs_name, ours_name), (seed, fedpeft_seed) = methods, seeds
+    clients = json.loads((run / "federation" / "clients.json").read_text())
+    records = compare.read_jsonl(run / "fedpeft" / ours_name / f"seed{fedpeft_seed}" / "results.jsonl")
+    rows = []
+    for cell in cells:
+        budget, pool = int(cell.split("-")[0].removeprefix("r")), cell.split("-")[1]
+        ours = comparison.fedpeft_values(records, ours_name, pool, budget, [fedpeft_seed])
+        unchanged = compare.results_of(run / "authors", f"authors-{theirs_name}-s{seed}-{cell}")
+        changed = compare.results_of(out / "authors", f"{prefix}-{theirs_name}-s{seed}-{cell}")
+        theirs = comparison.authors_values({0: unchanged}, clients)
+        variant = comparison.authors_values({0: changed}, clients)
+        rows.append(
+            {
+                "pool": pool,
+                "budget": budget,
+                keys[0]: comparison.compare_accuracies(variant, theirs),
+                keys[1]: comparison.compare_accuracies(ours, variant),
+                keys[2]: comparison.compare_accuracies(ours, theirs),
+            }
+        )
+    return rows
