@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
 import comparison  # noqa: E402
-from rerun import compare_cells, patched_copy, rerun_steps  # noqa: E402
+from rerun import compare_cells, patched_copy, rerun_steps, write_table  # noqa: E402
 
 PREFIX = "head"
 PATCHES = {"fedp2eft": HERE / "variants" / "head-weights-float32.patch"}  # their code's changes a method needs here
@@ -129,14 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
         "fedpeft_minus_head": ["fedpeft", "theirs, fedpeft's targets and head"],
         "fedpeft_minus_unchanged": ["fedpeft", "theirs, unchanged"],
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"head-{method}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print("| pool | r | theirs with fedpeft's targets - unchanged | fedpeft - theirs with them | fedpeft - unchanged |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        keys = ("head_minus_unchanged", "fedpeft_minus_head", "fedpeft_minus_unchanged")
-        cells = [comparison.format_difference(r[key]) for key in keys]
-        print(f"| {r['pool']} | {r['budget']} | " + " | ".join(cells) + " |")
+    headers = ("theirs with fedpeft's targets - unchanged", "fedpeft - theirs with them", "fedpeft - unchanged")
+    write_table(out / f"head-{method}.json", result, keys, headers)
     return result
 
 

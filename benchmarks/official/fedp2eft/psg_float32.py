@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
 import comparison  # noqa: E402
-from rerun import compare_cells, patched_copy, rerun_steps, their_command  # noqa: E402
+from rerun import compare_cells, patched_copy, rerun_steps, their_command, write_table  # noqa: E402
 
 __all__ = ["main", "retarget", "their_command"]
 
@@ -78,14 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
         "fedpeft_minus_float32": ["fedpeft", "theirs, PSG in float32"],
         "fedpeft_minus_bfloat16": ["fedpeft", "theirs, unchanged"],
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "psg_float32.json").write_text(json.dumps(result, indent=1) + "\n")
-    print("| pool | r | their PSG in float32 - in bfloat16 | fedpeft - their float32 | fedpeft - their bfloat16 |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        keys = ("float32_minus_bfloat16", "fedpeft_minus_float32", "fedpeft_minus_bfloat16")
-        cells = [comparison.format_difference(r[key]) for key in keys]
-        print(f"| {r['pool']} | {r['budget']} | " + " | ".join(cells) + " |")
+    headers = ("their PSG in float32 - in bfloat16", "fedpeft - their float32", "fedpeft - their bfloat16")
+    write_table(out / "psg_float32.json", result, keys, headers)
     return result
 
 

@@ -86,3 +86,16 @@ def compare_cells(
             }
         )
     return rows
+
+
+def write_table(path: Path, result: dict, keys: tuple[str, str, str], headers: tuple[str, str, str]) -> None:
+    """Write ``result`` to ``path`` and print its rows as a Markdown table, one column per key of ``keys``."""
+    import comparison
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print("| pool | r | " + " | ".join(headers) + " |")
+    print("|---|---|---|---|---|")
+    for row in result["rows"]:
+        cells = [comparison.format_difference(row[key]) for key in keys]
+        print(f"| {row['pool']} | {row['budget']} | " + " | ".join(cells) + " |")
