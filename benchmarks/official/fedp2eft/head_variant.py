@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
 import comparison  # noqa: E402
-from rerun import compare_cells, patched_copy, rerun_steps, write_table  # noqa: E402
+from rerun import compare_cells, patched_copy, rerun_steps, variant_arguments, write_table  # noqa: E402
 
 PREFIX = "head"
 PATCHES = {"fedp2eft": HERE / "variants" / "head-weights-float32.patch"}  # their code's changes a method needs here
@@ -83,13 +83,8 @@ def steps_of(cells: list[str], seed: int, method: str = "btlora") -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="a compare.py run folder")
+    variant_arguments(parser, Path("runs/official-fedp2eft/head-variant"))
     parser.add_argument("--method", choices=sorted(FEDPEFT_METHOD), default="btlora", help="their method's name")
-    parser.add_argument("--out", type=Path, default=Path("runs/official-fedp2eft/head-variant"))
-    parser.add_argument("--position", type=int, default=0, help="which seed pair (0: their 42, fedpeft's first)")
-    parser.add_argument("--cells", nargs="+", default=["r2-seen"], help="personalization steps, e.g. r2-seen")
-    parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
-    parser.add_argument("--report-only", action="store_true", help="only compare what has run")
     args = parser.parse_args(argv)
     run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
     plan = json.loads((run / "plan.json").read_text())

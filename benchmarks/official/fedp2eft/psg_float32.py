@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
 import comparison  # noqa: E402
-from rerun import compare_cells, patched_copy, rerun_steps, their_command, write_table  # noqa: E402
+from rerun import compare_cells, patched_copy, rerun_steps, their_command, variant_arguments, write_table  # noqa: E402
 
 __all__ = ["main", "retarget", "their_command"]
 
@@ -47,12 +47,7 @@ def retarget(words: list[str], work: Path, repo: Path, models: Path, old_models:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="a compare.py run folder")
-    parser.add_argument("--out", type=Path, default=Path("runs/official-fedp2eft/psg-float32"))
-    parser.add_argument("--position", type=int, default=0, help="which seed pair (0: their 42, fedpeft's first)")
-    parser.add_argument("--cells", nargs="+", default=["r2-seen"], help="personalization steps, e.g. r2-seen")
-    parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
-    parser.add_argument("--report-only", action="store_true", help="only compare what has run")
+    variant_arguments(parser, Path("runs/official-fedp2eft/psg-float32"))
     args = parser.parse_args(argv)
     run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
     plan = json.loads((run / "plan.json").read_text())

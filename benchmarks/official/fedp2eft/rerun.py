@@ -7,6 +7,7 @@ into a folder of its own, skipping the steps whose outputs are there already.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import compare
+
+HERE = Path(__file__).resolve().parent
 
 
 def their_command(log: Path) -> list[str]:
@@ -99,3 +102,13 @@ def write_table(path: Path, result: dict, keys: tuple[str, str, str], headers: t
     for row in result["rows"]:
         cells = [comparison.format_difference(row[key]) for key in keys]
         print(f"| {row['pool']} | {row['budget']} | " + " | ".join(cells) + " |")
+
+
+def variant_arguments(parser: argparse.ArgumentParser, default_out: Path) -> None:
+    """The options every variant takes: the run folder, its own folder, the seed pair, the cells, the work folder."""
+    parser.add_argument("--run", type=Path, required=True, help="a compare.py run folder")
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--position", type=int, default=0, help="which seed pair (0: their 42, fedpeft's first)")
+    parser.add_argument("--cells", nargs="+", default=["r2-seen"], help="personalization steps, e.g. r2-seen")
+    parser.add_argument("--work", type=Path, default=HERE / ".work", help="setup.sh's work folder")
+    parser.add_argument("--report-only", action="store_true", help="only compare what has run")
