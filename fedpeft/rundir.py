@@ -58,6 +58,7 @@ RUN_WRITES = (
     "summary.md",
     "clients.csv",  # every client's value, beside a summary whose tables have too many groups for a column each
     "plots",
+    "rehearsal.json",  # a rehearsal's measurements (fedpeft.rehearsal.driver.REHEARSAL_FILE), summed on --resume
 )
 """Every name a run writes at the top of its directory (docs/outputs.md). ``--force`` writes into a directory
 without a run's marker only where none of them exists, and a start that fails before its first result removes

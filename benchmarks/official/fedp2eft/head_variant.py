@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
 import comparison  # noqa: E402
-from rerun import compare_cells, patched_copy, rerun_steps, variant_arguments, write_table  # noqa: E402
+from rerun import compare_cells, patched_copy, replaced, rerun_steps, variant_arguments, write_table  # noqa: E402
 
 PREFIX = "head"
 PATCHES = {"fedp2eft": HERE / "variants" / "head-weights-float32.patch"}  # their code's changes a method needs here
@@ -58,14 +58,10 @@ def retarget(
 ) -> list[str]:
     """A step's command for the variant: this folder's models, the step renamed, fedpeft's targets and head (and,
     with ``code``, their code's copy instead of their work folder's: ``(work folder's, copy)``)."""
-    out = []
-    for word in words:
-        if code is not None:
-            word = word.replace(str(code[0]), str(code[1]))
-        word = word.replace(str(old_models), str(models))
-        word = word.replace(f"authors-{method}-s{seed}-", f"{PREFIX}-{method}-s{seed}-")
-        out.append(word)
-    return [*out, TARGETS, HEAD]
+    step = f"{method}-s{seed}-"
+    pairs = [] if code is None else [(str(code[0]), str(code[1]))]
+    pairs += [(str(old_models), str(models)), (f"authors-{step}", f"{PREFIX}-{step}")]
+    return [*replaced(words, pairs), TARGETS, HEAD]
 
 
 def steps_of(cells: list[str], seed: int, method: str = "btlora") -> list[str]:

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
 import comparison  # noqa: E402
-from rerun import compare_cells, patched_copy, rerun_steps, their_command, variant_arguments, write_table  # noqa: E402
+from rerun import compare_cells, patched_copy, replaced, rerun_steps, their_command, variant_arguments, write_table  # noqa: E402
 
 __all__ = ["main", "retarget", "their_command"]
 
@@ -37,12 +37,9 @@ PREFIX = "f32"
 
 def retarget(words: list[str], work: Path, repo: Path, models: Path, old_models: Path, seed: int) -> list[str]:
     """A step's command for the variant: the patched repository, this folder's models, the step renamed."""
-    out = []
-    for word in words:
-        word = word.replace(str(work / "repo"), str(repo)).replace(str(old_models), str(models))
-        word = word.replace(f"authors-fedp2eft-s{seed}-", f"{PREFIX}-fedp2eft-s{seed}-")
-        out.append(word)
-    return out
+    step = f"fedp2eft-s{seed}-"
+    pairs = [(str(work / "repo"), str(repo)), (str(old_models), str(models)), (f"authors-{step}", f"{PREFIX}-{step}")]
+    return replaced(words, pairs)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -27,6 +27,16 @@ def their_command(log: Path) -> list[str]:
     raise SystemExit(f"{log} does not say the command it ran; rerun that step with compare.py first")
 
 
+def replaced(words: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+    """Each of a command's ``words`` with every ``(old, new)`` of ``pairs`` replaced, in their order."""
+    out = []
+    for word in words:
+        for old, new in pairs:
+            word = word.replace(old, new)
+        out.append(word)
+    return out
+
+
 def patched_copy(source: Path, copy: Path, patch: Path) -> Path:
     """``copy``: their code at ``source`` with ``patch`` applied (made once; kept for the variant's later steps)."""
     if not copy.exists():
