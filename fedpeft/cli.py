@@ -566,6 +566,10 @@ def _end_simulation(code: int, how: str) -> NoReturn:
 def _stopped(code: int, how: str) -> None:
     """End with ``code`` and one line; for ``run``, how to continue."""
     _say_stopped(how)
+    # A KeyboardInterrupt that arrived while a string was being exec'd or eval'd (by any library) leaves CPython's
+    # "unhandled Ctrl-C" flag set, caught or not; under `python -m` the interpreter then ends by SIGINT (-2) in
+    # place of this code. Every string evaluation clears the flag first: one empty one does.
+    exec("", {})
     busy = [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
     if busy:  # a thread left blocked (a Flower simulation's server) would keep the process from ending
         sys.stdout.flush()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import socket
 import subprocess
@@ -417,6 +418,32 @@ def test_an_interrupted_run_prints_the_quoted_resume_line(tmp_path, monkeypatch,
     code, _, err = cli(monkeypatch, capsys, *AWKWARD)
     assert code == 130, err
     assert err.strip().splitlines()[-1] == f"interrupted; continue it with `{resume_command(AWKWARD)}`."
+
+
+# A command run as `python -m`, interrupted while a library evaluates a string (dataclasses, namedtuple and the like
+# exec generated source): CPython remembers that Ctrl-C as unhandled even once it is caught.
+INTERRUPTED_IN_EXEC = """
+import sys
+from fedpeft.cli import main
+import fedpeft.core.config
+
+def interrupt(*_args, **_kwargs):
+    exec("raise KeyboardInterrupt", {})
+
+fedpeft.core.config.load_raw = interrupt
+sys.argv = ["fedpeft", "run", "smoke", "--out", "x"]
+main()
+"""
+
+
+def test_ctrl_c_inside_a_string_exec_still_ends_with_130_under_python_m(tmp_path):
+    (tmp_path / "interrupted_in_exec.py").write_text(INTERRUPTED_IN_EXEC)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 130, result.stderr  # not -2: killed by SIGINT after printing the line
+    assert result.stderr.strip().splitlines()[-1].startswith("interrupted; continue it with `fedpeft run smoke")
 
 
 # ---------------------------------------------------------------------------------------------- unknown model
