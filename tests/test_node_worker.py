@@ -73,9 +73,9 @@ def test_the_node_worker_builds_its_model_once_and_ends_when_closed(tmp_path, wo
     finally:
         closed = relay.close(7, 11, node_config)
     assert closed
-    deadline = time.monotonic() + 10
-    while address.socket.exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 10  # the worker removes its socket, key, pid file and lock, in that order
+    while any(path.exists() for path in address.leftovers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not address.socket.exists()
+    assert not any(path.exists() for path in address.leftovers)
     assert not relay.close(7, 11, node_config)  # nothing runs any more
     assert "closed by the server" in address.log.read_text()
