@@ -10,6 +10,7 @@ architecture) is averaged over those clients with their weights renormalized.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -17,8 +18,12 @@ import torch
 from fedpeft.core.types import StateDict
 
 
+@functools.lru_cache(maxsize=4)
 def shared_mask(size: int, keep: float, seed: int) -> torch.Tensor:
-    """The sorted coordinates kept by every client: ``round(keep * size)`` of ``size``, drawn from ``seed``."""
+    """The sorted coordinates kept by every client: ``round(keep * size)`` of ``size``, drawn from ``seed``.
+
+    Remembered per process (every client of a run asks for the same one, and a permutation of a gradient matrix's
+    millions of coordinates takes most of a second): index with it, never write to it."""
     count = max(1, round(keep * size))
     generator = torch.Generator().manual_seed(seed)
     return torch.randperm(size, generator=generator)[:count].sort().values
