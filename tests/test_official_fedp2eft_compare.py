@@ -360,3 +360,49 @@ def test_the_head_variant_gives_their_bayestune_lora_fedpeft_targets_as_their_co
     assert variant.retarget(["name=authors-lora-s42-r2-seen"], Path("/v"), models, 42, "lora")[0] == (
         "name=head-lora-s42-r2-seen"
     )
+
+
+def test_a_variant_pooled_over_seed_pairs_is_each_clients_mean_over_its_pairs(tmp_path):
+    import json
+    import pickle
+
+    head = load("head_variant")  # puts the benchmark's folder on the path, as its command line does
+    run = tmp_path / "aligned"
+    (run / "federation").mkdir(parents=True)
+    (run / "federation" / "clients.json").write_text(json.dumps(CLIENTS))
+    seen = [row for row in CLIENTS if row["pool"] == "seen"]
+
+    def theirs(folder: Path, name: str, values: list[float]) -> None:
+        saved = folder / "authors" / "wandb" / name / "run0"
+        saved.mkdir(parents=True)
+        metrics = {f"client{row['cid']}_accuracy": v for row, v in zip(seen, values, strict=True)}
+        (saved / "results.pkl").write_bytes(pickle.dumps({"server_metrics": metrics}))
+
+    ours = {0: [0.70, 0.80, 0.60], 1: [0.72, 0.78, 0.66]}
+    unchanged = {42: [0.60, 0.70, 0.50], 52: [0.64, 0.70, 0.56]}
+    variant = {42: [0.69, 0.79, 0.61], 52: [0.70, 0.80, 0.62]}
+    folders = {42: tmp_path / "v42", 52: tmp_path / "v52"}
+    for seed, values in ours.items():
+        out = run / "fedpeft" / "lora" / f"seed{seed}"
+        out.mkdir(parents=True)
+        rows = [record(row["client_id"], seed, v, method="lora") for row, v in zip(seen, values, strict=True)]
+        (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for seed in (42, 52):
+        theirs(run, f"authors-lora-s{seed}-r2-seen", unchanged[seed])
+        theirs(folders[seed], f"head-lora-s{seed}-r2-seen", variant[seed])
+
+    keys = ("head_minus_unchanged", "fedpeft_minus_head", "fedpeft_minus_unchanged")
+    pairs = [(42, 0, folders[42]), (52, 1, folders[52])]
+    (row,) = head.compare_pooled(run, pairs, "head", ("lora", "lora"), ["r2-seen"], keys)
+    per_client = [
+        (ours[0][i] - variant[42][i] + ours[1][i] - variant[52][i]) / 2 for i in range(len(seen))
+    ]  # fedpeft - the variant, each client's mean over its two pairs
+    assert row["fedpeft_minus_head"]["difference"] == pytest.approx(statistics.mean(per_client))
+    assert row["fedpeft_minus_head"]["clients"] == 3 and row["fedpeft_minus_head"]["pairs"] == 6
+    # one pair alone is compare_cells, the variant's own comparison
+    (alone,) = head.compare_pooled(run, pairs[1:], "head", ("lora", "lora"), ["r2-seen"], keys)
+    (cells,) = head.compare_cells(run, folders[52], "head", ("lora", "lora"), (52, 1), ["r2-seen"], keys)
+    assert alone == cells
+    assert alone["fedpeft_minus_unchanged"]["difference"] == pytest.approx(
+        statistics.mean(o - u for o, u in zip(ours[1], unchanged[52], strict=True))
+    )

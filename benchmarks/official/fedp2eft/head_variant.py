@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # as compare.py does for comparison.py
 
 import comparison  # noqa: E402
-from rerun import compare_cells, patched_copy, replaced, rerun_steps, variant_arguments, write_table  # noqa: E402
+from rerun import compare_cells, compare_pooled, patched_copy, replaced, rerun_steps, variant_arguments, write_table  # noqa: E402
 
 PREFIX = "head"
 PATCHES = {"fedp2eft": HERE / "variants" / "head-weights-float32.patch"}  # their code's changes a method needs here
@@ -81,6 +81,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     variant_arguments(parser, Path("runs/official-fedp2eft/head-variant"))
     parser.add_argument("--method", choices=sorted(FEDPEFT_METHOD), default="btlora", help="their method's name")
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        help="compare only, over the seed pairs 0, 1, ... whose variant folders (--out of each) these are, a "
+        "client's value its mean over them; written to head-METHOD-pooled.json in --out",
+    )
     args = parser.parse_args(argv)
     run, out, work = args.run.resolve(), args.out.resolve(), args.work.resolve()
     plan = json.loads((run / "plan.json").read_text())
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     method, ours_name = args.method, FEDPEFT_METHOD[args.method]
     authors = out / "authors"
 
-    if not args.report_only:
+    if not (args.report_only or args.pool):
         code = (
             (work / "repo", patched_copy(work / "repo", out / "repo", PATCHES[method])) if method in PATCHES else None
         )
@@ -102,13 +109,21 @@ def main(argv: list[str] | None = None) -> dict:
             lambda words: retarget(words, models, old_models, seed, method, code),
         )
 
-    fedpeft_seed = plan["seeds"][args.position]
     keys = ("head_minus_unchanged", "fedpeft_minus_head", "fedpeft_minus_unchanged")
-    rows = compare_cells(run, out, PREFIX, (method, ours_name), (seed, fedpeft_seed), args.cells, keys)
+    if args.pool:
+        pairs = [
+            (comparison.their_seed(position), plan["seeds"][position], folder.resolve())
+            for position, folder in enumerate(args.pool)
+        ]
+        rows = compare_pooled(run, pairs, PREFIX, (method, ours_name), args.cells, keys)
+        their_seeds, fedpeft_seeds = [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+    else:
+        their_seeds, fedpeft_seeds = [seed], [plan["seeds"][args.position]]
+        rows = compare_cells(run, out, PREFIX, (method, ours_name), (seed, fedpeft_seeds[0]), args.cells, keys)
     result = {
         "run": str(run),
-        "their_seed": seed,
-        "fedpeft_seed": fedpeft_seed,
+        "their_seed": their_seeds if args.pool else their_seeds[0],
+        "fedpeft_seed": fedpeft_seeds if args.pool else fedpeft_seeds[0],
         "method": method,
         "arguments": [TARGETS, HEAD],
         "patch": PATCHES[method].name if method in PATCHES else None,
@@ -121,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         "fedpeft_minus_unchanged": ["fedpeft", "theirs, unchanged"],
     }
     headers = ("theirs with fedpeft's targets - unchanged", "fedpeft - theirs with them", "fedpeft - unchanged")
-    write_table(out / f"head-{method}.json", result, keys, headers)
+    write_table(out / f"head-{method}{'-pooled' if args.pool else ''}.json", result, keys, headers)
     return result
 
 

@@ -11,7 +11,7 @@ import argparse
 import json
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import compare
@@ -76,19 +76,39 @@ def compare_cells(
     """Per cell (``r2-seen``, ...) the paired differences, client by client, between the variant, their unchanged
     pipeline and fedpeft: ``keys`` name variant - unchanged, fedpeft - variant and fedpeft - unchanged.
     ``methods``: their steps' method name and fedpeft's; ``seeds``: theirs and fedpeft's."""
+    return compare_pooled(run, [(*seeds, out)], prefix, methods, cells, keys)
+
+
+def compare_pooled(
+    run: Path,
+    pairs: Sequence[tuple[int, int, Path]],
+    prefix: str,
+    methods: tuple[str, str],
+    cells: Iterable[str],
+    keys: tuple[str, str, str],
+) -> list[dict]:
+    """:func:`compare_cells` over several seed pairs, ``(their seed, fedpeft's seed, the variant's folder)`` each:
+    a client's value is its mean over the pairs both sides of a difference have."""
     import comparison
 
-    (theirs_name, ours_name), (seed, fedpeft_seed) = methods, seeds
+    theirs_name, ours_name = methods
     clients = json.loads((run / "federation" / "clients.json").read_text())
-    records = compare.read_jsonl(run / "fedpeft" / ours_name / f"seed{fedpeft_seed}" / "results.jsonl")
+    fedpeft_seeds = [fedpeft_seed for _, fedpeft_seed, _ in pairs]
+    records = [
+        record
+        for seed in fedpeft_seeds
+        for record in compare.read_jsonl(run / "fedpeft" / ours_name / f"seed{seed}" / "results.jsonl")
+    ]
     rows = []
     for cell in cells:
         budget, pool = int(cell.split("-")[0].removeprefix("r")), cell.split("-")[1]
-        ours = comparison.fedpeft_values(records, ours_name, pool, budget, [fedpeft_seed])
-        unchanged = compare.results_of(run / "authors", f"authors-{theirs_name}-s{seed}-{cell}")
-        changed = compare.results_of(out / "authors", f"{prefix}-{theirs_name}-s{seed}-{cell}")
-        theirs = comparison.authors_values({0: unchanged}, clients)
-        variant = comparison.authors_values({0: changed}, clients)
+        ours = comparison.fedpeft_values(records, ours_name, pool, budget, fedpeft_seeds)
+        unchanged, changed = {}, {}
+        for position, (seed, _, out) in enumerate(pairs):
+            unchanged[position] = compare.results_of(run / "authors", f"authors-{theirs_name}-s{seed}-{cell}")
+            changed[position] = compare.results_of(out / "authors", f"{prefix}-{theirs_name}-s{seed}-{cell}")
+        theirs = comparison.authors_values(unchanged, clients)
+        variant = comparison.authors_values(changed, clients)
         rows.append(
             {
                 "pool": pool,
